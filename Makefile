@@ -1,0 +1,28 @@
+# Two commands do everything on a fresh CPU machine:
+#   make quickstart   set up .venv, then run the main job (the nano recipe) into runs/nano
+#   make test         set up .venv, then run the test suite (what CI runs)
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup quickstart test lint bench
+
+setup:
+	@bash scripts/setup.sh
+
+quickstart: setup
+	OMP_NUM_THREADS=1 .venv/bin/populora run recipes/nano.yaml --run-dir runs/nano
+
+test: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
+	$(PY) -m ruff check populora_core plugins tests benchmarks
+	$(PY) -m mypy
+
+lint: setup
+	$(PY) -m ruff check populora_core plugins tests benchmarks
+	$(PY) -m ruff format --check populora_core
+	$(PY) -m mypy
+
+bench: setup
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.operators --quick
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.sandbox --quick

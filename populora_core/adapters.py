@@ -1,0 +1,160 @@
+"""LoRA adapters as plain data, read from and written to standard PEFT adapter directories.
+
+``LoraWeights`` is ``{module name -> LoraFactors(A, B, scale)}`` plus the adapter config, so operators
+are pure functions over tensors and need no base model. Directories hold ``adapter_config.json`` and
+``adapter_model.safetensors`` exactly as PEFT writes them, so ``PeftModel.from_pretrained`` and
+vLLM's ``LoRARequest`` load them unchanged. torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_A_SUFFIX = ".lora_A.weight"
+_B_SUFFIX = ".lora_B.weight"
+
+
+@dataclass
+class LoraFactors:
+    """One module's update: delta W = scale * B @ A, A is (r, d_in), B is (d_out, r)."""
+
+    A: torch.Tensor
+    B: torch.Tensor
+    scale: float
+
+    def delta(self) -> torch.Tensor:
+        """The dense delta W (d_out x d_in). Only for tests and small modules."""
+        return self.scale * (self.B.float() @ self.A.float())
+
+
+@dataclass
+class LoraWeights:
+    """All modules of one adapter plus its PEFT config (rank, alpha, targets, base model)."""
+
+    modules: dict[str, LoraFactors]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return int(self.config.get("r", next(iter(self.modules.values())).A.shape[0]))
+
+    @property
+    def alpha(self) -> float:
+        return float(self.config.get("lora_alpha", self.rank))
+
+    def items(self) -> Iterator[tuple[str, LoraFactors]]:
+        return iter(self.modules.items())
+
+    def with_modules(self, modules: dict[str, LoraFactors]) -> LoraWeights:
+        return replace(self, modules=modules, config=dict(self.config))
+
+
+def lora_scale(config: dict[str, Any]) -> float:
+    """PEFT's scaling: alpha / r, or alpha / sqrt(r) with rsLoRA."""
+    r = float(config["r"])
+    alpha = float(config.get("lora_alpha", r))
+    return alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
+
+
+def is_adapter_dir(path: str | os.PathLike[str]) -> bool:
+    p = Path(path)
+    return (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
+
+
+def load_lora(path: str | os.PathLike[str]) -> LoraWeights:
+    """Read a PEFT LoRA directory into plain tensors (fp32 copies are the caller's choice)."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"adapter directory not found: {p}")
+    if not is_adapter_dir(p):
+        raise UserError(f"not a PEFT adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}): {p}")
+    config = json.loads((p / CONFIG_FILE).read_text())
+    if config.get("peft_type", "LORA") != "LORA":
+        raise UserError(f"{p}: peft_type {config.get('peft_type')!r} is not LORA")
+    scale = lora_scale(config)
+    tensors = load_file(str(p / WEIGHTS_FILE))
+    modules: dict[str, LoraFactors] = {}
+    for key, a in tensors.items():
+        if key.endswith(_A_SUFFIX):
+            name = key[: -len(_A_SUFFIX)]
+            b = tensors.get(name + _B_SUFFIX)
+            if b is None:
+                raise UserError(f"{p}: {name} has lora_A but no lora_B")
+            modules[name] = LoraFactors(a, b, scale)
+    if not modules:
+        raise UserError(f"{p}: no LoRA tensors found in {WEIGHTS_FILE}")
+    return LoraWeights(modules, config)
+
+
+def save_lora(weights: LoraWeights, path: str | os.PathLike[str], *, dtype: Any = None) -> Path:
+    """Write a PEFT directory atomically (temp dir then rename); refuses to overwrite a version."""
+    from safetensors.torch import save_file
+
+    dest = Path(path)
+    if dest.exists():
+        raise FileExistsError(f"adapter versions are immutable; {dest} exists")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        tensors = {}
+        for name, f in weights.modules.items():
+            a, b = f.A, f.B
+            if dtype is not None:
+                a, b = a.to(dtype), b.to(dtype)
+            tensors[name + _A_SUFFIX] = a.contiguous()
+            tensors[name + _B_SUFFIX] = b.contiguous()
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        config = dict(weights.config)
+        config.setdefault("peft_type", "LORA")
+        config.setdefault("task_type", "CAUSAL_LM")
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def check_compatible(parents: list[LoraWeights]) -> None:
+    """Operators combine only adapters of one shape: same rank, alpha and target modules."""
+    first = parents[0]
+    for i, other in enumerate(parents[1:], start=2):
+        for key in ("r", "lora_alpha", "use_rslora"):
+            if first.config.get(key) != other.config.get(key):
+                raise UserError(f"parent 1 and parent {i} differ in {key}: "
+                                f"{first.config.get(key)!r} vs {other.config.get(key)!r}")
+        if set(first.modules) != set(other.modules):
+            missing = sorted(set(first.modules) ^ set(other.modules))[:3]
+            raise UserError(f"parent 1 and parent {i} target different modules (e.g. {missing})")
+        for name, f in first.modules.items():
+            g = other.modules[name]
+            if f.A.shape != g.A.shape or f.B.shape != g.B.shape:
+                raise UserError(f"parent 1 and parent {i} differ in shape at {name}: "
+                                f"A {tuple(f.A.shape)} vs {tuple(g.A.shape)}, "
+                                f"B {tuple(f.B.shape)} vs {tuple(g.B.shape)}")
+
+
+def adapter_hash(path: str | os.PathLike[str]) -> str:
+    """sha256 of the weights file: identifies an adapter version in lineage records."""
+    digest = hashlib.sha256()
+    with open(Path(path) / WEIGHTS_FILE, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,104 @@
+"""The ``populora`` command line. Imports nothing heavy: ``--help`` and ``plugins`` answer fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import PluginError, UserError
+from .plugins import get_manager
+
+
+class PopuloraGroup(click.Group):
+    """Adds plugin commands lazily and turns user errors into a message and exit code 2."""
+
+    def _plugin_commands(self, ctx: click.Context) -> None:
+        if getattr(self, "_plugins_added", False):
+            return
+        self._plugins_added = True
+        try:
+            get_manager(_plugin_files_from_argv()).hook.register_commands(cli=self)
+        except (UserError, PluginError) as exc:
+            _fail(exc)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._plugin_commands(ctx)
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None:
+            self._plugin_commands(ctx)
+            cmd = super().get_command(ctx, cmd_name)
+        return cmd
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (UserError, PluginError) as exc:
+            _fail(exc)
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"Error: {exc}", err=True)
+    sys.exit(getattr(exc, "exit_code", 2))
+
+
+def _plugin_files_from_argv() -> list[str]:
+    """``--plugin FILE`` is global; read it early so plugin commands and components can come from it."""
+    files, argv = [], sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg == "--plugin" and i + 1 < len(argv):
+            files.append(argv[i + 1])
+        elif arg.startswith("--plugin="):
+            files.append(arg.split("=", 1)[1])
+    return files
+
+
+@click.group(cls=PopuloraGroup)
+@click.version_option(__version__, prog_name="populora")
+@click.option("--plugin", "plugin_files", multiple=True, type=click.Path(),
+              help="Load a local plugin file for this run (repeatable).")
+@click.pass_context
+def cli(ctx: click.Context, plugin_files: tuple[str, ...]) -> None:
+    """PopuLoRA: population-based LoRA self-play on one frozen base model."""
+    ctx.obj = get_manager(plugin_files)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def plugins(manager: Any, as_json: bool) -> None:
+    """List installed plugins, their hooks, components and load errors."""
+    by_plugin: dict[str, list[str]] = {}
+    for comp in manager.registry:
+        by_plugin.setdefault(comp.plugin, []).append(f"{comp.kind}:{comp.name}")
+    rows = [{"name": p.name, "source": p.source, "version": p.version, "hooks": p.hooks,
+             "components": by_plugin.get(p.name, []), "error": p.error}
+            for p in sorted(manager.plugins.values(), key=lambda p: p.name)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        status = click.style("FAILED", fg="red") if row["error"] else click.style("ok", fg="green")
+        click.echo(f"{row['name']} ({row['source']} {row['version']}) {status}")
+        if row["error"]:
+            click.echo(f"    error: {row['error']}")
+        if row["components"]:
+            click.echo(f"    components: {', '.join(row['components'])}")
+        if row["hooks"]:
+            click.echo(f"    hooks: {', '.join(row['hooks'])}")
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cli(prog_name="populora")
+
+
+if __name__ == "__main__":
+    main()

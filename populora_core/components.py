@@ -1,0 +1,272 @@
+"""What each component kind must provide (Protocols) and the plain data passed between them.
+
+The loop only talks to components through these contracts, so any stage can be swapped by a
+recipe or a third-party plugin. No torch import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+# --- models and adapters --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A resolved base model: a local directory (or hub id on machines with a hub) and its dtype."""
+
+    path: str
+    name: str = ""
+    dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on GPU
+    chat_template: bool = False  # AZR feeds raw text; True wraps prompts in the tokenizer's template
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Shape of every adapter in a population (kept equal so operators stay consistent)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    init_std: float = 0.0  # >0: B starts with this noise instead of zeros (PEFT's B = 0 default)
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """One immutable adapter version: ``name`` like ``s0@v3`` and its PEFT directory."""
+
+    name: str
+    path: str
+
+
+# --- generation -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    adapter: AdapterRef | None = None  # None: the base model alone
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # per generated token, under the sampling policy
+    prompt_token_ids: list[int]
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(self, requests: Sequence[GenerationRequest],
+                 sampling: SamplingParams) -> list[list[Completion]]:
+        """``sampling.n`` completions per request, in request order; mixed adapters in one batch."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """One scored completion of one member: what a trainer learns from."""
+
+    member_id: str
+    group: str  # advantage-normalisation group, e.g. "deduction/solve" (AZR: task type x role)
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    entropy: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout],
+               out_dir: Path) -> UpdateStats:
+        """One policy update of ``member_id`` from ``adapter``; writes the new version to ``out_dir``."""
+        ...
+
+    def copy_state(self, source_member: str, target_member: str) -> None:
+        """Give ``target_member`` a copy of ``source_member``'s optimizer state (PBT inheritance)."""
+        ...
+
+    def forget(self, member_id: str) -> None:
+        """Drop a member's optimizer state (it left the population)."""
+        ...
+
+    def save_state(self, directory: Path) -> None: ...
+
+    def load_state(self, directory: Path) -> None: ...
+
+
+# --- execution and tasks ----------------------------------------------------------------------------
+
+
+@dataclass
+class ExecResult:
+    """Outcome of one sandboxed program. ``status``: ok | error | timeout | memory | killed | output_too_large."""
+
+    status: str
+    value: str | None = None  # repr of the evaluated expression when status == "ok"
+    stdout: str = ""
+    error: str | None = None  # "ExceptionType: message" for status == "error"
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class ExecJob:
+    """A program to run: ``code`` as a module, then ``expr`` evaluated in its namespace (repr returned)."""
+
+    code: str
+    expr: str | None = None
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+
+
+@runtime_checkable
+class Executor(Protocol):
+    def run_batch(self, jobs: Sequence[ExecJob]) -> list[ExecResult]:
+        """Run many programs in parallel; never raises for anything a program does."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Problem:
+    """A proposed problem after parsing and validation (valid or not), with its program metrics."""
+
+    task_type: str
+    program: str
+    inputs: list[str]
+    outputs: list[str]
+    message: str = ""
+    valid: bool = False
+    error: str | None = None  # why it is invalid
+    proposer: str = ""  # adapter version name that proposed it
+    metrics: dict[str, Any] = field(default_factory=dict)  # ast_depth, cyclomatic, loc
+    signature: str = ""  # normalised shape hash for problem-space coverage
+
+
+@dataclass
+class Grade:
+    reward: float
+    correct: bool
+    formatted: bool
+
+
+@runtime_checkable
+class Task(Protocol):
+    """One task type (AZR: deduction, abduction, induction): prompts, validation, grading, buffer."""
+
+    name: str
+
+    def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
+        """``count`` proposer prompts with their context (references used), drawn from the buffer."""
+        ...
+
+    def parse_proposals(self, completions: Sequence[str], contexts: Sequence[Any],
+                        proposer: Sequence[str]) -> list[Problem]:
+        """Parse and validate (in the executor) one proposal per completion."""
+        ...
+
+    def solver_prompt(self, problem: Problem) -> str: ...
+
+    def grade(self, problem: Problem, answers: Sequence[str]) -> list[Grade]:
+        """Check solver answers in the executor; never evaluates model text in this process."""
+        ...
+
+    def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
+        """Learnability reward of a proposal from the matched solver's solve rate (None: invalid)."""
+        ...
+
+    def add_to_buffer(self, problems: Sequence[Problem]) -> None: ...
+
+    def sample_problems(self, count: int, rng: Any) -> list[Problem]:
+        """Problems for solver training, recent first (AZR's ``max_new``)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+# --- population dynamics ------------------------------------------------------------------------------
+
+
+@dataclass
+class Match:
+    teacher: str
+    student: str
+    expected_solve_rate: float = 0.5
+
+
+@dataclass
+class MatchOutcome:
+    teacher: str
+    student: str
+    solve_rate: float | None  # None: the teacher produced no valid problem
+    expected_solve_rate: float = 0.5
+
+
+@runtime_checkable
+class Matchmaker(Protocol):
+    def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]: ...
+
+    def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
+        """Update ``member.rating`` of the members involved from the match outcomes."""
+        ...
+
+
+@dataclass
+class Replacement:
+    """``dead`` leaves; a child made by ``operator`` from ``parents`` takes its place."""
+
+    dead: str
+    parents: list[str]
+    operator: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Selector(Protocol):
+    def select(self, members: Sequence[Any], rng: Any) -> list[Replacement]: ...
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    def emit(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,155 @@
+"""Every hook a PopuLoRA plugin can implement.
+
+Two families, as in simonw/llm and datasette:
+
+* ``register_*(register)`` — called once per plugin while the plugin manager loads. ``register`` is a
+  callback bound to the calling plugin: ``register(name, factory, params=ParamsModel,
+  description="", **meta)``. The core records the name, the providing plugin and its version, and
+  refuses a name two plugins claim. What ``factory`` must be depends on the kind and is stated on each
+  hook.
+* lifecycle hooks — called by the training loop for observers and extensions. Their return value is
+  ignored unless stated. Hook signatures are a contract: arguments may be added, never renamed or
+  removed; a hookimpl may declare any subset of the arguments.
+
+Component contracts (the Protocols) live in :mod:`populora_core.components`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("populora")
+hookimpl = pluggy.HookimplMarker("populora")
+
+
+# --- registration -------------------------------------------------------------------------------
+
+
+@hookspec
+def register_tasks(register: Any) -> None:
+    """Register task types (AZR's deduction, abduction, induction, ...).
+
+    ``factory(params, *, executor, rng) -> components.Task``.
+    """
+
+
+@hookspec
+def register_executors(register: Any) -> None:
+    """Register program executors (the sandbox). ``factory(params) -> components.Executor``."""
+
+
+@hookspec
+def register_trainers(register: Any) -> None:
+    """Register policy-update algorithms (trr++, grpo).
+
+    ``factory(params, *, base_model, lora, seed) -> components.Trainer``.
+    """
+
+
+@hookspec
+def register_engines(register: Any) -> None:
+    """Register rollout engines (hf, vllm).
+
+    ``factory(params, *, base_model, lora, seed) -> components.RolloutEngine``.
+    """
+
+
+@hookspec
+def register_matchmakers(register: Any) -> None:
+    """Register matchmakers (pfsp, round_robin, random). ``factory(params) -> components.Matchmaker``."""
+
+
+@hookspec
+def register_selectors(register: Any) -> None:
+    """Register PBT selection schemes (truncation, tournament, tiered).
+
+    ``factory(params) -> components.Selector``.
+    """
+
+
+@hookspec
+def register_operators(register: Any) -> None:
+    """Register LoRA weight-space operators.
+
+    ``factory`` is the operator itself, a pure function
+    ``op(parents: list[adapters.LoraWeights], params, generator: torch.Generator) -> LoraWeights``.
+    Pass ``parents=N`` as meta (``register("svd", fn, params=P, parents=2)``); ``parents=0`` means
+    "two or more".
+    """
+
+
+@hookspec
+def register_evaluators(register: Any) -> None:
+    """Register benchmark evaluators. ``factory(params) -> components.Evaluator``."""
+
+
+@hookspec
+def register_base_models(register: Any) -> None:
+    """Register base models by short name (``nano``). ``factory(params) -> components.BaseModel``."""
+
+
+@hookspec
+def register_sinks(register: Any) -> None:
+    """Register metric sinks (tensorboard, wandb). ``factory(params, *, run_dir) -> components.MetricSink``."""
+
+
+@hookspec
+def register_commands(cli: Any) -> None:
+    """Add subcommands to the ``populora`` click group (``@cli.command()``), as simonw/llm does."""
+
+
+# --- lifecycle ----------------------------------------------------------------------------------
+
+
+@hookspec
+def on_run_start(run: Any) -> None:
+    """A run starts or resumes; ``run`` is the :class:`populora_core.loop.Run` (recipe, population, dirs)."""
+
+
+@hookspec
+def on_run_end(run: Any, status: str) -> None:
+    """A run ends; ``status`` is ``"completed"``, ``"failed"`` or ``"interrupted"``."""
+
+
+@hookspec
+def on_step_start(run: Any, step: int) -> None:
+    """Step ``step`` (1-based) is about to start."""
+
+
+@hookspec
+def after_matchmaking(run: Any, step: int, matches: list[Any]) -> None:
+    """Teachers were paired with students; ``matches`` is a list of :class:`components.Match`.
+
+    A hookimpl may reorder or replace entries in place to steer pairing.
+    """
+
+
+@hookspec
+def after_rewards(run: Any, step: int, rollouts: list[Any]) -> None:
+    """Rewards of this step's trained rollouts are computed, before any policy update.
+
+    ``rollouts`` is a list of :class:`components.Rollout`; a hookimpl may adjust ``rollout.reward``
+    in place (reward shaping, penalties); the trainers then see the adjusted values.
+    """
+
+
+@hookspec
+def on_step_end(run: Any, step: int, metrics: dict[str, Any]) -> None:
+    """Step ``step`` finished; ``metrics`` is the flat dict also written to the event log."""
+
+
+@hookspec
+def before_evolution(run: Any, step: int, population: Any) -> None:
+    """Selection and replacement are about to run on ``population`` (a :class:`Population`)."""
+
+
+@hookspec
+def after_evolution(run: Any, step: int, events: list[dict[str, Any]]) -> None:
+    """Children were born; ``events`` are the lineage records (child, parents, operator, params, seed)."""
+
+
+@hookspec
+def on_checkpoint(run: Any, step: int, path: str) -> None:
+    """A complete checkpoint for ``step`` was atomically written at ``path``."""

@@ -1,0 +1,143 @@
+"""Component registry: kind -> name -> (factory, params model, providing plugin, version).
+
+Plugins never write to the registry directly: the core calls each ``register_<kind>s(register)``
+hookimpl with a ``register`` callback bound to that plugin, so the core owns names, collisions and
+provenance (the simonw/llm pattern).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import PluginError, UserError
+
+#: Component kinds, their ``register_*`` hook and what the registered factory is called with.
+KINDS: dict[str, str] = {
+    "task": "register_tasks",
+    "executor": "register_executors",
+    "trainer": "register_trainers",
+    "engine": "register_engines",
+    "matchmaker": "register_matchmakers",
+    "selector": "register_selectors",
+    "operator": "register_operators",
+    "evaluator": "register_evaluators",
+    "base_model": "register_base_models",
+    "sink": "register_sinks",
+}
+
+
+class Params(BaseModel):
+    """Base of every component's params model: unknown keys are errors, values are checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Params):
+    """Params model of a component that takes none."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component. ``factory`` is what the kind's contract says (see hookspecs)."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    params_model: type[Params]
+    plugin: str
+    version: str
+    description: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def parse_params(self, raw: dict[str, Any] | None) -> Params:
+        """Validate ``raw`` against this component's params model (raises pydantic's error)."""
+        return self.params_model.model_validate(raw or {})
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per pydantic error, each naming its dotted path under ``prefix``."""
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in item["loc"])
+        path = ".".join(p for p in (prefix, loc) if p)
+        kind = item["type"]
+        msg = "unknown key" if kind == "extra_forbidden" else item["msg"]
+        lines.append(f"{path}: {msg}" if path else msg)
+    return "; ".join(lines)
+
+
+class Registry:
+    """Components by kind and name, with the plugin that provided each."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
+
+    def bind(self, kind: str, plugin: str, version: str) -> Callable[..., None]:
+        """The ``register`` callback handed to one plugin's ``register_<kind>s`` hookimpl."""
+
+        def register(name: str, factory: Callable[..., Any], params: type[Params] = NoParams,
+                     description: str = "", **meta: Any) -> None:
+            self.add(Component(kind, name, factory, params, plugin, version,
+                               description or _first_line(factory.__doc__), meta))
+
+        register.__doc__ = f"Register a {kind} component: register(name, factory, params=Params, description='')."
+        return register
+
+    def add(self, component: Component) -> None:
+        if component.kind not in KINDS:
+            raise PluginError(f"unknown component kind {component.kind!r}")
+        if not (isinstance(component.params_model, type) and issubclass(component.params_model, BaseModel)):
+            raise PluginError(f"{component.kind} {component.name!r} from plugin {component.plugin}: "
+                              "params must be a pydantic model class")
+        existing = self._items[component.kind].get(component.name)
+        if existing is not None:
+            raise PluginError(
+                f"{component.kind} name {component.name!r} is registered twice: by plugin "
+                f"{existing.plugin} and by plugin {component.plugin}")
+        self._items[component.kind][component.name] = component
+
+    def remove_plugin(self, plugin: str) -> None:
+        """Drop everything one plugin registered (used when its registration fails midway)."""
+        for kind in self._items.values():
+            for name in [n for n, c in kind.items() if c.plugin == plugin]:
+                del kind[name]
+
+    def get(self, kind: str, name: str) -> Component:
+        """Look a component up by name, or by ``package.module:attr`` for an unregistered one."""
+        if kind not in KINDS:
+            raise UserError(f"unknown component kind {kind!r}")
+        found = self._items[kind].get(name)
+        if found is not None:
+            return found
+        if ":" in name:
+            return _import_component(kind, name)
+        known = ", ".join(sorted(self._items[kind])) or "none installed"
+        raise UserError(f"unknown {kind} {name!r} (known: {known})")
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._items[kind])
+
+    def __iter__(self) -> Iterator[Component]:
+        for kind in KINDS:
+            yield from (self._items[kind][n] for n in sorted(self._items[kind]))
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
+
+
+def _import_component(kind: str, ref: str) -> Component:
+    """A recipe may name ``package.module:attr``: a factory, optionally with a ``Params`` attribute."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"cannot import {kind} {ref!r}: {exc}") from None
+    params = getattr(target, "Params", NoParams)
+    return Component(kind, ref, target, params, plugin=module_name, version="local",
+                     description=_first_line(getattr(target, "__doc__", None)))
