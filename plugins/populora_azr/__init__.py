@@ -1,0 +1,1 @@
+"""AZR's code tasks (deduction, abduction, induction) as PopuLoRA task components."""
