@@ -158,3 +158,45 @@ def adapter_hash(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def init_lora(base_model_path: str, *, rank: int, alpha: float, target_modules: list[str] | tuple[str, ...],
+              seed: int, init_std: float = 0.0, dropout: float = 0.0) -> LoraWeights:
+    """A fresh adapter for ``base_model_path`` without loading its weights.
+
+    The model is built on the meta device only to learn module names and shapes through PEFT, so
+    keys match what PEFT saves. A is initialised as PEFT does (Kaiming-uniform, a=sqrt(5)); B is zero
+    unless ``init_std`` > 0, in which case it gets Gaussian noise of that std: PEFT's B = 0 makes
+    every fresh adapter identical to the base and weight-space operators inert until training moves it.
+    """
+    import math
+
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(base_model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    lora_config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                             target_modules=list(target_modules), task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, lora_config)
+    meta_state = get_peft_model_state_dict(peft_model)
+    gen = torch.Generator().manual_seed(seed)
+    peft_config = peft_model.peft_config["default"].to_dict()
+    peft_config["base_model_name_or_path"] = base_model_path
+    peft_config["target_modules"] = sorted(peft_config["target_modules"])
+    peft_config = json.loads(json.dumps(peft_config, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+    scale = lora_scale(peft_config)
+    modules: dict[str, LoraFactors] = {}
+    for key, meta in meta_state.items():
+        if not key.endswith(_A_SUFFIX):
+            continue
+        name = key[: -len(_A_SUFFIX)]
+        r, d_in = meta.shape
+        d_out = meta_state[name + _B_SUFFIX].shape[0]
+        bound = 1.0 / math.sqrt(d_in)  # kaiming_uniform_(a=sqrt(5)) on an (r, d_in) weight
+        a = (torch.rand(r, d_in, generator=gen) * 2 - 1) * bound
+        b = torch.randn(d_out, r, generator=gen) * init_std if init_std > 0 else torch.zeros(d_out, r)
+        modules[name] = LoraFactors(a, b, scale)
+    return LoraWeights(modules, peft_config)

@@ -252,12 +252,18 @@ class Matchmaker(Protocol):
 
 @dataclass
 class Replacement:
-    """``dead`` leaves; a child made by ``operator`` from ``parents`` takes its place."""
+    """``dead`` leaves; a child of ``parents`` (survivor ids, best first) takes its place.
+
+    ``operator`` empty: the loop draws one from the recipe's operator mix (a crossover needs two
+    parents); ``mutation_only``: draw among mutations only (PBT's "mutate in place" tier, where
+    ``parents == [dead]``).
+    """
 
     dead: str
     parents: list[str]
-    operator: str
+    operator: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    mutation_only: bool = False
 
 
 @runtime_checkable

@@ -1,0 +1,168 @@
+"""Run directory: resolved recipe, append-only logs, immutable adapters, atomic checkpoints.
+
+Layout::
+
+    RUN/recipe.yaml  events.jsonl  lineage.jsonl  members.json
+        adapters/<member>@v<k>/      PEFT dirs, never overwritten
+        tasks/problems.jsonl          every proposed problem (``datasets.load_dataset("json", ...)``)
+        checkpoints/<step>/  LATEST   complete checkpoints; LATEST names the newest
+
+A checkpoint is written into a temporary folder and renamed into place, then LATEST is replaced
+atomically, so a kill at any instant leaves the previous complete checkpoint readable. It records
+the byte length of every append-only log; resuming truncates the logs back to those lengths and
+deletes adapter versions written after it, so nothing logged before the checkpoint is lost and
+nothing after it is duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+
+LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    # --- layout -----------------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> Path:
+        return self.path / "adapters"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def adapter_path(self, version_name: str) -> Path:
+        return self.adapters / version_name
+
+    def create(self, resolved_recipe: dict[str, Any], *, exist_ok: bool = False) -> None:
+        if (self.path / "recipe.yaml").exists() and not exist_ok:
+            raise UserError(f"run directory {self.path} already holds a run; "
+                            f"use `populora resume {self.path}` or choose another --run-dir")
+        for sub in ("adapters", "checkpoints", "tasks"):
+            (self.path / sub).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path / "recipe.yaml", yaml.safe_dump(resolved_recipe, sort_keys=False))
+
+    def read_recipe(self) -> dict[str, Any]:
+        file = self.path / "recipe.yaml"
+        if not file.is_file():
+            raise UserError(f"{self.path} is not a run directory (no recipe.yaml)")
+        data = yaml.safe_load(file.read_text())
+        if not isinstance(data, dict):
+            raise UserError(f"{file} is not a recipe mapping")
+        return data
+
+    # --- append-only logs ---------------------------------------------------------------------
+
+    def append(self, log: str, records: list[dict[str, Any]]) -> None:
+        """Append JSON lines and flush (one write call per batch keeps lines whole)."""
+        if not records:
+            return
+        file = self.path / log
+        file.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(json.dumps(r, default=_json_default) + "\n" for r in records)
+        with open(file, "a") as fh:
+            fh.write(data)
+            fh.flush()
+
+    def read_log(self, log: str) -> list[dict[str, Any]]:
+        file = self.path / log
+        if not file.exists():
+            return []
+        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+
+    def log_sizes(self) -> dict[str, int]:
+        return {log: (self.path / log).stat().st_size if (self.path / log).exists() else 0
+                for log in LOGS}
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def write_checkpoint(self, step: int, state: dict[str, Any], extra_dirs: dict[str, Any] | None = None,
+                         keep: int = 2) -> Path:
+        """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks."""
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step}-", dir=self.checkpoints))
+        try:
+            for name, writer in (extra_dirs or {}).items():
+                sub = tmp / name
+                sub.mkdir()
+                writer(sub)
+            full = dict(state, step=step, log_sizes=self.log_sizes(),
+                        adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")))
+            (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
+            final = self.checkpoints / f"{step:08d}"
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        atomic_write_text(self.checkpoints / "LATEST", final.name + "\n")
+        atomic_write_text(self.path / "members.json", json.dumps(state.get("population", {}), indent=1))
+        self._prune(keep)
+        return final
+
+    def _prune(self, keep: int) -> None:
+        complete = sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
+        for old in complete[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.checkpoints.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        marker = self.checkpoints / "LATEST"
+        if not marker.is_file():
+            return None
+        path = self.checkpoints / marker.read_text().strip()
+        return path if (path / "state.json").is_file() else None
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
+        return json.loads((path / "state.json").read_text())
+
+    def rollback_to(self, state: dict[str, Any]) -> None:
+        """Undo everything written after a checkpoint: truncate logs, delete newer adapter versions."""
+        for log, size in state["log_sizes"].items():
+            file = self.path / log
+            if file.exists() and file.stat().st_size > size:
+                with open(file, "r+") as fh:
+                    fh.truncate(size)
+        keep = set(state["adapters"])
+        for entry in self.adapters.iterdir():
+            if entry.name not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
