@@ -11,5 +11,4 @@ from .registry import NoParams, Params
 
 __version__ = "0.1.0"
 
-__all__ = ["NoParams", "Params", "PluginError", "PopuloraError", "RecipeError", "UserError",
-           "__version__", "hookimpl"]
+__all__ = ["NoParams", "Params", "PluginError", "PopuloraError", "RecipeError", "UserError", "__version__", "hookimpl"]

@@ -68,7 +68,7 @@ def lora_scale(config: dict[str, Any]) -> float:
     """PEFT's scaling: alpha / r, or alpha / sqrt(r) with rsLoRA."""
     r = float(config["r"])
     alpha = float(config.get("lora_alpha", r))
-    return alpha / (r ** 0.5) if config.get("use_rslora") else alpha / r
+    return alpha / (r**0.5) if config.get("use_rslora") else alpha / r
 
 
 def is_adapter_dir(path: str | os.PathLike[str]) -> bool:
@@ -138,17 +138,20 @@ def check_compatible(parents: list[LoraWeights]) -> None:
     for i, other in enumerate(parents[1:], start=2):
         for key in ("r", "lora_alpha", "use_rslora"):
             if first.config.get(key) != other.config.get(key):
-                raise UserError(f"parent 1 and parent {i} differ in {key}: "
-                                f"{first.config.get(key)!r} vs {other.config.get(key)!r}")
+                raise UserError(
+                    f"parent 1 and parent {i} differ in {key}: {first.config.get(key)!r} vs {other.config.get(key)!r}"
+                )
         if set(first.modules) != set(other.modules):
             missing = sorted(set(first.modules) ^ set(other.modules))[:3]
             raise UserError(f"parent 1 and parent {i} target different modules (e.g. {missing})")
         for name, f in first.modules.items():
             g = other.modules[name]
             if f.A.shape != g.A.shape or f.B.shape != g.B.shape:
-                raise UserError(f"parent 1 and parent {i} differ in shape at {name}: "
-                                f"A {tuple(f.A.shape)} vs {tuple(g.A.shape)}, "
-                                f"B {tuple(f.B.shape)} vs {tuple(g.B.shape)}")
+                raise UserError(
+                    f"parent 1 and parent {i} differ in shape at {name}: "
+                    f"A {tuple(f.A.shape)} vs {tuple(g.A.shape)}, "
+                    f"B {tuple(f.B.shape)} vs {tuple(g.B.shape)}"
+                )
 
 
 def adapter_hash(path: str | os.PathLike[str]) -> str:
@@ -160,8 +163,16 @@ def adapter_hash(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def init_lora(base_model_path: str, *, rank: int, alpha: float, target_modules: list[str] | tuple[str, ...],
-              seed: int, init_std: float = 0.0, dropout: float = 0.0) -> LoraWeights:
+def init_lora(
+    base_model_path: str,
+    *,
+    rank: int,
+    alpha: float,
+    target_modules: list[str] | tuple[str, ...],
+    seed: int,
+    init_std: float = 0.0,
+    dropout: float = 0.0,
+) -> LoraWeights:
     """A fresh adapter for ``base_model_path`` without loading its weights.
 
     The model is built on the meta device only to learn module names and shapes through PEFT, so
@@ -178,8 +189,13 @@ def init_lora(base_model_path: str, *, rank: int, alpha: float, target_modules: 
     config = AutoConfig.from_pretrained(base_model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    lora_config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                             target_modules=list(target_modules), task_type="CAUSAL_LM")
+    lora_config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # PEFT accepts floats
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, lora_config)
     meta_state = get_peft_model_state_dict(peft_model)
     gen = torch.Generator().manual_seed(seed)

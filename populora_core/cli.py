@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 import click
@@ -62,8 +63,13 @@ def _plugin_files_from_argv() -> list[str]:
 
 @click.group(cls=PopuloraGroup)
 @click.version_option(__version__, prog_name="populora")
-@click.option("--plugin", "plugin_files", multiple=True, type=click.Path(),
-              help="Load a local plugin file for this run (repeatable).")
+@click.option(
+    "--plugin",
+    "plugin_files",
+    multiple=True,
+    type=click.Path(),
+    help="Load a local plugin file for this run (repeatable).",
+)
 @click.pass_context
 def cli(ctx: click.Context, plugin_files: tuple[str, ...]) -> None:
     """PopuLoRA: population-based LoRA self-play on one frozen base model."""
@@ -78,9 +84,17 @@ def plugins(manager: Any, as_json: bool) -> None:
     by_plugin: dict[str, list[str]] = {}
     for comp in manager.registry:
         by_plugin.setdefault(comp.plugin, []).append(f"{comp.kind}:{comp.name}")
-    rows = [{"name": p.name, "source": p.source, "version": p.version, "hooks": p.hooks,
-             "components": by_plugin.get(p.name, []), "error": p.error}
-            for p in sorted(manager.plugins.values(), key=lambda p: p.name)]
+    rows = [
+        {
+            "name": p.name,
+            "source": p.source,
+            "version": p.version,
+            "hooks": p.hooks,
+            "components": by_plugin.get(p.name, []),
+            "error": p.error,
+        }
+        for p in sorted(manager.plugins.values(), key=lambda p: p.name)
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -95,8 +109,73 @@ def plugins(manager: Any, as_json: bool) -> None:
             click.echo(f"    hooks: {', '.join(row['hooks'])}")
 
 
+def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    from .recipe import load_recipe
+
+    return load_recipe(recipe, list(overrides), manager.registry)
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path())
+@click.argument("overrides", nargs=-1)
+@click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
+@click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
+@click.pass_obj
+def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None) -> None:
+    """Run a recipe: populora run RECIPE [key.sub=value ...]."""
+    from .loop import execute, start_run
+    from .run import RunDir
+
+    model, resolved = _load_recipe(manager, recipe, overrides)
+    directory = RunDir(run_dir or f"runs/{model.name}")
+    execute(start_run(model, resolved, directory, manager), progress=progress)
+    click.echo(f"run complete: {directory.path}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--progress/--no-progress", default=None)
+@click.pass_obj
+def resume(manager: Any, run_dir: str, progress: bool | None) -> None:
+    """Continue a run from its last complete checkpoint."""
+    from .loop import execute, resume_run
+    from .run import RunDir
+
+    run_obj = resume_run(RunDir(run_dir), manager)
+    click.echo(f"resuming {run_dir} at step {run_obj.step}", err=True)
+    execute(run_obj, progress=progress)
+    click.echo(f"run complete: {run_dir}")
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path())
+@click.argument("overrides", nargs=-1)
+@click.pass_obj
+def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
+    """Validate a recipe (structure, then every component's params) without running it."""
+    model, _ = _load_recipe(manager, recipe, overrides)
+    click.echo(
+        f"{recipe}: ok ({model.name}, {model.population.teachers}T-{model.population.students}S "
+        f"{model.population.mode}, {len(model.component_refs())} components)"
+    )
+
+
+@cli.command("recipe-schema")
+@click.pass_obj
+def recipe_schema(manager: Any) -> None:
+    """Print the JSON Schema of a recipe, including every installed plugin's params."""
+    from .recipe import recipe_json_schema
+
+    click.echo(json.dumps(recipe_json_schema(manager.registry), indent=2))
+
+
+def _warning_line(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
+    return f"Warning: {message}\n"
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.formatwarning = _warning_line
     cli(prog_name="populora")
 
 

@@ -73,8 +73,7 @@ class Completion:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    def generate(self, requests: Sequence[GenerationRequest],
-                 sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``sampling.n`` completions per request, in request order; mixed adapters in one batch."""
         ...
 
@@ -109,8 +108,7 @@ class UpdateStats:
 
 @runtime_checkable
 class Trainer(Protocol):
-    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout],
-               out_dir: Path) -> UpdateStats:
+    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
         """One policy update of ``member_id`` from ``adapter``; writes the new version to ``out_dir``."""
         ...
 
@@ -147,12 +145,20 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class ExecJob:
-    """A program to run: ``code`` as a module, then ``expr`` evaluated in its namespace (repr returned)."""
+    """A program to run: ``code`` as a module, then ``expr`` evaluated in its namespace (repr returned).
+
+    ``timeout_s``/``memory_mb`` override the executor's defaults for this job. ``hash_variant`` picks
+    an interpreter family with its own ``PYTHONHASHSEED`` (and random state): every job runs in a fresh
+    process, but processes of one family share str/bytes hash order. For AZR's determinism check, run
+    the same job once with ``hash_variant=0`` and once with ``hash_variant=1`` in one ``run_batch``
+    and compare the two ``value``s; set/dict-order dependence then shows up as a difference.
+    """
 
     code: str
     expr: str | None = None
     timeout_s: float | None = None
     memory_mb: int | None = None
+    hash_variant: int = 0
 
 
 @runtime_checkable
@@ -197,8 +203,9 @@ class Task(Protocol):
         """``count`` proposer prompts with their context (references used), drawn from the buffer."""
         ...
 
-    def parse_proposals(self, completions: Sequence[str], contexts: Sequence[Any],
-                        proposer: Sequence[str]) -> list[Problem]:
+    def parse_proposals(
+        self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
+    ) -> list[Problem]:
         """Parse and validate (in the executor) one proposal per completion."""
         ...
 

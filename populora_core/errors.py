@@ -16,8 +16,15 @@ class UserError(PopuloraError):
 class RecipeError(UserError):
     """A recipe that does not validate. ``location`` names the recipe file and YAML path."""
 
-    def __init__(self, message: str, *, recipe: str | None = None, path: str | None = None,
-                 component: str | None = None, plugin: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        recipe: str | None = None,
+        path: str | None = None,
+        component: str | None = None,
+        plugin: str | None = None,
+    ) -> None:
         self.recipe, self.path, self.component, self.plugin = recipe, path, component, plugin
         parts = []
         if recipe:

@@ -27,6 +27,10 @@ from .registry import KINDS, Registry
 ENTRY_POINT_GROUP = "populora"
 
 
+class PluginLoadWarning(UserWarning):
+    """A plugin failed to import or register and was disabled."""
+
+
 @dataclass
 class PluginInfo:
     """One plugin as ``populora plugins`` shows it."""
@@ -88,8 +92,9 @@ class PluginManager:
             raise UserError(f"plugin file {file} failed to import: {type(exc).__name__}: {exc}") from None
         self.add_plugin(module, name, source=str(file), version="local")
 
-    def add_plugin(self, plugin: ModuleType | object, name: str, *, source: str = "local",
-                   version: str = "local") -> bool:
+    def add_plugin(
+        self, plugin: ModuleType | object, name: str, *, source: str = "local", version: str = "local"
+    ) -> bool:
         """Register one plugin object and run its ``register_*`` hooks; False (and a row) on failure."""
         try:
             self.pm.register(plugin, name=name)
@@ -119,7 +124,7 @@ class PluginManager:
     def _failed(self, name: str, source: str, version: str, error: str) -> None:
         if os.environ.get("POPULORA_STRICT_PLUGINS") == "1":
             raise PluginError(f"plugin {name} ({source}): {error}")
-        warnings.warn(f"populora: plugin {name} ({source}) disabled: {error}", stacklevel=3)
+        warnings.warn(f"populora: plugin {name} ({source}) disabled: {error}", PluginLoadWarning, stacklevel=3)
         self.plugins[name] = PluginInfo(name, source, version, [], error)
 
     # --- queries ------------------------------------------------------------------------------

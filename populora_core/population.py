@@ -74,9 +74,15 @@ class Member:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Member:
-        return cls(id=d["id"], role=d["role"], version=d["version"],
-                   lineage=Lineage(**d["lineage"]), rating=Rating(**d["rating"]),
-                   counters=Counters(**d["counters"]), born_step=d.get("born_step", 0))
+        return cls(
+            id=d["id"],
+            role=d["role"],
+            version=d["version"],
+            lineage=Lineage(**d["lineage"]),
+            rating=Rating(**d["rating"]),
+            counters=Counters(**d["counters"]),
+            born_step=d.get("born_step", 0),
+        )
 
 
 @dataclass
@@ -124,8 +130,7 @@ class Population:
         return groups
 
     def to_dict(self) -> dict[str, Any]:
-        return {"members": [m.to_dict() for m in self.members.values()],
-                "next_index": dict(self.next_index)}
+        return {"members": [m.to_dict() for m in self.members.values()], "next_index": dict(self.next_index)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Population:

@@ -18,6 +18,9 @@ from .errors import RecipeError, UserError
 from .registry import Params, Registry, format_validation_error
 
 
+Role = Literal["teacher", "student", "both"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,16 +46,19 @@ class LoraSection(_Strict):
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     init_std: float = Field(
-        0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0")
+        0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0"
+    )
 
 
 class PopulationSection(_Strict):
     teachers: int = Field(4, ge=1)
     students: int = Field(4, ge=1)
     mode: Literal["population", "single_agent"] = Field(
-        "population", description="single_agent: one adapter per slot plays both roles (AZR baseline)")
+        "population", description="single_agent: one adapter per slot plays both roles (AZR baseline)"
+    )
 
     @model_validator(mode="after")
     def _single_agent_shape(self) -> PopulationSection:
@@ -67,30 +73,29 @@ class RolloutSection(_Strict):
     proposals_per_teacher: int = Field(8, ge=1, description="proposer prompts per teacher per task type")
     solver_samples: int = Field(8, ge=1, description="samples of the matched student per valid problem (AZR n=8)")
     buffer_problems_per_student: int = Field(
-        0, ge=0, description="extra problems per task type from the buffer, solved once (AZR's solver batch)")
+        0, ge=0, description="extra problems per task type from the buffer, solved once (AZR's solver batch)"
+    )
     train_on_estimation: bool = Field(
-        True, description="[choice] students train on the solve samples that estimate learnability")
+        True, description="[choice] students train on the solve samples that estimate learnability"
+    )
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     propose_max_tokens: int = Field(512, ge=1)
     solve_max_tokens: int = Field(512, ge=1)
 
 
-class MatchmakingSection(_Strict):
-    pairing: Literal["one_to_one", "many_to_one"] = Field(
-        "many_to_one", description="[choice] one_to_one: each student matched at most once per step")
-
-
 class EvolutionSection(_Strict):
     every: int = Field(20, ge=0, description="replace every E steps; 0 disables evolution")
     selector: ComponentRef = Field(default_factory=lambda: ComponentRef(name="truncation"))
     operators: list[WeightedOperator] = Field(
-        default_factory=lambda: [WeightedOperator(name="svd", weight=0.5),
-                                 WeightedOperator(name="svd_structured", weight=0.5)])
+        default_factory=lambda: [
+            WeightedOperator(name="svd", weight=0.5),
+            WeightedOperator(name="svd_structured", weight=0.5),
+        ]
+    )
     child_rating: Literal["fresh", "inherit"] = "fresh"
     child_optimizer: Literal["fresh", "inherit"] = "fresh"
-    subpopulations: list[Literal["teacher", "student", "both"]] = Field(
-        default_factory=lambda: ["teacher", "student"])
+    subpopulations: list[Role] = Field(default_factory=lambda: list[Role](["teacher", "student"]))
 
 
 class CheckpointSection(_Strict):
@@ -115,13 +120,12 @@ class Recipe(_Strict):
     lora: LoraSection = Field(default_factory=LoraSection)
     population: PopulationSection = Field(default_factory=PopulationSection)
     tasks: list[ComponentRef] = Field(
-        default_factory=lambda: [ComponentRef(name=n) for n in ("deduction", "abduction", "induction")],
-        min_length=1)
+        default_factory=lambda: [ComponentRef(name=n) for n in ("deduction", "abduction", "induction")], min_length=1
+    )
     executor: ComponentRef = Field(default_factory=lambda: ComponentRef(name="sandbox"))
     engine: ComponentRef = Field(default_factory=lambda: ComponentRef(name="hf"))
     trainer: ComponentRef = Field(default_factory=lambda: ComponentRef(name="trr++"))
     matchmaker: ComponentRef = Field(default_factory=lambda: ComponentRef(name="pfsp"))
-    matchmaking: MatchmakingSection = Field(default_factory=MatchmakingSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     evolution: EvolutionSection = Field(default_factory=EvolutionSection)
     sinks: list[ComponentRef] = Field(default_factory=list)
@@ -146,8 +150,7 @@ class Recipe(_Strict):
         refs += [(f"sinks.{i}", "sink", ref) for i, ref in enumerate(self.sinks)]
         if self.evolution.every:
             refs.append(("evolution.selector", "selector", self.evolution.selector))
-            refs += [(f"evolution.operators.{i}", "operator", ref)
-                     for i, ref in enumerate(self.evolution.operators)]
+            refs += [(f"evolution.operators.{i}", "operator", ref) for i, ref in enumerate(self.evolution.operators)]
         return refs
 
 
@@ -164,8 +167,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...],
-                    recipe: str | None = None) -> dict[str, Any]:
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str] | tuple[str, ...], recipe: str | None = None
+) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (value parsed as YAML; list items by index)."""
     result = copy.deepcopy(data)
     for item in overrides:
@@ -179,16 +183,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
             last = i == len(parts) - 1
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
-                    raise RecipeError(f"override {item!r}: no list item {part!r}", recipe=recipe,
-                                      path=".".join(parts[:i + 1]))
+                    raise RecipeError(
+                        f"override {item!r}: no list item {part!r}", recipe=recipe, path=".".join(parts[: i + 1])
+                    )
                 if last:
                     node[int(part)] = value
                 else:
                     node = node[int(part)]
                 continue
             if not isinstance(node, dict):
-                raise RecipeError(f"override {item!r}: {'.'.join(parts[:i])} is not a mapping",
-                                  recipe=recipe)
+                raise RecipeError(f"override {item!r}: {'.'.join(parts[:i])} is not a mapping", recipe=recipe)
             if isinstance(node.get(part), str) and not last:  # `engine: hf` then `engine.params.x=1`
                 node[part] = {"name": node[part]}
             if last:
@@ -217,8 +221,12 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
     for path, kind, ref in recipe_model.component_refs():
         if kind == "base_model" and ref.name not in registry.names("base_model"):
             if ref.params:
-                raise RecipeError("params are only accepted for a registered base model", recipe=recipe,
-                                  path=f"{path}.params", component=ref.name)
+                raise RecipeError(
+                    "params are only accepted for a registered base model",
+                    recipe=recipe,
+                    path=f"{path}.params",
+                    component=ref.name,
+                )
             continue  # a local path or hub id, resolved when the run starts
         try:
             component = registry.get(kind, ref.name)
@@ -227,9 +235,13 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
         try:
             checked[path] = component.parse_params(ref.params)
         except ValidationError as err:
-            raise RecipeError(format_validation_error(err, prefix=f"{path}.params"), recipe=recipe,
-                              path=f"{path}.params", component=f"{kind} {ref.name!r}",
-                              plugin=component.plugin) from None
+            raise RecipeError(
+                format_validation_error(err, prefix=f"{path}.params"),
+                recipe=recipe,
+                path=f"{path}.params",
+                component=f"{kind} {ref.name!r}",
+                plugin=component.plugin,
+            ) from None
         if kind == "operator":
             _check_operator(component.meta, ref.name, recipe, path)
     return checked
@@ -237,12 +249,17 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
 
 def _check_operator(meta: dict[str, Any], name: str, recipe: str, path: str) -> None:
     if "parents" not in meta:
-        raise RecipeError("operator does not declare how many parents it takes", recipe=recipe,
-                          path=path, component=f"operator {name!r}")
+        raise RecipeError(
+            "operator does not declare how many parents it takes",
+            recipe=recipe,
+            path=path,
+            component=f"operator {name!r}",
+        )
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
-                registry: Registry | None = None) -> tuple[Recipe, dict[str, Any]]:
+def load_recipe(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), registry: Registry | None = None
+) -> tuple[Recipe, dict[str, Any]]:
     """Read, override and validate a recipe file; returns the model and the resolved raw dict."""
     data = apply_overrides(load_yaml(path), overrides, recipe=str(path))
     model = parse_recipe(data, registry, recipe=str(path))
@@ -258,27 +275,38 @@ def recipe_json_schema(registry: Registry) -> dict[str, Any]:
         params_schema = comp.params_model.model_json_schema()
         nested = params_schema.pop("$defs", {})
         defs.update(nested)
-        by_kind.setdefault(comp.kind, []).append({
-            "type": "object",
-            "title": f"{comp.kind} {comp.name} ({comp.plugin})",
-            "properties": {"name": {"const": comp.name}, "params": params_schema,
-                           **({"weight": {"type": "number"}} if comp.kind == "operator" else {})},
-            "required": ["name"],
-            "additionalProperties": False,
-        })
-    fields = {"executor": "executor", "engine": "engine", "trainer": "trainer",
-              "matchmaker": "matchmaker"}
+        by_kind.setdefault(comp.kind, []).append(
+            {
+                "type": "object",
+                "title": f"{comp.kind} {comp.name} ({comp.plugin})",
+                "properties": {
+                    "name": {"const": comp.name},
+                    "params": params_schema,
+                    **({"weight": {"type": "number"}} if comp.kind == "operator" else {}),
+                },
+                "required": ["name"],
+                "additionalProperties": False,
+            }
+        )
+    fields = {"executor": "executor", "engine": "engine", "trainer": "trainer", "matchmaker": "matchmaker"}
     props = schema["properties"]
     for field_name, kind in fields.items():
         if by_kind.get(kind):
-            props[field_name] = {"anyOf": [*by_kind[kind], {"type": "string", "enum": [
-                o["properties"]["name"]["const"] for o in by_kind[kind]]}]}
+            props[field_name] = {
+                "anyOf": [
+                    *by_kind[kind],
+                    {"type": "string", "enum": [o["properties"]["name"]["const"] for o in by_kind[kind]]},
+                ]
+            }
     for field_name, kind in (("tasks", "task"), ("sinks", "sink")):
         if by_kind.get(kind):
             names = [o["properties"]["name"]["const"] for o in by_kind[kind]]
-            props[field_name] = {"type": "array",
-                                 "items": {"anyOf": [*by_kind[kind], {"type": "string", "enum": names}]}}
+            props[field_name] = {
+                "type": "array",
+                "items": {"anyOf": [*by_kind[kind], {"type": "string", "enum": names}]},
+            }
     schema["x-populora-components"] = {
         kind: {o["properties"]["name"]["const"]: o["properties"]["params"] for o in items}
-        for kind, items in by_kind.items()}
+        for kind, items in by_kind.items()
+    }
     return schema

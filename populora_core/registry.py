@@ -80,10 +80,14 @@ class Registry:
     def bind(self, kind: str, plugin: str, version: str) -> Callable[..., None]:
         """The ``register`` callback handed to one plugin's ``register_<kind>s`` hookimpl."""
 
-        def register(name: str, factory: Callable[..., Any], params: type[Params] = NoParams,
-                     description: str = "", **meta: Any) -> None:
-            self.add(Component(kind, name, factory, params, plugin, version,
-                               description or _first_line(factory.__doc__), meta))
+        def register(
+            name: str, factory: Callable[..., Any], params: type[Params] = NoParams, description: str = "", **meta: Any
+        ) -> None:
+            self.add(
+                Component(
+                    kind, name, factory, params, plugin, version, description or _first_line(factory.__doc__), meta
+                )
+            )
 
         register.__doc__ = f"Register a {kind} component: register(name, factory, params=Params, description='')."
         return register
@@ -92,13 +96,16 @@ class Registry:
         if component.kind not in KINDS:
             raise PluginError(f"unknown component kind {component.kind!r}")
         if not (isinstance(component.params_model, type) and issubclass(component.params_model, BaseModel)):
-            raise PluginError(f"{component.kind} {component.name!r} from plugin {component.plugin}: "
-                              "params must be a pydantic model class")
+            raise PluginError(
+                f"{component.kind} {component.name!r} from plugin {component.plugin}: "
+                "params must be a pydantic model class"
+            )
         existing = self._items[component.kind].get(component.name)
         if existing is not None:
             raise PluginError(
                 f"{component.kind} name {component.name!r} is registered twice: by plugin "
-                f"{existing.plugin} and by plugin {component.plugin}")
+                f"{existing.plugin} and by plugin {component.plugin}"
+            )
         self._items[component.kind][component.name] = component
 
     def remove_plugin(self, plugin: str) -> None:
@@ -139,5 +146,12 @@ def _import_component(kind: str, ref: str) -> Component:
     except (ImportError, AttributeError) as exc:
         raise UserError(f"cannot import {kind} {ref!r}: {exc}") from None
     params = getattr(target, "Params", NoParams)
-    return Component(kind, ref, target, params, plugin=module_name, version="local",
-                     description=_first_line(getattr(target, "__doc__", None)))
+    return Component(
+        kind,
+        ref,
+        target,
+        params,
+        plugin=module_name,
+        version="local",
+        description=_first_line(getattr(target, "__doc__", None)),
+    )

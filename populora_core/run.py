@@ -63,8 +63,10 @@ class RunDir:
 
     def create(self, resolved_recipe: dict[str, Any], *, exist_ok: bool = False) -> None:
         if (self.path / "recipe.yaml").exists() and not exist_ok:
-            raise UserError(f"run directory {self.path} already holds a run; "
-                            f"use `populora resume {self.path}` or choose another --run-dir")
+            raise UserError(
+                f"run directory {self.path} already holds a run; "
+                f"use `populora resume {self.path}` or choose another --run-dir"
+            )
         for sub in ("adapters", "checkpoints", "tasks"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path / "recipe.yaml", yaml.safe_dump(resolved_recipe, sort_keys=False))
@@ -98,13 +100,13 @@ class RunDir:
         return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
 
     def log_sizes(self) -> dict[str, int]:
-        return {log: (self.path / log).stat().st_size if (self.path / log).exists() else 0
-                for log in LOGS}
+        return {log: (self.path / log).stat().st_size if (self.path / log).exists() else 0 for log in LOGS}
 
     # --- checkpoints --------------------------------------------------------------------------
 
-    def write_checkpoint(self, step: int, state: dict[str, Any], extra_dirs: dict[str, Any] | None = None,
-                         keep: int = 2) -> Path:
+    def write_checkpoint(
+        self, step: int, state: dict[str, Any], extra_dirs: dict[str, Any] | None = None, keep: int = 2
+    ) -> Path:
         """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks."""
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step}-", dir=self.checkpoints))
@@ -113,8 +115,12 @@ class RunDir:
                 sub = tmp / name
                 sub.mkdir()
                 writer(sub)
-            full = dict(state, step=step, log_sizes=self.log_sizes(),
-                        adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")))
+            full = dict(
+                state,
+                step=step,
+                log_sizes=self.log_sizes(),
+                adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")),
+            )
             (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
             final = self.checkpoints / f"{step:08d}"
             if final.exists():

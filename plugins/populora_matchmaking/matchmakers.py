@@ -1,0 +1,117 @@
+"""Matchmakers: who teaches whom this step, and how a match moves the ratings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from populora_core.components import Match, MatchOutcome
+
+
+def expected_solve_rate(student: Any, teacher: Any, beta: float) -> float:
+    """p = Phi((mu_s - mu_t) / sqrt(sigma_s^2 + sigma_t^2 + 2 beta^2)) on the shared scale."""
+    s, t = student.rating, teacher.rating
+    z = (s.mu - t.mu) / math.sqrt(s.sigma**2 + t.sigma**2 + 2 * beta**2)
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+class _RatedMatchmaker:
+    """Shared TrueSkill update: student wins above p, teacher wins below, a draw within the margin."""
+
+    def __init__(self, params: Any) -> None:
+        import trueskill
+
+        self.params = params
+        p = params
+        self.env = trueskill.TrueSkill(
+            mu=getattr(p, "mu", 25.0),
+            sigma=getattr(p, "sigma", 25 / 3),
+            beta=getattr(p, "beta", 25 / 6),
+            tau=getattr(p, "tau", 25 / 300),
+            draw_probability=getattr(p, "draw_probability", 0.1),
+        )
+        self.beta = self.env.beta
+
+    def expected(self, student: Any, teacher: Any) -> float:
+        return expected_solve_rate(student, teacher, self.beta)
+
+    def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
+        margin = getattr(self.params, "draw_margin", 0.0)
+        for o in outcomes:
+            teacher, student = members[o.teacher], members[o.student]
+            t = self.env.create_rating(teacher.rating.mu, teacher.rating.sigma)
+            s = self.env.create_rating(student.rating.mu, student.rating.sigma)
+            if o.solve_rate is None:  # no valid problem: the teacher loses
+                s, t = self.env.rate_1vs1(s, t)
+            elif abs(o.solve_rate - o.expected_solve_rate) <= margin and (
+                margin > 0 or o.solve_rate == o.expected_solve_rate
+            ):
+                s, t = self.env.rate_1vs1(s, t, drawn=True)
+            elif o.solve_rate > o.expected_solve_rate:
+                s, t = self.env.rate_1vs1(s, t)
+            else:
+                t, s = self.env.rate_1vs1(t, s)
+            teacher.rating.mu, teacher.rating.sigma = t.mu, t.sigma
+            student.rating.mu, student.rating.sigma = s.mu, s.sigma
+
+
+class PFSP(_RatedMatchmaker):
+    """Prioritized fictitious self-play: each teacher draws a student weighted by p(1-p)."""
+
+    def weight(self, p: float) -> float:
+        w = self.params.weighting
+        if w == "var":
+            return p * (1 - p)
+        if w == "hard":
+            return (1 - p) ** self.params.hard_exponent
+        return 1.0
+
+    def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
+        available = list(students)
+        matches = []
+        for teacher in teachers:
+            if not available:
+                available = list(students)
+            probs = [self.expected(s, teacher) for s in available]
+            weights = [max(self.weight(p), 1e-12) for p in probs]
+            idx = rng.choices(range(len(available)), weights=weights)[0]
+            matches.append(Match(teacher.id, available[idx].id, probs[idx]))
+            if self.params.pairing == "one_to_one":
+                available.pop(idx)
+        return matches
+
+
+class RoundRobin(_RatedMatchmaker):
+    """Deterministic rotation; ratings still tracked so selection can use them."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params)
+        self.calls = 0
+
+    def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
+        offset = self.calls
+        self.calls += 1
+        return [
+            Match(
+                t.id,
+                students[(i + offset) % len(students)].id,
+                self.expected(students[(i + offset) % len(students)], t),
+            )
+            for i, t in enumerate(teachers)
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.calls = state["calls"]
+
+
+class RandomMatchmaker(_RatedMatchmaker):
+    def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
+        out = []
+        for t in teachers:
+            s = rng.choice(list(students))
+            out.append(Match(t.id, s.id, self.expected(s, t)))
+        return out

@@ -1,0 +1,319 @@
+"""One frozen base model per process, shared by rollout engines and trainers, with many LoRA adapters.
+
+A population is many adapters on one base. Loading the base once per component would multiply the
+largest allocation of a run, so the ``hf`` engine and the trainers ask :func:`get_host` for the
+process-wide :class:`ModelHost` of a base model and only add adapters to it. Adapters are addressed
+by immutable version names (``s0@v3``): a version is loaded from its PEFT directory once, kept in a
+small LRU set, and never modified; trainers work in a private ``scratch`` slot and write each new
+version to a new directory. torch, transformers and peft are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, LoraFactors, LoraWeights, lora_scale, save_lora
+from .components import AdapterRef, BaseModel, LoraSettings
+from .errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+BASE = "__base__"  # PEFT's name for "no adapter" rows of a mixed batch
+_LORA_KEYS = ("r", "lora_alpha", "use_rslora", "lora_dropout")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto``: the first CUDA device when there is one, else the CPU."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto`` is float32 on CPU (bf16 kernels are slow there and change greedy tokens), bf16 on GPU."""
+    import torch
+
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype not in table:
+        raise UserError(f"base_model.dtype: unknown dtype {dtype!r} (known: auto, {', '.join(table)})")
+    return table[dtype]
+
+
+def lora_config_dict(lora: LoraSettings, base_path: str) -> dict[str, Any]:
+    """The PEFT ``adapter_config.json`` content for a fresh adapter of shape ``lora``."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": int(lora.rank),
+        "lora_alpha": float(lora.alpha),
+        "lora_dropout": float(lora.dropout),
+        "target_modules": sorted(lora.target_modules),
+        "bias": "none",
+        "use_rslora": False,
+        "base_model_name_or_path": base_path,
+        "inference_mode": True,
+    }
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    file = path / CONFIG_FILE
+    if not (file.is_file() and (path / WEIGHTS_FILE).is_file()):
+        raise UserError(f"not a PEFT adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}): {path}")
+    config = json.loads(file.read_text())
+    if config.get("peft_type", "LORA") != "LORA":
+        raise UserError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
+    return config
+
+
+def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in _LORA_KEYS) and sorted(a.get("target_modules") or []) == sorted(
+        b.get("target_modules") or []
+    )
+
+
+class ModelHost:
+    """The shared base model, its tokenizer and the PeftModel holding every loaded adapter.
+
+    Public keys are adapter version names; inside PEFT each gets a short safe key (``a17``), since
+    PEFT module dicts reject some characters and a version name must never be reused for new weights.
+    """
+
+    def __init__(self, base: BaseModel, device: str = "auto") -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.base = base
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(base.dtype, self.device)
+        self.lock = threading.RLock()
+        path = Path(base.path)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(base.path)
+            model = AutoModelForCausalLM.from_pretrained(base.path, dtype=self.dtype)
+        except OSError as exc:
+            where = "directory" if path.exists() else "path (not found)"
+            raise UserError(f"base_model.path: cannot load model {base.path!r} from {where}: {exc}") from None
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        model.to(self.device)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.base_model: Any = model
+        self.peft: Any = None  # PeftModel, created with the first adapter
+        self.capacity = 32  # version names kept loaded (LRU); engines may raise it
+        self._versions: OrderedDict[str, str] = OrderedDict()  # version name -> PEFT key
+        self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
+        self._counter = 0
+        self._torch = torch
+
+    # --- model access ---------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Any:
+        """The PeftModel once an adapter exists, else the bare base model."""
+        return self.peft if self.peft is not None else self.base_model
+
+    def eos_token_ids(self) -> list[int]:
+        eos = getattr(self.base_model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        ids = eos if isinstance(eos, list) else [eos]
+        return [int(i) for i in ids if i is not None]
+
+    # --- adapters -------------------------------------------------------------------------------
+
+    def _new_key(self) -> str:
+        self._counter += 1
+        return f"a{self._counter}"
+
+    def _add_slot(self, key: str, config: dict[str, Any]) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
+        fields["target_modules"] = list(config.get("target_modules") or [])
+        fields["inference_mode"] = True
+        cfg = LoraConfig(**fields)
+        if self.peft is None:
+            self.peft = get_peft_model(self.base_model, cfg, adapter_name=key)
+            self.peft.eval()
+        else:
+            self.peft.add_adapter(key, cfg)
+        self._configs[key] = dict(config)
+        for name, p in self.peft.named_parameters():  # add_adapter marks new LoRA params trainable
+            if f".{key}." in name:
+                p.requires_grad_(False)
+
+    def _load_weights(self, key: str, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path / WEIGHTS_FILE))
+        result = set_peft_model_state_dict(self.peft, tensors, adapter_name=key)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if ".lora_" in k]
+        if unexpected:
+            raise UserError(f"{path}: adapter does not fit base model {self.base.path!r} (e.g. {unexpected[0]})")
+        expected = {k for k in self.state_dict(key)}
+        if not expected.issubset(tensors):
+            missing = sorted(expected - set(tensors))[:1]
+            raise UserError(f"{path}: adapter lacks tensors for {missing}")
+
+    def ensure(self, ref: AdapterRef) -> str:
+        """The PEFT key of version ``ref.name``, loading it from ``ref.path`` on first use (LRU)."""
+        with self.lock:
+            key = self._versions.get(ref.name)
+            if key is not None:
+                self._versions.move_to_end(ref.name)
+                return key
+            path = Path(ref.path)
+            config = _read_config(path)
+            key = self._new_key()
+            self._add_slot(key, config)
+            try:
+                self._load_weights(key, path)
+            except BaseException:
+                self._delete(key)
+                raise
+            self._versions[ref.name] = key
+            self._evict()
+            return key
+
+    def loaded(self) -> list[str]:
+        return list(self._versions)
+
+    def drop(self, name: str) -> None:
+        """Forget version ``name`` (a no-op when it is not loaded)."""
+        with self.lock:
+            key = self._versions.pop(name, None)
+            if key is not None:
+                self._delete(key)
+
+    def _delete(self, key: str) -> None:
+        self._configs.pop(key, None)
+        if self.peft is not None and key in self.peft.peft_config:
+            if len(self.peft.peft_config) == 1:
+                return  # PEFT cannot hold zero adapters; the slot stays until replaced
+            self.peft.delete_adapter(key)
+
+    def _evict(self) -> None:
+        while len(self._versions) > max(1, self.capacity):
+            _, key = self._versions.popitem(last=False)
+            self._delete(key)
+
+    def slot(self, key: str, config: dict[str, Any]) -> str:
+        """A private, pinned adapter slot (trainers' ``scratch``, reference adapters) of this shape."""
+        with self.lock:
+            old = self._configs.get(key)
+            if old is not None and not _same_shape(old, config):
+                if self.peft is not None and len(self.peft.peft_config) == 1:
+                    self._add_slot(key + "_tmp", config)  # keep PEFT non-empty while replacing
+                    self.peft.delete_adapter(key)
+                    self._configs.pop(key, None)
+                    self._add_slot(key, config)
+                    self.peft.delete_adapter(key + "_tmp")
+                    self._configs.pop(key + "_tmp", None)
+                else:
+                    self._delete(key)
+                    self._add_slot(key, config)
+            elif old is None:
+                self._add_slot(key, config)
+            self._configs[key] = dict(config)
+            return key
+
+    def load_into(self, key: str, ref: AdapterRef) -> dict[str, Any]:
+        """Copy version ``ref`` into slot ``key`` (created or reshaped as needed); returns its config."""
+        with self.lock:
+            path = Path(ref.path)
+            config = _read_config(path)
+            self.slot(key, config)
+            self._load_weights(key, path)
+            return config
+
+    def params(self, key: str) -> dict[str, Any]:
+        """``{peft-independent name: Parameter}`` of one adapter, sorted, the key stripped from names."""
+        out = {}
+        for name, p in self.peft.named_parameters():
+            if f".{key}." in name:
+                out[name.replace(f".{key}.", ".")] = p
+        return dict(sorted(out.items()))
+
+    def state_dict(self, key: str) -> dict[str, Any]:
+        """The adapter's tensors with PEFT's on-disk key names."""
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.peft, adapter_name=key)
+
+    def save(self, key: str, out_dir: str | Path, config: dict[str, Any] | None = None) -> Path:
+        """Write slot ``key`` as a new PEFT directory (atomic; refuses to overwrite a version)."""
+        with self.lock:
+            config = dict(config if config is not None else self._configs[key])
+            config["inference_mode"] = True
+            scale = lora_scale(config)
+            tensors = {k: v.detach().to("cpu", self._torch.float32).clone() for k, v in self.state_dict(key).items()}
+            modules = {}
+            for k, a in tensors.items():
+                if k.endswith(".lora_A.weight"):
+                    name = k[: -len(".lora_A.weight")]
+                    modules[name] = LoraFactors(a, tensors[name + ".lora_B.weight"], scale)
+            return save_lora(LoraWeights(modules, config), out_dir)
+
+    def create(self, name: str, lora: LoraSettings, seed: int, out_dir: str | Path) -> AdapterRef:
+        """A fresh adapter version: A as PEFT's Kaiming-uniform, B zero or N(0, ``init_std``), seeded."""
+        import math
+
+        torch = self._torch
+        config = lora_config_dict(lora, self.base.path)
+        with self.lock:
+            key = self.slot("__create__", config)
+            gen = torch.Generator().manual_seed(int(seed))
+            with torch.no_grad():
+                for pname, p in self.params(key).items():
+                    if pname.endswith("lora_A.weight"):
+                        bound = 1.0 / math.sqrt(p.shape[1])
+                        p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
+                    elif pname.endswith("lora_B.weight"):
+                        if lora.init_std > 0:
+                            p.copy_(torch.randn(p.shape, generator=gen) * lora.init_std)
+                        else:
+                            p.zero_()
+            path = self.save(key, out_dir, config)
+        return AdapterRef(name, str(path))
+
+
+_HOSTS: dict[tuple[str, str, str], ModelHost] = {}
+_HOSTS_LOCK = threading.Lock()
+
+
+def get_host(base: BaseModel, device: str = "auto") -> ModelHost:
+    """The process-wide host of ``base`` (created on first use): one copy of the base per process."""
+    dev = resolve_device(device)
+    key = (str(Path(base.path).expanduser()), base.dtype, dev)
+    with _HOSTS_LOCK:
+        host = _HOSTS.get(key)
+        if host is None:
+            host = ModelHost(base, dev)
+            _HOSTS[key] = host
+        return host
+
+
+def release_hosts() -> None:
+    """Drop every host (tests and benchmarks that measure memory)."""
+    with _HOSTS_LOCK:
+        _HOSTS.clear()
