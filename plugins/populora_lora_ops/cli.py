@@ -1,0 +1,131 @@
+"""``populora evolve``: one child adapter from parent PEFT directories, with a lineage record.
+
+The operator is looked up in the registry, so operators of third-party plugins work the same way.
+Heavy imports (torch, safetensors) happen only when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from populora_core.errors import PluginError, UserError
+
+LINEAGE_FILE = "lineage.json"
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs, values read as YAML (``0.3``, ``true``, ``[0.7, 0.3]``, ``null``)."""
+    import yaml
+
+    raw: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: expected key=value")
+        if key in raw:
+            raise UserError(f"--set {key} given twice")
+        try:
+            raw[key] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as exc:
+            raise UserError(f"--set {key}: cannot parse value {value!r}: {exc}") from None
+    return raw
+
+
+def _check_count(name: str, wanted: Any, got: int) -> None:
+    if wanted in (None, "any"):
+        ok, need = got >= 1, "one or more"
+    elif int(wanted) == 0:
+        ok, need = got >= 2, "two or more"
+    else:
+        ok, need = got == int(wanted), f"exactly {int(wanted)}"
+    if not ok:
+        raise UserError(f"operator {name!r} takes {need} --parent, got {got}")
+
+
+def evolve(registry: Any, operator: str, parents: Sequence[str], out: str, sets: Sequence[str],
+           seed: int) -> dict[str, Any]:
+    """Run one operator end to end; returns the lineage record (also written as ``lineage.json``)."""
+    from pydantic import ValidationError
+
+    from populora_core.adapters import LoraWeights, adapter_hash, check_compatible, load_lora, save_lora
+    from populora_core.registry import format_validation_error
+
+    comp = registry.get("operator", operator)
+    try:
+        params = comp.parse_params(parse_sets(sets))
+    except ValidationError as exc:
+        raise UserError(f"operator {operator!r}: bad --set: "
+                        f"{format_validation_error(exc)}") from None
+    _check_count(operator, comp.meta.get("parents"), len(parents))
+    dest = Path(out)
+    if dest.exists():
+        raise UserError(f"--out {dest} exists (adapter versions are never overwritten)")
+    loaded = [load_lora(p) for p in parents]
+    if len(loaded) > 1:
+        check_compatible(loaded)
+
+    import torch
+
+    generator = torch.Generator().manual_seed(int(seed))
+    child = comp.factory(loaded, params, generator)
+    _check_child(operator, loaded[0], child, LoraWeights)
+
+    record = {
+        "operator": operator,
+        "plugin": comp.plugin,
+        "plugin_version": comp.version,
+        "params": params.model_dump(mode="json"),
+        "parents": [{"path": str(Path(p).resolve()), "hash": adapter_hash(p)} for p in parents],
+        "seed": int(seed),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    tmp = dest.parent / f".{dest.name}.evolve-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        save_lora(child, tmp)
+        record["hash"] = adapter_hash(tmp)
+        (tmp / LINEAGE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record
+
+
+def _check_child(operator: str, parent: Any, child: Any, weights_type: type) -> None:
+    """A third-party operator must hand back the parents' modules and shapes (one rank, one alpha)."""
+    if not isinstance(child, weights_type):
+        raise PluginError(f"operator {operator!r} returned {type(child).__name__}, not LoraWeights")
+    if set(child.modules) != set(parent.modules):
+        raise PluginError(f"operator {operator!r} changed the set of target modules")
+    for name, f in parent.modules.items():
+        g = child.modules[name]
+        if tuple(g.A.shape) != tuple(f.A.shape) or tuple(g.B.shape) != tuple(f.B.shape):
+            raise PluginError(f"operator {operator!r} changed the shape of {name}")
+
+
+def add_evolve_command(cli: Any) -> None:
+    import click
+
+    @cli.command("evolve")
+    @click.argument("operator")
+    @click.option("--parent", "parents", multiple=True, required=True, metavar="DIR",
+                  help="Parent PEFT adapter directory (repeat for crossovers; best first).")
+    @click.option("--out", required=True, metavar="DIR", help="New adapter directory (must not exist).")
+    @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                  help="Operator parameter, value read as YAML (repeatable).")
+    @click.option("--seed", type=int, required=True, help="Seed of the operator's torch.Generator.")
+    @click.pass_obj
+    def evolve_cmd(manager: Any, operator: str, parents: tuple[str, ...], out: str,
+                   sets: tuple[str, ...], seed: int) -> None:
+        """Make one child adapter from parent PEFT dirs with a LoRA weight-space operator."""
+        record = evolve(manager.registry, operator, parents, out, sets, seed)
+        click.echo(f"{out}: {operator} of {len(parents)} parent(s), seed {seed}, hash {record['hash'][:12]}")

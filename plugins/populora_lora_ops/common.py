@@ -1,0 +1,55 @@
+"""Helpers shared by the operators: parent checks, B = 0 detection, refactoring to the parents' form."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from populora_core.adapters import LoraFactors, LoraWeights, check_compatible
+from populora_core.errors import UserError
+
+from . import linalg as la
+
+
+class ZeroDeltaWarning(UserWarning):
+    """An operator met modules whose delta W is 0 (B = 0: untrained adapters) and left them as they are."""
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def check_parents(parents: list[LoraWeights], n: int, op: str) -> None:
+    """``n`` parents exactly (0: two or more), all of one rank, alpha and set of target modules."""
+    if not parents:
+        raise UserError(f"{op}: needs at least one parent")
+    if n == 0 and len(parents) < 2:
+        raise UserError(f"{op}: needs two or more parents, got {len(parents)}")
+    if n > 0 and len(parents) != n:
+        raise UserError(f"{op}: needs exactly {n} parent(s), got {len(parents)}")
+    if len(parents) > 1:
+        check_compatible(parents)
+
+
+def _is_zero(f: LoraFactors) -> bool:
+    return not bool(torch.any(f.B))
+
+
+def _copy(f: LoraFactors) -> LoraFactors:
+    return LoraFactors(f.A.clone(), f.B.clone(), f.scale)
+
+
+def _refactored(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, like: LoraFactors,
+                parent_as: list[torch.Tensor], params: Any) -> LoraFactors:
+    a_floor = params.a_floor * la.rms_row_norm(parent_as)
+    a, b = la.refactor(u, s, vh, like.scale, like.A.shape[0], a_floor=a_floor, dtype=like.A.dtype)
+    return LoraFactors(a, b.to(like.B.dtype), like.scale)
+
+
+def _warn_zero_crossover(parents: list[LoraWeights], op: str) -> None:
+    zero = [n for n in parents[0].modules if all(_is_zero(p.modules[n]) for p in parents)]
+    if zero:
+        warnings.warn(f"{op}: {len(zero)} of {len(parents[0].modules)} modules have B = 0 in every parent "
+                      "(untrained adapters): the child's delta W is 0 there too; mutate it (zero_delta=floor) "
+                      "or train the parents first", ZeroDeltaWarning, stacklevel=3)
