@@ -1,0 +1,29 @@
+"""PopuLoRA evaluators: the paper's ten benchmarks (plus base HumanEval/MBPP) and ``populora eval``.
+
+Registers one evaluator per benchmark (``register_evaluators``) and the ``eval`` command
+(``register_commands``). Nothing heavy is imported here: data, math-verify, matplotlib and the
+engines load only when an evaluation runs. See README.md for data sources and file formats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from populora_core import hookimpl
+
+
+@hookimpl
+def register_evaluators(register: Any) -> None:
+    from .evaluators import BENCHMARKS, EvaluatorParams, make_factory
+
+    for name, cls in BENCHMARKS.items():
+        register(name, make_factory(cls), params=EvaluatorParams,
+                 description=f"{name} ({cls.category}; {'local file' if cls.needs_path else 'shipped data'})",
+                 category=cls.category, needs_path=cls.needs_path)
+
+
+@hookimpl
+def register_commands(cli: Any) -> None:
+    from .cli import register
+
+    register(cli)

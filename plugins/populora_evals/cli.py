@@ -1,0 +1,171 @@
+"""``populora eval TARGET``: benchmark a run's population, an adapter or a base model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from populora_core import UserError
+
+
+def _kv(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"{option} expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = yaml.safe_load(value) if option != "--data" else value
+    return out
+
+
+def parse_benchmarks(spec: str) -> list[str]:
+    from .evaluators import BENCHMARKS, PAPER_BENCHMARKS, SHIPPED_BENCHMARKS
+
+    names: list[str] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        group = {"all": PAPER_BENCHMARKS, "paper": PAPER_BENCHMARKS, "shipped": SHIPPED_BENCHMARKS}.get(part)
+        for name in group or (part,):
+            if name not in names:
+                names.append(name)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown or not names:
+        raise UserError(f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)} "
+                        "(groups: all, shipped)")
+    return names
+
+
+def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_template: str | None,
+                     code_template: str | None, max_tokens: int | None, timeout_s: float | None) -> list[Any]:
+    """Evaluators from the registry (so a plugin may replace or add one) with the CLI's settings."""
+    from populora_core.plugins import get_manager
+
+    registry = get_manager().registry
+    unknown = sorted(set(data_paths) - set(names))
+    if unknown:
+        raise UserError(f"--data names benchmark(s) not being evaluated: {', '.join(unknown)}")
+    evaluators = []
+    for name in names:
+        comp = registry.get("evaluator", name)
+        category = comp.meta.get("category")
+        raw: dict[str, Any] = {}
+        if name in data_paths:
+            raw["path"] = data_paths[name]
+        template = math_template if category == "math" else code_template
+        if template:
+            raw["template"] = template
+        if max_tokens:
+            raw["max_tokens"] = max_tokens
+        if timeout_s is not None and category == "code":
+            raw["timeout_s"] = timeout_s
+        try:
+            params = comp.parse_params(raw)
+        except Exception as exc:
+            raise UserError(f"evaluator {name}: bad settings {raw}: {exc}") from None
+        evaluator = comp.factory(params)
+        evaluator.items()  # load and check the data now: a bad file fails before any generation
+        evaluators.append(evaluator)
+    return evaluators
+
+
+def register(cli: Any) -> None:
+    @cli.command("eval")
+    @click.argument("target")
+    @click.option("--benchmarks", "-b", default="shipped", show_default=True,
+                  help="Comma list of benchmarks, or 'all' (the paper's ten) / 'shipped' (data offline).")
+    @click.option("--engine", default="hf", show_default=True, help="Rollout engine (hf, vllm).")
+    @click.option("--engine-param", multiple=True, help="Engine setting KEY=VALUE (repeatable).")
+    @click.option("--executor", default="sandbox", show_default=True, help="Executor for code grading.")
+    @click.option("--executor-param", multiple=True, help="Executor setting KEY=VALUE (repeatable).")
+    @click.option("--limit", type=int, default=None, help="Only the first N problems of each benchmark.")
+    @click.option("--n", "n", type=int, default=1, show_default=True, help="Samples per problem (pass@k).")
+    @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (AZR).")
+    @click.option("--top-p", type=float, default=1.0, show_default=True)
+    @click.option("--k", "ks", default="1", show_default=True, help="Comma list of k for pass@k.")
+    @click.option("--seed", type=int, default=0, show_default=True)
+    @click.option("--max-tokens", type=int, default=None, help="Override AZR's per-benchmark budgets.")
+    @click.option("--math-template", type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]), default=None,
+                  help="Math prompt template (default azr; qwen-boxed for non-AZR base models).")
+    @click.option("--code-template", type=click.Choice(["evalplus", "azr"]), default=None,
+                  help="Code prompt template (default: evalplus for HumanEval/MBPP, azr for LCB).")
+    @click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds per code test (10).")
+    @click.option("--baseline", type=click.Path(), default=None, help="Baseline run directory.")
+    @click.option("--base-model", default=None, help="Override the base model (name, path or hub id).")
+    @click.option("--roles", type=click.Choice(["students", "teachers", "all"]), default="students",
+                  show_default=True, help="Which members of the final population to evaluate.")
+    @click.option("--data", "data", multiple=True, help="Local data file for a benchmark: NAME=PATH.")
+    @click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16")
+    @click.option("--out", "out", type=click.Path(), default=None,
+                  help="Output directory (default: RUN/eval for a run, else ./eval/<target name>).")
+    @click.option("--no-cache", is_flag=True, help="Recompute even if cached results exist.")
+    def eval_cmd(target: str, benchmarks: str, engine: str, engine_param: tuple[str, ...], executor: str,
+                 executor_param: tuple[str, ...], limit: int | None, n: int, temperature: float,
+                 top_p: float, ks: str, seed: int, max_tokens: int | None, math_template: str | None,
+                 code_template: str | None, timeout_s: float | None, baseline: str | None,
+                 base_model: str | None, roles: str, data: tuple[str, ...], dtype: str, out: str | None,
+                 no_cache: bool) -> None:
+        """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
+        run_eval(target=target, benchmarks=benchmarks, engine=engine, engine_params=_kv(engine_param, "--engine-param"),
+                 executor=executor, executor_params=_kv(executor_param, "--executor-param"), limit=limit,
+                 n=n, temperature=temperature, top_p=top_p, ks=ks, seed=seed, max_tokens=max_tokens,
+                 math_template=math_template, code_template=code_template, timeout_s=timeout_s,
+                 baseline=baseline, base_model=base_model, roles=roles, data=_kv(data, "--data"),
+                 dtype=dtype, out=out, no_cache=no_cache)
+
+
+def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
+             engine_params: dict[str, Any] | None = None, executor: str = "sandbox",
+             executor_params: dict[str, Any] | None = None, limit: int | None = None, n: int = 1,
+             temperature: float = 0.0, top_p: float = 1.0, ks: str = "1", seed: int = 0,
+             max_tokens: int | None = None, math_template: str | None = None,
+             code_template: str | None = None, timeout_s: float | None = None,
+             baseline: str | None = None, base_model: str | None = None, roles: str = "students",
+             data: dict[str, str] | None = None, dtype: str = "auto", out: str | None = None,
+             no_cache: bool = False, quiet: bool = False) -> dict[str, Any]:
+    """The ``populora eval`` command as a function (benchmarks and tests call it directly)."""
+    from . import report
+    from .runner import Evaluation, Settings
+    from .target import resolve_target
+
+    if n < 1:
+        raise UserError("--n must be >= 1")
+    if n > 1 and temperature == 0.0:
+        raise UserError("--n > 1 with greedy decoding gives identical samples; set --temperature > 0")
+    try:
+        k_list = tuple(sorted({int(k) for k in ks.split(",") if k.strip()}))
+    except ValueError:
+        raise UserError(f"--k expects a comma list of integers, got {ks!r}") from None
+    if not k_list or min(k_list) < 1 or max(k_list) > n:
+        raise UserError(f"--k values must be between 1 and --n ({n}), got {ks!r}")
+    resolved = resolve_target(target, base_model=base_model, roles=roles, baseline=baseline, dtype=dtype)
+    names = parse_benchmarks(benchmarks)
+    data_paths = dict(((resolved.recipe.get("eval") or {}).get("data") or {}) if resolved.run_dir else {})
+    data_paths = {k: str((resolved.run_dir / v) if resolved.run_dir and not Path(v).is_absolute()
+                         and (resolved.run_dir / v).exists() else v) for k, v in data_paths.items()
+                  if k in names}
+    data_paths.update(data or {})
+    evaluators = build_evaluators(names, data_paths, math_template=math_template, code_template=code_template,
+                                  max_tokens=max_tokens, timeout_s=timeout_s)
+    if out is None:
+        out_dir = (resolved.run_dir / "eval") if resolved.run_dir else Path("eval") / _stem(target)
+    else:
+        out_dir = Path(out)
+    settings = Settings(limit=limit, n=n, temperature=temperature, top_p=top_p, seed=seed, ks=k_list,
+                        engine=engine, engine_params=engine_params or {}, executor=executor,
+                        executor_params=executor_params or {}, use_cache=not no_cache)
+    results = Evaluation(resolved, evaluators, settings, out_dir).run()
+    paths = report.write_all(results, out_dir)
+    if not quiet:
+        report.print_table(results)
+        for note in results["notes"]:
+            click.echo(f"note: {note}", err=True)
+        click.echo(f"wrote {', '.join(str(p) for p in paths.values())}")
+    return results
+
+
+def _stem(target: str) -> str:
+    name = Path(target.rstrip("/")).name or "model"
+    return "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)

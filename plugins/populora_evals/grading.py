@@ -1,0 +1,304 @@
+"""Grading: math answers through math-verify, programs through the project's sandbox executor.
+
+Code is never run in this process. Each program becomes :class:`ExecJob` s for the executor
+(``Executor.run_batch``): MBPP asserts one job each; HumanEval's ``check`` one job per problem;
+EvalPlus and LiveCodeBench tests in chunks run by a small harness that gives every test its own
+timer (``signal.setitimer``) and stops at the first failure, with the job's own timeout as backstop.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from populora_core.components import ExecJob, ExecResult, Executor
+
+# --- math ------------------------------------------------------------------------------------------
+
+
+def _parse_math(text: str) -> list[Any]:
+    from math_verify import parse
+
+    # currency "\$" and thin spaces "\!" are typography, not maths (MATH writes "\$32,\!348")
+    text = text.replace("\\$", "").replace("\\!", "").strip()
+    if not text:
+        return []
+    if "$" not in text and "\\boxed" not in text and "\\(" not in text:
+        parsed = parse(f"${text}$")
+        if parsed:
+            return parsed
+    return parse(text)
+
+
+def math_equal(gold: str, predicted: str) -> bool:
+    """math-verify's equivalence of a gold answer and an extracted prediction (gold first, as it asks)."""
+    from math_verify import verify
+
+    if not predicted.strip():
+        return False
+    g, p = _parse_math(gold), _parse_math(predicted)
+    return bool(g and p and verify(g, p))
+
+
+# --- program assembly ------------------------------------------------------------------------------
+
+
+def defines(code: str, name: str) -> bool:
+    return re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def assemble(prompt: str, code: str, entry_point: str) -> str:
+    """A whole program from a function prompt and a completion: a full function, or only its body."""
+    if defines(code, entry_point):
+        return f"{prompt}\n{code}\n"
+    return f"{prompt}{code}\n"
+
+
+# --- job builders ----------------------------------------------------------------------------------
+
+PASS_FN = "__populora_test"
+
+
+def assert_job(program: str, setup: str, test: str, timeout_s: float) -> ExecJob:
+    """One assert in its own job; ``expr`` runs it, so a program that exits early does not pass."""
+    body = "\n".join("    " + line for line in test.strip().splitlines())
+    code = f"{program}\n{setup}\ndef {PASS_FN}():\n{body}\n    return True\n"
+    return ExecJob(code=code, expr=f"{PASS_FN}()", timeout_s=timeout_s)
+
+
+def check_job(program: str, test: str, entry_point: str, timeout_s: float) -> ExecJob:
+    """HumanEval's ``check(candidate)`` (its tests are one function) as one job."""
+    code = f"{program}\n{test}\ndef {PASS_FN}():\n    check({entry_point})\n    return True\n"
+    return ExecJob(code=code, expr=f"{PASS_FN}()", timeout_s=timeout_s)
+
+
+def passed(result: ExecResult) -> bool:
+    return result.ok and result.value == "True"
+
+
+# The harness runs inside the sandbox. It execs the candidate (and, for EvalPlus, the ground truth)
+# in their own namespaces, gives each test its own interval timer and stops at the first failure.
+HARNESS = r'''
+import copy as _copy
+import io as _io
+import json as _json
+import math as _math
+import os as _os
+import signal as _signal
+import sys as _sys
+from decimal import Decimal as _Decimal, InvalidOperation as _InvalidOperation
+
+class _TestTimeout(BaseException):
+    pass
+
+def _on_alarm(signum, frame):
+    raise _TestTimeout()
+
+try:
+    _signal.signal(_signal.SIGALRM, _on_alarm)
+    _HAVE_TIMER = True
+except Exception:
+    _HAVE_TIMER = False
+
+def _timed(fn, seconds):
+    if _HAVE_TIMER:
+        _signal.setitimer(_signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        if _HAVE_TIMER:
+            _signal.setitimer(_signal.ITIMER_REAL, 0)
+
+def _is_floats(x):
+    if isinstance(x, float):
+        return True
+    if isinstance(x, (list, tuple)) and x:
+        return all(isinstance(i, float) for i in x)
+    return False
+
+def _close(out, exp, atol):
+    if isinstance(exp, (list, tuple)):
+        if not isinstance(out, (list, tuple)) or len(out) != len(exp):
+            return False
+        return all(_close(o, e, atol) for o, e in zip(out, exp))
+    if not isinstance(out, (int, float)) or isinstance(out, bool):
+        return False
+    if _math.isnan(exp) or _math.isnan(out):
+        return _math.isnan(exp) and _math.isnan(out)
+    return abs(out - exp) <= atol + 1e-7 * abs(exp)
+
+def _same(out, exp, atol):
+    try:
+        if out == exp:
+            return True
+    except Exception:
+        return False
+    if _is_floats(exp):
+        return _close(out, exp, atol or 1e-6)
+    return False
+
+def _poly(xs, x):
+    return sum(c * x ** i for i, c in enumerate(xs))
+
+def _load(src, name):
+    ns = {"__name__": name}
+    exec(compile(src, "<" + name + ">", "exec"), ns)
+    return ns
+
+def _evalplus(spec):
+    gold = _load(spec["gold"], "gold")[spec["entry_point"]]
+    cand = _load(spec["program"], "solution")[spec["entry_point"]]
+    n = 0
+    for inp in spec["inputs"]:
+        exp = _timed(lambda: gold(*_copy.deepcopy(inp)), spec["gold_timeout"])
+        try:
+            out = _timed(lambda: cand(*_copy.deepcopy(inp)), spec["timeout"])
+        except _TestTimeout:
+            return (n, "timeout")
+        except BaseException as exc:
+            return (n, type(exc).__name__ + ": " + str(exc)[:200])
+        if spec["entry_point"] == "find_zero":
+            ok = isinstance(out, (int, float)) and abs(_poly(inp[0], out)) <= max(spec["atol"], 1e-6)
+        else:
+            ok = _same(out, exp, spec["atol"])
+        if not ok:
+            return (n, "wrong answer")
+        n += 1
+    return (n, "")
+
+def _run_stdin(code, data, seconds):
+    raw = data.encode()
+    out_buf = _io.BytesIO()
+    fake_out = _io.TextIOWrapper(out_buf, encoding="utf-8", write_through=True)
+    saved = (_sys.stdin, _sys.stdout, _os.dup(0))
+    try:
+        fd = _os.memfd_create("stdin")
+        _os.write(fd, raw)
+        _os.lseek(fd, 0, 0)
+        _os.dup2(fd, 0)
+        _os.close(fd)
+        _sys.stdin = open(0, "r", closefd=False)
+    except Exception:
+        _sys.stdin = _io.TextIOWrapper(_io.BytesIO(raw), encoding="utf-8")
+    _sys.stdout = fake_out
+    try:
+        _timed(lambda: exec(code, {"__name__": "__main__"}), seconds)
+    except SystemExit:
+        pass
+    finally:
+        fake_out.flush()
+        _sys.stdin, _sys.stdout = saved[0], saved[1]
+        _os.dup2(saved[2], 0)
+        _os.close(saved[2])
+    return out_buf.getvalue().decode("utf-8", "replace")
+
+def _tokens_equal(a, b):
+    if a == b:
+        return True
+    try:
+        return _Decimal(a) == _Decimal(b)
+    except (_InvalidOperation, ValueError):
+        return False
+
+def _stdout_equal(out, exp):
+    lo = [l.strip() for l in out.strip().splitlines()]
+    le = [l.strip() for l in exp.strip().splitlines()]
+    if lo == le:
+        return True
+    if len(lo) != len(le):
+        return False
+    for x, y in zip(lo, le):
+        tx, ty = x.split(), y.split()
+        if len(tx) != len(ty) or not all(_tokens_equal(p, q) for p, q in zip(tx, ty)):
+            return False
+    return True
+
+def _listify(x):
+    if isinstance(x, (list, tuple)):
+        return [_listify(i) for i in x]
+    if isinstance(x, dict):
+        return {k: _listify(v) for k, v in x.items()}
+    return x
+
+def _lcb(spec):
+    n = 0
+    if spec["func_name"] and any(t["testtype"] == "functional" for t in spec["tests"]):
+        ns = _load(spec["header"] + spec["program"], "solution")
+    else:
+        ns = None
+    code = compile(spec["program"], "<solution>", "exec")
+    for t in spec["tests"]:
+        try:
+            if t["testtype"] == "functional":
+                args = [_json.loads(line) for line in t["input"].split("\n") if line.strip()]
+                exp = _json.loads(t["output"])
+                holder = ns.get("Solution")
+                fn = getattr(holder(), spec["func_name"]) if holder is not None else ns[spec["func_name"]]
+                out = _timed(lambda: fn(*args), spec["timeout"])
+                ok = _listify(out) == _listify(exp)
+            else:
+                out = _run_stdin(code, t["input"], spec["timeout"])
+                ok = _stdout_equal(out, t["output"])
+        except _TestTimeout:
+            return (n, "timeout")
+        except BaseException as exc:
+            return (n, type(exc).__name__ + ": " + str(exc)[:200])
+        if not ok:
+            return (n, "wrong answer")
+        n += 1
+    return (n, "")
+'''
+
+LCB_HEADER = ("from typing import *\nfrom collections import *\nfrom functools import *\n"
+              "from itertools import *\nfrom heapq import *\nfrom bisect import *\nimport math\n"
+              "import string\nimport re\nimport sys\n")
+
+
+def evalplus_job(program: str, gold: str, entry_point: str, inputs: list[Any], atol: float,
+                 timeout_s: float) -> ExecJob:
+    spec = {"program": program, "gold": gold, "entry_point": entry_point, "inputs": inputs,
+            "atol": atol, "timeout": timeout_s, "gold_timeout": max(timeout_s, 10.0)}
+    code = f"{HARNESS}\n__populora_spec = _json.loads({json.dumps(spec)!r})\n"
+    return ExecJob(code=code, expr="_evalplus(__populora_spec)",
+                   timeout_s=(timeout_s + 1.0) * len(inputs) + 5.0)
+
+
+def lcb_job(program: str, tests: list[dict[str, Any]], func_name: str | None, timeout_s: float) -> ExecJob:
+    spec = {"program": program, "tests": tests, "func_name": func_name, "timeout": timeout_s,
+            "header": LCB_HEADER}
+    code = f"{HARNESS}\n__populora_spec = _json.loads({json.dumps(spec)!r})\n"
+    return ExecJob(code=code, expr="_lcb(__populora_spec)", timeout_s=timeout_s * len(tests) + 5.0)
+
+
+@dataclass
+class ChunkOutcome:
+    passed: int
+    message: str
+
+
+def chunk_outcome(result: ExecResult, total: int) -> ChunkOutcome:
+    """Decode a harness job's ``(tests passed, first failure)``; any sandbox failure fails the chunk."""
+    if not result.ok or result.value is None:
+        return ChunkOutcome(0, f"{result.status}: {result.error or ''}"[:300])
+    try:
+        n, msg = ast.literal_eval(result.value)
+        return ChunkOutcome(int(n), str(msg))
+    except (ValueError, SyntaxError, TypeError):
+        return ChunkOutcome(0, f"unreadable harness result {result.value[:100]!r}")
+
+
+def chunks(seq: Sequence[Any], size: int) -> list[list[Any]]:
+    return [list(seq[i:i + size]) for i in range(0, len(seq), size)] or [[]]
+
+
+def run_jobs(executor: Executor, jobs: list[ExecJob]) -> list[ExecResult]:
+    if not jobs:
+        return []
+    results = executor.run_batch(jobs)
+    if len(results) != len(jobs):
+        raise RuntimeError(f"executor returned {len(results)} results for {len(jobs)} jobs")
+    return results

@@ -1,0 +1,193 @@
+"""What ``populora eval TARGET`` evaluates: a run directory, one adapter directory, or a base model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from populora_core import UserError
+from populora_core.adapters import CONFIG_FILE, adapter_hash, is_adapter_dir
+from populora_core.components import AdapterRef, BaseModel, LoraSettings
+
+
+@dataclass
+class Subject:
+    """One model to evaluate: the base alone, or base + one adapter version."""
+
+    label: str
+    group: str  # "base" | "population" | "baseline" | "adapter"
+    adapter: AdapterRef | None = None
+    adapter_hash: str | None = None
+    member: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> str:
+        """Cache identity: adapter version name + weights hash (the base: "base")."""
+        return f"{self.adapter.name}#{self.adapter_hash}" if self.adapter else "base"
+
+
+@dataclass
+class Target:
+    kind: str  # "run" | "adapter" | "base"
+    base_model: BaseModel
+    base_fingerprint: str
+    subjects: list[Subject]
+    run_dir: Path | None = None
+    recipe: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def lora_settings(self) -> LoraSettings:
+        """Largest rank and all target modules over the adapters (what an engine must accept)."""
+        configs = [json.loads((Path(s.adapter.path) / CONFIG_FILE).read_text())
+                   for s in self.subjects if s.adapter]
+        if not configs:
+            return LoraSettings()
+        rank = max(int(c.get("r", 16)) for c in configs)
+        alpha = max(float(c.get("lora_alpha", rank)) for c in configs)
+        modules: list[str] = []
+        for c in configs:
+            tm = c.get("target_modules") or []
+            for m in ([tm] if isinstance(tm, str) else tm):
+                if m not in modules:
+                    modules.append(m)
+        return LoraSettings(rank=rank, alpha=alpha, target_modules=tuple(sorted(modules)))
+
+
+def model_fingerprint(path: str) -> str:
+    """Identity of a base model for the cache: config + weight file names/sizes for a local dir."""
+    p = Path(path)
+    if not p.is_dir():
+        return f"name:{path}"
+    digest = hashlib.sha256()
+    for f in sorted(p.iterdir()):
+        if f.name == "config.json":
+            digest.update(f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+            digest.update(f"{f.name}:{f.stat().st_size}".encode())
+    return f"{p.resolve()}:{digest.hexdigest()[:16]}"
+
+
+def resolve_base_model(spec: Any, *, relative_to: Path | None = None, dtype: str = "auto") -> BaseModel:
+    """A recipe ``base_model`` (registered name, local path or hub id; str or {name/path, params})."""
+    params: dict[str, Any] = {}
+    if isinstance(spec, dict):
+        params = dict(spec.get("params") or {})
+        spec = spec.get("name") or spec.get("path")
+    if not isinstance(spec, str) or not spec:
+        raise UserError(f"base_model must name a model (registered name, path or hub id), not {spec!r}")
+    from populora_core.plugins import get_manager
+
+    registry = get_manager().registry
+    if spec in registry.names("base_model"):
+        comp = registry.get("base_model", spec)
+        model = comp.factory(comp.parse_params(params))
+        if dtype != "auto":
+            model = BaseModel(model.path, model.name or spec, dtype, model.chat_template)
+        return model
+    path = Path(spec).expanduser()
+    if not path.exists() and relative_to is not None and (relative_to / spec).exists():
+        path = relative_to / spec
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise UserError(f"base model directory {path} has no config.json")
+        return BaseModel(str(path.resolve()), name=path.name, dtype=dtype)
+    return BaseModel(spec, name=spec, dtype=dtype)  # a hub id, for machines with a hub
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping")
+    return data
+
+
+def read_members(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "members.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: cannot read members ({exc})") from None
+    members = raw.get("members") if isinstance(raw, dict) else raw
+    if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
+        raise UserError(f"{path}: expected a list of member objects with id, role, version")
+    for m in members:
+        for key in ("id", "role", "version"):
+            if key not in m:
+                raise UserError(f"{path}: member {m} lacks {key!r} (expected fields id, role, version)")
+    return members
+
+
+ROLE_FILTERS = {"students": ("student", "both"), "teachers": ("teacher", "both"),
+                "all": ("teacher", "student", "both")}
+
+
+def run_subjects(run_dir: Path, roles: str, group: str, prefix: str = "") -> tuple[list[Subject], list[str]]:
+    """The final population's members (by role) as subjects; adapters at adapters/<id>@v<version>/."""
+    members = read_members(run_dir)
+    notes = []
+    chosen = [m for m in members if m["role"] in ROLE_FILTERS[roles]]
+    if not chosen:
+        notes.append(f"{run_dir}: no member with role in {ROLE_FILTERS[roles]}; evaluating all members")
+        chosen = members
+    subjects = []
+    for m in chosen:
+        name = f"{m['id']}@v{m['version']}"
+        path = run_dir / "adapters" / name
+        if not is_adapter_dir(path):
+            raise UserError(f"{run_dir}: member {m['id']} version {m['version']} has no adapter at {path}")
+        subjects.append(Subject(label=f"{prefix}{name}", group=group, adapter=AdapterRef(f"{prefix}{name}",
+                                str(path.resolve())), adapter_hash=adapter_hash(path), member=dict(m)))
+    return subjects, notes
+
+
+def resolve_target(target: str, *, base_model: str | None = None, roles: str = "students",
+                   baseline: str | None = None, dtype: str = "auto") -> Target:
+    path = Path(target).expanduser()
+    notes: list[str] = []
+    if path.is_dir() and (path / "members.json").is_file():
+        recipe = _load_yaml(path / "recipe.yaml") if (path / "recipe.yaml").is_file() else {}
+        spec = base_model or recipe.get("base_model")
+        if spec is None:
+            raise UserError(f"{path}: recipe.yaml has no base_model; pass --base-model")
+        model = resolve_base_model(spec, relative_to=path, dtype=dtype)
+        subjects, notes = run_subjects(path, roles, "population")
+        subjects.insert(0, Subject("base", "base"))
+        kind, run_dir = "run", path
+    elif is_adapter_dir(path):
+        config = json.loads((path / CONFIG_FILE).read_text())
+        spec = base_model or config.get("base_model_name_or_path")
+        if not spec:
+            raise UserError(f"{path}: adapter_config.json has no base_model_name_or_path; pass --base-model")
+        model = resolve_base_model(spec, relative_to=path, dtype=dtype)
+        name = path.resolve().name
+        subjects = [Subject("base", "base"),
+                    Subject(name, "adapter", AdapterRef(name, str(path.resolve())), adapter_hash(path))]
+        kind, run_dir, recipe = "adapter", None, {}
+    elif path.is_dir() and (path / "adapter_config.json").is_file():
+        raise UserError(f"{path}: adapter_config.json present but no adapter_model.safetensors")
+    else:
+        model = resolve_base_model(base_model or target, dtype=dtype)
+        subjects = [Subject("base", "base")]
+        kind, run_dir, recipe = "base", None, {}
+    if baseline:
+        bpath = Path(baseline).expanduser()
+        if not (bpath / "members.json").is_file():
+            raise UserError(f"--baseline {bpath}: not a run directory (no members.json)")
+        brecipe = _load_yaml(bpath / "recipe.yaml") if (bpath / "recipe.yaml").is_file() else {}
+        bspec = brecipe.get("base_model")
+        if bspec is not None and base_model is None:
+            bmodel = resolve_base_model(bspec, relative_to=bpath, dtype=dtype)
+            if model_fingerprint(bmodel.path) != model_fingerprint(model.path):
+                raise UserError(f"--baseline {bpath} uses base model {bmodel.path}, the target uses "
+                                f"{model.path}: a comparison needs one base model")
+        bsubjects, bnotes = run_subjects(bpath, roles, "baseline", prefix="baseline:")
+        subjects += bsubjects
+        notes += bnotes
+    return Target(kind, model, model_fingerprint(model.path), subjects, run_dir, recipe, notes)
