@@ -1,1 +1,94 @@
-"""AZR's code tasks (deduction, abduction, induction) as PopuLoRA task components."""
+"""AZR's code tasks (deduction, abduction, induction) as PopuLoRA task components.
+
+Faithful to Absolute Zero Reasoner's task semantics with its released bugs fixed by default;
+``compat: azr-released`` restores the released behaviour where it differs (see README.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from populora_core import Params, hookimpl
+
+from .checks import DEFAULT_BANNED_ATTRIBUTES, DEFAULT_BANNED_BUILTINS
+
+
+class AZRTaskParams(Params):
+    """Settings shared by the three AZR tasks; defaults are AZR's where we do not fix a bug."""
+
+    style: Literal["azr", "compact"] = Field(
+        "azr", description="prompt style: AZR's R1-style structure, or short prompts for a tiny model")
+    compat: Literal["fixed", "azr-released"] = Field(
+        "fixed", description="'azr-released' reproduces AZR's released quirks (see README)")
+    one_def: bool = Field(
+        True, description="reject programs with more than one function (AZR reject_multiple_functions); "
+        "fixed counts top-level functions, azr-released counts every def, nested and methods too")
+    banned: tuple[str, ...] | None = Field(
+        None, description="banned modules/names; None: AZR's 16 (azr-released) or those plus os, sys, ... (fixed)")
+    banned_builtins: tuple[str, ...] = Field(
+        DEFAULT_BANNED_BUILTINS, description="builtins a program may not use (fixed only)")
+    banned_attributes: tuple[str, ...] = Field(
+        DEFAULT_BANNED_ATTRIBUTES, description="interpreter internals a program may not touch (fixed only)")
+    buffer_cap: int = Field(16384, ge=1, description="most problems a buffer holds (AZR max_programs)")
+    eviction: Literal["oldest", "reject_new"] | None = Field(
+        None, description="when full: evict the oldest non-seed ('oldest', fixed default) or drop new "
+        "problems ('reject_new', AZR released)")
+    max_output_chars: int = Field(
+        1000, ge=16, description="largest accepted repr of an output (and input text); fixed rejects larger, "
+        "azr-released truncates to 400 instead")
+    max_program_chars: int = Field(6000, ge=16, description="largest accepted program text")
+    allow_none_output: bool | None = Field(
+        None, description="accept programs returning None; None: no (fixed) / yes (azr-released)")
+    timeout_s: float = Field(10.0, gt=0, description="per-program time limit (AZR execute_max_timeout)")
+    memory_mb: int | None = Field(None, ge=16, description="per-program memory limit; None: executor default")
+    solver_correct: float = 1.0
+    solver_wrong: float = -0.5
+    solver_format: float = Field(-1.0, description="solver reward when the answer format is broken")
+    extreme_reward: float = Field(
+        -0.5, description="proposer reward when the solve rate is 0 or 1 (AZR released; the paper says 0)")
+    invalid_reward: float = Field(-1.0, description="proposer reward for an invalid or unformatted proposal")
+    compact_max_chars: int = Field(
+        1100, ge=200, description="compact prompts drop references/pairs beyond this many characters")
+    compute_metrics: bool = Field(True, description="AST depth, cyclomatic complexity, LOC, shape signature")
+
+
+class CodeIOParams(AZRTaskParams):
+    """Deduction and abduction settings."""
+
+    references: int = Field(6, ge=0, description="K reference triplets per proposer prompt (AZR io_n)")
+
+
+class InductionParams(AZRTaskParams):
+    """Induction settings."""
+
+    n_inputs: int = Field(10, ge=2, description="inputs per proposal; the first half is shown, the rest hidden")
+
+
+def _deduction(params: CodeIOParams, *, executor, rng):
+    """AZR deduction (code_o): predict the output of a program on an input."""
+    from .tasks import DeductionTask
+
+    return DeductionTask(params, executor=executor, rng=rng)
+
+
+def _abduction(params: CodeIOParams, *, executor, rng):
+    """AZR abduction (code_i): give an input that makes a program return a given output."""
+    from .tasks import AbductionTask
+
+    return AbductionTask(params, executor=executor, rng=rng)
+
+
+def _induction(params: InductionParams, *, executor, rng):
+    """AZR induction (code_f): write the program from input/output pairs and a message."""
+    from .tasks import InductionTask
+
+    return InductionTask(params, executor=executor, rng=rng)
+
+
+@hookimpl
+def register_tasks(register):
+    register("deduction", _deduction, params=CodeIOParams)
+    register("abduction", _abduction, params=CodeIOParams)
+    register("induction", _induction, params=InductionParams)

@@ -415,3 +415,9 @@ def parse_solver_answer(task_type: str, completion: str, style: str = "compact")
     if task_type not in _ANSWER_LABEL:
         raise ValueError(f"unknown task type {task_type!r}")
     return _solver_value(answer, _ANSWER_LABEL[task_type])
+
+
+def has_answer_block(task_type: str, completion: str, style: str = "compact") -> bool:
+    """Whether the answer holds the block the solver was asked for (the compact format check)."""
+    labels = ("python", "py", "") if task_type == "induction" else (_ANSWER_LABEL[task_type],)
+    return any(label in labels and body.strip() for label, body in fences(extract_answer(completion, style)))

@@ -1,0 +1,618 @@
+"""AZR's three code tasks: deduction (predict the output), abduction (an input), induction (the program).
+
+Every program, model answer and comparison runs in the executor the task is given; this process only
+parses text (``ast``) and, for gold outputs already produced by the executor, ``ast.literal_eval``.
+
+Two behaviours, chosen by ``compat``:
+
+* ``fixed`` (default): AST-enforced banned names; a program is valid only if two runs in two fresh
+  processes with different hash seeds agree (each run also calls ``f`` twice), nothing raises, ``f``
+  returns something other than ``None``, and the output is plain literal data (checked inside the
+  sandbox) whose repr fits ``max_output_chars``; answers are compared inside the sandbox with ``==`` on
+  plain data, so a solver cannot pass by returning an object whose ``__eq__`` always says yes, and an
+  abduction answer must be exactly the arguments of one call of ``f``.
+* ``azr-released``: AZR's released behaviour, quirks included (imports-only banned check, regex def
+  count, one in-process determinism check that lets programs raising exceptions without "error" in the
+  message through with output ``''``, outputs truncated to 400 characters, deduction's ``eval`` fast
+  path, answers pasted into the check as raw code). The comparisons still run in the sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from populora_core.components import ExecJob, ExecResult, Grade, Problem
+
+from . import checks, prompts
+from .buffer import ProblemBuffer, as_random
+
+# --- code run inside the sandbox next to the program ------------------------------------------------------
+
+#: Our helpers. Builtins are captured as default arguments when the helpers are defined, so neither
+#: the program's globals nor side effects of the answer can change what they compare with.
+FIXED_HELPERS = '''
+import ast as _populora_ast
+import builtins as _populora_b
+
+
+def _populora_plain(x, _type=_populora_b.type, _id=_populora_b.id,
+                    _atoms=(int, float, complex, str, bytes, bool, _populora_b.type(None)),
+                    _seqs=(list, tuple, set, frozenset), _dict=dict):
+    stack, seen = [x], set()
+    while stack:
+        y = stack.pop()
+        t = _type(y)
+        if t in _atoms:
+            continue
+        if _id(y) in seen:
+            continue
+        if t in _seqs:
+            seen.add(_id(y))
+            stack.extend(y)
+        elif t is _dict:
+            seen.add(_id(y))
+            stack.extend(y.keys())
+            stack.extend(y.values())
+        else:
+            return False
+    return True
+
+
+def _populora_value(thunk, _plain=_populora_plain, _repr=_populora_b.repr,
+                    _lit=_populora_ast.literal_eval, _rt=RuntimeError, _te=TypeError, _ve=ValueError):
+    first = thunk()
+    second = thunk()
+    if _repr(first) != _repr(second):
+        raise _rt("non-deterministic: two calls in one process returned different values")
+    if not _plain(first):
+        raise _te("the output is not plain literal data (numbers, strings, bytes, None, list, tuple, "
+                  "dict, set)")
+    if _lit(_repr(first)) != first:
+        raise _ve("the output's repr does not evaluate back to the output")
+    return first
+
+
+def _populora_eq(gold_text, value, _plain=_populora_plain, _lit=_populora_ast.literal_eval):
+    return _plain(value) and _lit(gold_text) == value
+'''
+
+#: AZR's released determinism template, reconstructed: two calls in one process compared with ``!=``.
+COMPAT_HELPERS = '''
+
+def _azr_twice(thunk):
+    first = thunk()
+    second = thunk()
+    if first != second:
+        raise Exception("Non-deterministic code")
+    return first
+'''
+
+COMPAT_TRUNCATE = 400
+
+
+def azr_truncate(text: str, limit: int = COMPAT_TRUNCATE) -> str:
+    """AZR's result normalisation: strip, then keep the first and last ``limit/2`` characters."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + "..." + text[-half:]
+
+
+def safe_literal(text: str) -> tuple[bool, Any]:
+    """``ast.literal_eval`` that reports failure (also on absurd nesting) instead of raising."""
+    try:
+        return True, ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+# --- the shared machinery -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """A proposal or answer after the static checks: jobs to run, or why it failed already."""
+
+    error: str | None = None
+    jobs: list[ExecJob] = field(default_factory=list)
+    payload: Any = None
+
+
+#: Live deduction/abduction tasks per executor: tasks built with one executor form one run, and the
+#: induction task of that run draws programs from their union (AZR's ``input`` + ``output`` snippets).
+_PEERS: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+
+
+def _peers_of(executor: Any) -> weakref.WeakSet[Any]:
+    try:
+        peers = _PEERS.get(executor)
+        if peers is None:
+            peers = weakref.WeakSet()
+            _PEERS[executor] = peers
+        return peers
+    except TypeError:  # an executor that cannot be weakly referenced: no sharing
+        return weakref.WeakSet()
+
+
+class _AZRTask:
+    """Shared parts of the three tasks (checks, job building, grading, rewards, state)."""
+
+    name = ""
+
+    def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
+        self.params = params
+        self.executor = executor
+        self.rng = as_random(rng) if rng is not None else as_random(0)
+        self.compat = params.compat == "azr-released"
+        self.style = params.style
+        if params.banned is not None:
+            self.banned = tuple(params.banned)
+        else:
+            self.banned = checks.AZR_BANNED if self.compat else checks.AZR_BANNED + checks.EXTRA_BANNED
+        eviction = params.eviction or ("reject_new" if self.compat else "oldest")
+        self.buffer = ProblemBuffer(self.seeds(), cap=params.buffer_cap, eviction=eviction)
+        self.allow_none = params.allow_none_output if params.allow_none_output is not None else self.compat
+
+    # subclasses
+    def seeds(self) -> list[Problem]:
+        raise NotImplementedError
+
+    # --- execution helpers -------------------------------------------------------------------------------
+
+    def _job(self, code: str, expr: str, hash_variant: int = 0) -> ExecJob:
+        return ExecJob(code=code, expr=expr, timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb,
+                       hash_variant=hash_variant)
+
+    def _run(self, prepared: Sequence[_Prepared]) -> list[list[ExecResult]]:
+        """Run every prepared item's jobs in one batch; results grouped per item."""
+        jobs = [j for p in prepared for j in p.jobs]
+        results = self.executor.run_batch(jobs) if jobs else []
+        if len(results) != len(jobs):
+            raise RuntimeError(f"executor returned {len(results)} results for {len(jobs)} jobs")
+        out, i = [], 0
+        for p in prepared:
+            out.append(list(results[i:i + len(p.jobs)]))
+            i += len(p.jobs)
+        return out
+
+    # --- static checks on a program ------------------------------------------------------------------------
+
+    def check_program(self, program: str) -> tuple[str | None, str]:
+        """``(error, program)``: the program after the one-def rule and renaming its function to ``f``."""
+        p = self.params
+        if len(program) > p.max_program_chars:
+            return f"program longer than {p.max_program_chars} characters", program
+        try:
+            tree = ast.parse(program)
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+            return f"syntax: {type(exc).__name__}: {exc}", program
+        if self.compat:
+            bad = checks.azr_banned_violations(tree, self.banned)
+            if bad:
+                return "banned: " + "; ".join(bad), program
+            if "input(" in program:  # AZR's executor refuses any code containing this substring
+                return "banned: the code contains 'input('", program
+            names = checks.azr_def_names(program)
+            if not names:
+                return "no function definition", program
+            if p.one_def and len(names) > 1:
+                return f"{len(names)} function definitions (one_def counts nested defs and methods)", program
+            return None, checks.azr_rename_first_def(program)
+        bad = checks.banned_violations(tree, self.banned, p.banned_builtins, p.banned_attributes)
+        bad += _reserved_names(tree)
+        if bad:
+            return "banned: " + "; ".join(bad), program
+        tops = checks.top_level_functions(tree)
+        if not tops:
+            return "no top-level function definition", program
+        if p.one_def and len(tops) > 1:
+            return f"{len(tops)} top-level functions (one_def allows one)", program
+        if "f" not in tops:
+            try:
+                program = checks.rename_identifier(program, tops[0], "f")
+            except (SyntaxError, ValueError) as exc:  # tokenize can disagree with ast on odd input
+                return f"syntax: {exc}", program
+        return None, program
+
+    def check_args(self, args: str) -> tuple[str | None, str]:
+        """``(error, call expression)`` for an input: the arguments of exactly one call of ``f``."""
+        if len(args) > self.params.max_output_chars:
+            return f"input longer than {self.params.max_output_chars} characters", ""
+        if self.compat:
+            return None, f"f({args})"
+        try:
+            tree = checks.call_of_f(args)
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+            return f"input: {exc}", ""
+        bad = checks.banned_violations(tree, self.banned, self.params.banned_builtins,
+                                       self.params.banned_attributes) + _reserved_names(tree)
+        if bad:
+            return "banned in input: " + "; ".join(bad), ""
+        return None, ast.unparse(tree)
+
+    def output_jobs(self, program: str, call: str) -> list[ExecJob]:
+        """Jobs computing the gold output of ``call``: two fresh processes (fixed) or one (compat)."""
+        if self.compat:
+            return [self._job(program + "\n" + COMPAT_HELPERS, f"_azr_twice(lambda: {call})")]
+        code = program + "\n" + FIXED_HELPERS
+        expr = f"_populora_value(lambda: {call})"
+        return [self._job(code, expr, 0), self._job(code, expr, 1)]
+
+    def output_from(self, results: Sequence[ExecResult]) -> tuple[str | None, str]:
+        """``(error, output)`` from the results of :meth:`output_jobs`."""
+        if self.compat:
+            r = results[0]
+            if r.status == "ok":
+                return None, azr_truncate(r.value or "")
+            if r.status == "error" and "error" not in (r.error or "").lower():
+                return None, ""  # AZR's validity test looks for "error" in the status text
+            return f"{r.status}: {r.error or ''}".strip(), ""
+        for r in results:
+            if r.status != "ok":
+                return f"{r.status}: {r.error or ''}".strip(), ""
+        values = [r.value or "" for r in results]
+        if len(set(values)) > 1:
+            return "non-deterministic: two fresh processes returned different outputs", ""
+        value = values[0]
+        if len(value) > self.params.max_output_chars:
+            return f"output longer than {self.params.max_output_chars} characters", ""
+        ok, obj = safe_literal(value)
+        if not ok:
+            return "output is not a literal", ""
+        if obj is None and not self.allow_none:
+            return "f returned None", ""
+        return None, value
+
+    # --- grading -----------------------------------------------------------------------------------------
+
+    def _formatted(self, completion: str) -> bool:
+        if self.style == "compact":
+            return prompts.has_answer_block(self.name, completion, self.style)
+        return prompts.check_format(completion, self.style)
+
+    def grade(self, problem: Problem, answers: Sequence[str]) -> list[Grade]:
+        """Check every answer in the executor (identical answers are checked once)."""
+        p = self.params
+        formatted = [self._formatted(a) for a in answers]
+        parsed = [prompts.parse_solver_answer(self.name, a, self.style) for a in answers]
+        distinct = sorted({x for x in parsed if x is not None})
+        prepared = [self.answer_jobs(problem, x) for x in distinct]
+        results = self._run(prepared)
+        verdict = {x: (prep.error is None and self.answer_correct(prep, res))
+                   for x, prep, res in zip(distinct, prepared, results, strict=True)}
+        grades = []
+        for ok_format, x in zip(formatted, parsed, strict=True):
+            correct = ok_format and x is not None and verdict[x]
+            reward = p.solver_correct if correct else (p.solver_wrong if ok_format else p.solver_format)
+            grades.append(Grade(reward=reward, correct=correct, formatted=ok_format))
+        return grades
+
+    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+        raise NotImplementedError
+
+    def answer_correct(self, prepared: _Prepared, results: Sequence[ExecResult]) -> bool:
+        return bool(results) and all(r.status == "ok" and r.value == "True" for r in results)
+
+    # --- rewards, buffer, state -------------------------------------------------------------------------------
+
+    def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
+        """Learnability ``1 - r``; ``r`` in {0, 1} gives ``extreme_reward``; invalid/unformatted ``invalid_reward``."""
+        p = self.params
+        if not problem.valid or solve_rate is None or not problem.metrics.get("formatted", True):
+            return p.invalid_reward
+        r = float(solve_rate)
+        if not 0.0 <= r <= 1.0:
+            raise ValueError(f"solve rate must lie in [0, 1], got {r}")
+        if r <= 0.0 or r >= 1.0:
+            return p.extreme_reward
+        return 1.0 - r
+
+    def add_to_buffer(self, problems: Sequence[Problem]) -> None:
+        self.buffer.add(p for p in problems if p.task_type == self.name)
+
+    def sample_problems(self, count: int, rng: Any) -> list[Problem]:
+        return self.buffer.recent_first(count, as_random(rng))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"task": self.name, "buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("task") != self.name:
+            raise ValueError(f"state of task {state.get('task')!r} loaded into task {self.name!r}")
+        self.buffer.load_state_dict(state["buffer"])
+
+    def _finish(self, problem: Problem, completion: str) -> Problem:
+        problem.metrics["formatted"] = prompts.check_format(completion, self.style)
+        if self.params.compute_metrics and problem.program:
+            try:
+                metrics, sig = _metrics(problem.program)
+            except (SyntaxError, ValueError, MemoryError, RecursionError):
+                return problem
+            problem.metrics.update(metrics)
+            problem.signature = sig
+        return problem
+
+
+def _metrics(program: str) -> tuple[dict[str, Any], str]:
+    from .metrics import program_metrics
+
+    return program_metrics(program)
+
+
+def _reserved_names(tree: ast.AST) -> list[str]:
+    """Model code may not touch the names of our in-sandbox helpers."""
+    found = set()
+    for node in ast.walk(tree):
+        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.arg if isinstance(node, ast.arg)
+                else node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                else None)
+        if name and name.startswith("_populora"):
+            found.add(f"reserved name {name}")
+        if isinstance(node, ast.Attribute) and node.attr in ("__defaults__", "__kwdefaults__"):
+            found.add(f"attribute {node.attr}")
+    return sorted(found)
+
+
+# --- deduction and abduction ------------------------------------------------------------------------------------
+
+IDENTITY = "def f(a):\n    return a"
+
+
+class CodeIOTask(_AZRTask):
+    """Deduction and abduction: a program plus one input, proposed with K references."""
+
+    def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
+        super().__init__(params, executor=executor, rng=rng)
+        _peers_of(executor).add(self)
+
+    def seeds(self) -> list[Problem]:
+        """AZR's zero triplet: the identity function on ``'Hello world'``."""
+        return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True,
+                        proposer="seed")]
+
+    def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
+        r = as_random(rng)
+        out = []
+        for _ in range(count):
+            refs = self.buffer.sample(self.params.references, r)
+            triples = [(p.program, p.inputs[0], p.outputs[0]) for p in refs]
+            prompt = prompts.code_proposer_prompt(self.name, triples, style=self.style, banned=self.banned,
+                                                  max_chars=self.params.compact_max_chars)
+            out.append((prompt, {"references": [list(t) for t in triples]}))
+        return out
+
+    def parse_proposals(self, completions: Sequence[str], contexts: Sequence[Any],
+                        proposer: Sequence[str]) -> list[Problem]:
+        problems: list[Problem] = []
+        prepared: list[_Prepared] = []
+        for text, who in zip(completions, _names(proposer, len(completions)), strict=True):
+            prob = Problem(self.name, "", [], [], proposer=who)
+            problems.append(prob)
+            prepared.append(self._prepare(prob, text))
+        for prob, prep, res, text in zip(problems, prepared, self._run(prepared), completions, strict=True):
+            if prep.error is None:
+                err, out = self.output_from(res)
+                prob.error = err
+                prob.valid = err is None
+                if err is None:
+                    prob.outputs = [out]
+            else:
+                prob.error = prep.error
+            self._finish(prob, text)
+        return problems
+
+    def _prepare(self, prob: Problem, text: str) -> _Prepared:
+        try:
+            parsed = prompts.parse_code_proposal(text, self.style)
+        except prompts.ParseError as exc:
+            return _Prepared(error=f"parse: {exc}")
+        prob.inputs = [parsed.input]
+        err, program = self.check_program(parsed.program)
+        prob.program = program
+        if err:
+            return _Prepared(error=err)
+        err, call = self.check_args(parsed.input)
+        if err:
+            return _Prepared(error=err)
+        return _Prepared(jobs=self.output_jobs(program, call))
+
+
+class DeductionTask(CodeIOTask):
+    """Deduction (AZR ``code_o``): the solver sees program and input and predicts the output."""
+
+    name = "deduction"
+
+    def solver_prompt(self, problem: Problem) -> str:
+        return prompts.deduction_solver_prompt(problem.program, problem.inputs[0], style=self.style)
+
+    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+        gold = problem.outputs[0]
+        if self.compat:
+            # AZR's fast path ``eval(gold) == eval(agent)`` (it runs in AZR's trainer process; here in the
+            # sandbox, without the program's imports), then its executor path with both pasted as code.
+            fast = self._job("", f"eval({gold!r}) == eval({answer!r})")
+            slow = self._job(problem.program, f"eval({gold}) == eval({answer})")
+            return _Prepared(jobs=[fast, slow])
+        if len(answer) > self.params.max_output_chars * 2:
+            return _Prepared(error="answer too long")
+        expr = f"_populora_eq({gold!r}, _populora_ast.literal_eval({answer!r}))"
+        return _Prepared(jobs=[self._job(FIXED_HELPERS, expr)])
+
+    def answer_correct(self, prepared: _Prepared, results: Sequence[ExecResult]) -> bool:
+        if self.compat:
+            return any(r.status == "ok" and r.value == "True" for r in results)
+        return super().answer_correct(prepared, results)
+
+
+class AbductionTask(CodeIOTask):
+    """Abduction (AZR ``code_i``): the solver sees program and output and gives any input producing it."""
+
+    name = "abduction"
+
+    def solver_prompt(self, problem: Problem) -> str:
+        return prompts.abduction_solver_prompt(problem.program, problem.outputs[0], style=self.style)
+
+    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+        gold = problem.outputs[0]
+        if self.compat:
+            return _Prepared(jobs=[self._job(problem.program, f"{gold} == f({answer})")])
+        err, call = self.check_args(answer)
+        if err:
+            return _Prepared(error=err)
+        code = problem.program + "\n" + FIXED_HELPERS
+        return _Prepared(jobs=[self._job(code, f"_populora_eq({gold!r}, {call})")])
+
+
+# --- induction ---------------------------------------------------------------------------------------------------
+
+#: The zero induction entry: identity on six varied inputs (as AZR's, with our wording and real reprs).
+ZERO_INDUCTION_INPUTS = ["'Hello world'", "1", "dict(a=1, b=2)", "(1.1, 1.2, 1.3)",
+                         "'[[1, 0, 0], [0, 0, 0], [0, 0, 0]]'", "1001101100010001"]
+ZERO_INDUCTION_OUTPUTS = ["'Hello world'", "1", "{'a': 1, 'b': 2}", "(1.1, 1.2, 1.3)",
+                          "'[[1, 0, 0], [0, 0, 0], [0, 0, 0]]'", "1001101100010001"]
+ZERO_INDUCTION_MESSAGE = "The function gives back exactly what it is given."
+
+
+class InductionTask(_AZRTask):
+    """Induction (AZR ``code_f``): the proposer writes inputs and a message for a program from the
+    deduction/abduction buffers; the solver sees half of the pairs and must write a program passing
+    the hidden half."""
+
+    name = "induction"
+
+    def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
+        super().__init__(params, executor=executor, rng=rng)
+        self._peers = _peers_of(executor)
+        #: Programs handed to :meth:`add_to_buffer` as deduction/abduction problems (used with the peers').
+        self.programs = ProblemBuffer(
+            [Problem("deduction", IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")],
+            cap=params.buffer_cap, eviction=self.buffer.eviction)
+
+    def seeds(self) -> list[Problem]:
+        return [Problem(self.name, IDENTITY, list(ZERO_INDUCTION_INPUTS), list(ZERO_INDUCTION_OUTPUTS),
+                        message=ZERO_INDUCTION_MESSAGE, valid=True, proposer="seed")]
+
+    def program_pool(self) -> list[Problem]:
+        """The union AZR samples from: every live deduction/abduction buffer of this run (seeds included
+        once per buffer, as in AZR), or this task's own program list when it runs alone."""
+        pool: list[Problem] = []
+        for peer in list(self._peers):
+            pool.extend(peer.buffer.items)
+        if not pool:
+            pool = list(self.programs.items)
+        elif len(self.programs) > self.programs.seed_count:
+            pool.extend(self.programs.items[self.programs.seed_count:])
+        return pool
+
+    def add_to_buffer(self, problems: Sequence[Problem]) -> None:
+        """Induction problems go to the induction buffer; deduction/abduction ones to the program pool."""
+        self.buffer.add(p for p in problems if p.task_type == self.name)
+        self.programs.add(p for p in problems if p.task_type in ("deduction", "abduction"))
+
+    def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
+        r = as_random(rng)
+        pool = self.program_pool()
+        out = []
+        for _ in range(count):
+            source = pool[r.randrange(len(pool))]
+            prompt = prompts.induction_proposer_prompt(source.program, n_inputs=self.params.n_inputs,
+                                                       style=self.style)
+            out.append((prompt, {"program": source.program}))
+        return out
+
+    def parse_proposals(self, completions: Sequence[str], contexts: Sequence[Any],
+                        proposer: Sequence[str]) -> list[Problem]:
+        if len(contexts) != len(completions):
+            raise ValueError("induction needs one context (the program) per completion")
+        problems: list[Problem] = []
+        prepared: list[_Prepared] = []
+        for text, ctx, who in zip(completions, contexts, _names(proposer, len(completions)), strict=True):
+            program = ctx["program"] if isinstance(ctx, dict) else str(ctx)
+            prob = Problem(self.name, program, [], [], proposer=who)
+            problems.append(prob)
+            prepared.append(self._prepare(prob, text))
+        for prob, prep, res, text in zip(problems, prepared, self._run(prepared), completions, strict=True):
+            if prep.error is None:
+                outputs, errors = [], []
+                for k in range(len(prob.inputs)):
+                    err, out = self.output_from(res[k * prep.payload:(k + 1) * prep.payload])
+                    outputs.append(out)
+                    if err:
+                        errors.append(f"input {k + 1}: {err}")
+                prob.outputs = outputs
+                prob.valid = not errors
+                prob.error = "; ".join(errors) or None
+            else:
+                prob.error = prep.error
+            self._finish(prob, text)
+        return problems
+
+    def _prepare(self, prob: Problem, text: str) -> _Prepared:
+        try:
+            inputs, message = prompts.parse_induction_proposal(text, self.params.n_inputs, self.style)
+        except prompts.ParseError as exc:
+            return _Prepared(error=f"parse: {exc}")
+        prob.inputs, prob.message = inputs, message
+        err, program = self.check_program(prob.program)
+        if err:
+            return _Prepared(error=f"program: {err}")
+        prob.program = program
+        jobs: list[ExecJob] = []
+        for k, inp in enumerate(inputs):
+            err, call = self.check_args(inp)
+            if err:
+                return _Prepared(error=f"input {k + 1}: {err}")
+            jobs.extend(self.output_jobs(program, call))
+        return _Prepared(jobs=jobs, payload=len(jobs) // len(inputs))
+
+    @staticmethod
+    def split(problem: Problem) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """AZR's split: the first half of the pairs is shown, the second half is hidden."""
+        pairs = list(zip(problem.inputs, problem.outputs, strict=True))
+        half = len(pairs) // 2
+        return pairs[:half], pairs[half:]
+
+    def solver_prompt(self, problem: Problem) -> str:
+        shown, _ = self.split(problem)
+        return prompts.induction_solver_prompt(shown, problem.message, style=self.style,
+                                               max_chars=self.params.compact_max_chars)
+
+    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+        _, hidden = self.split(problem)
+        imports = checks.imports_of(ast.parse(problem.program))
+        if self.compat:
+            code = (imports + "\n" + answer) if imports else answer
+            return _Prepared(jobs=[self._job(code, f"{out} == f({inp})") for inp, out in hidden])
+        if len(answer) > self.params.max_program_chars:
+            return _Prepared(error="program too long")
+        try:
+            tree = ast.parse(answer)
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+            return _Prepared(error=f"syntax: {exc}")
+        bad = checks.banned_violations(tree, self.banned, self.params.banned_builtins,
+                                       self.params.banned_attributes) + _reserved_names(tree)
+        if bad:
+            return _Prepared(error="banned: " + "; ".join(bad))
+        code = (imports + "\n" if imports else "") + answer + "\n" + FIXED_HELPERS
+        jobs = []
+        for inp, out in hidden:
+            err, call = self.check_args(inp)
+            if err:
+                return _Prepared(error=err)
+            jobs.append(self._job(code, f"_populora_eq({out!r}, {call})"))
+        return _Prepared(jobs=jobs)
+
+
+def _names(proposer: Sequence[str] | str, n: int) -> list[str]:
+    if isinstance(proposer, str):
+        return [proposer] * n
+    names = list(proposer)
+    if len(names) != n:
+        raise ValueError(f"{len(names)} proposer names for {n} completions")
+    return names
