@@ -29,7 +29,7 @@ class RecipeError(UserError):
         parts = []
         if recipe:
             parts.append(recipe)
-        if path:
+        if path and not message.startswith(path):
             parts.append(f"at '{path}'")
         if component:
             parts.append(f"(component {component}" + (f" from plugin {plugin})" if plugin else ")"))

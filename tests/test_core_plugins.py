@@ -1,0 +1,148 @@
+"""Plugin manager: entry points one by one, failures as rows, strict mode, selection, local files."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from populora_core import Params, hookimpl
+from populora_core.errors import PluginError
+from populora_core.plugins import PluginLoadWarning, PluginManager
+from tests.cli_helpers import REPO, pip_install_target, run_cli
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory):
+    """The example third-party plugin and a broken one, installed through real entry points."""
+    target = tmp_path_factory.mktemp("site")
+    pip_install_target(TESTS / "thirdparty_plugin", target)
+    pip_install_target(TESTS / "broken_plugin", target)
+    return target
+
+
+def _env(site: Path, **extra: str) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), **extra}
+
+
+def test_third_party_plugin_listed_with_components_and_hooks(plugin_site):
+    result = run_cli("plugins", "--json", env=_env(plugin_site))
+    assert result.returncode == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    example = rows["example_sink"]
+    assert example["source"] == "populora-example-sink" and example["version"] == "0.3.0"
+    assert example["components"] == ["sink:example_csv"]
+    assert example["hooks"] == ["on_run_end", "register_sinks"]
+    assert example["error"] is None
+    # the built-in plugins register through the same entry-point group
+    assert rows["matchmaking"]["source"] == "populora-toolkit"
+
+
+def test_broken_plugin_warns_and_is_listed_but_cli_works(plugin_site):
+    result = run_cli("plugins", env=_env(plugin_site))
+    assert result.returncode == 0
+    assert "broken_example (populora-broken-example 0.0.1) FAILED" in result.stdout
+    assert "a_module_that_does_not_exist" in result.stdout
+    assert "Warning: populora: plugin broken_example" in result.stderr
+    assert "Traceback" not in result.stderr
+    help_result = run_cli("--help", env=_env(plugin_site))
+    assert help_result.returncode == 0 and "recipe-schema" in help_result.stdout
+
+
+def test_strict_mode_turns_a_broken_plugin_into_an_error(plugin_site):
+    result = run_cli("plugins", env=_env(plugin_site, POPULORA_STRICT_PLUGINS="1"))
+    assert result.returncode == 2
+    assert "plugin broken_example (populora-broken-example)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_load_and_disable_env_vars_select_entry_points(plugin_site):
+    only = json.loads(run_cli("plugins", "--json", env=_env(plugin_site, POPULORA_LOAD_PLUGINS="example_sink")).stdout)
+    assert [r["name"] for r in only] == ["example_sink"]
+    disabled = json.loads(
+        run_cli("plugins", "--json", env=_env(plugin_site, POPULORA_DISABLE_PLUGINS="broken_example,matchmaking")).stdout
+    )
+    names = {r["name"] for r in disabled}
+    assert "broken_example" not in names and "matchmaking" not in names and "example_sink" in names
+
+
+def test_cli_startup_does_not_import_torch():
+    code = (
+        "import sys; from populora_core.plugins import get_manager; get_manager(); "
+        "import populora_core.cli; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft') "
+        "if m in sys.modules]; print(','.join(heavy))"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"plugins imported heavy libraries at load time: {out.stdout}"
+
+
+def test_help_and_plugins_answer_fast():
+    start = time.perf_counter()
+    assert run_cli("--help").returncode == 0
+    assert run_cli("plugins").returncode == 0
+    # Generous bound (two cold process starts on a loaded 2-core box); the real figure is in the closing note.
+    assert time.perf_counter() - start < 20
+
+
+def test_misspelled_hookimpl_fails_loudly():
+    class Typo:
+        @hookimpl
+        def register_operator(self, register):  # missing "s": no such hook
+            pass
+
+    pm = PluginManager()
+    with pytest.warns(PluginLoadWarning, match="register_operator"):
+        assert not pm.add_plugin(Typo(), "typo")
+    assert pm.plugins["typo"].error and "register_operator" in pm.plugins["typo"].error
+    os.environ["POPULORA_STRICT_PLUGINS"] = "1"
+    try:
+        with pytest.raises(PluginError, match="register_operator"):
+            PluginManager().add_plugin(Typo(), "typo")
+    finally:
+        del os.environ["POPULORA_STRICT_PLUGINS"]
+
+
+def test_duplicate_component_names_name_both_plugins():
+    class P(Params):
+        x: int = 1
+
+    def make(name):
+        class Plugin:
+            @hookimpl
+            def register_matchmakers(self, register):
+                register("dup", lambda params: None, params=P)
+
+        return Plugin()
+
+    pm = PluginManager()
+    assert pm.add_plugin(make("a"), "first")
+    with pytest.warns(PluginLoadWarning, match="registered twice: by plugin first and by plugin second"):
+        assert not pm.add_plugin(make("b"), "second")
+    # the failed plugin left nothing behind and the first keeps its name
+    assert pm.registry.get("matchmaker", "dup").plugin == "first"
+
+
+def test_local_plugin_file_is_loaded_for_one_run(tmp_path):
+    plugin = tmp_path / "my_local_plugin.py"
+    plugin.write_text(
+        "from populora_core import hookimpl\n"
+        "@hookimpl\n"
+        "def register_selectors(register):\n"
+        "    def pick_nobody(params):\n"
+        "        '''Never replaces anyone.'''\n"
+        "    register('nobody', pick_nobody)\n"
+    )
+    result = run_cli("--plugin", str(plugin), "plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert rows["file:my_local_plugin"]["components"] == ["selector:nobody"]
+    missing = run_cli("--plugin", str(tmp_path / "nope.py"), "plugins")
+    assert missing.returncode == 2 and "plugin file not found" in missing.stderr

@@ -1,0 +1,110 @@
+"""Recipes: two-pass validation, each kind of error message, overrides, JSON Schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from populora_core.errors import RecipeError, UserError
+from populora_core.plugins import PluginManager
+from populora_core.recipe import apply_overrides, load_recipe, recipe_json_schema
+from tests.cli_helpers import run_cli
+
+TESTS = Path(__file__).parent
+FAKE = str(TESTS / "fake_stack.py")
+
+
+@pytest.fixture()
+def manager():
+    pm = PluginManager()
+    pm.load_entry_points()
+    pm.load_file(FAKE)
+    return pm
+
+
+def _write(tmp_path: Path, data: dict, name: str = "r.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _base() -> dict:
+    return yaml.safe_load((TESTS / "recipes" / "fake_2t2s.yaml").read_text())
+
+
+def test_valid_recipe_and_overrides(manager, tmp_path):
+    path = _write(tmp_path, _base())
+    model, resolved = load_recipe(path, ["steps=9", "evolution.selector.params.fraction=0.25", "engine.params.delay_s=0.5"],
+                                  manager.registry)
+    assert model.steps == 9 and model.evolution.selector.params == {"fraction": 0.25}
+    assert resolved["engine"] == {"name": "fake", "params": {"delay_s": 0.5}}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d.update(stepz=3), "stepz: unknown key"),
+        (lambda d: d["population"].update(teachers=0), "population.teachers: Input should be greater than or equal to 1"),
+        (lambda d: d.update(engine="warp"), "at 'engine.name': unknown engine 'warp'"),
+        (lambda d: d.update(trainer={"name": "fake", "params": {"lr": "fast"}}),
+         "trainer.params.lr: Input should be a valid number"),
+        (lambda d: d.update(trainer={"name": "fake", "params": {"learning_rate": 1}}),
+         "(component trainer 'fake' from plugin file:fake_stack): trainer.params.learning_rate: unknown key"),
+        (lambda d: d["evolution"]["operators"].append({"name": "test_noise", "params": {"std": -1}}),
+         "evolution.operators.2.params.std: Input should be greater than 0"),
+        (lambda d: d.update(tasks=[]), "tasks: List should have at least 1 item"),
+        (lambda d: d.update(population={"teachers": 2, "students": 3, "mode": "single_agent"}),
+         "single_agent mode needs teachers == students"),
+    ],
+)
+def test_recipe_errors_name_file_path_component_and_plugin(manager, tmp_path, mutate, expected):
+    data = _base()
+    mutate(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, [], manager.registry)
+    message = str(info.value)
+    assert message.startswith(str(path)), message
+    assert expected in message, message
+
+
+def test_yaml_syntax_missing_file_and_bad_override(manager, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsteps: [1, 2\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(bad, [], manager.registry)
+    with pytest.raises(UserError, match="recipe not found"):
+        load_recipe(tmp_path / "missing.yaml", [], manager.registry)
+    with pytest.raises(RecipeError, match="is not key.sub=value"):
+        apply_overrides({}, ["steps"])
+    with pytest.raises(RecipeError, match="no list item '7'"):
+        apply_overrides({"tasks": ["a"]}, ["tasks.7=b"])
+
+
+def test_cli_validate_exits_2_without_traceback(tmp_path):
+    data = _base()
+    data["trainer"] = {"name": "fake", "params": {"lr": "fast"}}
+    path = _write(tmp_path, data)
+    result = run_cli("--plugin", FAKE, "validate", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"Error: {path}" in result.stderr and "trainer.params.lr" in result.stderr
+    ok = run_cli("--plugin", FAKE, "validate", str(_write(tmp_path, _base(), "good.yaml")))
+    assert ok.returncode == 0 and "ok (fake-2t2s, 2T-2S population" in ok.stdout
+    override = run_cli("--plugin", FAKE, "validate", str(path), "trainer.params.lr=0.5")
+    assert override.returncode == 0, override.stderr
+
+
+def test_recipe_schema_includes_plugin_params(manager):
+    schema = recipe_json_schema(manager.registry)
+    components = schema["x-populora-components"]
+    assert components["trainer"]["fake"]["properties"]["lr"]["type"] == "number"
+    assert "pfsp" in components["matchmaker"]
+    names = [o["properties"]["name"]["const"] for o in schema["properties"]["engine"]["anyOf"] if "properties" in o]
+    assert "fake" in names
+    result = run_cli("--plugin", FAKE, "recipe-schema")
+    assert result.returncode == 0 and "weighting" in json.loads(result.stdout)["x-populora-components"]["matchmaker"][
+        "pfsp"]["properties"]
