@@ -1,0 +1,582 @@
+"""Sandbox zygote: a small root process that forks one isolated child per program.
+
+Run as a *script* (``python -S _zygote.py CONFIG_HEX``) with a scrubbed environment, never imported
+by the trainer: it must stay small (fork cost grows with the memory it touched) and must not load
+pydantic, torch or the toolkit. It talks to the parent over its stdin/stdout pipes, moved at start
+to fds 3 (jobs in) and 4 (results out), both framed as a 4-byte big-endian length plus a JSON object.
+
+Process layout with namespaces (the default as root)::
+
+    parent (trainer) --- Z (this script, host PID namespace; pre-imports, unshare NET|PID|NS)
+                             \\-- I (PID 1 of the new namespace: mounts, serves jobs, reaps)
+                                   \\-- one child per program (setuid to this zygote's own uid)
+
+Z dies with the parent (PR_SET_PDEATHSIG), I dies with Z, and when I (the namespace's init) dies
+the kernel kills every process left in the namespace. After each program I sends SIGKILL to every
+process of the namespace (``kill(-1)`` is namespace-scoped), reaps them and wipes the private tmpfs.
+Without namespaces (not permitted, or switched off) Z serves the jobs itself and cleans up by
+killing every process of the slot uid and every orphan it adopted as a child subreaper.
+"""
+
+from __future__ import annotations
+
+# --- 1. everything the programs may import is imported first (it is also the import allowlist) -----
+# The config comes as hex-encoded marshal data: marshal is built in, so reading it imports nothing.
+import marshal
+import sys
+
+_CFG = marshal.loads(bytes.fromhex(sys.argv[1]))
+sys.path[:] = list(_CFG["sys_path"])
+_IMPORT_FAILURES: dict[str, str] = {}
+for _name in _CFG["modules"]:
+    try:
+        __import__(_name)
+    except Exception as _exc:  # a missing optional module (numpy) must not stop the sandbox
+        _IMPORT_FAILURES[_name] = f"{type(_exc).__name__}: {_exc}"
+# Modules imported so far are what programs may import (plus what the interpreter loaded at start).
+_ALLOWED_MODULES = frozenset(sys.modules)
+
+# --- 2. infrastructure, imported after the allowlist snapshot (deleted from sys.modules in children)
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import select  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import struct  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+JOB_FD, RESULT_FD = 3, 4  # the parent's pipes in Z/I
+CHILD_RESULT_FD = 3  # the per-program result pipe in a child (the parent's pipes are closed there)
+WORKDIR_NAME = "job"
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _prctl(option: int, arg: int = 0) -> None:
+    _check(_LIBC.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_LIBC.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                       data.encode() if data else None), f"mount {target}")
+
+
+# --- framing ----------------------------------------------------------------------------------------
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < size:
+        try:
+            chunk = os.read(fd, size - len(buf))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(fd: int) -> dict | None:
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _send(fd: int, obj: dict) -> None:
+    data = json.dumps(obj).encode()
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# --- the program child --------------------------------------------------------------------------------
+
+class _OutputTooLarge(BaseException):
+    """Raised inside the child when the program prints more than the cap (BaseException: hard to swallow)."""
+
+
+class _CappedWriter:
+    """sys.stdout replacement: keeps the text, counts UTF-8 bytes, aborts the program past the cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.size, self.parts, self.exceeded = cap, 0, [], False
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.size += len(text.encode("utf-8", "surrogatepass"))
+        self.parts.append(text)
+        if self.size > self.cap:
+            self.exceeded = True
+            raise _OutputTooLarge()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def text(self) -> str:
+        out = "".join(self.parts)
+        return out[-self.cap:] if len(out) > self.cap else out
+
+
+class _NullWriter(_CappedWriter):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def _child(job: dict, cfg: dict, workdir: str, uid: int, in_namespace: bool) -> None:
+    """Runs in the forked child; never returns (os._exit)."""
+    os.setsid()
+    if not in_namespace:  # in a PID namespace the kernel kills us with the namespace's init anyway
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.dup2(_PIPE_W, CHILD_RESULT_FD)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(CHILD_RESULT_FD + 1, 1 << 20)
+    timeout = float(job["timeout_s"])
+    cpu = int(timeout) + 1
+    mem = int(job["memory_mb"]) * 1024 * 1024
+    limits = [(resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu),
+              (resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) * 1024 * 1024),
+              (resource.RLIMIT_NOFILE, int(cfg["max_open_files"])), (resource.RLIMIT_CORE, 0),
+              (resource.RLIMIT_NPROC, int(cfg["max_processes"]))]
+    for which, value in limits:
+        hard = value + 1 if which == resource.RLIMIT_CPU else value
+        resource.setrlimit(which, (value, hard))
+    os.chdir(workdir)
+    os.umask(0o077)
+    if os.getuid() == 0 and uid != 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    # The environment was scrubbed once in the zygote (_restrict_imports); `random` reseeds itself
+    # after fork (its own at-fork hook), so children of one zygote do not share a random stream.
+    dumps, write, exit_ = json.dumps, os.write, os._exit
+    out = _CappedWriter(int(job["max_output_bytes"]))
+    status, value, error = "ok", None, None
+    sys.stdout = out  # the module allowlist was applied once in the zygote (_restrict_imports)
+    try:
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        exec(compile(job["code"], "<program>", "exec"), namespace)
+        if job.get("expr") is not None:
+            value = repr(eval(compile(job["expr"], "<expr>", "eval"), namespace))
+    except _OutputTooLarge:
+        status = "output_too_large"
+    except MemoryError as exc:
+        status, error = "memory", f"MemoryError: {exc}"
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt: the program's doing, an error
+        status, error = "error", _describe(exc)
+    if out.exceeded:
+        status = "output_too_large"
+    try:
+        stdout = out.text()
+        payload = {"status": status, "value": value, "stdout": stdout, "error": error}
+        data = dumps(payload).encode()
+    except MemoryError:
+        data = b'{"status": "memory", "error": "MemoryError: while reporting the result"}'
+    except BaseException as exc:
+        data = dumps({"status": "error", "error": _describe(exc)}).encode()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[write(CHILD_RESULT_FD, view):]
+    except BaseException:
+        exit_(71)
+    exit_(0)
+
+
+def _restrict_imports(workdir: str) -> None:
+    """Done once in the zygote, inherited by every child: only allowlisted modules, nothing from disk,
+    a minimal environment (done here, not per child: each page a child writes costs a page fault).
+
+    The zygote keeps working through the module objects it already holds; it imports nothing later.
+    """
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+    for name in [n for n in sys.modules if n not in _ALLOWED_MODULES]:
+        del sys.modules[name]
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", "") == "BuiltinImporter"]
+    sys.path[:] = []
+    sys.path_hooks[:] = []
+    sys.path_importer_cache.clear()
+    sys.stdout = sys.__stdout__ = _NullWriter(0)
+    sys.stderr = sys.__stderr__ = _NullWriter(0)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except BaseException:
+        message = "<unprintable>"
+    return f"{type(exc).__name__}: {message}"
+
+
+# --- the serving loop (in I, or in Z without namespaces) --------------------------------------------
+
+_PIPE_W = -1
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class Server:
+    def __init__(self, cfg: dict, isolation: dict) -> None:
+        self.cfg, self.isolation = cfg, isolation
+        self.uid = int(cfg["uid"]) if os.getuid() == 0 else os.getuid()
+        self.in_namespace = isolation["pid_namespace"]
+        self.tmp_dirs = list(cfg["tmp_dirs"]) if isolation["mount_namespace"] else []
+        self.base = "/tmp" if isolation["mount_namespace"] else cfg["fallback_tmp"]
+        os.makedirs(self.base, exist_ok=True)
+        self.workdir = os.path.join(self.base, WORKDIR_NAME)
+        self._clean_marks: list[int] | None = None  # free inodes of each tmpfs when last known clean
+
+    def serve(self) -> None:
+        _restrict_imports(self.workdir)
+        gc.collect()
+        gc.freeze()  # keep the collector off the inherited objects: fewer copy-on-write faults per fork
+        while True:
+            job = _recv(JOB_FD)
+            if job is None or job.get("op") == "exit":
+                return
+            try:
+                result = self.run(job)
+            except Exception as exc:  # an internal failure: report it, keep serving
+                result = {"status": "killed", "error": f"SandboxError: {_describe(exc)}",
+                          "trace": traceback.format_exc(limit=4)}
+            _send(RESULT_FD, result)
+
+    def _tmpfs_marks(self) -> list[int] | None:
+        """Free-inode counts of the private tmpfs mounts: unchanged means no program left anything."""
+        if not self.tmp_dirs:
+            return None
+        try:
+            return [os.statvfs(d).f_ffree for d in self.tmp_dirs]
+        except OSError:
+            return None
+
+    def _prepare_workdir(self) -> None:
+        if self._clean_marks is not None and self._tmpfs_marks() == self._clean_marks:
+            try:  # nothing was created since the last wipe: reuse the empty work dir
+                st = os.lstat(self.workdir)
+                if st.st_uid == self.uid and (st.st_mode & 0o7777) == 0o700 and os.path.isdir(self.workdir):
+                    return
+            except OSError:
+                pass
+        self._wipe()
+        os.mkdir(self.workdir, 0o700)
+        os.chown(self.workdir, self.uid, self.uid)
+        self._clean_marks = self._tmpfs_marks()
+
+    def run(self, job: dict) -> dict:
+        global _PIPE_W
+        self._prepare_workdir()
+        start = time.monotonic()
+        deadline = start + float(job["timeout_s"])
+        cap = int(job["max_output_bytes"])
+        r, w = os.pipe()
+        _PIPE_W = w
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                _child(job, self.cfg, self.workdir, self.uid, self.in_namespace)
+            finally:
+                os._exit(70)
+        os.close(w)
+        status_code: int | None = None
+        timed_out = too_big = False
+        data = bytearray()
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        poller.register(r, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        pipe_open = True
+        try:
+            while status_code is None or pipe_open:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                for fd, _ev in poller.poll(remaining * 1000):
+                    if fd == r:
+                        chunk = os.read(r, 1 << 16)
+                        if not chunk:
+                            pipe_open = False
+                            poller.unregister(r)
+                        else:
+                            data += chunk
+                            if len(data) > 2 * cap + 65536:
+                                too_big = True
+                    elif fd == pidfd and status_code is None:
+                        status_code = os.waitpid(pid, 0)[1]
+                        poller.unregister(pidfd)
+                if too_big:
+                    break
+                if status_code is not None and pipe_open:
+                    # the child is gone; a descendant may still hold the pipe: take what is there
+                    os.set_blocking(r, False)
+                    try:
+                        while chunk := os.read(r, 1 << 16):
+                            data += chunk
+                    except BlockingIOError:
+                        pass
+                    break
+        finally:
+            wall = time.monotonic() - start
+            self._kill_all(pid)
+            if status_code is None:
+                status_code = self._reap_child(pid)
+            self._reap_all()
+            os.close(r)
+            os.close(pidfd)
+            if self._clean_marks is None:
+                self._wipe()  # fallback mode: no private tmpfs to check, wipe every time
+        return self._classify(job, status_code, bytes(data), timed_out, too_big, wall)
+
+    def _classify(self, job: dict, code: int, data: bytes, timed_out: bool, too_big: bool,
+                  wall: float) -> dict:
+        res: dict = {"status": "ok", "value": None, "stdout": "", "error": None, "wall_s": wall}
+        if too_big:
+            res.update(status="output_too_large", error="OutputTooLarge: result exceeds max_output_bytes")
+            return res
+        if timed_out:
+            res.update(status="timeout", error=f"Timeout: exceeded {job['timeout_s']} s wall clock")
+            return res
+        parsed = None
+        if data:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                parsed = None
+        if isinstance(parsed, dict) and parsed.get("status") in (
+                "ok", "error", "memory", "output_too_large"):
+            cap = int(job["max_output_bytes"])
+            value, stdout, error = parsed.get("value"), parsed.get("stdout") or "", parsed.get("error")
+            res["status"] = parsed["status"]
+            res["stdout"] = stdout[-cap:] if isinstance(stdout, str) else ""
+            res["error"] = error if isinstance(error, str) or error is None else str(error)
+            if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > cap:
+                res.update(status="output_too_large",
+                           error="OutputTooLarge: value repr exceeds max_output_bytes")
+            elif res["status"] == "ok":
+                res["value"] = value if isinstance(value, str) or value is None else None
+            if res["status"] == "output_too_large" and not res["error"]:
+                res["error"] = "OutputTooLarge: stdout exceeds max_output_bytes"
+            return res
+        if os.WIFSIGNALED(code):
+            sig = os.WTERMSIG(code)
+            if sig in (signal.SIGXCPU,):
+                res.update(status="timeout", error="Timeout: CPU time limit exceeded")
+            elif sig == signal.SIGXFSZ:
+                res.update(status="killed", error="Killed: file size limit exceeded (SIGXFSZ)")
+            else:
+                res.update(status="killed", error=f"Killed: {_signal_name(sig)}")
+        else:
+            exit_code = os.WEXITSTATUS(code) if os.WIFEXITED(code) else -1
+            res.update(status="error", error=f"ProcessExit: exited with code {exit_code} without a result")
+        return res
+
+    # --- cleanup -------------------------------------------------------------------------------
+
+    def _kill_all(self, pid: int) -> None:
+        if self.in_namespace:
+            try:
+                os.kill(-1, signal.SIGKILL)  # every process of this PID namespace except us (init)
+            except ProcessLookupError:
+                pass
+            return
+        for target in (-pid,):
+            try:
+                os.kill(target, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if os.getuid() == 0 and self.uid != 0:
+            killer = os.fork()
+            if killer == 0:
+                try:
+                    os.setgid(self.uid)
+                    os.setuid(self.uid)
+                    for _ in range(3):
+                        try:
+                            os.kill(-1, signal.SIGKILL)  # as the slot uid: exactly that uid's processes
+                        except ProcessLookupError:
+                            break
+                finally:
+                    os._exit(0)
+            os.waitpid(killer, 0)
+        for child in _children(os.getpid()):
+            _kill_tree(child)
+
+    def _reap_child(self, pid: int) -> int:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            return 0
+
+    def _reap_all(self) -> None:
+        """Reap everything we adopted; loop while killed processes are still exiting."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                if time.monotonic() > deadline:
+                    return
+                if self.in_namespace:
+                    try:
+                        os.kill(-1, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                else:
+                    for child in _children(os.getpid()):
+                        _kill_tree(child)
+                time.sleep(0.0005)
+
+    def _wipe(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        for directory in self.tmp_dirs:
+            try:
+                names = os.listdir(directory)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(directory, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids += [int(x) for x in fh.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except OSError:
+        return
+    for child in _children(pid):
+        _kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# --- startup ---------------------------------------------------------------------------------------
+
+def _setup_mounts(cfg: dict) -> None:
+    """In I's fresh mount namespace: private propagation, own /proc, tmpfs over writable/secret dirs."""
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    size = int(cfg["tmpfs_mb"])
+    for directory in cfg["tmp_dirs"]:
+        if os.path.isdir(directory):
+            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
+    for directory in cfg["hide_paths"]:
+        if os.path.isdir(directory):
+            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                   "size=4k,mode=755")
+
+
+def main() -> None:
+    cfg = _CFG
+    os.dup2(0, JOB_FD, inheritable=False)
+    os.dup2(1, RESULT_FD, inheritable=False)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    expected_parent = int(cfg["parent_pid"])
+    if cfg.get("pdeathsig", True):
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != expected_parent:
+        os._exit(0)  # the parent died before we armed the death signal
+    isolation = {"root": os.getuid() == 0, "uid": None, "net_namespace": False, "pid_namespace": False,
+                 "mount_namespace": False, "fallback_reason": None, "import_failures": _IMPORT_FAILURES,
+                 "hash_seed": os.environ.get("PYTHONHASHSEED")}
+    if cfg["namespaces"]:
+        if os.getuid() == 0:
+            try:
+                _check(_LIBC.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET), "unshare")
+                isolation.update(net_namespace=True, pid_namespace=True, mount_namespace=True)
+            except OSError as exc:
+                isolation["fallback_reason"] = str(exc)
+        else:
+            isolation["fallback_reason"] = "not root: namespaces need CAP_SYS_ADMIN"
+    else:
+        isolation["fallback_reason"] = "namespaces switched off (namespaces: false)"
+    if isolation["pid_namespace"]:
+        init = os.fork()
+        if init:
+            # Z: wait for I, then exit with it; I dies with us through its own death signal.
+            try:
+                os.waitpid(init, 0)
+            except ChildProcessError:
+                pass
+            os._exit(0)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # (a parent gone already shows as job-pipe EOF)
+        try:
+            _setup_mounts(cfg)
+        except OSError as exc:
+            _send(RESULT_FD, {"ready": False, "error": f"mount setup failed: {exc}"})
+            os._exit(1)
+    else:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    isolation["uid"] = int(cfg["uid"]) if os.getuid() == 0 else os.getuid()
+    server = Server(cfg, isolation)
+    _send(RESULT_FD, {"ready": True, "isolation": isolation, "pid": os.getpid()})
+    server.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:
+        try:
+            _send(RESULT_FD, {"ready": False, "error": _describe(exc)})
+        finally:
+            os._exit(1)

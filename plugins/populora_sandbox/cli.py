@@ -1,0 +1,53 @@
+"""``populora sandbox PROGRAM.py``: run one file in the sandbox and print the result as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from populora_core.errors import UserError
+
+
+def add_commands(cli: Any) -> None:
+    @cli.command("sandbox")
+    @click.argument("program", type=click.Path(dir_okay=False, path_type=Path))
+    @click.option("--timeout", "timeout", type=float, default=None, help="Wall-clock limit in seconds.")
+    @click.option("--memory-mb", "memory_mb", type=int, default=None, help="Address-space limit in MiB.")
+    @click.option("--expr", default=None, help="Expression evaluated after the program; its repr is shown.")
+    def sandbox(program: Path, timeout: float | None, memory_mb: int | None, expr: str | None) -> None:
+        """Run PROGRAM.py in the sandbox with the default limits (or those given); print one JSON object.
+
+        Exit code 0 whenever the sandbox itself worked, whatever the program did.
+        """
+        from pydantic import ValidationError
+
+        from populora_core.components import ExecJob
+
+        from .executor import SandboxExecutor
+        from .params import SandboxParams
+
+        try:
+            code = program.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read program {program}: {exc}") from None
+        overrides: dict[str, Any] = {"workers": 1}
+        if timeout is not None:
+            overrides["timeout_s"] = timeout
+        if memory_mb is not None:
+            overrides["memory_mb"] = memory_mb
+        try:
+            params = SandboxParams(**overrides)
+        except ValidationError as exc:
+            from populora_core.registry import format_validation_error
+
+            raise UserError(f"bad sandbox option: {format_validation_error(exc)}") from None
+        with SandboxExecutor(params) as executor:
+            result = executor.run_batch([ExecJob(code, expr)])[0]
+        out = {"status": result.status, "stdout": result.stdout, "error": result.error,
+               "wall_s": round(result.wall_s, 4)}
+        if expr is not None:
+            out["value"] = result.value
+        click.echo(json.dumps(out))
