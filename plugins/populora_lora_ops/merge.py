@@ -39,8 +39,8 @@ def _sparsify(x: torch.Tensor, p: Any, gen: torch.Generator, b_rows: torch.Tenso
     d_in = x.shape[1]
     if p.method == "random":
         t = max(1, round(p.density * _U15))
-        keep = _uniform15(x.numel(), gen).view(x.shape) < t
-        x.mul_(keep)
+        if t < _U15:  # (a python int >= 2^15 would wrap when compared with int16)
+            x.mul_(_uniform15(x.numel(), gen).view(x.shape) < t)
         if p.rescale:
             x.mul_(_U15 / t)
         return x

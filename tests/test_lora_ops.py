@@ -1,0 +1,366 @@
+"""LoRA weight-space operators: exactness on delta W, shapes, seeds, B = 0 handling, PEFT round trip."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from populora_core.adapters import LoraFactors, LoraWeights, load_lora, save_lora
+from populora_core.errors import UserError
+from populora_lora_ops import OPERATORS, DeltaMergeParams
+from populora_lora_ops import linalg as la
+from populora_lora_ops import ops
+from populora_lora_ops.common import ZeroDeltaWarning
+from populora_lora_ops.merge import _sparsify
+from populora_lora_ops.synthetic import trained_like
+
+SHAPES = {
+    "base_model.model.model.layers.0.self_attn.q_proj": (48, 48),
+    "base_model.model.model.layers.0.self_attn.v_proj": (16, 48),
+    "base_model.model.model.layers.0.mlp.down_proj": (48, 96),
+    "base_model.model.model.layers.1.self_attn.q_proj": (48, 48),
+    "base_model.model.model.layers.1.self_attn.v_proj": (16, 48),
+    "base_model.model.model.layers.1.mlp.down_proj": (48, 96),
+}
+RANK = 6
+
+
+def adapter(seed: int, rank: int = RANK, alpha: float = 12.0, dtype: torch.dtype = torch.float32) -> LoraWeights:
+    return trained_like(SHAPES, rank, alpha, seed, dtype=dtype)
+
+
+def run(name: str, parents: list[LoraWeights], seed: int = 0, **params: object) -> LoraWeights:
+    fn_name, model, _ = OPERATORS[name]
+    return getattr(ops, fn_name)(parents, model(**params), torch.Generator().manual_seed(seed))
+
+
+def parents_for(name: str) -> list[LoraWeights]:
+    n = OPERATORS[name][2]
+    return [adapter(1)] if n == 1 else [adapter(1), adapter(2)]
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+def dense_truncated(w: torch.Tensor, r: int) -> torch.Tensor:
+    u, s, vh = torch.linalg.svd(w.float(), full_matrices=False)
+    return (u[:, :r] * s[:r]) @ vh[:r]
+
+
+# --- linear algebra -----------------------------------------------------------------------------
+
+
+def test_canonical_svd_is_exact() -> None:
+    f = adapter(3).modules["base_model.model.model.layers.0.mlp.down_proj"]
+    u, s, vh = la.canonical(f.A, f.B, f.scale)
+    assert rel((u * s) @ vh, f.delta()) < 1e-5
+    dense = torch.linalg.svdvals(f.delta().double())[:RANK]
+    assert torch.allclose(s.double(), dense, rtol=1e-4)
+    assert torch.allclose(u.T @ u, torch.eye(RANK), atol=1e-5)
+    assert torch.allclose(vh @ vh.T, torch.eye(RANK), atol=1e-5)
+
+
+def test_refactor_keeps_delta_and_floors_a_rows() -> None:
+    f = adapter(4).modules["base_model.model.model.layers.0.self_attn.q_proj"]
+    u, s, vh = la.canonical(f.A, f.B, f.scale)
+    s = s.clone()
+    s[-2:] = 0.0
+    a, b = la.refactor(u, s, vh, f.scale, RANK, a_floor=0.05)
+    assert rel(f.scale * b @ a, (u * s) @ vh) < 1e-5
+    assert float(a[-1].norm()) == pytest.approx(0.05, rel=1e-4)  # zero component still trainable
+    assert float(b[:, -1].abs().max()) == 0.0
+
+
+# --- acceptance: shapes, exactness, symmetry, seeds, no no-ops ----------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_rank_shapes_scale_dtype_preserved(name: str) -> None:
+    parents = [p.with_modules({k: LoraFactors(f.A.bfloat16(), f.B.bfloat16(), f.scale) for k, f in p.items()})
+               for p in parents_for(name)]
+    child = run(name, parents)
+    assert set(child.modules) == set(parents[0].modules)
+    assert child.config == parents[0].config
+    for k, f in parents[0].items():
+        g = child.modules[k]
+        assert g.A.shape == f.A.shape and g.B.shape == f.B.shape
+        assert g.A.dtype == torch.bfloat16 and g.B.dtype == torch.bfloat16
+        assert g.scale == f.scale
+
+
+def test_svd_weights_one_zero_returns_first_parent() -> None:
+    p1, p2 = adapter(1), adapter(2)
+    child = run("svd", [p1, p2], weights=[1.0, 0.0])
+    for k, f in p1.items():
+        assert rel(child.modules[k].delta(), f.delta()) < 1e-5
+
+
+def test_svd_swap_symmetry() -> None:
+    p1, p2 = adapter(1), adapter(2)
+    a = run("svd", [p1, p2], weights=[0.7, 0.3])
+    b = run("svd", [p2, p1], weights=[0.3, 0.7])
+    for k in p1.modules:
+        assert rel(a.modules[k].delta(), b.modules[k].delta()) < 1e-5
+    x = run("xes", [p1, p2], fitness=[2.0, 1.0])
+    y = run("xes", [p2, p1], fitness=[1.0, 2.0])
+    for k in p1.modules:
+        assert rel(x.modules[k].delta(), y.modules[k].delta()) < 1e-5
+
+
+@pytest.mark.parametrize("weights", [[0.5, 0.5], [0.8, 0.4], [1.3, -0.3]])
+def test_svd_matches_dense_fp32_reference(weights: list[float]) -> None:
+    p1, p2 = adapter(1), adapter(2)
+    child = run("svd", [p1, p2], weights=weights)
+    for k, f in p1.items():
+        ref = dense_truncated(weights[0] * f.delta() + weights[1] * p2.modules[k].delta(), RANK)
+        assert rel(child.modules[k].delta(), ref) < 1e-4, k
+
+
+def test_svd_three_parents_and_extrapolate_match_dense() -> None:
+    ps = [adapter(1), adapter(2), adapter(5)]
+    child = run("svd", ps, weights=[0.5, 0.3, 0.2])
+    k = "base_model.model.model.layers.1.mlp.down_proj"
+    ref = dense_truncated(sum(w * p.modules[k].delta() for w, p in zip([0.5, 0.3, 0.2], ps)), RANK)
+    assert rel(child.modules[k].delta(), ref) < 1e-4
+    ex = run("extrapolate", ps[:2], eta_low=1.25, eta_high=1.25)
+    ref = dense_truncated(1.25 * ps[0].modules[k].delta() - 0.25 * ps[1].modules[k].delta(), RANK)
+    assert rel(ex.modules[k].delta(), ref) < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_same_seed_same_bytes(name: str, tmp_path) -> None:
+    parents = parents_for(name)
+    save_lora(run(name, parents, seed=7), tmp_path / "a")
+    save_lora(run(name, parents, seed=7), tmp_path / "b")
+    a = (tmp_path / "a" / "adapter_model.safetensors").read_bytes()
+    assert a == (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
+    random_ops = {"svd_structured", "layer_gaussian", "component_mask", "gaussian", "neftune", "dare", "della",
+                  "delta_merge", "layerwise", "extrapolate"}
+    if name in random_ops:
+        save_lora(run(name, parents, seed=8), tmp_path / "c")
+        assert a != (tmp_path / "c" / "adapter_model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_every_operator_changes_delta_w(name: str) -> None:
+    parents = parents_for(name)
+    child = run(name, parents)
+    if name == "clone":  # X6 is a copy by definition: bit-identical, a new member to mutate later
+        for k, f in parents[0].items():
+            assert torch.equal(child.modules[k].A, f.A) and torch.equal(child.modules[k].B, f.B)
+        return
+    for p in parents:
+        change = max(rel(child.modules[k].delta(), f.delta()) for k, f in p.items())
+        assert change > 1e-3, f"{name} returned a parent unchanged"
+
+
+# --- specific operators -------------------------------------------------------------------------
+
+
+def test_component_mask_zeroes_ceil_rho_r_components() -> None:
+    child = run("component_mask", [adapter(1)], rho=0.3)
+    m = math.ceil(0.3 * RANK)
+    for _, f in child.items():
+        s = la.canonical(f.A, f.B, f.scale)[1]
+        assert int((s > 1e-6 * s.max()).sum()) == RANK - m
+        assert bool((f.A.norm(dim=1) > 0).all())  # masked components keep an A row
+
+
+def test_svd_structured_keeps_spectrum_shape() -> None:
+    parent = adapter(1)
+    child = run("svd_structured", [parent], sigma=0.1, eps=0.0)
+    for k, f in parent.items():
+        s0 = la.canonical(f.A, f.B, f.scale)[1]
+        s1 = la.canonical(child.modules[k].A, child.modules[k].B, f.scale)[1]
+        ratio = torch.sort(s1).values / torch.sort(s0).values
+        assert float(ratio.log().abs().max()) < 0.6  # log-normal with sigma 0.1 (sorting may pair shifts)
+
+
+def test_layer_gaussian_touches_a_fraction_of_modules() -> None:
+    parent = adapter(1)
+    child = run("layer_gaussian", [parent], fraction=0.33)
+    changed = [k for k, f in parent.items() if not torch.equal(child.modules[k].B, f.B)]
+    assert len(changed) == round(0.33 * len(SHAPES))
+
+
+def test_gaussian_noise_size_follows_eps() -> None:
+    parent = adapter(1)
+    small = run("gaussian", [parent], eps=0.05)
+    large = run("gaussian", [parent], eps=0.5)
+    for k, f in parent.items():
+        assert rel(small.modules[k].delta(), f.delta()) < rel(large.modules[k].delta(), f.delta())
+
+
+def test_neftune_changes_only_a_within_bound() -> None:
+    parent = adapter(1)
+    child = run("neftune", [parent], alpha=10.0)
+    for k, f in parent.items():
+        g = child.modules[k]
+        assert torch.equal(g.B, f.B)
+        bound = 10.0 / math.sqrt(f.A.shape[1] * RANK)
+        assert float((g.A - f.A).abs().max()) <= bound * (1 + 1e-6)
+
+
+def test_layerwise_copies_whole_modules_from_both_parents() -> None:
+    p1, p2 = adapter(1), adapter(2)
+    for granularity in ("module", "layer"):
+        child = run("layerwise", [p1, p2], granularity=granularity)
+        src = {}
+        for k, g in child.items():
+            same1 = torch.equal(g.A, p1.modules[k].A) and torch.equal(g.B, p1.modules[k].B)
+            same2 = torch.equal(g.A, p2.modules[k].A) and torch.equal(g.B, p2.modules[k].B)
+            assert same1 != same2
+            src[k] = 1 if same1 else 2
+        assert set(src.values()) == {1, 2}
+        if granularity == "layer":
+            for layer in ("0", "1"):
+                assert len({v for k, v in src.items() if f".{layer}." in k}) == 1
+
+
+def test_svd_subspace_takes_top_k_from_each_parent() -> None:
+    p1, p2 = adapter(1), adapter(2)
+    child = run("svd_subspace", [p1, p2], k_frac=0.5)
+    k = RANK // 2
+    for name, f in p1.items():
+        u1, s1, v1 = torch.linalg.svd(f.delta().double(), full_matrices=False)
+        u2, s2, v2 = torch.linalg.svd(p2.modules[name].delta().double(), full_matrices=False)
+        ref = (u1[:, :k] * s1[:k]) @ v1[:k] + (u2[:, : RANK - k] * s2[: RANK - k]) @ v2[: RANK - k]
+        assert rel(child.modules[name].delta(), ref) < 1e-4
+
+
+def test_xes_weights_follow_fitness_z_scores() -> None:
+    ps = [adapter(1), adapter(2), adapter(5)]
+    child = run("xes", ps, step=0.5, fitness=[3.0, 1.0, 2.0])
+    f = torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64)
+    z = (f - f.mean()) / f.std(unbiased=False)
+    w = [1 / 3 + 0.5 * float(zi) / 3 for zi in z]
+    k = "base_model.model.model.layers.0.mlp.down_proj"
+    ref = dense_truncated(sum(wi * p.modules[k].delta() for wi, p in zip(w, ps)), RANK)
+    assert rel(child.modules[k].delta(), ref) < 1e-4
+
+
+@pytest.mark.parametrize("refactor", ["randomized", "exact"])
+def test_dense_merge_at_full_density_is_the_weighted_sum(refactor: str) -> None:
+    """With nothing dropped the streamed merge must equal the exact svd crossover."""
+    p1, p2 = adapter(1), adapter(2)
+    exact = run("svd", [p1, p2], weights=[0.6, 0.4])
+    for name in ("dare", "ties", "delta_merge"):
+        extra = {"method": "random"} if name == "delta_merge" else {}
+        child = run(name, [p1, p2], density=1.0, sign_election=False, rescale=False, weights=[0.6, 0.4],
+                    refactor=refactor, chunk_elems=500, **extra)
+        for k in p1.modules:
+            assert rel(child.modules[k].delta(), exact.modules[k].delta()) < 1e-4, (name, k)
+
+
+def test_ties_sign_election_matches_peft_on_delta_w() -> None:
+    """TIES at full density on dense delta W equals peft's ties() on the same tensors, then rank r."""
+    from peft.utils.merge_utils import ties
+
+    p1, p2 = adapter(1), adapter(2)
+    child = run("ties", [p1, p2], density=1.0, refactor="exact", chunk_elems=700)
+    for k, f in p1.items():
+        stacked = torch.stack([f.delta(), p2.modules[k].delta()])
+        ref = dense_truncated(ties(stacked, torch.tensor([1.0, 1.0]), density=1.0), RANK)
+        assert rel(child.modules[k].delta(), ref) < 1e-4
+
+
+@pytest.mark.parametrize("method,ranking", [("random", "normal"), ("magnitude", "normal"), ("magnitude", "exact"),
+                                            ("della", "normal"), ("della", "exact")])
+def test_sparsify_keeps_about_density(method: str, ranking: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 2000, generator=gen) / 2000 ** 0.5
+    b = torch.randn(64, 8, generator=gen)
+    x = b @ a
+    p = DeltaMergeParams(method=method, density=0.3, epsilon=0.15, ranking=ranking, rescale=False)
+    kept = _sparsify(x.clone(), p, gen, b, a @ a.T)
+    frac = float((kept != 0).float().mean())
+    assert abs(frac - 0.3) < 0.02
+    if method == "magnitude" and ranking == "exact":
+        assert torch.equal((kept != 0).sum(1), torch.full((64,), 600))
+    if method == "della":  # larger magnitudes survive more often
+        big = x.abs() > x.abs().median(dim=1, keepdim=True).values
+        assert float((kept != 0)[big].float().mean()) > float((kept != 0)[~big].float().mean()) + 0.1
+
+
+def test_dare_is_unbiased_before_refactoring() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 500, generator=gen)
+    p = DeltaMergeParams(method="random", density=0.3, sign_election=False)
+    mean = sum(_sparsify(x.clone(), p, gen, x[:, :1], None) for _ in range(200)) / 200
+    assert rel(mean, x) < 0.15  # std of the mean ~ sqrt((1-p)/p/200) = 0.108
+
+
+# --- B = 0 (fresh adapters) and mismatches ------------------------------------------------------
+
+
+def fresh(seed: int = 9) -> LoraWeights:
+    p = adapter(seed)
+    return p.with_modules({k: LoraFactors(f.A, torch.zeros_like(f.B), f.scale) for k, f in p.items()})
+
+
+@pytest.mark.parametrize("name", [n for n, v in OPERATORS.items() if v[2] == 1 and n != "clone"])
+def test_mutations_of_fresh_adapters_use_a_floor_or_warn(name: str) -> None:
+    parent = fresh()
+    child = run(name, [parent], floor_std=1e-4)
+    changed = [k for k, f in child.items() if float(f.delta().abs().max()) > 0]
+    assert changed, f"{name} left an untrained adapter unchanged"
+    for k in changed:
+        assert float(child.modules[k].delta().std()) < 1e-2
+    with pytest.warns(ZeroDeltaWarning, match="B = 0"):
+        same = run(name, [parent], zero_delta="warn")
+    for k, f in same.items():
+        assert float(f.delta().abs().max()) == 0.0
+
+
+def test_crossover_of_fresh_adapters_warns_and_stays_trainable() -> None:
+    with pytest.warns(ZeroDeltaWarning, match="every parent"):
+        child = run("svd", [fresh(1), fresh(2)])
+    for _, f in child.items():
+        assert float(f.B.abs().max()) == 0.0
+        assert bool((f.A.norm(dim=1) > 0).all())  # the child can still learn (A is not zero)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ZeroDeltaWarning)
+        run("svd", [adapter(1), adapter(2)])
+
+
+@pytest.mark.parametrize("what", ["rank", "alpha", "targets", "shape"])
+def test_mismatched_parents_are_refused(what: str) -> None:
+    p1 = adapter(1)
+    if what == "rank":
+        p2, key = adapter(2, rank=4), "r"
+    elif what == "alpha":
+        p2, key = adapter(2, alpha=24.0), "lora_alpha"
+    elif what == "targets":
+        p2 = adapter(2)
+        p2 = p2.with_modules({k: f for k, f in p2.items() if "v_proj" not in k})
+        key = "different modules"
+    else:
+        p2 = adapter(2)
+        k0 = next(iter(p2.modules))
+        f = p2.modules[k0]
+        p2.modules[k0] = LoraFactors(f.A[:, :10], f.B, f.scale)
+        key = "shape"
+    for name in ("svd", "dare", "layerwise"):
+        with pytest.raises(UserError, match=key):
+            run(name, [p1, p2])
+
+
+def test_wrong_parent_count_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="exactly 1"):
+        run("gaussian", [adapter(1), adapter(2)])
+    with pytest.raises(UserError, match="two or more"):
+        run("svd", [adapter(1)])
+    with pytest.raises(UserError, match="weights has 3"):
+        run("svd", [adapter(1), adapter(2)], weights=[1, 2, 3])
+
+
+def test_round_trip_through_peft_dir(tmp_path) -> None:
+    child = run("svd", [adapter(1), adapter(2)])
+    save_lora(child, tmp_path / "c")
+    back = load_lora(tmp_path / "c")
+    for k, f in child.items():
+        assert torch.equal(back.modules[k].A, f.A) and torch.equal(back.modules[k].B, f.B)
