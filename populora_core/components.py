@@ -283,3 +283,38 @@ class MetricSink(Protocol):
     def emit(self, record: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """One benchmark: its problems, the prompt for each, and the grading of completions.
+
+    ``category`` ("code" or "math") decides which AZR average a score enters. Items are plain dicts
+    with an ``id``. Code benchmarks grade in the executor they are handed (never in-process).
+    """
+
+    name: str
+    category: str
+    max_tokens: int
+
+    def items(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The benchmark's problems in a fixed order (the first ``limit``); bad data raises UserError."""
+        ...
+
+    def dataset_hash(self) -> str:
+        """sha256 identifying the data the items came from (results and caches record it)."""
+        ...
+
+    def prompt(self, item: dict[str, Any]) -> str: ...
+
+    def stop(self) -> tuple[str, ...]:
+        """Stop strings for generation (nothing after them is graded)."""
+        ...
+
+    def grade(self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]],
+              executor: Executor | None = None) -> list[list[bool]]:
+        """Correctness of each completion of each item (same shape as ``completions``)."""
+        ...
