@@ -1,0 +1,217 @@
+"""The co-evolution loop on the light fake stack: hooks, rewards adjustment, evolution, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from populora_core import hookimpl
+from populora_core.loop import execute, resume_run, start_run
+from populora_core.plugins import PluginManager
+from populora_core.recipe import load_recipe
+from populora_core.run import RunDir
+from tests.cli_helpers import POPULORA, REPO
+
+TESTS = Path(__file__).parent
+FAKE = str(TESTS / "fake_stack.py")
+RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
+
+
+@pytest.fixture()
+def env(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
+    return {**os.environ, "POPULORA_TEST_MODEL": str(tiny_model_dir), "HF_HUB_OFFLINE": "1"}
+
+
+def _manager(*plugins: object) -> PluginManager:
+    pm = PluginManager()
+    pm.load_entry_points()
+    pm.load_file(FAKE)
+    for i, plugin in enumerate(plugins):
+        assert pm.add_plugin(plugin, f"test-plugin-{i}")
+    return pm
+
+
+class Recorder:
+    """Implements every lifecycle hook and records what it saw."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    @hookimpl
+    def on_run_start(self, run):
+        self.calls.append(("on_run_start", {"step": run.step}))
+
+    @hookimpl
+    def on_run_end(self, run, status):
+        self.calls.append(("on_run_end", {"status": status}))
+
+    @hookimpl
+    def on_step_start(self, run, step):
+        self.calls.append(("on_step_start", {"step": step}))
+
+    @hookimpl
+    def after_matchmaking(self, run, step, matches):
+        self.calls.append(("after_matchmaking", {"step": step, "pairs": [(m.teacher, m.student) for m in matches]}))
+
+    @hookimpl
+    def after_rewards(self, run, step, rollouts):
+        self.calls.append(("after_rewards", {"step": step, "n": len(rollouts)}))
+
+    @hookimpl
+    def on_step_end(self, run, step, metrics):
+        self.calls.append(("on_step_end", {"step": step, "solve_rate": metrics["solve_rate"]}))
+
+    @hookimpl
+    def before_evolution(self, run, step, population):
+        self.calls.append(("before_evolution", {"step": step, "members": sorted(population.members)}))
+
+    @hookimpl
+    def after_evolution(self, run, step, events):
+        self.calls.append(("after_evolution", {"step": step, "events": events}))
+
+    @hookimpl
+    def on_checkpoint(self, run, step, path):
+        self.calls.append(("on_checkpoint", {"step": step, "exists": Path(path, "state.json").is_file()}))
+
+
+def _run(pm: PluginManager, run_dir: Path, overrides: list[str] | None = None) -> RunDir:
+    recipe, resolved = load_recipe(RECIPE, overrides or [], pm.registry)
+    directory = RunDir(run_dir)
+    execute(start_run(recipe, resolved, directory, pm), progress=False)
+    return directory
+
+
+def test_every_lifecycle_hook_is_called_in_order(env, tmp_path):
+    rec = Recorder()
+    directory = _run(_manager(rec), tmp_path / "run")
+    names = [c[0] for c in rec.calls]
+    assert names[0] == "on_run_start" and names[-1] == "on_run_end"
+    assert rec.calls[-1][1] == {"status": "completed"}
+    step1 = names[1 : names.index("on_step_end") + 1]
+    assert step1 == ["on_step_start", "after_matchmaking", "after_rewards", "on_step_end"]
+    evo = [c for c in rec.calls if c[0] == "after_evolution"]
+    assert [c[1]["step"] for c in evo] == [2, 4]
+    assert all(len(c[1]["events"]) == 2 for c in evo)  # one child per sub-population (fraction 0.5 of 2)
+    checkpoints = [c[1] for c in rec.calls if c[0] == "on_checkpoint"]
+    assert [c["step"] for c in checkpoints] == [1, 2, 3, 4] and all(c["exists"] for c in checkpoints)
+    # the run log agrees with what the hooks saw
+    steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    pairs = [c[1]["pairs"] for c in rec.calls if c[0] == "after_matchmaking"]
+    assert [[tuple(p) for p in r["matches"]] for r in steps] == pairs
+
+
+def test_after_rewards_adjustment_is_what_the_trainer_sees(env, tmp_path):
+    seen: list[float] = []
+
+    class Shaper:
+        @hookimpl
+        def after_rewards(self, run, step, rollouts):
+            for r in rollouts:
+                r.reward = 42.0
+
+    pm = _manager(Shaper())
+    trainer_cls = pm.registry.get("trainer", "fake").factory
+    original = trainer_cls.update
+
+    def spy(self, member_id, adapter, rollouts, out_dir):
+        seen.extend(r.reward for r in rollouts)
+        return original(self, member_id, adapter, rollouts, out_dir)
+
+    trainer_cls.update = spy
+    try:
+        _run(pm, tmp_path / "run", ["steps=1"])
+    finally:
+        trainer_cls.update = original
+    assert seen and set(seen) == {42.0}
+
+
+def test_evolution_lineage_counters_and_problem_dataset(env, tmp_path):
+    directory = _run(_manager(), tmp_path / "run")
+    lineage = directory.read_log("lineage.jsonl")
+    born = [e for e in lineage if e["operator"] != "init"]
+    assert len(born) == 4 and all(e["rank"] == 4 for e in born)
+    members = json.loads((directory.path / "members.json").read_text())["members"]
+    ids = {m["id"] for m in members}
+    assert {e["member"] for e in born if e["step"] == 4} <= ids
+    for m in members:
+        assert m["counters"]["updates"] >= 1 if m["born_step"] < 4 else m["counters"]["updates"] == 0
+    # every adapter version a member ever had is on disk, none overwritten
+    for m in members:
+        for v in range(m["version"] + 1):
+            assert (directory.adapters / f"{m['id']}@v{v}" / "adapter_model.safetensors").is_file()
+    import datasets
+
+    problems = datasets.load_dataset("json", data_files=str(directory.path / "tasks" / "problems.jsonl"), split="train")
+    assert len(problems) == 4 * 2 * 3  # steps x teachers x proposals
+    assert {"proposer", "matched_student", "solve_rate", "valid", "signature", "metric_loc"} <= set(problems.column_names)
+
+
+def test_single_agent_baseline_runs_through_the_same_loop(env, tmp_path):
+    directory = _run(_manager(), tmp_path / "run",
+                     ["population.mode=single_agent", "population.teachers=1", "population.students=1"])
+    steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
+    assert all(r["matches"] == [["a0", "a0"]] for r in steps)
+    last = steps[-1]
+    # the one adapter is counted as proposer and solver: rollouts of both roles, one update per step
+    assert last["member/a0/counters/updates"] == 4
+    assert last["member/a0/counters/estimation_rollouts"] > 0
+    assert not directory.read_log("lineage.jsonl")[1:]  # no evolution with a single agent
+
+
+def _adapters(directory: Path) -> dict[str, dict]:
+    from safetensors.torch import load_file
+
+    return {p.name: load_file(str(p / "adapter_model.safetensors")) for p in sorted((directory / "adapters").iterdir())}
+
+
+def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
+    args = ["--plugin", FAKE, "run", str(RECIPE), "steps=6", "engine.params.delay_s=0.15", "--no-progress"]
+    reference = tmp_path / "reference"
+    subprocess.run([POPULORA, *args, "--run-dir", str(reference)], env=env, cwd=REPO, check=True,
+                   capture_output=True, timeout=300)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([POPULORA, *args, "--run-dir", str(killed)], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:  # wait until step 3 is checkpointed, then kill inside step 4
+        latest = killed / "checkpoints" / "LATEST"
+        if latest.exists() and int(latest.read_text()) >= 3:
+            time.sleep(0.2)
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert int((killed / "checkpoints" / "LATEST").read_text()) < 6, "the run finished before the kill"
+    resumed = subprocess.run([POPULORA, "--plugin", FAKE, "resume", str(killed), "--no-progress"], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+
+    ref_adapters, got_adapters = _adapters(reference), _adapters(killed)
+    assert ref_adapters.keys() == got_adapters.keys()
+    for name, tensors in ref_adapters.items():
+        for key, value in tensors.items():
+            assert (got_adapters[name][key] == value).all(), f"{name} {key} differs"
+    for log in ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl"):
+        ref = [json.loads(x) for x in (reference / log).read_text().splitlines()]
+        got = [json.loads(x) for x in (killed / log).read_text().splitlines()]
+        strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+        assert strip(got) == strip(ref), f"{log} differs after resume"
+    assert json.loads((killed / "members.json").read_text()) == json.loads((reference / "members.json").read_text())
+
+
+def test_resume_without_checkpoint_is_a_clear_error(env, tmp_path):
+    directory = tmp_path / "empty"
+    directory.mkdir()
+    (directory / "recipe.yaml").write_text(yaml.safe_dump(yaml.safe_load(RECIPE.read_text())))
+    with pytest.raises(Exception, match="no complete checkpoint"):
+        resume_run(RunDir(directory), _manager())
