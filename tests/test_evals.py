@@ -1,0 +1,353 @@
+"""populora_evals without sandbox or model: data, prompts/extraction, metrics, errors, CLI plumbing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from populora_core import UserError
+from populora_core.plugins import reset_manager
+from tests import evals_fixtures as F
+
+pytest.importorskip("math_verify")
+
+
+@pytest.fixture
+def evals_only(monkeypatch):
+    """Only the evals plugin (other plugins are not under test here)."""
+    monkeypatch.setenv("POPULORA_LOAD_PLUGINS", "evals")
+    reset_manager()
+    yield
+    reset_manager()
+
+
+def bench(name, **params):
+    from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
+
+    return BENCHMARKS[name](EvaluatorParams(**params))
+
+
+# --- shipped data ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,count", [("humaneval", 164), ("mbpp", 500), ("gsm8k", 1319),
+                                        ("math500", 500), ("aime24", 30), ("aime25", 15)])
+def test_shipped_data_counts(name, count):
+    b = bench(name)
+    items = b.items()
+    assert len(items) == count
+    assert len({it["id"] for it in items}) == count
+    files = b.data_files()
+    assert len(files) == 1 and all(len(h) == 64 for h in files.values())
+    assert b.items(3) == items[:3]
+
+
+def test_math500_gold_is_last_boxed_of_solution():
+    items = {it["id"]: it for it in bench("math500").items()}
+    assert items["math500/0"]["answer"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
+
+
+def test_gsm8k_answers_are_plain_numbers():
+    assert all(it["answer"].lstrip("-").replace(".", "").isdigit() for it in bench("gsm8k").items())
+
+
+def test_mbpp_items_have_three_asserts_and_evalplus_prompt():
+    items = bench("mbpp").items()
+    assert all(len(it["tests"]) == 3 for it in items)
+    assert items[0]["prompt"].startswith('"""\nWrite a python function') and "assert" in items[0]["prompt"]
+
+
+def test_registered_evaluators_cover_the_paper(evals_only):
+    from populora_evals.evaluators import PAPER_BENCHMARKS
+
+    from populora_core.components import Evaluator
+    from populora_core.plugins import get_manager
+
+    registry = get_manager().registry
+    names = registry.names("evaluator")
+    assert set(PAPER_BENCHMARKS) | {"humaneval", "mbpp"} == set(names)
+    for name in ("aime24", "humaneval"):
+        comp = registry.get("evaluator", name)
+        assert isinstance(comp.factory(comp.parse_params({})), Evaluator)
+    with pytest.raises(Exception, match="Extra inputs are not permitted"):
+        registry.get("evaluator", "aime24").parse_params({"bogus": 1})
+
+
+# --- local files and their errors --------------------------------------------------------------------
+
+
+def test_local_files_load(tmp_path):
+    hep = bench("humaneval_plus", path=str(F.write_evalplus(tmp_path))).items()
+    assert [it["id"] for it in hep] == ["HumanEval/0", "HumanEval/1"]
+    (tmp_path / "lcb").mkdir()
+    lcb = bench("livecodebench", path=str(F.write_lcb(tmp_path / "lcb"))).items()
+    assert [len(it["tests"]) for it in lcb] == [3, 2]  # public + decompressed private tests
+    assert lcb[1]["func_name"] == "twoSum"
+    by_dir = bench("livecodebench", path=str(tmp_path / "lcb")).items()
+    assert len(by_dir) == 2
+    recent = bench("livecodebench", path=str(tmp_path / "lcb"), start_date="2024-01-15").items()
+    assert [it["id"] for it in recent] == ["lcb/1"]
+    amc = bench("amc23", path=str(F.write_math(tmp_path))).items()
+    assert [it["answer"] for it in amc] == ["2", "\\frac{1}{2}", "\\pm 2"]
+
+
+def test_missing_local_data_names_benchmark_and_fields(tmp_path):
+    with pytest.raises(UserError, match=r"humaneval_plus: no data offline.*--data humaneval_plus=PATH"):
+        bench("humaneval_plus").items()
+    with pytest.raises(UserError, match=r"olympiadbench: data file not found"):
+        bench("olympiadbench", path=str(tmp_path / "nope.jsonl")).items()
+
+
+@pytest.mark.parametrize("name,content,match", [
+    ("mbpp_plus", '{"task_id": "Mbpp/2", "prompt": "x"}\n', r"mbpp_plus: .* lacks field 'entry_point'.*EvalPlus"),
+    ("humaneval_plus", "not json\n", r"humaneval_plus: cannot read .*expected EvalPlus jsonl"),
+    ("livecodebench", '{"question_id": 1}\n', r"livecodebench: .* lacks field 'question_content'.*public_test_cases"),
+    ("minerva", '{"problem": "2+2"}\n', r"minerva: .* lacks field 'answer\|final_answer\|solution'"),
+    ("amc23", "[1, 2]\n", r"amc23: .* record 1 is not a JSON object"),
+    ("amc23", "", r"amc23: .* holds no records"),
+])
+def test_malformed_local_file_gives_clear_error(tmp_path, name, content, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(UserError, match=match):
+        bench(name, path=str(path)).items()
+
+
+def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
+    import base64
+    import pickle
+    import zlib
+
+    row = dict(F.LCB_ROWS[0])
+    row["private_test_cases"] = base64.b64encode(zlib.compress(pickle.dumps(UserError("x")))).decode()
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(UserError, match=r"livecodebench: .*bad test cases.*refusing to load"):
+        bench("livecodebench", path=str(path)).items()
+
+
+def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only):
+    from click.testing import CliRunner
+
+    from populora_core.cli import cli
+
+    bad = tmp_path / "amc.jsonl"
+    bad.write_text('{"question": "1+1"}\n')
+    result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "amc23", "--data", f"amc23={bad}"])
+    assert result.exit_code == 2
+    assert "amc23:" in result.output and "answer | final_answer" in result.output
+    result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "aime24,nope"])
+    assert result.exit_code == 2 and "unknown benchmark" in result.output
+
+
+# --- prompts and extraction --------------------------------------------------------------------------
+
+
+def test_templates():
+    from populora_evals import prompts
+
+    p = prompts.math_prompt("What is 1+1?", "azr")
+    assert p.startswith("A conversation between User and Assistant") and p.endswith(
+        "User: What is 1+1?\nAssistant: <think>")
+    assert "\\boxed{}" in prompts.math_prompt("q", "azr_boxed")
+    q = prompts.math_prompt("q", "qwen-boxed")
+    assert q.startswith("<|im_start|>system") and q.endswith("<|im_start|>assistant\n")
+    code = prompts.function_prompt("def f(x):\n", "evalplus")
+    assert code.endswith("```python\n") and "self-contained Python script" in code
+    assert prompts.lcb_prompt("Q", "", "azr").endswith("Assistant: <think>")
+    assert "starter code" in prompts.lcb_prompt("Q", "class Solution:\n    pass", "azr")
+    with pytest.raises(UserError, match="does not apply"):
+        bench("aime24", template="evalplus")
+
+
+@pytest.mark.parametrize("text,template,expected", [
+    (" x </think> <answer>42</answer>", "azr", "42"),
+    (" x </think> <answer>so \\boxed{\\frac{1}{2}} done</answer>", "azr", "\\frac{1}{2}"),
+    (" x </think> <answer>7", "azr", "7"),  # stop string removed the closing tag
+    (" \\boxed{3} but no answer tag", "azr", ""),
+    ("<answer>1</answer> then <answer>2</answer>", "azr_boxed", "2"),
+    ("so \\boxed{a} and finally \\boxed{x^{2}}", "qwen-boxed", "x^{2}"),
+    ("The answer is 12.", "qwen-boxed", "12"),
+    ("we get 3, then 1,234", "qwen-boxed", "1234"),
+])
+def test_extract_math(text, template, expected):
+    from populora_evals.prompts import extract_math
+
+    assert extract_math(text, template) == expected
+
+
+def test_extract_code():
+    from populora_evals.prompts import extract_code
+
+    assert extract_code("    return x\n```\nmore", "evalplus") == "    return x\n"
+    assert extract_code("```python\ndef f():\n    pass\n```\n", "evalplus") == "def f():\n    pass\n"
+    azr = "<think>plan</think> <answer>```python\ndef f():\n    return 1\n```</answer>"
+    assert extract_code(azr, "azr") == "def f():\n    return 1"
+    assert extract_code("no tags ```python\nx=1\n```", "azr") == ""
+
+
+def test_assemble_body_or_full_function():
+    from populora_evals.grading import assemble
+
+    prompt = 'def f(x):\n    """doc"""\n'
+    assert assemble(prompt, "    return x\n", "f") == prompt + "    return x\n\n"
+    full = "def f(x):\n    return 2 * x\n"
+    assert assemble(prompt, full, "f").endswith(full + "\n")
+
+
+# --- math grading ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gold,pred,ok", [
+    ("\\frac{1}{2}", "0.5", True), ("\\frac{1}{2}", "1/2", True), ("\\frac{1}{2}", "\\frac{1}{3}", False),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", True), ("18", "18.0", True), ("18", "", False),
+    ("\\$32,\\!348", "32348", True), ("\\$32,\\!348", "32349", False), ("204", "The answer is 204", True),
+])
+def test_math_equal(gold, pred, ok):
+    from populora_evals.grading import math_equal
+
+    assert math_equal(gold, pred) is ok
+
+
+def test_math_benchmark_grades_only_answer_tag():
+    b = bench("aime24")
+    items = b.items(2)
+    comps = [[f"</think> <answer>{items[0]['answer']}</answer>", f"\\boxed{{{items[0]['answer']}}}"],
+             [f"</think> <answer>{int(items[1]['answer']) + 1}</answer>"]]
+    assert b.grade(items, comps) == [[True, False], [False]]
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+
+def test_pass_at_k_matches_closed_form():
+    from populora_evals.passk import pass_at_k, summarize
+
+    for n, c, k in [(10, 3, 1), (10, 3, 5), (5, 0, 2), (5, 5, 3), (20, 1, 10)]:
+        exact = 1.0 - math.comb(n - c, k) / math.comb(n, k)
+        assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+    s = summarize([[True, False, False, False], [False] * 4, [True] * 4], ks=(1, 2, 8))
+    assert s["accuracy"] == pytest.approx((0.25 + 0 + 1) / 3)
+    assert s["pass@2"] == pytest.approx((0.5 + 0 + 1) / 3)
+    assert "pass@8" not in s
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+
+
+def test_evaluate_loads_shipped_metric_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from populora_evals.passk import load_metric, pass_at_k
+
+    metric = load_metric()
+    out = metric.compute(predictions=[1, 0, 3], references=[1, 1, 5], k=[1, 2])
+    assert out["accuracy"] == pytest.approx((1 + 0 + 0.6) / 3)
+    assert out["pass@1"] == pytest.approx(out["accuracy"])
+    assert out["pass@2"] == pytest.approx(pass_at_k(5, 3, 2))  # only the n=5 problem supports k=2
+
+
+# --- averages ----------------------------------------------------------------------------------------
+
+
+def test_azr_averages():
+    from populora_evals.runner import averages
+
+    full = {"humaneval_plus": 80.0, "mbpp_plus": 70.0, "livecodebench": 30.0, "aime24": 20.0, "aime25": 10.0,
+            "amc23": 60.0, "math500": 70.0, "minerva": 40.0, "olympiadbench": 40.0, "gsm8k": 99.0}
+    avg = averages(full)
+    assert avg["code_avg"] == pytest.approx(60.0)
+    assert avg["math_avg"] == pytest.approx(40.0)  # GSM8K is not in AZR's MAvg
+    assert avg["overall"] == pytest.approx(50.0)
+    shipped = averages({"humaneval": 10.0, "mbpp": 20.0, "aime24": 0.0, "math500": 30.0})
+    assert shipped == {"code_avg": 15.0, "math_avg": 15.0, "overall": 15.0}
+    assert averages({"gsm8k": 50.0}) == {"code_avg": None, "math_avg": None, "overall": None}
+
+
+# --- the command, with a scripted engine --------------------------------------------------------------
+
+
+def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only):
+    from populora_evals.cli import run_eval
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 3), ("s_bad", "student", 1),
+                                                    ("t0", "teacher", 2)])
+    baseline = F.write_run(tmp_path / "baseline", str(base), [("solo", "both", 5)], seed=10)
+    engine = "tests.evals_fixtures:make_oracle_engine"
+    F.CALLS.clear()
+    res = run_eval(target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10,
+                   baseline=str(baseline), quiet=True)
+    assert F.CALLS == [40, 40]  # base + 2 students + 1 baseline member, 10 problems, one call per benchmark
+    rows = {s["label"]: s["row"] for s in res["subjects"]}
+    assert set(rows) == {"base", "s_good@v3", "s_bad@v1", "baseline:solo@v5"}  # teachers skipped
+    assert rows["base"]["aime24"] == 50.0 and rows["s_good@v3"]["aime24"] == 100.0
+    assert rows["s_bad@v1"]["gsm8k"] == 0.0 and rows["baseline:solo@v5"]["aime24"] == 0.0
+    assert rows["s_good@v3"]["math_avg"] == 100.0  # gsm8k is reported but not averaged (AZR)
+    summary = res["summary"]
+    assert summary["population mean"]["aime24"] == 50.0
+    assert summary["population best"]["overall"] == 100.0 and summary["population weakest"]["overall"] == 0.0
+    assert res["best_member"] == "s_good@v3" and res["weakest_member"] == "s_bad@v1"
+    assert res["deltas"]["population mean - baseline"]["aime24"] == 50.0
+    assert res["delta_reference"] == "baseline"
+    assert all(len(h) == 64 for b in res["benchmarks"].values() for h in b["data_files"].values())
+    out = run / "eval"
+    for name in ("results.json", "results.md", "results.csv", "results.png"):
+        assert (out / name).stat().st_size > 0
+    md = (out / "results.md").read_text()
+    assert "| population mean |" in md and "| Δ population mean - baseline |" in md and "AIME24" in md
+    with open(out / "results.csv") as fh:
+        table = list(csv.reader(fh))
+    assert table[0][:3] == ["model", "aime24", "gsm8k"] and table[0][-3:] == ["code_avg", "math_avg", "overall"]
+    sample = json.loads((out / "samples" / "s_good@v3" / "aime24.jsonl").read_text().splitlines()[0])
+    assert sample["correct"] == [True] and sample["extracted"]
+    # a rerun is free: everything comes from the cache, the engine is never built
+    F.CALLS.clear()
+    again = run_eval(target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10,
+                     baseline=str(baseline), quiet=True)
+    assert F.CALLS == [] and again["summary"] == summary
+    # a new member version is the only thing generated on the next run
+    F.make_adapter(run / "adapters" / "s_bad@v2", None, seed=99)
+    (run / "members.json").write_text(json.dumps([{"id": "s_good", "role": "student", "version": 3},
+                                                  {"id": "s_bad", "role": "student", "version": 2}]))
+    run_eval(target=str(run), benchmarks="aime24", engine=engine, limit=10, baseline=str(baseline), quiet=True)
+    assert F.CALLS == [10]
+
+
+def test_eval_single_adapter_and_base_targets(tmp_path, evals_only):
+    from populora_evals.cli import run_eval
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    adapter = F.make_adapter(tmp_path / "my_good_adapter", None, seed=1)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(base)
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    res = run_eval(target=str(adapter), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
+                   limit=4, out=str(tmp_path / "o1"), quiet=True)
+    assert [s["label"] for s in res["subjects"]] == ["base", "my_good_adapter"]
+    assert res["deltas"]["population mean - base"]["aime24"] == 0.0  # base gets the first 5 right
+    res = run_eval(target=str(base), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
+                   limit=10, out=str(tmp_path / "o2"), quiet=True)
+    assert [s["label"] for s in res["subjects"]] == ["base"] and res["deltas"] == {}
+
+
+def test_eval_argument_errors(tmp_path, evals_only):
+    from populora_evals.cli import run_eval
+
+    with pytest.raises(UserError, match="--temperature"):
+        run_eval(target="x", benchmarks="aime24", n=4)
+    with pytest.raises(UserError, match="--k values"):
+        run_eval(target="x", benchmarks="aime24", n=2, temperature=0.7, ks="1,5")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "members.json").write_text(json.dumps([{"id": "s0", "role": "student", "version": 1}]))
+    (run / "recipe.yaml").write_text("base_model: some/model\n")
+    with pytest.raises(UserError, match=r"member s0 version 1 has no adapter"):
+        run_eval(target=str(run), benchmarks="aime24")
+    with pytest.raises(UserError, match="not being evaluated"):
+        run_eval(target="some/model", benchmarks="aime24", data={"amc23": "x.jsonl"})
