@@ -50,7 +50,7 @@ class AZRTaskParams(Params):
         -0.5, description="proposer reward when the solve rate is 0 or 1 (AZR released; the paper says 0)")
     invalid_reward: float = Field(-1.0, description="proposer reward for an invalid or unformatted proposal")
     compact_max_chars: int = Field(
-        1100, ge=200, description="compact prompts drop references/pairs beyond this many characters")
+        600, ge=200, description="compact prompts drop references/pairs beyond this many characters")
     compute_metrics: bool = Field(True, description="AST depth, cyclomatic complexity, LOC, shape signature")
 
 

@@ -1,0 +1,124 @@
+"""Prompt styles and answer parsing of the AZR tasks (pure text; nothing executes)."""
+
+from __future__ import annotations
+
+import pytest
+from populora_azr import prompts as P
+
+from tests.test_azr_support import load_seeds
+
+REFS = [("def f(a):\n    return a", "'Hello world'", "'Hello world'"),
+        ("def f(x, n):\n    return x * n", "'ab', 3", "'ababab'")]
+
+
+@pytest.mark.parametrize("style", P.STYLES)
+def test_code_proposal_round_trip(style):
+    program = "def g(items):\n    return sorted(items)[::-1]"
+    completion = P.format_code_proposal(program, "[3, 1, 2]", think="reverse sort")
+    parsed = P.parse_code_proposal(completion, style)
+    assert parsed.program == program and parsed.input == "[3, 1, 2]"
+    assert P.check_format(completion, style)
+
+
+def test_azr_style_needs_answer_tags_compact_does_not():
+    bare = P.format_code_proposal("def f(a):\n    return a", "1")
+    assert P.parse_code_proposal(bare, "compact").input == "1"
+    with pytest.raises(P.ParseError):
+        P.parse_code_proposal(bare, "azr")  # AZR parses only inside <answer>
+    assert not P.check_format(bare, "azr")
+    assert P.check_format("reasoning</think> <answer>x</answer> trailing text", "azr")
+    assert not P.check_format("reasoning <answer>x</answer>", "azr")
+
+
+def test_first_python_block_and_last_answer_are_used():
+    text = ("</think><answer>old</answer> <answer>```python\ndef f(a):\n    return 1\n```\n"
+            "```python\ndef f(a):\n    return 2\n```\n```input\n5\n```\n```input\n6\n```</answer>")
+    parsed = P.parse_code_proposal(text, "azr")
+    assert parsed.program.endswith("return 1") and parsed.input == "5"
+
+
+def test_missing_blocks_are_parse_errors():
+    with pytest.raises(P.ParseError, match="input"):
+        P.parse_code_proposal("```python\ndef f(a):\n    return a\n```", "compact")
+    with pytest.raises(P.ParseError, match="python"):
+        P.parse_code_proposal("```input\n1\n```", "compact")
+
+
+def test_induction_keeps_last_n_inputs_and_needs_n():
+    inputs = [str(i) for i in range(12)]
+    got, msg = P.parse_induction_proposal(P.format_induction_proposal(inputs, "adds"), 10)
+    assert got == inputs[-10:] and msg == "adds"
+    with pytest.raises(P.ParseError, match="need 10"):
+        P.parse_induction_proposal(P.format_induction_proposal(inputs[:9], "adds"), 10)
+
+
+@pytest.mark.parametrize("tail", ["<message>sums things</message>", "# Message: sums things"])
+def test_induction_message_fallbacks(tail):
+    text = "\n".join(P.fence("input", str(i)) for i in range(10)) + "\n" + tail
+    assert P.parse_induction_proposal(text, 10)[1] == "sums things"
+
+
+@pytest.mark.parametrize("answer,expected", [
+    ("```output\n[1, 2]\n```", "[1, 2]"),
+    ("# Output: 'abc'", "'abc'"),
+    ("output(42)", "42"),
+    ("<output>{'a': 1}</output>", "{'a': 1}"),
+    ("The output is 7.", "7"),
+    ("  3.5  ", "3.5"),
+])
+def test_solver_fallback_chain(answer, expected):
+    assert P.parse_solver_answer("deduction", f"x</think><answer>{answer}</answer>", "azr") == expected
+
+
+def test_solver_parsing_per_task():
+    assert P.parse_solver_answer("abduction", P.format_solver_answer("abduction", "'a', 2")) == "'a', 2"
+    prog = P.parse_solver_answer(
+        "induction", "```python\ndef f(a):\n    return 0\n```\n```python\ndef f(a):\n    return a\n```")
+    assert prog.endswith("return a")
+    assert P.parse_solver_answer("induction", "no code here") is None
+    assert P.parse_solver_answer("deduction", "x</think> no answer tags", "azr") is None
+    assert P.has_answer_block("deduction", P.format_solver_answer("deduction", "1"))
+    assert not P.has_answer_block("deduction", "The output is 1")
+
+
+def test_azr_prompts_have_the_r1_structure_and_references():
+    p = P.code_proposer_prompt("deduction", REFS, style="azr", banned=["random", "os.path"])
+    assert p.rstrip().endswith("Assistant: <think>") and "User: " in p
+    assert "<snippet_0>" in p and "<snippet_1>" in p and "os.path" in p
+    ind = P.induction_proposer_prompt("def f(a):\n    return a", n_inputs=10, style="azr")
+    assert "10 inputs" in ind and "f(<|YOUR INPUT WILL BE PLUGGED HERE|>)" in ind
+    solver = P.induction_solver_prompt([("1", "1"), ("2", "2")], "identity", style="azr")
+    assert "input_1" in solver and "output_0" in solver and "identity" in solver
+
+
+def test_compact_prompts_are_short_with_real_references(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = load_seeds("7b_seed_io.jsonl")
+    refs = [(r["snippet"], r["input"], r["output"]) for r in rows[:80]]
+    lengths = []
+    for k in range(0, 36, 6):
+        for kind in ("deduction", "abduction"):
+            prompt = P.code_proposer_prompt(kind, refs[k:k + 6], style="compact")
+            assert prompt.endswith("Answer:\n") and "Reference 1:" in prompt
+            lengths.append(len(tok(prompt)["input_ids"]))
+    assert max(lengths) < 512, lengths
+    for row in load_seeds("7b_code_f_seed_io.jsonl")[:20]:
+        pairs = list(zip(row["inputs"], row["outputs"], strict=True))[:5]
+        prompt = P.induction_solver_prompt(pairs, row["message"][:200], style="compact")
+        assert prompt.count("```input") >= 1
+        if len(pairs[0][0]) + len(pairs[0][1]) < 200:  # the first pair is always shown, whatever its size
+            assert len(tok(prompt)["input_ids"]) < 512
+
+
+def test_compact_budget_drops_references_that_do_not_fit():
+    big = ("def f(a):\n" + "    a = a + 1\n" * 80 + "    return a", "1", "81")
+    p = P.code_proposer_prompt("deduction", [big, REFS[1]], style="compact", max_chars=600)
+    assert "Reference 1:" in p and "x * n" in p and "a = a + 1" not in p
+    assert len(p) <= 600
+
+
+def test_unknown_style_is_refused():
+    with pytest.raises(ValueError, match="style"):
+        P.deduction_solver_prompt("def f(a):\n    return a", "1", style="chatml")
