@@ -146,3 +146,90 @@ def test_local_plugin_file_is_loaded_for_one_run(tmp_path):
     assert rows["file:my_local_plugin"]["components"] == ["selector:nobody"]
     missing = run_cli("--plugin", str(tmp_path / "nope.py"), "plugins")
     assert missing.returncode == 2 and "plugin file not found" in missing.stderr
+
+
+class EveryKind:
+    """Registers one component of every kind, to pin each register_* hook and its provenance."""
+
+    @hookimpl
+    def register_tasks(self, register):
+        register("k_task", lambda params, *, executor, rng: None)
+
+    @hookimpl
+    def register_executors(self, register):
+        register("k_executor", lambda params: None)
+
+    @hookimpl
+    def register_trainers(self, register):
+        register("k_trainer", lambda params, *, base_model, lora, seed: None)
+
+    @hookimpl
+    def register_engines(self, register):
+        register("k_engine", lambda params, *, base_model, lora, seed: None)
+
+    @hookimpl
+    def register_matchmakers(self, register):
+        register("k_matchmaker", lambda params: None)
+
+    @hookimpl
+    def register_selectors(self, register):
+        register("k_selector", lambda params: None)
+
+    @hookimpl
+    def register_operators(self, register):
+        def k_operator(parents, params, generator):
+            """Identity."""
+            return parents[0]
+
+        register("k_operator", k_operator, parents=1)
+
+    @hookimpl
+    def register_evaluators(self, register):
+        register("k_evaluator", lambda params: None, description="an evaluator")
+
+    @hookimpl
+    def register_base_models(self, register):
+        register("k_base_model", lambda params: None)
+
+    @hookimpl
+    def register_sinks(self, register):
+        register("k_sink", lambda params, *, run_dir: None)
+
+
+def test_every_register_hook_records_name_plugin_version_and_params():
+    from populora_core.registry import KINDS, NoParams
+
+    pm = PluginManager()
+    assert pm.add_plugin(EveryKind(), "every-kind", source="tests", version="9.9")
+    for kind in KINDS:
+        comp = pm.registry.get(kind, f"k_{kind}")
+        assert (comp.plugin, comp.version, comp.params_model) == ("every-kind", "9.9", NoParams)
+    assert pm.registry.get("operator", "k_operator").meta == {"parents": 1}
+    assert pm.registry.get("operator", "k_operator").description == "Identity."
+    assert pm.registry.get("evaluator", "k_evaluator").description == "an evaluator"
+    assert len(pm.plugins["every-kind"].hooks) == len(KINDS)
+
+
+def test_register_commands_adds_a_subcommand(tmp_path):
+    plugin = tmp_path / "hello_cmd.py"
+    plugin.write_text(
+        "from populora_core import hookimpl\n"
+        "@hookimpl\n"
+        "def register_commands(cli):\n"
+        "    @cli.command()\n"
+        "    def hello():\n"
+        "        '''Say hello.'''\n"
+        "        print('hello from a plugin')\n"
+    )
+    result = run_cli("--plugin", str(plugin), "hello")
+    assert result.returncode == 0 and result.stdout.strip() == "hello from a plugin"
+    assert "Say hello." in run_cli("--plugin", str(plugin), "--help").stdout
+
+
+def test_package_module_attr_reference_resolves_an_unregistered_component():
+    from populora_core.registry import Registry
+
+    comp = Registry().get("matchmaker", "tests.fake_stack:FakeEngine")
+    assert comp.factory.__name__ == "FakeEngine" and comp.plugin == "tests.fake_stack"
+    with pytest.raises(Exception, match="cannot import matchmaker 'tests.nope:X'"):
+        Registry().get("matchmaker", "tests.nope:X")
