@@ -7,15 +7,14 @@ import warnings
 
 import pytest
 import torch
-
-from populora_core.adapters import LoraFactors, LoraWeights, load_lora, save_lora
-from populora_core.errors import UserError
-from populora_lora_ops import OPERATORS, DeltaMergeParams
+from populora_lora_ops import OPERATORS, DeltaMergeParams, ops
 from populora_lora_ops import linalg as la
-from populora_lora_ops import ops
 from populora_lora_ops.common import ZeroDeltaWarning
 from populora_lora_ops.merge import _sparsify
 from populora_lora_ops.synthetic import trained_like
+
+from populora_core.adapters import LoraFactors, LoraWeights, load_lora, save_lora
+from populora_core.errors import UserError
 
 SHAPES = {
     "base_model.model.model.layers.0.self_attn.q_proj": (48, 48),
@@ -312,7 +311,7 @@ def test_mutations_of_fresh_adapters_use_a_floor_or_warn(name: str) -> None:
         assert float(child.modules[k].delta().std()) < 1e-2
     with pytest.warns(ZeroDeltaWarning, match="B = 0"):
         same = run(name, [parent], zero_delta="warn")
-    for k, f in same.items():
+    for _k, f in same.items():
         assert float(f.delta().abs().max()) == 0.0
 
 
