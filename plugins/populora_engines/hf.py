@@ -1,0 +1,178 @@
+"""``hf`` engine: transformers ``generate`` on the shared base with PEFT mixed-adapter batches.
+
+Every row of a batch names its adapter version through PEFT's ``adapter_names`` (``__base__`` for the
+bare base), so one forward pass serves the whole population. Rows are left padded and packed into
+batches under a token budget (rows x (longest prompt + max_tokens)); prompts of similar length go
+together. Sampling is seeded per call through a forked torch RNG, so it neither depends on nor
+disturbs global random state. Log-probs are those of the raw model distribution (before temperature /
+top-p), as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from populora_core.components import (
+    BaseModel,
+    Completion,
+    GenerationRequest,
+    LoraSettings,
+    SamplingParams,
+)
+
+from .common import check_sampling, cut_completion, encode_prompts
+
+
+def _derive_seed(*parts: object) -> int:
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class HFEngine:
+    """transformers + PEFT rollout engine over :func:`populora_core.modelhost.get_host`."""
+
+    @classmethod
+    def factory(cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> HFEngine:
+        return cls(params, base_model=base_model, lora=lora, seed=seed)
+
+    def __init__(self, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
+        from populora_core.modelhost import get_host
+
+        self.params = params
+        self.base_model = base_model
+        self.lora = lora
+        self.seed = int(seed)
+        self.host = get_host(base_model, params.device)
+        self.host.capacity = max(self.host.capacity, params.max_loaded_adapters)
+        self._calls = 0
+        self._closed = False
+
+    # --- batching -------------------------------------------------------------------------------
+
+    def _batches(self, rows: list[tuple[int, int]], prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Row indices grouped so rows x (longest prompt + max_tokens) stays under the token budget."""
+        order = list(range(len(rows)))
+        if self.params.sort_by_length:
+            order.sort(key=lambda r: -len(prompts[rows[r][0]]))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
+        for r in order:
+            plen = len(prompts[rows[r][0]])
+            new_longest = max(longest, plen)
+            if current and ((len(current) + 1) * (new_longest + max_tokens) > self.params.token_budget
+                            or len(current) >= self.params.max_batch_size):
+                batches.append(current)
+                current, new_longest = [], plen
+            current.append(r)
+            longest = new_longest
+        if current:
+            batches.append(current)
+        return batches
+
+    # --- generation -----------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        """``sampling.n`` completions per request, in request order, all adapters mixed in each batch."""
+        from populora_core.errors import UserError
+        from populora_core.modelhost import BASE
+
+        if self._closed:
+            raise UserError("hf engine: generate() after close()")
+        check_sampling(sampling)
+        if not requests:
+            return []
+        host = self.host
+        self._calls += 1
+        seed = sampling.seed if sampling.seed is not None else _derive_seed(self.seed, self._calls)
+        with host.lock:
+            distinct = {r.adapter.name for r in requests if r.adapter is not None}
+            host.capacity = max(host.capacity, len(distinct))
+            keys = [host.ensure(r.adapter) if r.adapter is not None else BASE for r in requests]
+            prompts = encode_prompts(host.tokenizer, requests, self.base_model.chat_template)
+            rows = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
+            results: list[list[Completion | None]] = [[None] * sampling.n for _ in requests]
+            for b, batch in enumerate(self._batches(rows, prompts, sampling.max_tokens)):
+                batch_rows = [rows[r] for r in batch]
+                outs = self._run([prompts[i] for i, _ in batch_rows], [keys[i] for i, _ in batch_rows],
+                                 sampling, _derive_seed(seed, b))
+                for (i, j), comp in zip(batch_rows, outs):
+                    results[i][j] = comp
+        return [[c for c in row if c is not None] for row in results]
+
+    def _run(self, prompts: list[list[int]], keys: list[str], sampling: SamplingParams,
+             seed: int) -> list[Completion]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+        host = self.host
+        tok = host.tokenizer
+        pad = int(tok.pad_token_id)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[r, width - len(p):] = 1
+        eos_ids = host.eos_token_ids()
+
+        class Recorder(LogitsProcessor):
+            """Keeps log-softmax of the raw logits one step, then gathers the token actually chosen."""
+
+            def __init__(self) -> None:
+                self.prev: Any = None
+                self.steps: list[Any] = []
+
+            def __call__(self, ids: Any, scores: Any) -> Any:
+                if self.prev is not None:
+                    self.steps.append(self.prev.gather(1, ids[:, -1:]).squeeze(1))
+                self.prev = torch.log_softmax(scores.float(), dim=-1)
+                return scores
+
+        recorder = Recorder()
+        do_sample = sampling.temperature > 0
+        config_kwargs: dict[str, Any] = dict(
+            max_new_tokens=sampling.max_tokens, do_sample=do_sample, num_beams=1,
+            eos_token_id=eos_ids, pad_token_id=pad, return_dict_in_generate=True)
+        if do_sample:
+            config_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        if sampling.stop:
+            config_kwargs["stop_strings"] = list(sampling.stop)
+        gen_config = GenerationConfig(**config_kwargs)
+        kwargs: dict[str, Any] = {}
+        if host.peft is not None:
+            kwargs["adapter_names"] = keys
+        if sampling.stop:
+            kwargs["tokenizer"] = tok
+        model = host.model
+        model.eval()
+        devices = [torch.cuda.current_device()] if host.device.startswith("cuda") else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = model.generate(input_ids=input_ids.to(host.device), attention_mask=attention.to(host.device),
+                                 generation_config=gen_config, logits_processor=LogitsProcessorList([recorder]),
+                                 **kwargs)
+        seqs = out.sequences[:, width:].cpu()
+        if recorder.prev is not None and seqs.shape[1] > 0:
+            recorder.steps.append(recorder.prev.gather(1, seqs[:, -1:].to(recorder.prev.device)).squeeze(1))
+        logps = torch.stack(recorder.steps, dim=1).cpu() if recorder.steps else torch.zeros(len(prompts), 0)
+        completions = []
+        eos_set = set(eos_ids)
+        for r, p in enumerate(prompts):
+            raw = seqs[r].tolist()
+            ids, text, reason = cut_completion(tok, raw, eos_set, sampling.stop, sampling.max_tokens)
+            completions.append(Completion(text=text, token_ids=ids, logprobs=logps[r, : len(ids)].tolist(),
+                                          prompt_token_ids=list(p), finish_reason=reason))
+        return completions
+
+    # --- adapters and lifetime --------------------------------------------------------------------
+
+    def forget(self, adapter_name: str) -> None:
+        """Drop one adapter version from memory (optional; the LRU does it anyway)."""
+        self.host.drop(adapter_name)
+
+    def close(self) -> None:
+        """The shared base stays for the trainers; only this engine's handle goes."""
+        self._closed = True

@@ -1,0 +1,55 @@
+"""Policy-update algorithms for a population of LoRA adapters on one shared frozen base.
+
+``trr++``: AZR's Task-Relative REINFORCE++; ``grpo``: TRL's GRPO loss family driven by rollouts the
+toolkit generated. Both keep one AdamW state per member and train in a scratch adapter slot of the
+process-wide base (populora_core.modelhost), so no member's weights are ever modified in place. No
+torch/transformers/trl import here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from populora_core import Params, hookimpl
+
+
+class _Common(Params):
+    device: str = "auto"  # auto: cuda when available, else cpu
+    lr: float = 1e-5  # AZR's 1e-6 is for full fine-tuning; LoRA needs ~10x more
+    weight_decay: float = 0.0  # AZR master 0.0 (paper branch 0.01)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8  # sequences per forward/backward; gradients accumulate to one step
+    temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
+
+
+class TRRParams(_Common):
+    """AZR's TRR++: advantages whitened per Rollout.group (task type x role), token-mean loss, no KL."""
+
+    entropy_coef: float = 0.001  # AZR paper branch (master: 0.0)
+    normalize: Literal["token", "sequence", "none"] = "token"  # token: veRL's token-weighted whitening
+    adv_eps: float = 1e-8
+
+
+class GRPOParams(_Common):
+    """TRL's GRPO loss family (grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo) on toolkit rollouts."""
+
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo"] = "dapo"
+    beta: float = 0.0  # KL coefficient against the reference adapter (TRL's default 0)
+    reference: Literal["base", "initial"] = "base"  # base: adapters off; initial: member's first version
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None: = epsilon (DAPO's clip-higher uses 0.28)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    max_completion_length: int = 256  # dr_grpo's constant normalizer
+    group_by: Literal["prompt", "group"] = "prompt"  # GRPO group: same prompt (default) or Rollout.group
+    use_rollout_logprobs: bool = False  # True: engine log-probs as the old policy (off-policy ratio)
+
+
+@hookimpl
+def register_trainers(register):
+    from .trr import TRRTrainer
+
+    register("trr++", TRRTrainer.factory, params=TRRParams,
+             description="AZR Task-Relative REINFORCE++ (per task x role whitening, token-mean loss)")

@@ -1,0 +1,124 @@
+"""``trr++``: Task-Relative REINFORCE++ as AZR runs it (shared/reference/azr.md section 4).
+
+* Advantages: the reward sits on the last token with gamma = 1, so every response token carries its
+  rollout's reward; those token values are whitened separately inside each ``Rollout.group`` (AZR:
+  task type x role, six baselines) with veRL's masked whitening: token-weighted mean, unbiased
+  variance, ``(x - mean) * rsqrt(var + 1e-8)``. Long responses therefore weigh more in the statistics.
+* Loss: ``-A * ratio`` with ``ratio = exp(logp - logp.detach())`` (= 1: AZR recomputes the old
+  log-probs with the same weights, so PPO clipping is inert), token-mean over all response tokens of
+  the update, minus ``entropy_coef`` x token-mean entropy. No KL, no reference model.
+* One AdamW step (grad-norm clip 1.0) per update; micro-batches accumulate gradients exactly, since
+  every micro-batch's sum is divided by the token count of the whole update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from populora_core.components import AdapterRef, Rollout, UpdateStats
+from populora_core.errors import UserError
+
+from .common import LoraTrainerBase, check_rollouts, pack, token_logprobs
+
+
+def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8) -> list[float]:
+    """One advantage per rollout (the same for all its tokens), whitened per ``Rollout.group``.
+
+    ``token``: every response token counts once (veRL's masked whitening, AZR); ``sequence``: every
+    rollout counts once; ``none``: the raw reward. Rollouts without tokens get 0 and count nowhere.
+    With a single token in a group the unbiased variance is undefined; it is taken as 0, so the
+    advantage is 0 (veRL would divide by zero).
+    """
+    if normalize not in ("token", "sequence", "none"):
+        raise UserError(f"trainer.normalize: unknown mode {normalize!r} (token, sequence, none)")
+    if normalize == "none":
+        return [float(r.reward) if r.completion_token_ids else 0.0 for r in rollouts]
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rollouts):
+        if r.completion_token_ids:
+            groups[r.group].append(i)
+    adv = [0.0] * len(rollouts)
+    for members in groups.values():
+        weights = [float(len(rollouts[i].completion_token_ids)) if normalize == "token" else 1.0
+                   for i in members]
+        values = [float(rollouts[i].reward) for i in members]
+        n = sum(weights)
+        mean = sum(w * v for w, v in zip(weights, values)) / n
+        var = sum(w * (v - mean) ** 2 for w, v in zip(weights, values)) / (n - 1) if n > 1 else 0.0
+        inv = 1.0 / math.sqrt(var + eps)
+        for i, v in zip(members, values):
+            adv[i] = (v - mean) * inv
+    return adv
+
+
+class TRRTrainer(LoraTrainerBase):
+    """AZR's TRR++ over one shared base: one member, one adapter version, one AdamW step per update."""
+
+    algorithm = "trr++"
+
+    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout],
+               out_dir: Path) -> UpdateStats:
+        import torch
+
+        start = time.perf_counter()
+        check_rollouts(member_id, rollouts)
+        out_dir = Path(out_dir)
+        if out_dir.exists():
+            raise UserError(f"update of {member_id!r}: {out_dir} exists (adapter versions are immutable)")
+        p = self.params
+        advantages = trr_advantages(rollouts, p.normalize, p.adv_eps)
+        rows = sorted(((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
+                      key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids))
+        total = sum(len(r.completion_token_ids) for r, _ in rows)
+        if total == 0:
+            raise UserError(f"update of {member_id!r}: every rollout has an empty completion")
+        host = self.host
+        with host.lock:
+            config, params = self._activate(adapter)
+            opt = self._optimizer(member_id, params)
+            model = host.peft
+            model.train()
+            try:
+                opt.zero_grad(set_to_none=True)
+                loss_sum = ent_sum = 0.0
+                pad = int(host.tokenizer.pad_token_id)
+                mbs = max(1, p.micro_batch_size)
+                for s in range(0, len(rows), mbs):
+                    chunk = rows[s: s + mbs]
+                    batch = pack([r for r, _ in chunk], pad, host.device)
+                    logp, ent = token_logprobs(model, batch, p.temperature, entropy=True)
+                    mask = batch["completion_mask"].to(logp.dtype)
+                    adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
+                    ratio = torch.exp(logp - logp.detach())
+                    pg = -(adv * ratio * mask).sum() / total
+                    ent_mean = (ent * mask).sum() / total
+                    loss = pg - p.entropy_coef * ent_mean if p.entropy_coef else pg
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    ent_sum += float(ent_mean.detach())
+                grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), p.grad_clip)
+                if not torch.isfinite(grad_norm):
+                    raise FloatingPointError(f"update of {member_id!r}: non-finite gradient norm {grad_norm}")
+                opt.step()
+                self._keep(member_id, opt, params)
+                opt.zero_grad(set_to_none=True)
+            finally:
+                model.eval()
+            self._finish(adapter, config, out_dir)
+        self._updates += 1
+        rewards = [float(r.reward) for r in rollouts]
+        used = [a for r, a in zip(rollouts, advantages) if r.completion_token_ids]
+        return UpdateStats(loss=loss_sum, grad_norm=float(grad_norm), entropy=ent_sum, tokens=total,
+                           seconds=time.perf_counter() - start,
+                           extra={"reward_mean": sum(rewards) / len(rewards),
+                                  "adv_abs_mean": sum(abs(a) for a in used) / max(1, len(used)),
+                                  "sequences": float(len(rows)), "groups": float(len({r.group for r in rollouts})),
+                                  "lr": float(p.lr)})
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,258 @@
+"""``trr++`` trainer: advantages, isolation of the target adapter, learning, optimizer-state round trip."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from populora_core import UserError
+from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
+
+LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.05)
+
+
+def make(kind, name, base, **params):
+    from populora_core.plugins import get_manager
+
+    comp = get_manager().registry.get(kind, name)
+    return comp.factory(comp.parse_params(params), base_model=base, lora=LORA, seed=0)
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir):
+    return BaseModel(str(tiny_model_dir))
+
+
+@pytest.fixture()
+def adapters(base, tmp_path):
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    return [host.create(f"m{i}@v0", LORA, seed=7 + i, out_dir=tmp_path / f"m{i}_v0") for i in range(3)]
+
+
+def _rollouts(member, n=6, seed=0, groups=("deduction/solve", "abduction/propose")):
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(3, 9))]
+        comp = [rng.randrange(3, 300) for _ in range(rng.randrange(1, 7))]
+        out.append(Rollout(member, groups[i % len(groups)], prompt, comp, [0.0] * len(comp),
+                           reward=float(rng.random() < 0.5) + 0.1 * i))
+    return out
+
+
+def _tensors(path):
+    from populora_core.adapters import load_lora
+
+    return {k: (f.A.clone(), f.B.clone()) for k, f in load_lora(path).items()}
+
+
+def _same(a, b):
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k][0], b[k][0]) and torch.equal(a[k][1], b[k][1]) for k in a)
+
+
+# --- advantages ------------------------------------------------------------------------------------
+
+
+def test_advantages_equal_hand_computed_reference():
+    from populora_trl.trr import trr_advantages
+
+    g1, g2 = "deduction/solve", "induction/propose"
+    rs = [Rollout("m", g1, [1], [5, 6], [], 1.0), Rollout("m", g1, [1], [5], [], 0.0),
+          Rollout("m", g2, [1], [5, 6, 7], [], 0.3), Rollout("m", g1, [1], [5, 6, 7], [], 1.0),
+          Rollout("m", g2, [1], [5], [], 0.9), Rollout("m", g1, [1], [], [], 5.0)]
+    adv = trr_advantages(rs, "token")
+    # g1 tokens: 1,1 | 0 | 1,1,1 -> mean 5/6, unbiased var (5*(1/6)^2 + (5/6)^2) / 5 = 1/6
+    s1 = math.sqrt(1 / 6 + 1e-8)
+    # g2 tokens: .3,.3,.3 | .9 -> mean .45, var (3*.15^2 + .45^2)/3 = .09
+    s2 = math.sqrt(0.09 + 1e-8)
+    expected = [(1 - 5 / 6) / s1, (0 - 5 / 6) / s1, (0.3 - 0.45) / s2, (1 - 5 / 6) / s1, (0.9 - 0.45) / s2, 0.0]
+    assert adv == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    seq = trr_advantages(rs, "sequence")  # every rollout counts once: g1 rewards 1, 0, 1
+    m, v = 2 / 3, ((1 / 3) ** 2 * 2 + (2 / 3) ** 2) / 2
+    assert seq[0] == pytest.approx((1 - m) / math.sqrt(v + 1e-8))
+    assert trr_advantages(rs, "none")[:2] == [1.0, 0.0]
+    # a group whose rewards are all equal gets zero advantages; a lone token is not a nan
+    flat = trr_advantages([Rollout("m", "a", [1], [2, 3], [], 0.5), Rollout("m", "a", [1], [2], [], 0.5),
+                           Rollout("m", "b", [1], [2], [], 1.0)])
+    assert flat == [0.0, 0.0, 0.0]
+
+
+def test_advantages_match_verl_masked_whitening():
+    """The same numbers from a padded token tensor, written the way veRL whitens (independent path)."""
+    import torch
+    from populora_trl.trr import trr_advantages
+
+    rs = _rollouts("m", n=8, seed=3, groups=("g",))
+    adv = trr_advantages(rs, "token")
+    width = max(len(r.completion_token_ids) for r in rs)
+    mask = torch.zeros(len(rs), width, dtype=torch.float64)
+    values = torch.zeros(len(rs), width, dtype=torch.float64)
+    for i, r in enumerate(rs):
+        mask[i, : len(r.completion_token_ids)] = 1
+        values[i, : len(r.completion_token_ids)] = r.reward
+    mean = (values * mask).sum() / mask.sum()
+    var = (((values - mean) ** 2) * mask).sum() / mask.sum() * (mask.sum() / (mask.sum() - 1))
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    for i in range(len(rs)):
+        assert adv[i] == pytest.approx(float(whitened[i, 0]), rel=1e-9)
+
+
+# --- updates ---------------------------------------------------------------------------------------
+
+
+def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
+    import torch
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    engine = make("engine", "hf", base)
+    engine.generate([GenerationRequest("def f", a) for a in adapters], SamplingParams(temperature=0, max_tokens=2))
+    keys = {a.name: host.ensure(a) for a in adapters}
+    loaded = {name: {k: v.detach().clone() for k, v in host.params(key).items()} for name, key in keys.items()}
+    base_before = {n: p.detach().clone() for n, p in host.peft.named_parameters() if ".lora_" not in n}
+    files = {a.name: _tensors(a.path) for a in adapters}
+
+    trainer = make("trainer", "trr++", base, lr=1e-2, micro_batch_size=2)
+    stats = trainer.update("m1", adapters[1], _rollouts("m1"), tmp_path / "m1_v1")
+    assert stats.tokens > 0 and stats.grad_norm > 0 and math.isfinite(stats.loss) and stats.entropy > 0
+
+    new = _tensors(tmp_path / "m1_v1")
+    assert not _same(new, files["m1@v0"])
+    changed = [k for k in new if not torch.equal(new[k][0], files["m1@v0"][k][0])
+               or not torch.equal(new[k][1], files["m1@v0"][k][1])]
+    assert len(changed) == len(new)  # every module of the target moved
+    for a in adapters:  # no version on disk or in memory changed
+        assert _same(_tensors(a.path), files[a.name])
+        now = host.params(host.ensure(a))
+        assert all(torch.equal(now[k], loaded[a.name][k]) for k in now)
+    for n, p in host.peft.named_parameters():
+        if ".lora_" not in n:
+            assert torch.equal(p, base_before[n]) and not p.requires_grad
+    with pytest.raises(UserError, match="immutable"):
+        trainer.update("m1", adapters[1], _rollouts("m1"), tmp_path / "m1_v1")
+
+
+def test_micro_batching_accumulates_exactly(base, adapters, tmp_path):
+    import torch
+
+    rollouts = _rollouts("m0", n=7, seed=4)
+    big = make("trainer", "trr++", base, lr=1e-3, micro_batch_size=16)
+    small = make("trainer", "trr++", base, lr=1e-3, micro_batch_size=2)
+    s1 = big.update("m0", adapters[0], rollouts, tmp_path / "big")
+    s2 = small.update("m0", adapters[0], rollouts, tmp_path / "small")
+    assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-4)
+    a, b = _tensors(tmp_path / "big"), _tensors(tmp_path / "small")
+    assert all(torch.allclose(a[k][i], b[k][i], atol=1e-6) for k in a for i in (0, 1))
+
+
+def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
+    import torch
+
+    trainer = make("trainer", "trr++", base, lr=1e-3)
+    v1 = {m: AdapterRef(f"{m}@v1", str(tmp_path / f"{m}_v1")) for m in ("m0", "m2")}
+    for m, a in (("m0", adapters[0]), ("m2", adapters[2])):
+        trainer.update(m, a, _rollouts(m, seed=1), tmp_path / f"{m}_v1")
+    trainer.copy_state("m0", "child")
+    trainer.save_state(tmp_path / "ckpt")
+
+    restored = make("trainer", "trr++", base, lr=1e-3)
+    restored.load_state(tmp_path / "ckpt")
+    assert restored.members() == trainer.members() == ["child", "m0", "m2"]
+    for m in trainer.members():
+        sa, sb = trainer._states[m]["optimizer"]["state"], restored._states[m]["optimizer"]["state"]
+        assert sa.keys() == sb.keys()
+        for i in sa:
+            for k in sa[i]:
+                assert torch.equal(sa[i][k], sb[i][k]), (m, i, k)
+    # continuing from the restored state gives bit-identical next versions
+    for m in ("m0", "m2"):
+        trainer.update(m, v1[m], _rollouts(m, seed=2), tmp_path / f"{m}_v2a")
+        restored.update(m, v1[m], _rollouts(m, seed=2), tmp_path / f"{m}_v2b")
+        assert _same(_tensors(tmp_path / f"{m}_v2a"), _tensors(tmp_path / f"{m}_v2b"))
+    # a fresh optimizer (no state) takes a different second step than the restored one
+    fresh = make("trainer", "trr++", base, lr=1e-3)
+    fresh.update("m0", v1["m0"], _rollouts("m0", seed=2), tmp_path / "m0_v2c")
+    assert not _same(_tensors(tmp_path / "m0_v2a"), _tensors(tmp_path / "m0_v2c"))
+    restored.forget("child")
+    assert "child" not in restored.members()
+    with pytest.raises(UserError, match="not found"):
+        restored.load_state(tmp_path / "nowhere")
+
+
+def test_bad_rollouts_are_user_errors(base, adapters, tmp_path):
+    trainer = make("trainer", "trr++", base)
+    with pytest.raises(UserError, match="no rollouts"):
+        trainer.update("m0", adapters[0], [], tmp_path / "x")
+    with pytest.raises(UserError, match="belongs to member"):
+        trainer.update("m0", adapters[0], _rollouts("m1"), tmp_path / "x")
+
+
+def _target_mass(base, adapter, prompts, target):
+    """Exact mean probability that the first completion token lies in ``target`` (no sampling noise)."""
+    import torch
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    key = host.ensure(adapter)
+    probs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([host.tokenizer(p)["input_ids"]])
+            logits = host.model(input_ids=ids, adapter_names=[key]).logits[0, -1].float()
+            probs.append(float(torch.softmax(logits, -1)[sorted(target)].sum()))
+    return sum(probs) / len(probs)
+
+
+@pytest.fixture(scope="module")
+def peaky_base(tmp_path_factory):
+    """The tiny model with a 10x lm_head: the random init's logits are nearly flat and, behind the final
+    RMSNorm, no adapter could make them peaky enough to show learning."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_model import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("peaky"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    model.save_pretrained(path)
+    return BaseModel(str(path))
+
+
+@pytest.mark.slow
+def test_repeated_updates_raise_a_toy_reward(peaky_base, tmp_path):
+    """Reward = share of completion tokens in a fixed set X (32 of ~500 ids); rollouts sampled by hf."""
+    from populora_core.modelhost import get_host
+
+    base = peaky_base
+    host = get_host(base)
+    adapter = host.create("toy@v0", LORA, seed=3, out_dir=tmp_path / "toy_v0")
+    engine = make("engine", "hf", base)
+    trainer = make("trainer", "trr++", base, lr=2e-2, entropy_coef=0.0)
+    prompts = ["def f(x):", "The quick", "0123", "def f(a, b):"]
+    target = set(range(100, 132))
+    mass0 = _target_mass(base, adapter, prompts, target)
+    rewards = []
+    for step in range(10):
+        out = engine.generate([GenerationRequest(p, adapter) for p in prompts],
+                              SamplingParams(n=8, temperature=1.0, max_tokens=4, seed=step))
+        rollouts = [Rollout("toy", "solve", c.prompt_token_ids, c.token_ids, c.logprobs,
+                            sum(t in target for t in c.token_ids) / max(1, len(c.token_ids)))
+                    for row in out for c in row]
+        rewards.append(sum(r.reward for r in rollouts) / len(rollouts))
+        stats = trainer.update("toy", adapter, rollouts, tmp_path / f"toy_v{step + 1}")
+        assert math.isfinite(stats.loss)
+        adapter = AdapterRef(f"toy@v{step + 1}", str(tmp_path / f"toy_v{step + 1}"))
+    mass1 = _target_mass(base, adapter, prompts, target)
+    assert mass1 > max(0.5, 3 * mass0), (mass0, mass1, rewards)
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
