@@ -237,6 +237,7 @@ def test_pass_at_k_matches_closed_form():
         pass_at_k(3, 4, 1)
 
 
+@pytest.mark.slow  # importing `evaluate` (datasets, pandas, pyarrow) takes seconds
 def test_evaluate_loads_shipped_metric_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from populora_evals.passk import load_metric, pass_at_k

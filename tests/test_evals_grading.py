@@ -1,0 +1,102 @@
+"""Code grading through the project's sandbox on the real shipped benchmark data (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from populora_core.plugins import get_manager, reset_manager
+from tests import evals_fixtures as F
+
+
+@pytest.fixture(scope="module")
+def executor():
+    """The sandbox executor from the registry, as `populora eval` gets it."""
+    reset_manager()
+    registry = get_manager().registry
+    if "sandbox" not in registry.names("executor"):
+        pytest.skip("no `sandbox` executor registered (plugin populora_sandbox absent or failed to load)")
+    comp = registry.get("executor", "sandbox")
+    ex = comp.factory(comp.parse_params({}))
+    yield ex
+    ex.close()
+    reset_manager()
+
+
+def bench(name, **params):
+    from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
+
+    return BENCHMARKS[name](EvaluatorParams(**params))
+
+
+def test_humaneval_canonical_solutions_all_pass(executor):
+    b = bench("humaneval")
+    items = b.items()
+    # completions exactly as the evalplus prompt would see them: the body, then the closing fence
+    result = b.grade(items, [[it["canonical_solution"] + "```\n"] for it in items], executor)
+    failed = [it["id"] for it, r in zip(items, result) if not r[0]]
+    assert failed == [] and len(items) == 164
+
+
+def test_humaneval_wrong_solutions_fail(executor):
+    b = bench("humaneval")
+    items = b.items(20)
+    wrong = [["    return None\n"], ["    raise ValueError('no')\n"], ["    while True:\n        pass\n"],
+             ["def " + items[3]["entry_point"] + "(*a):\n    return 0\n"], ["    import sys\n    sys.exit(0)\n"]]
+    result = bench("humaneval", timeout_s=2).grade(items[:5], wrong, executor)
+    assert result == [[False]] * 5
+    # a full-function completion (what instruction models write) is accepted too
+    it = items[0]
+    full = it["prompt"] + it["canonical_solution"]
+    assert b.grade([it], [[full]], executor) == [[True]]
+
+
+def test_mbpp_reference_code_passes_its_asserts(executor):
+    b = bench("mbpp")
+    items = b.items()
+    result = b.grade(items, [[it["code"]] for it in items], executor)
+    failed = [it["id"] for it, r in zip(items, result) if not r[0]]
+    print(f"MBPP reference solutions passing all 3 asserts: {500 - len(failed)}/500; failing: {failed}")
+    # Measured: 500/500 under the sandbox's default module allowlist (no reference solution fails).
+    assert failed == []
+    # a wrong program fails every problem
+    assert not any(r[0] for r in b.grade(items[:10], [["def f():\n    return 1\n"]] * 10, executor))
+
+
+def test_evalplus_base_and_plus_tests(tmp_path, executor):
+    b = bench("humaneval_plus", path=str(F.write_evalplus(tmp_path)), timeout_s=2)
+    items = b.items()
+    comps = [[it["canonical_solution"], F.ADD_UP_BASE_ONLY, "    while True:\n        pass\n"] for it in items]
+    base, plus = b.grade_detailed(items, comps, executor)
+    # add_up: the base-only solution fails the plus test on []; mean: it is not a mean at all
+    assert base == [[True, True, False], [True, False, False]]
+    assert plus == [[True, False, False], [True, False, False]]
+    # float outputs compare with tolerance: summing in another order still passes
+    other_order = ["    return sum(reversed(xs)) / len(xs)\n"]
+    assert b.grade([items[1]], [other_order], executor) == [[True]]
+
+
+def test_livecodebench_stdin_and_functional_tests(tmp_path, executor):
+    b = bench("livecodebench", path=str(F.write_lcb(tmp_path)), timeout_s=1)
+    items = b.items()
+
+    def wrap(code):
+        return f"<think>plan</think> <answer>{code}</answer>"
+
+    comps = [[wrap(F.LCB_SOLUTIONS[it["id"]]), wrap(F.LCB_WRONG[it["id"]]), wrap(F.LCB_OPEN0),
+              wrap("```python\nwhile True:\n    pass\n```"), F.LCB_SOLUTIONS[it["id"]]] for it in items]
+    # open(0) reads stdin too; an infinite loop times out; without <answer> the azr template finds no code
+    assert b.grade(items, comps, executor) == [[True, False, True, False, False],
+                                               [True, False, False, False, False]]
+
+
+def test_harness_gives_each_test_its_own_timeout(executor):
+    from populora_evals import grading
+
+    slow_first = ("import time\nn = int(input())\nif n == 1:\n    while True:\n        pass\nprint(n)\n")
+    tests = [{"input": "2\n", "output": "2\n", "testtype": "stdin"},
+             {"input": "1\n", "output": "1\n", "testtype": "stdin"},
+             {"input": "3\n", "output": "3\n", "testtype": "stdin"}]
+    result = executor.run_batch([grading.lcb_job(slow_first, tests, None, 0.5)])[0]
+    outcome = grading.chunk_outcome(result, 3)
+    # the harness's own per-test timer fired (the job's backstop would give status "timeout", 0 passed)
+    assert result.status == "ok" and (outcome.passed, outcome.message) == (1, "timeout")
