@@ -16,8 +16,6 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from populora_core.components import ExecJob, ExecResult
 
 _RUNNER = r'''
@@ -69,8 +67,7 @@ class SubprocessTestExecutor:
 _EXECUTOR = None
 
 
-@pytest.fixture
-def azr_executor():
+def shared_executor():
     """One executor per test session (closed at exit), shared by every AZR test module."""
     global _EXECUTOR
     if _EXECUTOR is None:
@@ -110,6 +107,8 @@ def seeds_dir():
 
 def load_seeds(filename: str) -> list[dict]:
     """Rows of one AZR seed file, or skip the test when the data is absent."""
+    import pytest
+
     path = seeds_dir() / filename
     if not path.is_file():
         pytest.skip(f"AZR seed data not found at {path}")

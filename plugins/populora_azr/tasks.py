@@ -32,29 +32,30 @@ from .buffer import ProblemBuffer, as_random
 
 # --- code run inside the sandbox next to the program ------------------------------------------------------
 
-#: Our helpers. Builtins are captured as default arguments when the helpers are defined, so neither
-#: the program's globals nor side effects of the answer can change what they compare with.
+#: Our helpers. The real builtins are captured as default arguments when the helpers are defined, so
+#: neither the program's globals (``int = MyInt``) nor side effects of the answer change what they check.
 FIXED_HELPERS = '''
 import ast as _populora_ast
 import builtins as _populora_b
 
 
-def _populora_plain(x, _type=_populora_b.type, _id=_populora_b.id,
-                    _atoms=(int, float, complex, str, bytes, bool, _populora_b.type(None)),
-                    _seqs=(list, tuple, set, frozenset), _dict=dict):
-    stack, seen = [x], set()
+def _populora_plain(x, _B=_populora_b, _seqs=(_populora_b.list, _populora_b.tuple, _populora_b.set,
+                                               _populora_b.frozenset),
+                    _atoms=(_populora_b.int, _populora_b.float, _populora_b.complex, _populora_b.str,
+                            _populora_b.bytes, _populora_b.bool, _populora_b.type(None))):
+    stack, seen = [x], _B.set()
     while stack:
         y = stack.pop()
-        t = _type(y)
+        t = _B.type(y)
         if t in _atoms:
             continue
-        if _id(y) in seen:
+        if _B.id(y) in seen:
             continue
         if t in _seqs:
-            seen.add(_id(y))
+            seen.add(_B.id(y))
             stack.extend(y)
-        elif t is _dict:
-            seen.add(_id(y))
+        elif t is _B.dict:
+            seen.add(_B.id(y))
             stack.extend(y.keys())
             stack.extend(y.values())
         else:
@@ -62,17 +63,20 @@ def _populora_plain(x, _type=_populora_b.type, _id=_populora_b.id,
     return True
 
 
-def _populora_value(thunk, _plain=_populora_plain, _repr=_populora_b.repr,
-                    _lit=_populora_ast.literal_eval, _rt=RuntimeError, _te=TypeError, _ve=ValueError):
+def _populora_value(thunk, _B=_populora_b, _plain=_populora_plain, _lit=_populora_ast.literal_eval):
     first = thunk()
     second = thunk()
-    if _repr(first) != _repr(second):
-        raise _rt("non-deterministic: two calls in one process returned different values")
+    if _B.repr(first) != _B.repr(second):
+        raise _B.RuntimeError("non-deterministic: two calls in one process returned different values")
     if not _plain(first):
-        raise _te("the output is not plain literal data (numbers, strings, bytes, None, list, tuple, "
-                  "dict, set)")
-    if _lit(_repr(first)) != first:
-        raise _ve("the output's repr does not evaluate back to the output")
+        raise _B.TypeError("the output is not plain literal data (numbers, strings, bytes, None, list, "
+                           "tuple, dict, set)")
+    try:
+        same = _lit(_B.repr(first)) == first
+    except _B.Exception:
+        same = False
+    if not same:
+        raise _B.ValueError("the output's repr does not evaluate back to the output")
     return first
 
 

@@ -1,0 +1,321 @@
+"""AZR task components end to end against the executor: validation, grading, rewards, buffers, state."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import random
+import sys
+
+import pytest
+from populora_azr import prompts as P
+
+from populora_core.components import Problem, Task
+from tests.test_azr_support import build_task, shared_executor
+
+
+@pytest.fixture
+def ex():
+    return shared_executor()
+
+
+def propose(task, program: str, inp: str, style: str = "azr") -> Problem:
+    text = P.format_code_proposal(program, inp, think="plan")
+    return task.parse_proposals([text], [None], ["t0@v1"])[0]
+
+
+def answer(task_type: str, body: str) -> str:
+    return P.format_solver_answer(task_type, body, think="hmm")
+
+
+# --- registry and params ---------------------------------------------------------------------------------
+
+
+def test_registered_with_params_models(ex):
+    from populora_core.plugins import get_manager
+
+    reg = get_manager().registry
+    for name in ("deduction", "abduction", "induction"):
+        comp = reg.get("task", name)
+        task = comp.factory(comp.parse_params({}), executor=ex, rng=random.Random(0))
+        assert isinstance(task, Task) and task.name == name
+        assert comp.parse_params({}).compat == "fixed"
+    assert reg.get("task", "induction").parse_params({}).n_inputs == 10
+    assert reg.get("task", "deduction").parse_params({}).references == 6
+    with pytest.raises(Exception, match="n_inputs"):
+        reg.get("task", "deduction").parse_params({"n_inputs": 4})
+    with pytest.raises(Exception, match="compat"):
+        reg.get("task", "deduction").parse_params({"compat": "loose"})
+
+
+# --- validation ---------------------------------------------------------------------------------------------
+
+
+def test_valid_proposal_is_renamed_measured_and_has_output(ex):
+    task = build_task("deduction", ex)
+    prob = propose(task, "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)", "'education'")
+    assert prob.valid, prob.error
+    assert prob.program.startswith("def f(s)") and prob.outputs == ["5"] and prob.inputs == ["'education'"]
+    assert prob.proposer == "t0@v1"
+    assert {"ast_depth", "cyclomatic", "loc", "ast_nodes"} <= prob.metrics.keys() and len(prob.signature) == 16
+
+
+@pytest.mark.parametrize("program,inp,why", [
+    ("def f(a):\n    return 1 / a", "0", "ZeroDivisionError"),
+    ("def f(a):\n    raise Exception('boom')", "1", "boom"),
+    ("def f(a):\n    while True:\n        a += 1", "1", "timeout"),
+    ("from collections import deque\ndef f(a):\n    return deque(a)", "[1, 2]", "plain literal"),
+    ("def f(a):\n    a.append(1)", "[]", "None"),
+    ("def f(a):\n    return 'x' * a", "5000", "longer than"),
+    ("def f(a):\n    return {str(i) for i in range(a)}", "30", "non-deterministic"),
+    ("class P:\n    pass\n\ndef f(a):\n    return P()", "1", "non-deterministic"),  # repr has an address
+    ("class P:\n    def __repr__(self):\n        return '1'\n\ndef f(a):\n    return P()", "1", "plain literal"),
+    ("def f(a):\n    return a\n\ndef g(b):\n    return b", "1", "top-level functions"),
+    ("import random\ndef f(a):\n    return random.random()", "1", "banned"),
+    ("def f(a):\n    return a", "__import__('os').getpid()", "banned in input"),
+    ("def f(a):\n    return a", "1) or (2", "one call of f"),
+    ("def f(a):\n    return float(a)", "'nan'", "evaluate back"),
+])
+def test_invalid_proposals(ex, program, inp, why):
+    task = build_task("deduction", ex, timeout_s=2.0)
+    prob = propose(task, program, inp)
+    assert not prob.valid and why in (prob.error or ""), prob.error
+    assert task.proposer_reward(prob, 0.5) == -1.0
+
+
+def test_global_state_mutation_is_caught_within_a_process(ex):
+    task = build_task("deduction", ex)
+    prob = propose(task, "seen = []\ndef f(a):\n    seen.append(a)\n    return len(seen)", "1")
+    assert not prob.valid and "non-deterministic" in prob.error
+
+
+def test_nested_defs_and_classes_are_allowed_by_default(ex):
+    task = build_task("abduction", ex)
+    program = ("class Acc:\n    def __init__(self):\n        self.t = 0\n    def add(self, x):\n"
+               "        self.t += x\n        return self\n\n"
+               "def f(a):\n    def sq(x):\n        return x * x\n    acc = Acc()\n    for x in a:\n"
+               "        acc.add(sq(x))\n    return acc.t")
+    prob = propose(task, program, "[1, 2, 3]")
+    assert prob.valid, prob.error
+    assert prob.outputs == ["14"]
+    strict = build_task("abduction", ex, compat="azr-released")
+    assert "function definitions" in propose(strict, program, "[1, 2, 3]").error
+    loose = build_task("abduction", ex, compat="azr-released", one_def=False)
+    assert propose(loose, program, "[1, 2, 3]").valid is False  # AZR renames the first def: __init__ -> f
+
+
+def test_unformatted_but_valid_proposal_gets_invalid_reward(ex):
+    task = build_task("deduction", ex)
+    text = "<answer>" + P.format_code_proposal("def f(a):\n    return a * 2", "4") + "</answer>"  # no </think>
+    prob = task.parse_proposals([text], [None], ["t"])[0]
+    assert prob.valid and prob.metrics["formatted"] is False
+    assert task.proposer_reward(prob, 0.5) == -1.0
+
+
+# --- grading ------------------------------------------------------------------------------------------------
+
+
+def test_deduction_grading(ex):
+    task = build_task("deduction", ex)
+    prob = propose(task, "def f(a):\n    return {'n': len(a), 'r': a[::-1]}", "'abc'")
+    assert prob.valid, prob.error
+    grades = task.grade(prob, [
+        answer("deduction", "{'r': 'cba', 'n': 3}"),     # dict order does not matter (==)
+        answer("deduction", "{'n': 3, 'r': 'abc'}"),     # wrong
+        answer("deduction", "f('abc')"),                 # calling f is not an output literal
+        "```output\n{'n': 3, 'r': 'cba'}\n```",          # right value, no think/answer format
+    ])
+    assert [(g.correct, g.formatted, g.reward) for g in grades] == [
+        (True, True, 1.0), (False, True, -0.5), (False, True, -0.5), (False, False, -1.0)]
+
+
+def test_deduction_equality_is_plain_python_eq(ex):
+    task = build_task("deduction", ex)
+    prob = propose(task, "def f(a):\n    return [a, a * 1.0, {a, a + 1}]", "1")
+    assert prob.valid, prob.error
+    got = task.grade(prob, [answer("deduction", "[1.0, True, {2, 1}]"), answer("deduction", "[1, 1, {1}]")])
+    assert [g.correct for g in got] == [True, False]
+
+
+def test_abduction_accepts_any_input_with_the_gold_output_and_refuses_tricks(ex):
+    task = build_task("abduction", ex)
+    prob = propose(task, "def f(a, b):\n    return a + b", "2, 3")
+    assert prob.valid and prob.outputs == ["5"]
+    # an object that adds to itself and equals everything: AZR's plain == would accept it
+    cheat = "type('X', (), {'__eq__': lambda s, o: True, '__add__': lambda s, o: s})(), 0"
+    got = task.grade(prob, [answer("abduction", "1, 4"), answer("abduction", "2, 2"),
+                            answer("abduction", "1, 4) or (1"), answer("abduction", cheat)])
+    assert [g.correct for g in got] == [True, False, False, False]
+
+
+def test_induction_end_to_end(ex):
+    task = build_task("induction", ex)
+    program = "import math\n\ndef f(a):\n    return math.isqrt(a) * 2"
+    completion = P.format_induction_proposal([str(i * i + 1) for i in range(12)], "twice a root", think="x")
+    prob = task.parse_proposals([completion], [{"program": program}], ["t"])[0]
+    assert prob.valid, prob.error
+    assert len(prob.inputs) == 10 and prob.inputs[0] == "5" and prob.outputs[0] == "4"
+    shown, hidden = task.split(prob)
+    assert len(shown) == len(hidden) == 5
+    prompt = task.solver_prompt(prob)
+    assert shown[0][1] in prompt and hidden[0][0] not in prompt and "twice a root" in prompt
+    good = "def f(a):\n    return math.isqrt(a) * 2"  # uses the gold program's import
+    overfit = "def f(a):\n    return {5: 4, 10: 6, 17: 8, 26: 10, 37: 12}[a]"
+    got = task.grade(prob, [answer("induction", good), answer("induction", overfit),
+                            answer("induction", "import os\ndef f(a):\n    return os.getpid()")])
+    assert [g.correct for g in got] == [True, False, False]
+
+
+def test_induction_needs_every_input_valid(ex):
+    task = build_task("induction", ex)
+    inputs = [str(i) for i in range(9)] + ["0"]
+    completion = P.format_induction_proposal(inputs, "inverse", think="x")
+    prob = task.parse_proposals([completion], [{"program": "def f(a):\n    return 1 / (a - 3)"}], ["t"])[0]
+    assert not prob.valid and "input 4" in prob.error
+
+
+def test_grading_never_evaluates_model_text_in_this_process(ex, monkeypatch):
+    task = build_task("deduction", ex, compat="azr-released")
+    prob = propose(task, "def f(a):\n    return a + 1", "1")
+    calls = []
+    real_eval, real_exec = builtins.eval, builtins.exec
+
+    def spy(real):
+        def inner(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("populora_azr"):
+                calls.append((caller, args[0]))
+            return real(*args, **kwargs)
+        return inner
+
+    monkeypatch.setattr(builtins, "eval", spy(real_eval))
+    monkeypatch.setattr(builtins, "exec", spy(real_exec))
+    got = task.grade(prob, [answer("deduction", "2"), answer("deduction", "__import__('os').getcwd()")])
+    assert [g.correct for g in got] == [True, False] and calls == []
+
+
+# --- rewards ------------------------------------------------------------------------------------------------
+
+
+def test_proposer_reward_table(ex):
+    task = build_task("deduction", ex)
+    prob = propose(task, "def f(a):\n    return a * 3", "2")
+    assert task.proposer_reward(prob, 0.25) == pytest.approx(0.75)
+    assert task.proposer_reward(prob, 1 / 8) == pytest.approx(0.875)
+    assert task.proposer_reward(prob, 0.0) == -0.5 and task.proposer_reward(prob, 1.0) == -0.5
+    assert task.proposer_reward(prob, None) == -1.0
+    paper = build_task("deduction", ex, extreme_reward=0.0, invalid_reward=-2.0)
+    assert paper.proposer_reward(prob, 1.0) == 0.0 and paper.proposer_reward(prob, None) == -2.0
+    with pytest.raises(ValueError):
+        task.proposer_reward(prob, 1.5)
+
+
+def test_solver_reward_settings(ex):
+    task = build_task("deduction", ex, solver_correct=2.0, solver_wrong=0.0, solver_format=-3.0)
+    prob = propose(task, "def f(a):\n    return a * 3", "2")
+    got = task.grade(prob, [answer("deduction", "6"), answer("deduction", "7"), "6"])
+    assert [g.reward for g in got] == [2.0, 0.0, -3.0]
+
+
+# --- buffers ------------------------------------------------------------------------------------------------
+
+
+def _valid(task_type: str, k: int) -> Problem:
+    return Problem(task_type, f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True, proposer="t")
+
+
+def test_zero_triplet_seed_and_references_without_replacement(ex):
+    task = build_task("deduction", ex)
+    [(prompt, ctx)] = task.proposer_prompts(1, random.Random(0))
+    assert ctx["references"] == [["def f(a):\n    return a", "'Hello world'", "'Hello world'"]]
+    task.add_to_buffer([_valid("deduction", k) for k in range(20)])
+    for prompt, ctx in task.proposer_prompts(5, random.Random(1)):
+        refs = [tuple(r) for r in ctx["references"]]
+        assert len(refs) == 6 and len(set(refs)) == 6
+        assert all(r[0] in prompt for r in refs)
+
+
+def test_buffer_dedup_cap_and_eviction(ex):
+    newest = build_task("deduction", ex, buffer_cap=5)
+    newest.add_to_buffer([_valid("deduction", k) for k in range(8)] + [_valid("deduction", 7)])
+    kept = [p.program for p in newest.buffer.items]
+    assert len(kept) == 5 and kept[0].endswith("return a")  # the seed stays
+    assert [k[-1] for k in kept[1:]] == ["4", "5", "6", "7"]
+    oldest = build_task("deduction", ex, buffer_cap=5, compat="azr-released")
+    oldest.add_to_buffer([_valid("deduction", k) for k in range(8)])
+    assert [p.program[-1] for p in oldest.buffer.items[1:]] == ["0", "1", "2", "3"]
+    invalid = _valid("deduction", 99)
+    invalid.valid = False
+    newest.add_to_buffer([invalid, _valid("abduction", 50)])  # invalid and other-task problems are ignored
+    assert len(newest.buffer) == 5 and all(not p.program.endswith("99") for p in newest.buffer.items)
+
+
+def test_sample_problems_recent_first(ex):
+    task = build_task("abduction", ex)
+    task.add_to_buffer([_valid("abduction", k) for k in range(10)])
+    task.add_to_buffer([_valid("abduction", k) for k in range(10, 13)])
+    got = task.sample_problems(8, random.Random(0))
+    assert len(got) == 8
+    assert {p.program for p in got[:3]} == {_valid("abduction", k).program for k in (10, 11, 12)}
+
+
+def test_state_dict_round_trip_is_json(ex):
+    task = build_task("induction", ex)
+    prob = task.parse_proposals([P.format_induction_proposal([str(i) for i in range(10)], "neg", think="x")],
+                                [{"program": "def f(a):\n    return -a"}], ["t"])[0]
+    task.add_to_buffer([prob])
+    state = json.loads(json.dumps(task.state_dict()))
+    fresh = build_task("induction", ex)
+    fresh.load_state_dict(state)
+    assert [p.program for p in fresh.buffer.items] == [p.program for p in task.buffer.items]
+    assert fresh.buffer.items[-1].outputs == prob.outputs and fresh.buffer.items[-1].metrics == prob.metrics
+    assert fresh.sample_problems(1, random.Random(0))[0].program == prob.program
+    with pytest.raises(ValueError, match="induction"):
+        build_task("deduction", ex).load_state_dict(state)
+
+
+def test_induction_samples_programs_from_the_union_of_code_buffers(ex):
+    import gc
+
+    gc.collect()  # tasks of earlier tests leave the run's peer set
+    ded = build_task("deduction", ex)
+    abd = build_task("abduction", ex)
+    ind = build_task("induction", ex)
+    ded.add_to_buffer([_valid("deduction", 1)])
+    abd.add_to_buffer([_valid("abduction", 2)])
+    pool = {p.program for p in ind.program_pool()}
+    assert {_valid("deduction", 1).program, _valid("abduction", 2).program} <= pool
+    drawn = {ctx["program"] for _, ctx in ind.proposer_prompts(200, random.Random(0))}
+    assert _valid("deduction", 1).program in drawn and _valid("abduction", 2).program in drawn
+
+
+def test_induction_alone_uses_problems_handed_to_it(ex):
+    class OtherExecutor:  # a different run: no peers
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run_batch(self, jobs):
+            return self.inner.run_batch(jobs)
+
+        def close(self):
+            pass
+
+    ind = build_task("induction", OtherExecutor(ex))
+    assert [p.program for p in ind.program_pool()] == ["def f(a):\n    return a"]
+    ind.add_to_buffer([_valid("deduction", 3)])
+    assert _valid("deduction", 3).program in {p.program for p in ind.program_pool()}
+
+
+# --- compact style ---------------------------------------------------------------------------------------------------
+
+
+def test_compact_style_end_to_end(ex):
+    task = build_task("deduction", ex, style="compact")
+    [(prompt, _)] = task.proposer_prompts(1, random.Random(0))
+    assert prompt.startswith("[deduction:propose]") and prompt.endswith("Answer:\n")
+    completion = P.format_code_proposal("def f(a):\n    return a[::-1]", "[1, 2]")
+    prob = task.parse_proposals([completion], [None], ["t"])[0]
+    assert prob.valid and prob.outputs == ["[2, 1]"]
+    assert task.solver_prompt(prob).startswith("[deduction:solve]")
+    got = task.grade(prob, ["```output\n[2, 1]\n```", "```output\n[1, 2]\n```", "[2, 1]"])
+    assert [(g.correct, g.formatted) for g in got] == [(True, True), (False, True), (False, False)]
