@@ -22,6 +22,7 @@ class BaseModel:
     name: str = ""
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on GPU
     chat_template: bool = False  # AZR feeds raw text; True wraps prompts in the tokenizer's template
+    probe_path: str = ""  # a held-out probe set (JSONL of Problem records) shipped with the model, if any
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,8 @@ class Evaluator(Protocol):
         """Stop strings for generation (nothing after them is graded)."""
         ...
 
-    def grade(self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]],
-              executor: Executor | None = None) -> list[list[bool]]:
+    def grade(
+        self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]], executor: Executor | None = None
+    ) -> list[list[bool]]:
         """Correctness of each completion of each item (same shape as ``completions``)."""
         ...

@@ -45,6 +45,27 @@ from .run import RunDir
 MODEL_PHASES = ("generate_propose", "generate_solve", "train")
 
 
+def load_problems(path: str | Path) -> list[Problem]:
+    """Problems from a JSONL file of Problem records (unknown fields are ignored)."""
+    import dataclasses
+    import json
+
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"probe file not found: {file}")
+    names = {f.name for f in dataclasses.fields(Problem)}
+    out = []
+    for i, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            out.append(Problem(**{k: v for k, v in record.items() if k in names}))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise UserError(f"{file}:{i}: not a Problem record ({exc})") from None
+    return out
+
+
 def derived_rng(seed: int, step: int, phase: str) -> random.Random:
     return random.Random(f"{seed}/{step}/{phase}")
 
@@ -126,6 +147,7 @@ class Run:
         self.step = 0
         self.coverage: dict[str, set[str]] = defaultdict(set)
         self.last_metrics: dict[str, Any] = {}
+        self._probe: dict[str, list[Problem]] | None = None
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -385,6 +407,9 @@ class Run:
         )
         self.emit([{"event": "step", **metrics}])
         self.hook.on_step_end(run=self, step=step, metrics=metrics)
+        probe = self.recipe.probe
+        if probe.enabled and (step == self.recipe.steps or (probe.every and step % probe.every == 0)):
+            self.probe(step, include_base=False)
         if step % self.recipe.checkpoint.every == 0 or step == self.recipe.steps:
             self.checkpoint()
         self.last_metrics = metrics
@@ -508,6 +533,61 @@ class Run:
         m["solve_rate"] = statistics.fmean(solved) if solved else None
         m["validity"] = sum(p.valid for p in problems) / len(problems) if problems else None
         return m
+
+    # --- probe evaluation -----------------------------------------------------------------------
+
+    def probe_problems(self) -> dict[str, list[Problem]]:
+        """The held-out probe set per task type: the recipe's file, else the one shipped with the base."""
+        if self._probe is None:
+            cfg = self.recipe.probe
+            path = cfg.file or self.base_model.probe_path
+            if not path:
+                raise UserError("probe.enabled is true but probe.file is empty and the base model ships no probe set")
+            self._probe = {name: [] for name in self.tasks}
+            for record in load_problems(path):
+                bucket = self._probe.get(record.task_type)
+                if bucket is not None and len(bucket) < cfg.problems_per_type:
+                    bucket.append(record)
+        return self._probe
+
+    def probe(self, step: int, *, include_base: bool) -> list[dict[str, Any]]:
+        """Greedy solver accuracy per task type of every student (and the base), appended to probe.jsonl."""
+        problems = self.probe_problems()
+        targets: list[tuple[str, AdapterRef | None, str, str]] = [
+            (m.id, self.adapter_ref(m), m.version_name, m.role) for m in self.population.students
+        ]
+        if include_base:
+            targets.insert(0, ("base", None, "base", "base"))
+        requests, origin = [], []
+        for member_id, ref, _, _ in targets:
+            for task_name, items in problems.items():
+                for problem in items:
+                    requests.append(GenerationRequest(self.tasks[task_name].solver_prompt(problem), ref))
+                    origin.append((member_id, task_name, problem))
+        outs = self.engine.generate(
+            requests, SamplingParams(n=1, temperature=0.0, max_tokens=self.recipe.probe.max_tokens, seed=0)
+        )
+        correct: dict[tuple[str, str], list[bool]] = defaultdict(list)
+        for (member_id, task_name, problem), (completion,) in zip(origin, outs):
+            (grade,) = self.tasks[task_name].grade(problem, [completion.text])
+            correct[(member_id, task_name)].append(grade.correct)
+        records = [
+            {
+                "step": step,
+                "member": member_id,
+                "version": version,
+                "role": role,
+                "task_type": task_name,
+                "accuracy": statistics.fmean(correct[(member_id, task_name)]),
+                "n": len(correct[(member_id, task_name)]),
+            }
+            for member_id, _, version, role in targets
+            for task_name in problems
+            if correct[(member_id, task_name)]
+        ]
+        self.dir.append("probe.jsonl", records)
+        self.emit([{"event": "probe", **r} for r in records])
+        return records
 
     # --- evolution ----------------------------------------------------------------------------
 
@@ -642,6 +722,9 @@ def execute(run: Run, *, progress: bool | None = None) -> None:
             disable=not show,
         ) as bar:
             task = bar.add_task(run.recipe.name, total=run.recipe.steps, completed=run.step, info="")
+            if run.recipe.probe.enabled and run.step == 0:
+                bar.update(task, info="probe evaluation of the base and the initial students")
+                run.probe(0, include_base=True)
             while run.step < run.recipe.steps:
                 m = run.run_step()
                 info = (

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import RecipeError, UserError
 from .registry import Params, Registry, format_validation_error
 
-
 Role = Literal["teacher", "student", "both"]
 
 
@@ -104,12 +103,13 @@ class CheckpointSection(_Strict):
 
 
 class ProbeSection(_Strict):
-    """Held-out probe evaluation of students (and the base) during and after the run."""
+    """Held-out probe evaluation: greedy solver accuracy of every student (and the base) per task type."""
 
     enabled: bool = False
-    every: int = Field(0, ge=0, description="0: only at the start and the end")
-    problems_per_type: int = Field(50, ge=1)
-    seed: int = 1234
+    every: int = Field(0, ge=0, description="also every N steps; 0: only before the first and after the last step")
+    file: str = Field("", description="JSONL of Problem records; empty: the probe set shipped with the base model")
+    problems_per_type: int = Field(50, ge=1, description="first N problems of each task type")
+    max_tokens: int = Field(256, ge=1)
 
 
 class Recipe(_Strict):

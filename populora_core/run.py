@@ -27,7 +27,7 @@ import yaml
 
 from .errors import UserError
 
-LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl")
+LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -215,3 +215,21 @@ def test_resume_without_checkpoint_is_a_clear_error(env, tmp_path):
     (directory / "recipe.yaml").write_text(yaml.safe_dump(yaml.safe_load(RECIPE.read_text())))
     with pytest.raises(Exception, match="no complete checkpoint"):
         resume_run(RunDir(directory), _manager())
+
+
+def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text("\n".join(json.dumps({"task_type": "count", "program": str(d), "inputs": [str(d)],
+                                           "outputs": [str(d)], "extra_field": 1}) for d in range(1, 7)))
+    directory = _run(_manager(), tmp_path / "run", ["probe.enabled=true", f"probe.file={probe}",
+                                                    "probe.problems_per_type=5"])
+    records = directory.read_log("probe.jsonl")
+    assert {(r["step"], r["member"]) for r in records if r["member"] == "base"} == {(0, "base")}
+    final = [r for r in records if r["step"] == 4]
+    members = json.loads((directory.path / "members.json").read_text())["members"]
+    assert sorted(r["member"] for r in final) == sorted(m["id"] for m in members if m["role"] == "student")
+    assert all(r["n"] == 5 and 0 <= r["accuracy"] <= 1 and r["task_type"] == "count" for r in records)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json}\n")
+    with pytest.raises(Exception, match="bad.jsonl:1: not a Problem record"):
+        _run(_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])
