@@ -1,9 +1,10 @@
 """Sandbox zygote: a small root process that forks one isolated child per program.
 
-Run as a *script* (``python -S _zygote.py CONFIG_HEX``) with a scrubbed environment, never imported
-by the trainer: it must stay small (fork cost grows with the memory it touched) and must not load
-pydantic, torch or the toolkit. It talks to the parent over its stdin/stdout pipes, moved at start
-to fds 3 (jobs in) and 4 (results out), both framed as a 4-byte big-endian length plus a JSON object.
+Run as a *script* (``python -S _zygote.py``, config as the first stdin message) with a scrubbed
+environment, never imported by the trainer: it must stay small (fork cost grows with the memory it
+touched) and must not load pydantic, torch or the toolkit. It talks to the parent over its
+stdin/stdout pipes, moved at start to fds 3 (jobs in) and 4 (results out), both framed as a 4-byte
+big-endian length plus a JSON object.
 
 Process layout with namespaces (the default as root)::
 
@@ -21,11 +22,24 @@ killing every process of the slot uid and every orphan it adopted as a child sub
 from __future__ import annotations
 
 # --- 1. everything the programs may import is imported first (it is also the import allowlist) -----
-# The config comes as hex-encoded marshal data: marshal is built in, so reading it imports nothing.
+# The config is the first message on stdin, marshal-encoded: marshal and posix are built in, so
+# reading it imports nothing that programs would then be allowed to import.
 import marshal
+import posix
 import sys
 
-_CFG = marshal.loads(bytes.fromhex(sys.argv[1]))
+
+def _read_config() -> dict:
+    head = b""
+    while len(head) < 4:
+        head += posix.read(0, 4 - len(head)) or sys.exit(1)
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        body += posix.read(0, size - len(body)) or sys.exit(1)
+    return marshal.loads(body)
+
+
+_CFG = _read_config()
 sys.path[:] = list(_CFG["sys_path"])
 _IMPORT_FAILURES: dict[str, str] = {}
 for _name in _CFG["modules"]:
@@ -255,9 +269,11 @@ class Server:
         self.in_namespace = isolation["pid_namespace"]
         self.tmp_dirs = list(cfg["tmp_dirs"]) if isolation["mount_namespace"] else []
         self.base = "/tmp" if isolation["mount_namespace"] else cfg["fallback_tmp"]
-        os.makedirs(self.base, exist_ok=True)
+        os.makedirs(self.base, mode=0o711, exist_ok=True)
+        os.chmod(self.base, 0o711)  # programs (another uid) may only reach their own work dir inside
         self.workdir = os.path.join(self.base, WORKDIR_NAME)
         self._clean_marks: list[int] | None = None  # free inodes of each tmpfs when last known clean
+        self.current_pid = 0
 
     def serve(self) -> None:
         _restrict_imports(self.workdir)
@@ -307,11 +323,13 @@ class Server:
         pid = os.fork()
         if pid == 0:
             try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.close(r)
                 _child(job, self.cfg, self.workdir, self.uid, self.in_namespace)
             finally:
                 os._exit(70)
         os.close(w)
+        self.current_pid = pid
         status_code: int | None = None
         timed_out = too_big = False
         data = bytearray()
@@ -355,12 +373,25 @@ class Server:
             self._kill_all(pid)
             if status_code is None:
                 status_code = self._reap_child(pid)
+            self.current_pid = 0
             self._reap_all()
             os.close(r)
             os.close(pidfd)
             if self._clean_marks is None:
                 self._wipe()  # fallback mode: no private tmpfs to check, wipe every time
         return self._classify(job, status_code, bytes(data), timed_out, too_big, wall)
+
+    def shutdown(self) -> None:
+        """Fallback mode only: kill every process we are responsible for, remove our files, exit."""
+        try:
+            if self.current_pid:
+                self._kill_all(self.current_pid)
+            else:
+                self._kill_all(None)
+            self._reap_all()
+            shutil.rmtree(self.base, ignore_errors=True)
+        finally:
+            os._exit(0)
 
     def _classify(self, job: dict, code: int, data: bytes, timed_out: bool, too_big: bool,
                   wall: float) -> dict:
@@ -407,16 +438,16 @@ class Server:
 
     # --- cleanup -------------------------------------------------------------------------------
 
-    def _kill_all(self, pid: int) -> None:
+    def _kill_all(self, pid: int | None) -> None:
         if self.in_namespace:
             try:
                 os.kill(-1, signal.SIGKILL)  # every process of this PID namespace except us (init)
             except ProcessLookupError:
                 pass
             return
-        for target in (-pid,):
+        if pid:
             try:
-                os.kill(target, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)  # the program's session/process group
             except (ProcessLookupError, PermissionError):
                 pass
         if os.getuid() == 0 and self.uid != 0:
@@ -567,6 +598,14 @@ def main() -> None:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     isolation["uid"] = int(cfg["uid"]) if os.getuid() == 0 else os.getuid()
     server = Server(cfg, isolation)
+    if not isolation["pid_namespace"]:
+        # No namespace init to take everything down with us: on the parent's death (or a plain
+        # SIGTERM) kill what the programs left and remove our temp dir before exiting.
+        signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
+        if cfg.get("pdeathsig", True):
+            _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != expected_parent:
+            server.shutdown()
     _send(RESULT_FD, {"ready": True, "isolation": isolation, "pid": os.getpid()})
     server.serve()
     os._exit(0)

@@ -146,11 +146,14 @@ class SandboxExecutor:
             self._ensure_variant(variant)
         sel = selectors.DefaultSelector()
         active: dict[int, _Worker] = {}  # fd -> worker with jobs in flight
+        retried: dict[int, int] = {}
         pending = len(jobs)
         try:
             for variant in queues:
-                for worker in self._pool[variant]:
-                    self._feed(worker, queues, jobs, sel, active)
+                for worker in list(self._pool[variant]):
+                    if worker.proc.poll() is not None:  # died while idle (killed from outside)
+                        self._replace(worker)
+                self._feed_idle(variant, queues, jobs, sel, active)
             while pending:
                 now = time.monotonic()
                 wait = max(0.0, min(w.deadline for w in active.values()) - now) if active else 0.0
@@ -163,16 +166,20 @@ class SandboxExecutor:
                         if reply is False:
                             break
                         index, _timeout = worker.inflight.popleft()
-                        if reply is None:  # the zygote died under this job
-                            results[index] = ExecResult("killed", error="SandboxError: worker died",
-                                                        wall_s=time.monotonic() - worker.head_started)
-                            pending -= 1
+                        if reply is None:  # the zygote died under this job: retry it once elsewhere
+                            retried[index] = retried.get(index, 0) + 1
+                            if retried[index] > 1:
+                                results[index] = ExecResult("killed", error="SandboxError: worker died",
+                                                            wall_s=time.monotonic() - worker.head_started)
+                                pending -= 1
+                            else:
+                                worker.inflight.appendleft((index, _timeout))
                             worker = self._retire(worker, queues, sel, active)
                             break
                         results[index] = _to_result(reply)
                         pending -= 1
                         worker.head_started = time.monotonic()
-                    self._feed(worker, queues, jobs, sel, active)
+                    self._feed_idle(worker.variant, queues, jobs, sel, active)
                 now = time.monotonic()
                 for worker in list(active.values()):
                     if worker.inflight and now > worker.deadline:  # hung: should have answered long ago
@@ -181,7 +188,7 @@ class SandboxExecutor:
                                                     wall_s=now - worker.head_started)
                         pending -= 1
                         fresh = self._retire(worker, queues, sel, active)
-                        self._feed(fresh, queues, jobs, sel, active)
+                        self._feed_idle(fresh.variant, queues, jobs, sel, active)
         except BaseException:
             # KeyboardInterrupt or a bug here: zygotes mid-job are in an unknown state, replace them.
             for worker in list(active.values()):
@@ -191,11 +198,18 @@ class SandboxExecutor:
             sel.close()
         return [r if r is not None else ExecResult("killed", error="SandboxError: not run") for r in results]
 
+    def _feed_idle(self, variant: int, queues: dict[int, deque[int]], jobs: list[ExecJob],
+                   sel: selectors.BaseSelector, active: dict[int, _Worker]) -> None:
+        """Give every idle zygote of ``variant`` a job before any gets a second one (load balance)."""
+        for depth in range(1, _DEPTH + 1):
+            for worker in self._pool[variant]:
+                self._feed(worker, queues, jobs, sel, active, depth)
+
     def _feed(self, worker: _Worker, queues: dict[int, deque[int]], jobs: list[ExecJob],
-              sel: selectors.BaseSelector, active: dict[int, _Worker]) -> None:
-        """Keep up to ``_DEPTH`` jobs queued in a zygote so it never waits for this process."""
+              sel: selectors.BaseSelector, active: dict[int, _Worker], depth: int = _DEPTH) -> None:
+        """Keep up to ``depth`` jobs queued in a zygote so it never waits for this process."""
         queue = queues.get(worker.variant)
-        while queue and len(worker.inflight) < _DEPTH:
+        while queue and len(worker.inflight) < depth:
             self._send_job(worker, queue.popleft(), jobs)
         if worker.inflight and worker.fd not in active:
             sel.register(worker.fd, selectors.EVENT_READ, worker)
@@ -302,17 +316,22 @@ class SandboxExecutor:
         }
 
     def _spawn(self, variant: int, slot: int) -> tuple[int, int, str, subprocess.Popen, float]:
+        # Created by the zygote only in fallback mode (with namespaces everything lives in its tmpfs).
         fallback_tmp = str(self._tmp_root / f"{_FALLBACK_PREFIX}{os.getpid()}-{next(_COUNTER)}")
-        os.makedirs(fallback_tmp, mode=0o711, exist_ok=True)
-        os.chmod(fallback_tmp, 0o711)
         cfg = self._config(variant, slot, fallback_tmp)
         env = {"PYTHONHASHSEED": str(self._hash_seed(variant)), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
         debug = os.environ.get("POPULORA_SANDBOX_DEBUG")
         proc = subprocess.Popen(
-            [sys.executable, "-S", "-B", _ZYGOTE, marshal.dumps(cfg).hex(), f"populora-sandbox:{os.getpid()}"],
+            [sys.executable, "-S", "-B", _ZYGOTE, f"populora-sandbox:{os.getpid()}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None if debug else subprocess.DEVNULL,
             env=env, cwd="/", start_new_session=True, close_fds=True, bufsize=0)
+        blob = marshal.dumps(cfg)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(len(blob).to_bytes(4, "big") + blob)
+        except OSError:
+            pass  # it died at once: _await_ready reports it
         return variant, slot, fallback_tmp, proc, time.monotonic() + self.params.startup_timeout_s
 
     def _await_ready(self, variant: int, slot: int, fallback_tmp: str, proc: subprocess.Popen,
@@ -359,6 +378,17 @@ class SandboxExecutor:
 
     def _stop(self, worker: _Worker) -> None:
         proc = worker.proc
+        if proc.poll() is None and not worker.isolation.get("pid_namespace"):
+            # Fallback: SIGTERM lets the zygote kill what its programs left (no namespace does it).
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # Z's session; I dies with Z (death signal)
@@ -388,8 +418,12 @@ class SandboxExecutor:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-#: Modules the harness itself needs inside the child, kept importable.
-_SUPPORT_MODULES: tuple[str, ...] = ()
+#: Imported lazily by the standard library (str.encode, socket.getaddrinfo, datetime.strptime): they
+#: could not be loaded once the zygote dropped root, so they are always pre-imported.
+_SUPPORT_MODULES: tuple[str, ...] = (
+    "encodings.idna", "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32",
+    "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.cp1252",
+)
 
 
 def _to_result(reply: dict[str, Any]) -> ExecResult:
