@@ -86,6 +86,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
         lo = [max(0.0, y - (worst.get(c) or 0.0)) for y, c in zip(ys, cols)]
         hi = [max(0.0, (best.get(c) or 0.0) - y) for y, c in zip(ys, cols)]
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="none", ecolor="black", capsize=2, linewidth=0.8)
+    top = max([0.0] + [row.get(c) or 0.0 for _, row in series for c in cols]
+              + [results["summary"].get("population best", {}).get(c) or 0.0 for c in cols])
+    ax.set_ylim(0.0, min(100.0, max(1.0, top * 1.15)) if top <= 100.0 else top * 1.05)
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([HEADERS.get(c, c) for c in cols], rotation=30, ha="right")
     ax.set_ylabel("score (%)")
