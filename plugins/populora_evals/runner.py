@@ -46,6 +46,22 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def make_executor(name: str = "sandbox", params: dict[str, Any] | None = None) -> Any:
+    """The code-grading executor from the registry.
+
+    Where the executor has an import allowlist (``extra_modules``), ``signal`` is added so the test
+    harness can give every test its own SIGALRM timer, which also interrupts blocking calls such as
+    ``time.sleep`` (without it the harness falls back to a watchdog thread).
+    """
+    from populora_core.plugins import get_manager
+
+    comp = get_manager().registry.get("executor", name)
+    raw = dict(params or {})
+    if "extra_modules" in comp.params_model.model_fields and "extra_modules" not in raw:
+        raw["extra_modules"] = ["signal"]
+    return comp.factory(comp.parse_params(raw))
+
+
 def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Settings) -> str:
     spec = {"v": EVAL_VERSION, "subject": subject.identity(), "base": target.base_fingerprint,
             "benchmark": bench.name, "dataset": bench.dataset_hash(), "template": bench.template,
@@ -87,10 +103,7 @@ class Evaluation:
                             seed=self.settings.seed)
 
     def _registry_executor(self) -> Any:
-        from populora_core.plugins import get_manager
-
-        comp = get_manager().registry.get("executor", self.settings.executor)
-        return comp.factory(comp.parse_params(self.settings.executor_params))
+        return make_executor(self.settings.executor, self.settings.executor_params)
 
     def engine(self) -> Any:
         if self._engine is None:
