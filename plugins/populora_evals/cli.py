@@ -101,19 +101,20 @@ def register(cli: Any) -> None:
     @click.option("--out", "out", type=click.Path(), default=None,
                   help="Output directory (default: RUN/eval for a run, else ./eval/<target name>).")
     @click.option("--no-cache", is_flag=True, help="Recompute even if cached results exist.")
+    @click.option("--no-base", is_flag=True, help="Skip the bare base model (adapters and baseline only).")
     def eval_cmd(target: str, benchmarks: str, engine: str, engine_param: tuple[str, ...], executor: str,
                  executor_param: tuple[str, ...], limit: int | None, n: int, temperature: float,
                  top_p: float, ks: str, seed: int, max_tokens: int | None, math_template: str | None,
                  code_template: str | None, timeout_s: float | None, baseline: str | None,
                  base_model: str | None, roles: str, data: tuple[str, ...], dtype: str, out: str | None,
-                 no_cache: bool) -> None:
+                 no_cache: bool, no_base: bool) -> None:
         """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
         run_eval(target=target, benchmarks=benchmarks, engine=engine, engine_params=_kv(engine_param, "--engine-param"),
                  executor=executor, executor_params=_kv(executor_param, "--executor-param"), limit=limit,
                  n=n, temperature=temperature, top_p=top_p, ks=ks, seed=seed, max_tokens=max_tokens,
                  math_template=math_template, code_template=code_template, timeout_s=timeout_s,
                  baseline=baseline, base_model=base_model, roles=roles, data=_kv(data, "--data"),
-                 dtype=dtype, out=out, no_cache=no_cache)
+                 dtype=dtype, out=out, no_cache=no_cache, no_base=no_base)
 
 
 def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
@@ -124,7 +125,7 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
              code_template: str | None = None, timeout_s: float | None = None,
              baseline: str | None = None, base_model: str | None = None, roles: str = "students",
              data: dict[str, str] | None = None, dtype: str = "auto", out: str | None = None,
-             no_cache: bool = False, quiet: bool = False) -> dict[str, Any]:
+             no_cache: bool = False, no_base: bool = False, quiet: bool = False) -> dict[str, Any]:
     """The ``populora eval`` command as a function (benchmarks and tests call it directly)."""
     from . import report
     from .runner import Evaluation, Settings
@@ -140,7 +141,8 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
         raise UserError(f"--k expects a comma list of integers, got {ks!r}") from None
     if not k_list or min(k_list) < 1 or max(k_list) > n:
         raise UserError(f"--k values must be between 1 and --n ({n}), got {ks!r}")
-    resolved = resolve_target(target, base_model=base_model, roles=roles, baseline=baseline, dtype=dtype)
+    resolved = resolve_target(target, base_model=base_model, roles=roles, baseline=baseline, dtype=dtype,
+                              include_base=not no_base)
     names = parse_benchmarks(benchmarks)
     data_paths = dict(((resolved.recipe.get("eval") or {}).get("data") or {}) if resolved.run_dir else {})
     data_paths = {k: str((resolved.run_dir / v) if resolved.run_dir and not Path(v).is_absolute()

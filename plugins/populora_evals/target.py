@@ -148,7 +148,7 @@ def run_subjects(run_dir: Path, roles: str, group: str, prefix: str = "") -> tup
 
 
 def resolve_target(target: str, *, base_model: str | None = None, roles: str = "students",
-                   baseline: str | None = None, dtype: str = "auto") -> Target:
+                   baseline: str | None = None, dtype: str = "auto", include_base: bool = True) -> Target:
     path = Path(target).expanduser()
     notes: list[str] = []
     if path.is_dir() and (path / "members.json").is_file():
@@ -190,4 +190,6 @@ def resolve_target(target: str, *, base_model: str | None = None, roles: str = "
         bsubjects, bnotes = run_subjects(bpath, roles, "baseline", prefix="baseline:")
         subjects += bsubjects
         notes += bnotes
+    if not include_base and kind != "base":
+        subjects = [s for s in subjects if s.group != "base"]
     return Target(kind, model, model_fingerprint(model.path), subjects, run_dir, recipe, notes)

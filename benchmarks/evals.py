@@ -1,0 +1,124 @@
+"""Benchmark: `populora eval` on a tiny model, and grading throughput against the sandbox alone.
+
+    python -m benchmarks.evals            # one member, all shipped-data benchmarks, --limit 20 (target < 5 min)
+    python -m benchmarks.evals --quick    # --limit 5, shorter generations, HumanEval-only grading (< 1 min)
+
+Part 1 (end to end): a tiny Llama (tests/tiny_model.py) plus one LoRA adapter with random non-zero B,
+evaluated through the ``hf`` engine and the sandbox on every benchmark whose data ships offline
+(humaneval, mbpp, aime24, aime25, math500, gsm8k) with ``--no-base`` (only the member), greedy,
+``--max-tokens`` capped (the tiny model has 512 positions; AZR's 16k budgets are for real models).
+Reports wall time per phase and in total, cold (no cache) and warm (all cached).
+
+Part 2 (grading throughput): HumanEval canonical solutions (164 jobs) and MBPP reference solutions
+(1,500 assert jobs) graded through the evaluators, against ``Executor.run_batch`` on the identical,
+prebuilt jobs; the ratio is the evaluator's own overhead (prompt assembly, job building, decoding).
+Plus math-verify throughput on MATH-500 gold answers. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def end_to_end(workdir: Path, limit: int, max_tokens: int) -> dict[str, Any]:
+    from populora_evals.cli import run_eval
+
+    from tests.evals_fixtures import make_adapter
+    from tests.tiny_model import build_tiny_model
+
+    base = build_tiny_model(workdir / "tiny")
+    adapter = make_adapter(workdir / "member@v1", base, seed=0)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(base)
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    kwargs = dict(target=str(adapter), benchmarks="shipped", engine="hf", limit=limit, max_tokens=max_tokens,
+                  out=str(workdir / "eval"), no_base=True, quiet=True)
+    t = time.perf_counter()
+    cold = run_eval(**kwargs)
+    cold_s = time.perf_counter() - t
+    t = time.perf_counter()
+    run_eval(**kwargs)
+    warm_s = time.perf_counter() - t
+    timings = cold["timings"]
+    return {"limit": limit, "max_tokens": max_tokens, "benchmarks": list(cold["benchmarks"]),
+            "cold_s": round(cold_s, 2), "warm_cached_s": round(warm_s, 2),
+            "generate_s": round(sum(v["generate_s"] for v in timings.values()), 2),
+            "grade_s": round(sum(v["grade_s"] for v in timings.values()), 2),
+            "per_benchmark": {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in timings.items()},
+            "tokens": sum(d.get("tokens", 0) for s in cold["subjects"] for d in s["details"].values()),
+            "target_s": 300, "meets_target": cold_s < 300}
+
+
+def grading_throughput(quick: bool) -> dict[str, Any]:
+    from populora_evals import grading
+    from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
+    from populora_evals.runner import make_executor
+
+    executor = make_executor("sandbox")
+    out: dict[str, Any] = {}
+    try:
+        executor.run_batch([grading.ExecJob("x = 1", "x", 5.0)] * 8)  # warm the zygotes
+        cases = [("humaneval", "canonical_solution")] + ([] if quick else [("mbpp", "code")])
+        for name, field in cases:
+            b = BENCHMARKS[name](EvaluatorParams(timeout_s=60))
+            items = b.items()
+            comps = [[it[field]] for it in items]
+            if name == "humaneval":
+                jobs = [grading.check_job(b.program(it, c[0]), it["test"], it["entry_point"], 60)
+                        for it, c in zip(items, comps)]
+            else:
+                jobs = [grading.assert_job(it["code"], it["setup"], test, 60) for it in items for test in it["tests"]]
+            t = time.perf_counter()
+            raw = executor.run_batch(jobs)
+            sandbox_s = time.perf_counter() - t
+            t = time.perf_counter()
+            graded = b.grade(items, comps, executor)
+            grade_s = time.perf_counter() - t
+            out[name] = {"problems": len(items), "jobs": len(jobs), "passed": sum(r[0] for r in graded),
+                         "sandbox_only_s": round(sandbox_s, 3), "evaluator_s": round(grade_s, 3),
+                         "jobs_per_s_sandbox": round(len(jobs) / sandbox_s, 1),
+                         "jobs_per_s_evaluator": round(len(jobs) / grade_s, 1),
+                         "overhead_ratio": round(grade_s / sandbox_s, 3),
+                         "sandbox_ok": sum(r.ok for r in raw)}
+    finally:
+        executor.close()
+    b = BENCHMARKS["math500"]()
+    items = b.items(100 if quick else 500)
+    t = time.perf_counter()
+    graded = b.grade(items, [[f"</think> <answer>\\boxed{{{it['answer']}}}</answer>"] for it in items])
+    math_s = time.perf_counter() - t
+    out["math500_math_verify"] = {"answers": len(items), "correct": sum(r[0] for r in graded),
+                                  "answers_per_s": round(len(items) / math_s, 1)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("POPULORA_LOAD_PLUGINS", "evals,engines,sandbox")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    limit, max_tokens = (5, 32) if args.quick else (20, 128)
+    with tempfile.TemporaryDirectory(prefix="populora-bench-evals-") as tmp:
+        e2e = end_to_end(Path(tmp), limit, max_tokens)
+        print(f"end to end: {json.dumps(e2e)}", file=sys.stderr)
+        throughput = grading_throughput(args.quick)
+        print(f"grading: {json.dumps(throughput)}", file=sys.stderr)
+    print(json.dumps({"benchmark": "evals", "quick": args.quick, "cpus": os.cpu_count(),
+                      "omp_threads": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
+                      "end_to_end": e2e, "grading": throughput}))
+
+
+if __name__ == "__main__":
+    main()
