@@ -1,0 +1,447 @@
+"""The paper's figures as PNGs, one panel per run side by side (matplotlib imported inside functions).
+
+Figures are built on ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot, so
+rendering touches no global backend state and works headless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .data import COMPLEXITY, RunData
+
+ROLE_COLORS = {"teacher": "tab:blue", "student": "tab:orange", "both": "tab:green"}
+SMOOTH_ABOVE = 30  # steps; longer runs get a trailing mean so per-member lines stay readable
+
+
+@dataclass
+class FigureOut:
+    id: str
+    file: str
+    title: str
+    caption: str
+    alt: str
+    notes: list[str] = field(default_factory=list)
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _figure(rows: int, cols: int, width: float, height: float, sharey: bool = True) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(width * cols, 5.0), height * rows), layout="constrained", dpi=100)
+    axes = fig.subplots(rows, cols, squeeze=False, sharey="row" if sharey else False)
+    return fig, axes
+
+
+def _save(fig: Any, out_dir: Path, name: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(out_dir / name, format="png")
+
+
+def member_colors(run: RunData) -> dict[str, Any]:
+    """A stable colour per member of a run, shared by every figure."""
+    from matplotlib import colormaps
+
+    members = run.member_ids()
+    cmap = colormaps["tab10" if len(members) <= 10 else "tab20"]
+    return {m: cmap(i % cmap.N) for i, m in enumerate(members)}
+
+
+def _empty(ax: Any, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.35", wrap=True)
+    ax.axis("off")  # not set_xticks([]): axes share their y-axis within a row
+
+
+def _legend(ax: Any) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize=7, ncol=max(1, min(4, (len(handles) + 5) // 6)), loc="best", framealpha=0.8)
+
+
+def _smooth(ys: list[float], n_steps: int) -> list[float]:
+    window = max(1, n_steps // 15) if n_steps > SMOOTH_ABOVE else 1
+    if window == 1:
+        return ys
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= window:
+            acc -= ys[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def _marker(n_points: int) -> str | None:
+    return "o" if n_points <= 30 else None
+
+
+def _plot_members(ax: Any, run: RunData, members: list[str], metric: str, colors: dict[str, Any]) -> int:
+    drawn = 0
+    for m in members:
+        xs, ys = run.member_series(m, metric)
+        if not xs:
+            continue
+        ax.plot(xs, _smooth(ys, run.final_step), label=m, color=colors[m], lw=1.2, marker=_marker(len(xs)), ms=3)
+        drawn += 1
+    return drawn
+
+
+def _no_steps(run: RunData) -> str:
+    return "no step records" if not run.steps else ""
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+
+def solve_rates(runs: list[RunData], out_dir: Path) -> FigureOut:
+    fig, axes = _figure(1, len(runs), 4.6, 3.6)
+    notes = []
+    for ax, run in zip(axes[0], runs):
+        ax.set_title(run.label, fontsize=10)
+        students = run.students()
+        colors = member_colors(run)
+        if not run.steps or not _plot_members(ax, run, students, "solve_rate", colors):
+            _empty(ax, "no student solve rates logged")
+            notes.append(f"{run.label}: no student solve rates in events.jsonl")
+            continue
+        xs, ys = run.series("solve_rate")
+        if xs:
+            ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.2, label="all students")
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        _legend(ax)
+    axes[0][0].set_ylabel("solve rate (estimation samples)")
+    fig.suptitle("Student solve rates over time")
+    _save(fig, out_dir, "solve_rates.png")
+    return FigureOut(
+        "fig-solve-rates",
+        "solve_rates.png",
+        "Student solve rates over time",
+        "Fraction of correct solver samples per student and step (thin), all students together (black). "
+        f"Runs longer than {SMOOTH_ABOVE} steps are smoothed with a trailing mean over 1/15 of the run.",
+        "Line chart: student solve rate per step, one panel per run",
+        notes,
+    )
+
+
+def complexity(runs: list[RunData], out_dir: Path) -> FigureOut:
+    fig, axes = _figure(len(COMPLEXITY), len(runs), 4.6, 2.6)
+    notes = []
+    for col, run in enumerate(runs):
+        teachers = run.teachers()
+        colors = member_colors(run)
+        for row, (metric, label) in enumerate(COMPLEXITY):
+            ax = axes[row][col]
+            if row == 0:
+                ax.set_title(run.label, fontsize=10)
+            drawn = _plot_members(ax, run, teachers, metric, colors)
+            xs, ys = run.problem_metric_mean(metric)
+            if xs:
+                ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.2, label="all valid proposals")
+            if not drawn and not xs:
+                _empty(ax, f"no {label} logged (no valid proposals)")
+                if row == 0:
+                    notes.append(f"{run.label}: no teacher program metrics")
+                continue
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel(label)
+            if row == len(COMPLEXITY) - 1:
+                ax.set_xlabel("step")
+            if row == 0:
+                _legend(ax)
+    fig.suptitle("Teacher program complexity over time (mean over valid proposals)")
+    _save(fig, out_dir, "complexity.png")
+    return FigureOut(
+        "fig-complexity",
+        "complexity.png",
+        "Teacher program complexity over time",
+        "Mean AST depth, cyclomatic complexity and lines of code of each teacher's valid proposals per step "
+        "(thin), and of every valid proposal of the step (black).",
+        "Line charts: AST depth, cyclomatic complexity and LOC of teacher programs per step, one column per run",
+        notes,
+    )
+
+
+def coverage(runs: list[RunData], out_dir: Path) -> FigureOut:
+    fig, axes = _figure(1, len(runs), 4.6, 3.6)
+    notes = []
+    for ax, run in zip(axes[0], runs):
+        ax.set_title(run.label, fontsize=10)
+        colors = member_colors(run)
+        drawn = _plot_members(ax, run, run.students(), "coverage", colors)
+        xs, ys = run.proposal_coverage()
+        if xs:
+            ax.plot(xs, ys, color="black", lw=1.6, ls="--", label="all valid proposals")
+        if not drawn and not xs:
+            _empty(ax, "no coverage logged")
+            notes.append(f"{run.label}: no coverage in events.jsonl")
+            continue
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        _legend(ax)
+    axes[0][0].set_ylabel("distinct problem signatures (cumulative)")
+    fig.suptitle("Cumulative problem-space coverage per student")
+    _save(fig, out_dir, "coverage.png")
+    return FigureOut(
+        "fig-coverage",
+        "coverage.png",
+        "Cumulative problem-space coverage",
+        "Distinct problem signatures each student has been trained on so far (a child starts from zero), "
+        "and distinct signatures among all valid proposals of the population (dashed).",
+        "Line chart: cumulative distinct problem signatures per student, one panel per run",
+        notes,
+    )
+
+
+def ratings(runs: list[RunData], out_dir: Path) -> FigureOut:
+    fig, axes = _figure(2, len(runs), 4.6, 2.9)
+    notes = []
+    for col, run in enumerate(runs):
+        top, bottom = axes[0][col], axes[1][col]
+        top.set_title(run.label, fontsize=10)
+        colors = member_colors(run)
+        roles = run.roles()
+        drawn = 0
+        for m in run.member_ids():
+            xs, mu = run.member_series(m, "rating_mu")
+            sx, sigma = run.member_series(m, "rating_sigma")
+            if not xs:
+                continue
+            style = "--" if roles.get(m) == "student" else "-"
+            top.plot(xs, mu, color=colors[m], lw=1.3, ls=style, label=f"{m} ({roles.get(m, '?')})")
+            if sx == xs:
+                bottom.plot(xs, [a - 3 * b for a, b in zip(mu, sigma)], color=colors[m], lw=1.3, ls=style)
+            drawn += 1
+        if not drawn:
+            _empty(top, "no ratings logged")
+            _empty(bottom, "no ratings logged")
+            notes.append(f"{run.label}: no ratings in events.jsonl")
+            continue
+        if run.is_baseline:
+            notes.append(f"{run.label}: single-agent baseline, ratings are not updated")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+        bottom.set_xlabel("step")
+        _legend(top)
+    axes[0][0].set_ylabel("TrueSkill μ")
+    axes[1][0].set_ylabel("conservative μ−3σ")
+    fig.suptitle("Ratings per member (teachers solid, students dashed)")
+    _save(fig, out_dir, "ratings.png")
+    return FigureOut(
+        "fig-ratings",
+        "ratings.png",
+        "Rating curves per member",
+        "TrueSkill mean μ (top) and the conservative rating μ−3σ that selection ranks by (bottom) per "
+        "member over the steps it exists; the gap between them is three times the rating's uncertainty σ.",
+        "Line charts: rating mu and mu minus 3 sigma per member, one column per run",
+        notes,
+    )
+
+
+def _lanes(run: RunData) -> list[str]:
+    """Members ordered depth-first from the initial ones, each child right below its first parent."""
+    roles = run.roles()
+    births = run.births()
+    kids: dict[str, list[str]] = {}
+    has_parent = set()
+    for rec in run.children():
+        parent = str(rec["parents"][0]).split("@")[0]
+        kids.setdefault(parent, []).append(rec["member"])
+        has_parent.add(rec["member"])
+    order: list[str] = []
+    role_rank = {"teacher": 0, "both": 1, "student": 2}
+
+    def visit(m: str) -> None:
+        if m in order:
+            return
+        order.append(m)
+        for child in sorted(kids.get(m, []), key=lambda c: (births.get(c, 0), c)):
+            visit(child)
+
+    members = run.member_ids()
+    for root in sorted(
+        (m for m in members if m not in has_parent), key=lambda m: (role_rank.get(roles.get(m, ""), 3), births[m])
+    ):
+        visit(root)
+    for m in members:
+        visit(m)
+    return order
+
+
+def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
+    lanes = {run.label: _lanes(run) for run in runs}
+    tallest = max((len(v) for v in lanes.values()), default=1)
+    fig, axes = _figure(1, len(runs), 5.2, min(max(2.2, 0.42 * tallest + 1.4), 40.0), sharey=False)
+    notes = []
+    from matplotlib.lines import Line2D
+
+    for ax, run in zip(axes[0], runs):
+        ax.set_title(run.label, fontsize=10)
+        order = lanes[run.label]
+        if not order:
+            _empty(ax, "no members recorded")
+            notes.append(f"{run.label}: no lineage.jsonl or members")
+            continue
+        roles, births, deaths = run.roles(), run.births(), run.deaths()
+        end = max(run.final_step, max(births.values(), default=0))
+        lane = {m: i for i, m in enumerate(order)}
+        span = max(end, 1)
+        for m in order:
+            y = lane[m]
+            color = ROLE_COLORS.get(roles.get(m, ""), "0.4")
+            stop = deaths.get(m, end)
+            ax.plot([births[m], stop], [y, y], color=color, lw=2.0, alpha=0.55, solid_capstyle="butt")
+            ax.plot([births[m]], [y], "o", color=color, ms=7, zorder=3)
+            if m in deaths:
+                ax.plot([stop], [y], "x", color="black", ms=7, mew=2, zorder=3)
+            ax.text(births[m] - 0.015 * span, y, m, ha="right", va="center", fontsize=8)
+        for rec in run.children():
+            child = rec["member"]
+            if child not in lane:
+                continue
+            for i, parent_version in enumerate(rec["parents"]):
+                parent = str(parent_version).split("@")[0]
+                if parent not in lane:
+                    continue
+                x = births[child]
+                ax.annotate(
+                    "",
+                    xy=(x, lane[child]),
+                    xytext=(x - 0.04 * span, lane[parent]),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.25", "lw": 1.0, "connectionstyle": "arc3,rad=-0.25"},
+                    zorder=2,
+                )
+                if i == 0:
+                    ax.text(
+                        x + 0.012 * span,
+                        (lane[child] + lane[parent]) / 2,
+                        f"{rec.get('operator', '?')}\n{parent_version}",
+                        fontsize=6.5,
+                        va="center",
+                        ha="left",
+                        color="0.15",
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "0.8", "alpha": 0.85},
+                        zorder=4,
+                    )
+        if not run.children():
+            notes.append(f"{run.label}: no evolution events (no children born)")
+            ax.text(0.98, 0.02, "no children born", transform=ax.transAxes, ha="right", fontsize=8, color="0.35")
+        ax.set_xlim(-0.12 * span, end + 0.15 * span)
+        ax.set_ylim(len(order) - 0.5, -0.7)
+        ax.set_yticks([])
+        ax.set_xlabel("step (birth → replacement)")
+        ax.grid(axis="x", alpha=0.3)
+    handles = [Line2D([], [], color=c, lw=3, label=r) for r, c in ROLE_COLORS.items()]
+    handles.append(Line2D([], [], color="black", marker="x", ls="", label="replaced"))
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right" if runs[-1].children() else "upper right")
+    fig.suptitle("Lineage: members by birth step, edges parent → child labelled with the operator")
+    _save(fig, out_dir, "lineage.png")
+    return FigureOut(
+        "fig-lineage",
+        "lineage.png",
+        "Lineage tree with operators",
+        "Each member is a lane from its birth step (dot) to its replacement (×) or the end of the run; "
+        "arrows go from each parent to the child, labelled with the operator and the parent version.",
+        "Lineage tree: members as nodes by birth step, arrows from parents to children labelled with operators",
+        notes,
+    )
+
+
+def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
+    baselines = [r for r in runs if r.is_baseline]
+    panels = [r for r in runs if not r.is_baseline] or baselines
+    fig, axes = _figure(2, len(panels), 5.4, 3.6, sharey=True)
+    notes = [f"{r.label}: no probe.jsonl" for r in runs if not r.probe]
+    base_probed = [r for r in baselines if r.probe_final()]
+    for col, run in enumerate(panels):
+        bar_ax, time_ax = axes[0][col], axes[1][col]
+        bar_ax.set_title(run.label, fontsize=10)
+        final = run.probe_final()
+        base = run.probe_base()
+        if not final and base is None:
+            _empty(bar_ax, "no probe evaluation (no probe.jsonl)" if not run.probe else "no usable probe records")
+            _empty(time_ax, "no probe evaluation")
+            continue
+        others = [b for b in base_probed if b is not run]
+        types = run.probe_task_types()
+        for b in others:
+            types += [t for t in b.probe_task_types() if t not in types]
+        groups = [*types, "all"]
+        bars: list[tuple[str, dict[str, float], dict[str, Any]]] = []
+        if base is not None:
+            bars.append(("base", {**base.by_type, "all": base.overall}, {"color": "0.6"}))
+        colors = member_colors(run)
+        for s in final:
+            bars.append((s.version, {**s.by_type, "all": s.overall}, {"color": colors.get(s.member, "tab:gray")}))
+        for b in others:
+            agents = b.probe_final()
+            acc = {
+                g: sum(a.by_type.get(g, 0.0) if g != "all" else a.overall for a in agents) / len(agents) for g in groups
+            }
+            label = f"baseline {b.label}" + (f" (mean of {len(agents)})" if len(agents) > 1 else "")
+            bars.append((label, acc, {"color": "white", "edgecolor": "black", "hatch": "//"}))
+        width = 0.82 / max(len(bars), 1)
+        for i, (label, acc, style) in enumerate(bars):
+            xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
+            heights = [acc.get(g, 0.0) for g in groups]
+            bar_ax.bar(xs, heights, width=width, label=label, **style)
+            bar_ax.text(xs[-1], heights[-1] + 0.015, f"{heights[-1]:.2f}", ha="center", fontsize=6, rotation=90)
+        bar_ax.set_xticks(range(len(groups)), groups)
+        bar_ax.set_ylim(0, 1.1)
+        bar_ax.set_ylabel("probe accuracy (greedy)" if col == 0 else "")
+        bar_ax.grid(axis="y", alpha=0.3)
+        step = final[0].step if final else base.step if base else 0
+        bar_ax.set_xlabel(f"task type (students probed at step {step})")
+        _legend(bar_ax)
+
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        for s in run.probe_summaries():
+            if s.member == "base" or s.role == "base":
+                continue
+            xs, ys = series.setdefault(s.member, ([], []))
+            xs.append(s.step)
+            ys.append(s.overall)
+        for m, (xs, ys) in series.items():
+            time_ax.plot(xs, ys, marker="o", ms=3, color=colors.get(m, "tab:gray"), label=m)
+        if base is not None:
+            time_ax.axhline(base.overall, color="0.45", ls="--", lw=1.4, label="base")
+        for b in others:
+            per_step: dict[int, list[float]] = {}
+            for s in b.probe_summaries():
+                if s.member != "base" and s.role != "base":
+                    per_step.setdefault(s.step, []).append(s.overall)
+            xs = sorted(per_step)
+            time_ax.plot(xs, [sum(per_step[x]) / len(per_step[x]) for x in xs], color="black", ls=":", marker="s",
+                         ms=3, label=f"baseline {b.label}")
+        time_ax.set_ylim(0, 1.05)
+        time_ax.set_xlabel("step")
+        time_ax.set_ylabel("probe accuracy, all types" if col == 0 else "")
+        time_ax.grid(alpha=0.3)
+        _legend(time_ax)
+    if baselines and not base_probed:
+        notes.append("the single-agent baseline has no probe records: no baseline bars")
+    if not baselines:
+        notes.append("no single-agent baseline run given (a run whose recipe has population.mode: single_agent)")
+    fig.suptitle("Probe accuracy per member vs the base model and the single-agent baseline")
+    _save(fig, out_dir, "probe.png")
+    return FigureOut(
+        "fig-probe",
+        "probe.png",
+        "Probe accuracy per member vs base and baseline",
+        "Top: greedy accuracy on the held-out probe set per task type and overall (n-weighted) of every student "
+        "at the last probe step, next to the base model (grey) and the single-agent baseline (hatched). "
+        "Bottom: overall probe accuracy at every probe step.",
+        "Bar chart: probe accuracy per student, base model and baseline per task type; line chart over probe steps",
+        notes,
+    )
+
+
+FIGURES = (solve_rates, complexity, coverage, ratings, lineage, probe)
