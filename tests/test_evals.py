@@ -352,3 +352,31 @@ def test_eval_argument_errors(tmp_path, evals_only):
         run_eval(target=str(run), benchmarks="aime24")
     with pytest.raises(UserError, match="not being evaluated"):
         run_eval(target="some/model", benchmarks="aime24", data={"amc23": "x.jsonl"})
+
+
+def test_eval_reads_the_loops_run_layout(tmp_path, evals_only):
+    """members.json as the loop writes it ({"members": [...], "next_index": ...}), base_model as a ref."""
+    from populora_evals.cli import run_eval
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 2), ("both_good", "both", 1)])
+    (run / "recipe.yaml").write_text(f"name: x\nsteps: 3\nbase_model:\n  name: {base}\n  params: {{}}\n")
+    members = json.loads((run / "members.json").read_text())
+    (run / "members.json").write_text(json.dumps({"members": members, "next_index": {"s": 1}}))
+    res = run_eval(target=str(run), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
+                   limit=4, quiet=True, no_base=True)
+    assert [s["label"] for s in res["subjects"]] == ["s_good@v2", "both_good@v1"]
+    assert res["target"]["base_model"] == str(base.resolve()) and res["deltas"] == {}
+
+
+def test_sampling_reports_unbiased_pass_at_k(tmp_path, evals_only):
+    from populora_evals.cli import run_eval
+
+    res = run_eval(target="some/hub-model", benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
+                   limit=10, n=4, temperature=0.8, ks="1,2,4", out=str(tmp_path / "o"), quiet=True)
+    details = res["subjects"][0]["details"]["aime24"]
+    # the oracle's base model is right on the first 5 problems, every sample
+    assert details["pass@1"] == details["pass@4"] == 0.5 and details["score"] == 50.0
+    assert res["settings"]["ks"] == [1, 2, 4] and res["settings"]["n"] == 4
