@@ -319,3 +319,14 @@ def test_compact_style_end_to_end(ex):
     assert task.solver_prompt(prob).startswith("[deduction:solve]")
     got = task.grade(prob, ["```output\n[2, 1]\n```", "```output\n[1, 2]\n```", "[2, 1]"])
     assert [(g.correct, g.formatted) for g in got] == [(True, True), (False, True), (False, False)]
+
+
+def test_released_fast_path_runs_model_text_in_the_sandbox_not_here(ex, tmp_path):
+    if type(ex).__name__ == "SubprocessTestExecutor":
+        pytest.skip("needs the sandbox executor (the test-only fallback isolates nothing)")
+    task = build_task("deduction", ex, compat="azr-released")
+    prob = propose(task, "def f(a):\n    return a + 1", "1")
+    target = tmp_path / "written_by_model"
+    hostile = f"open({str(target)!r}, 'w').write('x')"  # AZR would run this in its trainer process
+    [grade] = task.grade(prob, [answer("deduction", hostile)])
+    assert not grade.correct and not target.exists()

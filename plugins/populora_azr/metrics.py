@@ -57,7 +57,7 @@ def program_metrics(code: str) -> tuple[dict[str, Any], str]:
     metrics: dict[str, Any] = {
         "ast_depth": ast_depth(tree),
         "ast_nodes": sum(1 for n in ast.walk(tree) if not isinstance(n, _SKIP)),
-        "cyclomatic": int(ComplexityVisitor.from_code(code).total_complexity),
+        "cyclomatic": int(ComplexityVisitor.from_ast(tree).total_complexity),
         "loc": int(analyze(code).sloc),
     }
     return metrics, signature(tree)

@@ -330,22 +330,38 @@ class _AZRTask:
             raise ValueError(f"state of task {state.get('task')!r} loaded into task {self.name!r}")
         self.buffer.load_state_dict(state["buffer"])
 
-    def _finish(self, problem: Problem, completion: str) -> Problem:
-        problem.metrics["formatted"] = prompts.check_format(completion, self.style)
-        if self.params.compute_metrics and problem.program:
-            try:
-                metrics, sig = _metrics(problem.program)
-            except (SyntaxError, ValueError, MemoryError, RecursionError):
-                return problem
-            problem.metrics.update(metrics)
-            problem.signature = sig
-        return problem
+    def _run_proposals(self, problems: Sequence[Problem], prepared: Sequence[_Prepared],
+                       completions: Sequence[str]) -> list[list[ExecResult]]:
+        """Run the validation jobs; program metrics are computed meanwhile in a thread (the batch mostly
+        waits on the sandbox), so they stay off the hot path."""
+        for prob, text in zip(problems, completions, strict=True):
+            prob.metrics["formatted"] = prompts.check_format(text, self.style)
+        if not self.params.compute_metrics:
+            return self._run(prepared)
+        from concurrent.futures import ThreadPoolExecutor
+
+        programs = [prob.program for prob in problems]
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(lambda: [_metrics(code) for code in programs])
+            results = self._run(prepared)
+            measured = future.result()
+        for prob, got in zip(problems, measured, strict=True):
+            if got is not None:
+                prob.metrics.update(got[0])
+                prob.signature = got[1]
+        return results
 
 
-def _metrics(program: str) -> tuple[dict[str, Any], str]:
+def _metrics(program: str) -> tuple[dict[str, Any], str] | None:
+    """Metrics of a program that parses, else None."""
     from .metrics import program_metrics
 
-    return program_metrics(program)
+    if not program:
+        return None
+    try:
+        return program_metrics(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
 
 
 def _reserved_names(tree: ast.AST) -> list[str]:
@@ -399,7 +415,8 @@ class CodeIOTask(_AZRTask):
             prob = Problem(self.name, "", [], [], proposer=who)
             problems.append(prob)
             prepared.append(self._prepare(prob, text))
-        for prob, prep, res, text in zip(problems, prepared, self._run(prepared), completions, strict=True):
+        results = self._run_proposals(problems, prepared, completions)
+        for prob, prep, res in zip(problems, prepared, results, strict=True):
             if prep.error is None:
                 err, out = self.output_from(res)
                 prob.error = err
@@ -408,7 +425,6 @@ class CodeIOTask(_AZRTask):
                     prob.outputs = [out]
             else:
                 prob.error = prep.error
-            self._finish(prob, text)
         return problems
 
     def _prepare(self, prob: Problem, text: str) -> _Prepared:
@@ -541,7 +557,8 @@ class InductionTask(_AZRTask):
             prob = Problem(self.name, program, [], [], proposer=who)
             problems.append(prob)
             prepared.append(self._prepare(prob, text))
-        for prob, prep, res, text in zip(problems, prepared, self._run(prepared), completions, strict=True):
+        results = self._run_proposals(problems, prepared, completions)
+        for prob, prep, res in zip(problems, prepared, results, strict=True):
             if prep.error is None:
                 outputs, errors = [], []
                 for k in range(len(prob.inputs)):
@@ -554,7 +571,6 @@ class InductionTask(_AZRTask):
                 prob.error = "; ".join(errors) or None
             else:
                 prob.error = prep.error
-            self._finish(prob, text)
         return problems
 
     def _prepare(self, prob: Problem, text: str) -> _Prepared:
