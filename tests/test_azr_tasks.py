@@ -330,3 +330,28 @@ def test_released_fast_path_runs_model_text_in_the_sandbox_not_here(ex, tmp_path
     hostile = f"open({str(target)!r}, 'w').write('x')"  # AZR would run this in its trainer process
     [grade] = task.grade(prob, [answer("deduction", hostile)])
     assert not grade.correct and not target.exists()
+
+
+@pytest.mark.parametrize("program,inp", [
+    ("def g(a):\n    return a", "[" * 400 + "]" * 400),               # parser nesting limit
+    ("def g(a):\n    return a", "[" * 5000 + "]" * 5000),             # over the size cap
+    ("def g(a):\n    return " + "-" * 3000 + "a", "1"),               # deep unary chain
+    ("def g(a):\n    return a\x00", "1"),                              # null byte
+    ("def g(a):\n    return '''unterminated", "1"),
+    ("def g(a):\nreturn a", "1"),                                     # bad indentation
+    ("", "1"),
+])
+def test_pathological_proposals_are_invalid_not_crashes(ex, program, inp):
+    task = build_task("deduction", ex, timeout_s=2.0)
+    prob = propose(task, program, inp)
+    assert not prob.valid and prob.error
+    assert task.proposer_reward(prob, 0.5) == -1.0
+
+
+def test_pathological_answers_are_wrong_not_crashes(ex):
+    for name in ("deduction", "abduction", "induction"):
+        task = build_task(name, ex, timeout_s=2.0)
+        [seed] = task.buffer.items[:1]
+        answers = ["[" * 400 + "]" * 400, "(" * 5000, "\x00", "'''", "def f(a:\n", "x" * 20000]
+        grades = task.grade(seed, [answer(name, a) for a in answers])
+        assert not any(g.correct for g in grades), name

@@ -20,6 +20,7 @@ Two behaviours, chosen by ``compat``:
 from __future__ import annotations
 
 import ast
+import tokenize
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ class _AZRTask:
     def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
         self.params = params
         self.executor = executor
-        self.rng = as_random(rng) if rng is not None else as_random(0)
+        self.rng = as_random(rng if rng is not None else 0)
         self.compat = params.compat == "azr-released"
         self.style = params.style
         if params.banned is not None:
@@ -219,7 +220,7 @@ class _AZRTask:
         if "f" not in tops:
             try:
                 program = checks.rename_identifier(program, tops[0], "f")
-            except (SyntaxError, ValueError) as exc:  # tokenize can disagree with ast on odd input
+            except (SyntaxError, ValueError, tokenize.TokenError) as exc:  # tokenize can disagree with ast
                 return f"syntax: {exc}", program
         return None, program
 
@@ -231,13 +232,14 @@ class _AZRTask:
             return None, f"f({args})"
         try:
             tree = checks.call_of_f(args)
+            call = ast.unparse(tree)
         except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
             return f"input: {exc}", ""
         bad = checks.banned_violations(tree, self.banned, self.params.banned_builtins,
                                        self.params.banned_attributes) + _reserved_names(tree)
         if bad:
             return "banned in input: " + "; ".join(bad), ""
-        return None, ast.unparse(tree)
+        return None, call
 
     def output_jobs(self, program: str, call: str) -> list[ExecJob]:
         """Jobs computing the gold output of ``call``: two fresh processes (fixed) or one (compat)."""
@@ -319,8 +321,12 @@ class _AZRTask:
     def add_to_buffer(self, problems: Sequence[Problem]) -> None:
         self.buffer.add(p for p in problems if p.task_type == self.name)
 
+    def _rng(self, rng: Any) -> Any:
+        """The caller's generator, or the task's own (from the factory's ``rng``) when None."""
+        return self.rng if rng is None else as_random(rng)
+
     def sample_problems(self, count: int, rng: Any) -> list[Problem]:
-        return self.buffer.recent_first(count, as_random(rng))
+        return self.buffer.recent_first(count, self._rng(rng))
 
     def state_dict(self) -> dict[str, Any]:
         return {"task": self.name, "buffer": self.buffer.state_dict()}
@@ -397,7 +403,7 @@ class CodeIOTask(_AZRTask):
                         proposer="seed")]
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
-        r = as_random(rng)
+        r = self._rng(rng)
         out = []
         for _ in range(count):
             refs = self.buffer.sample(self.params.references, r)
@@ -536,7 +542,7 @@ class InductionTask(_AZRTask):
         self.programs.add(p for p in problems if p.task_type in ("deduction", "abduction"))
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
-        r = as_random(rng)
+        r = self._rng(rng)
         pool = self.program_pool()
         out = []
         for _ in range(count):
