@@ -49,7 +49,10 @@ class GRPOParams(_Common):
 
 @hookimpl
 def register_trainers(register):
+    from .grpo import GRPOLoraTrainer
     from .trr import TRRTrainer
 
     register("trr++", TRRTrainer.factory, params=TRRParams,
              description="AZR Task-Relative REINFORCE++ (per task x role whitening, token-mean loss)")
+    register("grpo", GRPOLoraTrainer.factory, params=GRPOParams,
+             description="TRL GRPO loss family on toolkit rollouts, one adapter per member")
