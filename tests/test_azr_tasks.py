@@ -355,3 +355,37 @@ def test_pathological_answers_are_wrong_not_crashes(ex):
         answers = ["[" * 400 + "]" * 400, "(" * 5000, "\x00", "'''", "def f(a:\n", "x" * 20000]
         grades = task.grade(seed, [answer(name, a) for a in answers])
         assert not any(g.correct for g in grades), name
+
+
+class RecordingExecutor:
+    """Passes jobs on to the real executor and keeps them, to check what the task asks it to run."""
+
+    def __init__(self, inner):
+        self.inner, self.jobs = inner, []
+
+    def run_batch(self, jobs):
+        self.jobs.extend(jobs)
+        return self.inner.run_batch(jobs)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("compat,variants", [("fixed", [0, 1]), ("azr-released", [0])])
+def test_determinism_runs_use_distinct_hash_variants(ex, compat, variants):
+    rec = RecordingExecutor(ex)
+    task = build_task("deduction", rec, compat=compat, timeout_s=3.0, memory_mb=256)
+    assert propose(task, "def f(a):\n    return a * 2", "21").valid
+    assert [j.hash_variant for j in rec.jobs] == variants
+    assert len({(j.code, j.expr) for j in rec.jobs}) == 1
+    assert all(j.timeout_s == 3.0 and j.memory_mb == 256 for j in rec.jobs)
+
+
+def test_identical_answers_are_checked_once_in_one_batch(ex):
+    rec = RecordingExecutor(ex)
+    task = build_task("deduction", rec)
+    prob = propose(task, "def f(a):\n    return a * 2", "21")
+    rec.jobs.clear()
+    grades = task.grade(prob, [answer("deduction", "42")] * 5 + [answer("deduction", "41")] * 3)
+    assert [g.correct for g in grades] == [True] * 5 + [False] * 3
+    assert len(rec.jobs) == 2
