@@ -42,7 +42,7 @@ from .registry import Component, Registry
 from .run import RunDir
 
 #: Phases whose time is model compute; everything else counts as orchestration.
-MODEL_PHASES = ("generate_propose", "generate_solve", "train")
+MODEL_PHASES = ("generate_propose", "generate_solve", "generate_buffer", "train")
 
 
 def load_problems(path: str | Path) -> list[Problem]:
@@ -334,7 +334,6 @@ class Run:
                         )
                         for c, g in zip(completions, grades)
                     ]
-            rollouts += self._buffer_solves(step)
             for i, problem in enumerate(problems):
                 task_name, teacher_id, _ = origin[i]
                 teacher = members[teacher_id]
@@ -352,6 +351,8 @@ class Run:
                         {"valid": problem.valid, "problem": i},
                     )
                 )
+
+        rollouts += self._buffer_solves(step, timer)
 
         with timer("ratings"):
             outcomes = []
@@ -415,7 +416,7 @@ class Run:
         self.last_metrics = metrics
         return metrics
 
-    def _buffer_solves(self, step: int) -> list[Rollout]:
+    def _buffer_solves(self, step: int, timer: PhaseTimer) -> list[Rollout]:
         """AZR's solver batch: buffer problems each student solves once (trained, not estimating)."""
         k = self.recipe.rollout.buffer_problems_per_student
         if not k:
@@ -430,16 +431,17 @@ class Run:
         if not requests:
             return []
         cfg = self.recipe.rollout
-        outs = self.engine.generate(
-            requests,
-            SamplingParams(
-                n=1,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                max_tokens=cfg.solve_max_tokens,
-                seed=derived_seed(self.recipe.seed, step, "sample/buffer"),
-            ),
-        )
+        with timer("generate_buffer"):
+            outs = self.engine.generate(
+                requests,
+                SamplingParams(
+                    n=1,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    max_tokens=cfg.solve_max_tokens,
+                    seed=derived_seed(self.recipe.seed, step, "sample/buffer"),
+                ),
+            )
         rollouts = []
         for (task_name, student, problem), (c,) in zip(origin, outs):
             (grade,) = self.tasks[task_name].grade(problem, [c.text])
