@@ -86,7 +86,7 @@ def test_azr_prompts_have_the_r1_structure_and_references():
     assert p.rstrip().endswith("Assistant: <think>") and "User: " in p
     assert "<snippet_0>" in p and "<snippet_1>" in p and "os.path" in p
     ind = P.induction_proposer_prompt("def f(a):\n    return a", n_inputs=10, style="azr")
-    assert "10 inputs" in ind and "f(<|YOUR INPUT WILL BE PLUGGED HERE|>)" in ind
+    assert "10 inputs" in ind and "f(<one of your inputs goes here>)" in ind
     solver = P.induction_solver_prompt([("1", "1"), ("2", "2")], "identity", style="azr")
     assert "input_1" in solver and "output_0" in solver and "identity" in solver
 

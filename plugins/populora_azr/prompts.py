@@ -207,7 +207,7 @@ def induction_proposer_prompt(program: str, *, n_inputs: int = 10, style: str = 
         "- Coverage: the inputs exercise different behaviours.\n- Creativity: inputs are varied.\n"
         "- Challenging but not impossible to infer.",
         "First make a plan, then write the inputs and the message.",
-        "### The function:\n" + fence("python", program + "\n\nf(<|YOUR INPUT WILL BE PLUGGED HERE|>)"),
+        "### The function:\n" + fence("python", program + "\n\nf(<one of your inputs goes here>)"),
     ])
     return r1_wrap(body)
 
