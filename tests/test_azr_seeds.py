@@ -43,6 +43,17 @@ def validate_rows(ex, rows, compat):
     return task.parse_proposals(texts, [None] * len(texts), ["seed"] * len(texts))
 
 
+def test_first_code_seeds_reproduce(ex):
+    """Quick subset: the first 32 Coder-7B seeds; every one valid under our rules reproduces its output."""
+    rows = load_seeds("7b_coder_seed_io.jsonl")[:32]
+    ours = validate_rows(ex, rows, "fixed")
+    assert sum(p.valid for p in ours) >= 28
+    for p, r in zip(ours, rows, strict=True):
+        if p.valid:
+            assert _same_value(p.outputs[0], r["output"]) or azr_truncate(p.outputs[0]) == r["output"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("filename", ["7b_seed_io.jsonl", "7b_coder_seed_io.jsonl"])
 def test_code_seeds_validate_and_reproduce(ex, filename):
     rows = load_seeds(filename)
