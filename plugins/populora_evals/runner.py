@@ -65,7 +65,7 @@ def make_executor(name: str = "sandbox", params: dict[str, Any] | None = None) -
 def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Settings) -> str:
     spec = {"v": EVAL_VERSION, "subject": subject.identity(), "base": target.base_fingerprint,
             "benchmark": bench.name, "dataset": bench.dataset_hash(), "template": bench.template,
-            "max_tokens": bench.max_tokens, "timeout_s": bench.params.timeout_s,
+            "max_tokens": bench.max_tokens, "params": bench.params.model_dump(exclude={"path"}),
             "limit": settings.limit, "n": settings.n, "temperature": settings.temperature,
             "top_p": settings.top_p, "seed": settings.seed, "engine": settings.engine,
             "dtype": target.base_model.dtype}
