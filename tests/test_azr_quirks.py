@@ -157,6 +157,10 @@ def test_input_substring_ban(ex):
     assert propose(fixed_ded, program, "'a'").outputs == ["'A'"]
     assert "input(" in propose(released_ded, program, "'a'").error
     assert "builtin input" in propose(fixed_ded, "def f(a):\n    return input()", "1").error
+    # the release refuses it in solver checks too, e.g. an abduction answer mentioning it
+    released_abd = build_task("abduction", ex, compat=RELEASED)
+    prob = propose(released_abd, "def f(a):\n    return len(a)", "'ab'")
+    assert solve(released_abd, prob, "'input(' ", "'xy'") == [False, True]
 
 
 @pytest.mark.parametrize("program", [

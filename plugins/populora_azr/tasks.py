@@ -176,9 +176,14 @@ class _AZRTask:
     def _run(self, prepared: Sequence[_Prepared]) -> list[list[ExecResult]]:
         """Run every prepared item's jobs in one batch; results grouped per item."""
         jobs = [j for p in prepared for j in p.jobs]
-        results = self.executor.run_batch(jobs) if jobs else []
-        if len(results) != len(jobs):
-            raise RuntimeError(f"executor returned {len(results)} results for {len(jobs)} jobs")
+        refused = {i for i, j in enumerate(jobs) if self.compat and "input(" in j.code + (j.expr or "")}
+        runnable = [j for i, j in enumerate(jobs) if i not in refused]
+        ran = iter(self.executor.run_batch(runnable) if runnable else [])
+        # AZR's executor refuses any code containing the substring "input(" (answers and checks too)
+        results = [ExecResult(status="error", error="RuntimeError: input( is not allowed") if i in refused
+                   else next(ran) for i in range(len(jobs))]
+        if next(ran, None) is not None:
+            raise RuntimeError(f"executor returned more results than the {len(runnable)} jobs it was given")
         out, i = [], 0
         for p in prepared:
             out.append(list(results[i:i + len(p.jobs)]))
