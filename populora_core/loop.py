@@ -148,6 +148,7 @@ class Run:
         self.coverage: dict[str, set[str]] = defaultdict(set)
         self.last_metrics: dict[str, Any] = {}
         self._probe: dict[str, list[Problem]] | None = None
+        self._last_checkpoint_s = 0.0
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -396,7 +397,8 @@ class Run:
         if self.recipe.evolution.every and step % self.recipe.evolution.every == 0 and not self.single_agent:
             with timer("evolution"):
                 events = self.evolve(step)
-        total = time.perf_counter() - step_start
+        timer.seconds["checkpoint"] += self._last_checkpoint_s  # the previous step's, paid between steps
+        total = time.perf_counter() - step_start + self._last_checkpoint_s
         model_s = sum(timer.seconds[p] for p in MODEL_PHASES)
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         metrics.update(
@@ -411,8 +413,11 @@ class Run:
         probe = self.recipe.probe
         if probe.enabled and (step == self.recipe.steps or (probe.every and step % probe.every == 0)):
             self.probe(step, include_base=False)
+        self._last_checkpoint_s = 0.0
         if step % self.recipe.checkpoint.every == 0 or step == self.recipe.steps:
+            start = time.perf_counter()
             self.checkpoint()
+            self._last_checkpoint_s = time.perf_counter() - start
         self.last_metrics = metrics
         return metrics
 
