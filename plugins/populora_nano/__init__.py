@@ -1,0 +1,38 @@
+"""The ``nano`` base model: a tiny Llama trained here on synthetic AZR-style tasks (see README.md).
+
+Recipes say ``base_model: nano``. The weights and tokenizer ship inside this package (``model/``);
+``make_model.py`` rebuilds them from a seed, ``probe.py`` measures them on the held-out ``probe.jsonl``.
+No heavy imports here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from populora_core import Params, hookimpl
+
+#: Where the shipped model and probe set live.
+MODEL_DIR = Path(__file__).resolve().parent / "model"
+PROBE_FILE = Path(__file__).resolve().parent / "probe.jsonl"
+
+
+class NanoParams(Params):
+    """The shipped model has no knobs: it is one fixed set of weights."""
+
+
+def nano_base_model(params: NanoParams | None = None) -> Any:
+    """Tiny code-reasoning Llama trained on synthetic AZR tasks in the compact prompt style."""
+    from populora_core.components import BaseModel
+    from populora_core.errors import UserError
+
+    if not (MODEL_DIR / "config.json").is_file():
+        raise UserError(f"base_model nano: the model files are missing from {MODEL_DIR} "
+                        "(rebuild with: python -m populora_nano.make_model --out plugins/populora_nano)")
+    return BaseModel(path=str(MODEL_DIR), name="nano", dtype="float32")
+
+
+@hookimpl
+def register_base_models(register: Any) -> None:
+    register("nano", nano_base_model, params=NanoParams,
+             description="tiny Llama (code tasks, compact prompts) shipped with PopuLoRA")

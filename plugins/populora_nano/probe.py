@@ -1,0 +1,184 @@
+"""Probe evaluation: solver accuracy per task type and proposal validity on the fixed held-out set.
+
+API (what the loop calls; only core contracts are used, so any engine/task implementation works)::
+
+    problems = load_probe()                                   # list[Problem] from probe.jsonl
+    seed_buffers(tasks, problems)                             # optional: references for proposals
+    result = evaluate_probe(engine, {"base": None, "s0@v3": AdapterRef(...)}, tasks, problems)
+    result["base"]["solver_accuracy"]["deduction"]            # fraction correct, greedy decoding
+
+``tasks`` maps task-type names to Task components built with ``style: compact`` (the prompt format the
+model was trained on); solver prompts come from ``task.solver_prompt`` and answers are graded by
+``task.grade`` (in the task's executor). Proposal validity samples ``proposals`` proposer prompts per
+task from ``task.proposer_prompts`` (the task's own buffer) and counts proposals that
+``task.parse_proposals`` accepts. To compare with the model card, pass fresh tasks seeded with
+:func:`seed_buffers`; a run's live tasks give prompts with that run's references instead.
+
+CLI (engine ``hf``, tasks and ``sandbox`` executor from the registry)::
+
+    python -m populora_nano.probe [--adapter DIR ...] [--proposals 20] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from populora_core.components import AdapterRef, GenerationRequest, Problem, SamplingParams
+
+from . import PROBE_FILE
+
+TASK_TYPES = ("deduction", "abduction", "induction")
+#: Greedy answer budget per task type, in tokens (the corpus's longest answers fit with room to spare).
+SOLVER_MAX_TOKENS = {"deduction": 64, "abduction": 64, "induction": 160}
+PROPOSER_MAX_TOKENS = 256
+
+
+def load_probe(path: str | Path | None = None) -> list[Problem]:
+    """The probe problems as valid :class:`Problem` objects (JSON lines of Problem fields)."""
+    from populora_core.errors import UserError
+
+    path = Path(path) if path is not None else PROBE_FILE
+    fields = {"task_type", "program", "inputs", "outputs", "message"}
+    problems = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"probe file {path}: {exc}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"probe file {path}, line {n}: not JSON ({exc})") from None
+        if not isinstance(rec, dict) or set(rec) != fields:
+            raise UserError(f"probe file {path}, line {n}: expected the keys {sorted(fields)}")
+        if rec["task_type"] not in TASK_TYPES or len(rec["inputs"]) != len(rec["outputs"]) or not rec["inputs"]:
+            raise UserError(f"probe file {path}, line {n}: bad task_type or inputs/outputs")
+        problems.append(Problem(rec["task_type"], rec["program"], list(rec["inputs"]), list(rec["outputs"]),
+                                message=rec["message"], valid=True, proposer="probe"))
+    return problems
+
+
+def seed_buffers(tasks: Mapping[str, Any], problems: Sequence[Problem]) -> None:
+    """Give each task the probe's problems as buffer entries (the references its proposer prompts show)."""
+    for task in tasks.values():
+        task.add_to_buffer([p for p in problems if p.task_type in ("deduction", "abduction")])
+
+
+def evaluate_probe(engine: Any, adapters: Mapping[str, AdapterRef | None], tasks: Mapping[str, Any],
+                   problems: Sequence[Problem], *, proposals: int = 0, proposal_temperature: float = 1.0,
+                   seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Per adapter (``None`` = the base model): greedy solver accuracy per task type, and with
+    ``proposals > 0`` the proposal validity rate per task type.
+
+    Returns ``{name: {"solver_accuracy": {task: acc, "mean": macro-average}, "formatted": {task: rate},
+    "n": {task: count}, "proposal_validity": {task: rate}}}``; task types without problems (or without
+    a task in ``tasks``) are left out. One ``engine.generate`` call per task type serves every adapter.
+    """
+    out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}}
+                                      for name in adapters}
+    names = list(adapters)
+    for task_type in TASK_TYPES:
+        task = tasks.get(task_type)
+        probs = [p for p in problems if p.task_type == task_type]
+        if task is None or not probs:
+            continue
+        prompts = [task.solver_prompt(p) for p in probs]
+        requests = [GenerationRequest(prompt, adapters[name]) for name in names for prompt in prompts]
+        sampling = SamplingParams(n=1, temperature=0.0, max_tokens=SOLVER_MAX_TOKENS[task_type])
+        completions = engine.generate(requests, sampling)
+        for k, name in enumerate(names):
+            rows = completions[k * len(probs):(k + 1) * len(probs)]
+            grades = [task.grade(p, [row[0].text])[0] for p, row in zip(probs, rows, strict=True)]
+            out[name]["solver_accuracy"][task_type] = sum(g.correct for g in grades) / len(grades)
+            out[name]["formatted"][task_type] = sum(g.formatted for g in grades) / len(grades)
+            out[name]["n"][task_type] = len(grades)
+    for name in names:
+        accs = out[name]["solver_accuracy"]
+        if accs:
+            accs["mean"] = sum(accs.values()) / len(accs)
+    if proposals > 0:
+        for name in names:
+            out[name]["proposal_validity"] = {}
+        for t, task_type in enumerate(TASK_TYPES):
+            task = tasks.get(task_type)
+            if task is None:
+                continue
+            pairs = task.proposer_prompts(proposals, random.Random(seed * 1000 + t))
+            requests = [GenerationRequest(prompt, adapters[name]) for name in names for prompt, _ in pairs]
+            sampling = SamplingParams(n=1, temperature=proposal_temperature, max_tokens=PROPOSER_MAX_TOKENS,
+                                      seed=seed + t)
+            completions = engine.generate(requests, sampling)
+            for k, name in enumerate(names):
+                rows = completions[k * len(pairs):(k + 1) * len(pairs)]
+                parsed = task.parse_proposals([r[0].text for r in rows], [c for _, c in pairs], name)
+                out[name]["proposal_validity"][task_type] = sum(p.valid for p in parsed) / len(parsed)
+    return out
+
+
+def _adapter_name(path: Path) -> str:
+    return path.name or str(path)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m populora_nano.probe", description=__doc__.split("\n")[0])
+    ap.add_argument("--adapter", action="append", default=[], type=Path, help="PEFT adapter dir (repeatable)")
+    ap.add_argument("--base-model", default="nano", help="registered base model name")
+    ap.add_argument("--probe", type=Path, default=None, help="probe file (default: the shipped probe.jsonl)")
+    ap.add_argument("--model-dir", type=Path, default=None, help="evaluate this model dir instead of --base-model")
+    ap.add_argument("--proposals", type=int, default=20, help="proposer prompts per task type (0: skip)")
+    ap.add_argument("--limit", type=int, default=None, help="first N problems per task type")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
+    args = ap.parse_args(argv)
+
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from populora_core.components import BaseModel, LoraSettings
+    from populora_core.plugins import get_manager
+
+    reg = get_manager().registry
+    if args.model_dir is not None:
+        base = BaseModel(path=str(args.model_dir), name=args.model_dir.name, dtype="float32")
+    else:
+        comp = reg.get("base_model", args.base_model)
+        base = comp.factory(comp.parse_params({}))
+    problems = load_probe(args.probe)
+    if args.limit is not None:
+        problems = [p for t in TASK_TYPES for p in [q for q in problems if q.task_type == t][:args.limit]]
+    ex_comp = reg.get("executor", "sandbox")
+    executor = ex_comp.factory(ex_comp.parse_params({}))
+    try:
+        tasks = {}
+        for name in TASK_TYPES:
+            comp = reg.get("task", name)
+            tasks[name] = comp.factory(comp.parse_params({"style": "compact"}), executor=executor, rng=args.seed)
+        seed_buffers(tasks, problems)
+        eng = reg.get("engine", "hf")
+        engine = eng.factory(eng.parse_params({}), base_model=base, lora=LoraSettings(), seed=args.seed)
+        adapters: dict[str, AdapterRef | None] = {"base": None}
+        for path in args.adapter:
+            adapters[_adapter_name(path)] = AdapterRef(_adapter_name(path), str(path))
+        try:
+            result = evaluate_probe(engine, adapters, tasks, problems, proposals=args.proposals, seed=args.seed)
+        finally:
+            engine.close()
+    finally:
+        executor.close()
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
