@@ -138,3 +138,15 @@ def test_bad_input_is_a_user_error(base, adapters, tmp_path):
     engine.close()
     with pytest.raises(UserError, match="close"):
         engine.generate([GenerationRequest("x", None)], SamplingParams())
+
+
+def test_batched_lora_matches_peft_adapter_names(base, adapters):
+    """The bmm mixed-adapter path and PEFT's adapter_names loop give the same tokens and log-probs."""
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 5 != 4 else None) for i, p in enumerate(PROMPTS * 3)]
+    s = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=3)
+    bmm = make_engine("hf", base, mixed_lora="bmm").generate(reqs, s)
+    peft = make_engine("hf", base, mixed_lora="peft").generate(reqs, s)
+    assert _tokens(bmm) == _tokens(peft)
+    for a, b in zip(bmm, peft):
+        for x, y in zip(a, b):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)

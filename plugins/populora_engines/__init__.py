@@ -7,7 +7,7 @@ engine modules import them inside functions, so ``populora --help`` stays fast.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -22,6 +22,10 @@ class HFEngineParams(Params):
     max_batch_size: int = 256
     max_loaded_adapters: int = 64  # adapter versions kept in memory (LRU); older ones reload from disk
     sort_by_length: bool = True  # batch prompts of similar length together (less padding)
+    # mixed-adapter LoRA: bmm = stacked per-row weights, two batched matmuls per module (no per-adapter
+    # loop); peft = PEFT's adapter_names loop; auto = bmm while its gathered weights fit bmm_budget_mb
+    mixed_lora: Literal["auto", "bmm", "peft"] = "auto"
+    bmm_budget_mb: int = 512
 
 
 class VLLMEngineParams(Params):

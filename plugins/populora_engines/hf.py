@@ -10,6 +10,7 @@ top-p), as vLLM reports them by default.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from populora_core.components import (
     SamplingParams,
 )
 
+from .batched_lora import BASE, batched_adapters, gathered_bytes, supported
 from .common import check_sampling, cut_completion, encode_prompts
 
 
@@ -77,7 +79,6 @@ class HFEngine:
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``sampling.n`` completions per request, in request order, all adapters mixed in each batch."""
         from populora_core.errors import UserError
-        from populora_core.modelhost import BASE
 
         if self._closed:
             raise UserError("hf engine: generate() after close()")
@@ -142,14 +143,18 @@ class HFEngine:
             config_kwargs["stop_strings"] = list(sampling.stop)
         gen_config = GenerationConfig(**config_kwargs)
         kwargs: dict[str, Any] = {}
-        if host.peft is not None:
-            kwargs["adapter_names"] = keys
         if sampling.stop:
             kwargs["tokenizer"] = tok
         model = host.model
         model.eval()
+        context: Any = contextlib.nullcontext()
+        if host.peft is not None:
+            if self._use_bmm(keys):
+                context = batched_adapters(host.peft, keys)
+            else:
+                kwargs["adapter_names"] = keys
         devices = [torch.cuda.current_device()] if host.device.startswith("cuda") else []
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), context:
             torch.manual_seed(seed)
             out = model.generate(input_ids=input_ids.to(host.device), attention_mask=attention.to(host.device),
                                  generation_config=gen_config, logits_processor=LogitsProcessorList([recorder]),
@@ -166,6 +171,12 @@ class HFEngine:
             completions.append(Completion(text=text, token_ids=ids, logprobs=logps[r, : len(ids)].tolist(),
                                           prompt_token_ids=list(p), finish_reason=reason))
         return completions
+
+    def _use_bmm(self, keys: list[str]) -> bool:
+        mode = self.params.mixed_lora
+        if mode == "peft" or all(k == BASE for k in keys) or not supported(self.host.peft, keys):
+            return False
+        return mode == "bmm" or gathered_bytes(self.host.peft, keys) <= self.params.bmm_budget_mb * 2**20
 
     # --- adapters and lifetime --------------------------------------------------------------------
 
