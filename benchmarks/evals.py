@@ -11,7 +11,8 @@ Reports wall time per phase and in total, cold (no cache) and warm (all cached).
 
 Part 2 (grading throughput): HumanEval canonical solutions (164 jobs) and MBPP reference solutions
 (1,500 assert jobs) graded through the evaluators, against ``Executor.run_batch`` on the identical,
-prebuilt jobs; the ratio is the evaluator's own overhead (prompt assembly, job building, decoding).
+prebuilt jobs (their ratio is noisy on a shared box), and the evaluator's own Python cost measured
+directly with an executor that answers instantly (program assembly, job building, decoding).
 Plus math-verify throughput on MATH-500 gold answers. Last line: one JSON object.
 """
 
@@ -60,6 +61,18 @@ def end_to_end(workdir: Path, limit: int, max_tokens: int) -> dict[str, Any]:
             "target_s": 300, "meets_target": cold_s < 300}
 
 
+class _Instant:
+    """An executor that answers at once: timing grade() with it isolates the evaluator's own cost."""
+
+    def run_batch(self, jobs):
+        from populora_core.components import ExecResult
+
+        return [ExecResult("ok", "True") for _ in jobs]
+
+    def close(self) -> None:
+        pass
+
+
 def grading_throughput(quick: bool) -> dict[str, Any]:
     from populora_evals import grading
     from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
@@ -85,11 +98,16 @@ def grading_throughput(quick: bool) -> dict[str, Any]:
             t = time.perf_counter()
             graded = b.grade(items, comps, executor)
             grade_s = time.perf_counter() - t
+            t = time.perf_counter()
+            b.grade(items, comps, _Instant())
+            python_s = time.perf_counter() - t
             out[name] = {"problems": len(items), "jobs": len(jobs), "passed": sum(r[0] for r in graded),
                          "sandbox_only_s": round(sandbox_s, 3), "evaluator_s": round(grade_s, 3),
                          "jobs_per_s_sandbox": round(len(jobs) / sandbox_s, 1),
                          "jobs_per_s_evaluator": round(len(jobs) / grade_s, 1),
                          "overhead_ratio": round(grade_s / sandbox_s, 3),
+                         "evaluator_python_s": round(python_s, 4),
+                         "python_share_of_sandbox": round(python_s / sandbox_s, 4),
                          "sandbox_ok": sum(r.ok for r in raw)}
     finally:
         executor.close()
