@@ -227,18 +227,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     executor = SandboxExecutor(SandboxParams(workers=args.workers, seed=args.seed))
     validate_isolated(executor, programs[:8])  # start the second hash family too
     startup = time.perf_counter() - t
-    t = time.perf_counter()
+    t, cpu0, own0 = time.perf_counter(), executor.cpu_seconds(), time.process_time()
     iso = validate_isolated(executor, programs)
     iso_s = time.perf_counter() - t
+    iso_cpu = executor.cpu_seconds() - cpu0 + time.process_time() - own0
     short = generated_programs(n, args.seed + 1)  # short programs: what the per-run overhead is
-    t = time.perf_counter()
+    t, cpu0, own0 = time.perf_counter(), executor.cpu_seconds(), time.process_time()
     validate_isolated(executor, short)
     iso_short_s = time.perf_counter() - t
+    short_cpu = executor.cpu_seconds() - cpu0 + time.process_time() - own0
     isolation = executor.isolation
     executor.close()
     print(f"isolated : {n / iso_s:8.1f} validations/s ({2 * n / iso_s:.1f} executions/s), "
           f"pool start {startup:.2f} s, isolation {isolation}", flush=True)
     print(f"isolated, short generated programs: {2 * n / iso_short_s:8.1f} executions/s", flush=True)
+    print(f"CPU per isolated execution (zygotes + programs + this process): seeds "
+          f"{1000 * iso_cpu / (2 * n):.2f} ms, short {1000 * short_cpu / (2 * n):.2f} ms "
+          f"-> {cores} idle cores would allow ~{cores * 2 * n / short_cpu:.0f} short executions/s", flush=True)
 
     unsafe, unsafe_s = validate_unsafe(programs)
     _, unsafe_short_s = validate_unsafe(short)
@@ -259,6 +264,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "subprocess_per_s": round(n_sub / sub_s, 1), "unsafe_exec_per_s": round(n / unsafe_s, 1),
         "speedup_vs_subprocess": round((n / iso_s) / (n_sub / sub_s), 2),
         "unsafe_over_isolated": round((n / unsafe_s) / (n / iso_s), 2),
+        "isolated_cpu_ms_per_exec": round(1000 * iso_cpu / (2 * n), 3),
+        "isolated_short_cpu_ms_per_exec": round(1000 * short_cpu / (2 * n), 3),
+        "isolated_short_exec_per_s_cpu_bound": round(cores * 2 * n / short_cpu, 1),
         "isolated_short_per_s": round(n / iso_short_s, 1),
         "isolated_short_exec_per_s": round(2 * n / iso_short_s, 1),
         "unsafe_short_per_s": round(n / unsafe_short_s, 1),

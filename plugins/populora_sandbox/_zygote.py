@@ -71,7 +71,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 JOB_FD, RESULT_FD = 3, 4  # the parent's pipes in Z/I
 CHILD_RESULT_FD = 3  # the per-program result pipe in a child (the parent's pipes are closed there)
@@ -269,8 +269,9 @@ class Server:
         self.in_namespace = isolation["pid_namespace"]
         self.tmp_dirs = list(cfg["tmp_dirs"]) if isolation["mount_namespace"] else []
         self.base = "/tmp" if isolation["mount_namespace"] else cfg["fallback_tmp"]
-        os.makedirs(self.base, mode=0o711, exist_ok=True)
-        os.chmod(self.base, 0o711)  # programs (another uid) may only reach their own work dir inside
+        if not isolation["mount_namespace"]:
+            os.makedirs(self.base, mode=0o711, exist_ok=True)
+            os.chmod(self.base, 0o711)  # programs (another uid) may only reach their own work dir inside
         self.workdir = os.path.join(self.base, WORKDIR_NAME)
         self._clean_marks: list[int] | None = None  # free inodes of each tmpfs when last known clean
         self.current_pid = 0
@@ -546,10 +547,15 @@ def _setup_mounts(cfg: dict) -> None:
     for directory in cfg["tmp_dirs"]:
         if os.path.isdir(directory):
             _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
-    for directory in cfg["hide_paths"]:
-        if os.path.isdir(directory):
-            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
-                   "size=4k,mode=755")
+    visible = set(cfg["visible_top_level"]) | set(cfg["tmp_dirs"])
+    hidden = [p for p in (os.path.join("/", e) for e in sorted(os.listdir("/"))) if p not in visible]
+    for path in hidden + list(cfg["hide_paths"]):
+        if os.path.islink(path) or not os.path.exists(path):
+            continue  # a link into a visible dir (/bin -> usr/bin) or nothing to hide
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=755")
+        elif os.path.isfile(path):
+            _mount("/dev/null", path, None, MS_BIND)  # a file reads as empty
 
 
 def main() -> None:

@@ -98,6 +98,22 @@ class SandboxExecutor:
         """The uids programs of this executor may run as (for tests that look for strays)."""
         return [self._uid_base + i for i in range(_UID_BLOCK)]
 
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by all zygotes and the programs they reaped (for benchmarks/metrics)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for workers in self._pool.values():
+            for worker in workers:
+                z = worker.proc.pid
+                try:
+                    kids = Path(f"/proc/{z}/task/{z}/children").read_text().split()
+                    server = int(kids[0]) if worker.isolation.get("pid_namespace") and kids else z
+                    fields = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+                except (OSError, ValueError):
+                    continue
+                total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+        return total
+
     def run(self, code: str, expr: str | None = None, **kwargs: Any) -> ExecResult:
         """Convenience: one job."""
         return self.run_batch([ExecJob(code, expr, **kwargs)])[0]
@@ -294,10 +310,10 @@ class SandboxExecutor:
     def _config(self, variant: int, slot: int, fallback_tmp: str) -> dict[str, Any]:
         p = self.params
         hide = list(p.hide_paths)
-        for extra in (os.getcwd(), os.path.expanduser("~")):
-            top = "/" + extra.strip("/").split("/")[0] if extra.strip("/") else "/"
-            if top not in ("/", "/usr", "/bin", "/lib", "/lib64", "/etc", "/dev", "/proc", "/sys",
-                           "/tmp", "/var", "/run", "/sbin") and extra not in hide:
+        for extra in (os.path.realpath(os.getcwd()), os.path.realpath(os.path.expanduser("~"))):
+            # the trainer's own dirs, unless that would hide a whole system dir (cwd = /usr)
+            private = any(extra == t or extra.startswith(t.rstrip("/") + "/") for t in p.tmp_dirs)
+            if extra != "/" and extra not in p.visible_top_level and not private and extra not in hide:
                 hide.append(extra)
         return {
             "sys_path": [x for x in sys.path if x and os.path.isdir(x)],
@@ -312,6 +328,7 @@ class SandboxExecutor:
             "tmpfs_mb": p.tmpfs_mb,
             "tmp_dirs": list(p.tmp_dirs),
             "hide_paths": hide,
+            "visible_top_level": list(p.visible_top_level),
             "fallback_tmp": fallback_tmp,
         }
 

@@ -32,11 +32,15 @@ class SandboxParams(Params):
     max_open_files: int = Field(64, ge=8, description="RLIMIT_NOFILE")
     max_file_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file a program may write")
     tmpfs_mb: int = Field(64, ge=1, description="size of each private tmpfs (/tmp, /dev/shm, ...)")
-    tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"],
+    tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"],
                                 description="world-writable dirs replaced by a private tmpfs")
-    hide_paths: list[str] = Field(default_factory=lambda: ["/root", "/home", "/work", "/srv", "/opt"],
-                                  description="dirs covered by an empty read-only tmpfs (trainer files); "
-                                              "the trainer's cwd and home are added")
+    visible_top_level: list[str] = Field(
+        default_factory=lambda: ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev",
+                                 "/proc", "/sys", "/tmp", "/var"],
+        description="top-level entries programs may see; every other one (/root, /home, /work, /run, "
+                    "/mnt, ...) is covered by an empty read-only tmpfs (files by /dev/null)")
+    hide_paths: list[str] = Field(default_factory=list,
+                                  description="more paths to hide; the trainer's cwd and home are added")
     namespaces: bool = Field(True, description="network/PID/mount namespaces; false forces the fallback")
     require_isolation: bool = Field(False, description="fail at start instead of falling back")
     uid_base: int = Field(1_000_000, ge=1000, description="first uid of the unprivileged program uids")
