@@ -14,6 +14,8 @@ from .data import COMPLEXITY, RunData
 
 ROLE_COLORS = {"teacher": "tab:blue", "student": "tab:orange", "both": "tab:green"}
 SMOOTH_ABOVE = 30  # steps; longer runs get a trailing mean so per-member lines stay readable
+MAX_LEGEND = 14
+LINEAGE_LABELS = 30  # children per run; more and the edge labels would cover the tree
 
 
 @dataclass
@@ -58,10 +60,19 @@ def _empty(ax: Any, message: str) -> None:
     ax.axis("off")  # not set_xticks([]): axes share their y-axis within a row
 
 
-def _legend(ax: Any) -> None:
-    handles, _ = ax.get_legend_handles_labels()
+def _legend(ax: Any, run: RunData | None = None) -> None:
+    """A legend; past MAX_LEGEND entries the per-member ones collapse into one count entry."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) > MAX_LEGEND and run is not None:
+        members = set(run.member_ids())
+        keep = [(h, lab) for h, lab in zip(handles, labels) if lab.split(" ")[0].split("@")[0] not in members]
+        dropped = len(handles) - len(keep)
+        keep.append((Line2D([], [], color="0.6", lw=1), f"{dropped} members (colour per member)"))
+        handles, labels = [h for h, _ in keep], [lab for _, lab in keep]
     if handles:
-        ax.legend(fontsize=7, ncol=max(1, min(4, (len(handles) + 5) // 6)), loc="best", framealpha=0.8)
+        ax.legend(handles, labels, fontsize=7, ncol=max(1, min(4, (len(handles) + 5) // 6)), loc="best", framealpha=0.8)
 
 
 def _smooth(ys: list[float], n_steps: int) -> list[float]:
@@ -116,7 +127,7 @@ def solve_rates(runs: list[RunData], out_dir: Path) -> FigureOut:
         ax.set_xlabel("step")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
-        _legend(ax)
+        _legend(ax, run)
     axes[0][0].set_ylabel("solve rate (estimation samples)")
     fig.suptitle("Student solve rates over time")
     _save(fig, out_dir, "solve_rates.png")
@@ -156,7 +167,7 @@ def complexity(runs: list[RunData], out_dir: Path) -> FigureOut:
             if row == len(COMPLEXITY) - 1:
                 ax.set_xlabel("step")
             if row == 0:
-                _legend(ax)
+                _legend(ax, run)
     fig.suptitle("Teacher program complexity over time (mean over valid proposals)")
     _save(fig, out_dir, "complexity.png")
     return FigureOut(
@@ -184,9 +195,12 @@ def coverage(runs: list[RunData], out_dir: Path) -> FigureOut:
             _empty(ax, "no coverage logged")
             notes.append(f"{run.label}: no coverage in events.jsonl")
             continue
+        from matplotlib.ticker import MaxNLocator
+
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        _legend(ax)
+        _legend(ax, run)
     axes[0][0].set_ylabel("distinct problem signatures (cumulative)")
     fig.suptitle("Cumulative problem-space coverage per student")
     _save(fig, out_dir, "coverage.png")
@@ -230,7 +244,7 @@ def ratings(runs: list[RunData], out_dir: Path) -> FigureOut:
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
         bottom.set_xlabel("step")
-        _legend(top)
+        _legend(top, run)
     axes[0][0].set_ylabel("TrueSkill μ")
     axes[1][0].set_ylabel("conservative μ−3σ")
     fig.suptitle("Ratings per member (teachers solid, students dashed)")
@@ -277,12 +291,17 @@ def _lanes(run: RunData) -> list[str]:
 
 
 def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
-    lanes = {run.label: _lanes(run) for run in runs}
-    tallest = max((len(v) for v in lanes.values()), default=1)
-    fig, axes = _figure(1, len(runs), 5.2, min(max(2.2, 0.42 * tallest + 1.4), 40.0), sharey=False)
-    notes = []
+    from matplotlib import colormaps
     from matplotlib.lines import Line2D
 
+    lanes = {run.label: _lanes(run) for run in runs}
+    tallest = max((len(v) for v in lanes.values()), default=1)
+    per_lane = 0.42 if tallest <= 40 else 0.26
+    fig, axes = _figure(1, len(runs), 5.2, min(max(2.2, per_lane * tallest + 1.4), 60.0), sharey=False)
+    operators = sorted({str(rec.get("operator", "?")) for run in runs for rec in run.children()})
+    palette = colormaps["Dark2"]
+    op_color = {op: palette(i % palette.N) for i, op in enumerate(operators)}
+    notes = []
     for ax, run in zip(axes[0], runs):
         ax.set_title(run.label, fontsize=10)
         order = lanes[run.label]
@@ -294,17 +313,19 @@ def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
         end = max(run.final_step, max(births.values(), default=0))
         lane = {m: i for i, m in enumerate(order)}
         span = max(end, 1)
+        children = run.children()
+        labelled = len(children) <= LINEAGE_LABELS
         for m in order:
             y = lane[m]
             color = ROLE_COLORS.get(roles.get(m, ""), "0.4")
             stop = deaths.get(m, end)
             ax.plot([births[m], stop], [y, y], color=color, lw=2.0, alpha=0.55, solid_capstyle="butt")
-            ax.plot([births[m]], [y], "o", color=color, ms=7, zorder=3)
+            ax.plot([births[m]], [y], "o", color=color, ms=7 if labelled else 4, zorder=3)
             if m in deaths:
-                ax.plot([stop], [y], "x", color="black", ms=7, mew=2, zorder=3)
-            ax.text(births[m] - 0.015 * span, y, m, ha="right", va="center", fontsize=8)
-        for rec in run.children():
-            child = rec["member"]
+                ax.plot([stop], [y], "x", color="black", ms=7 if labelled else 4, mew=1.5, zorder=3)
+            ax.text(births[m] - 0.015 * span, y, m, ha="right", va="center", fontsize=8 if labelled else 6)
+        for rec in children:
+            child, op = rec["member"], str(rec.get("operator", "?"))
             if child not in lane:
                 continue
             for i, parent_version in enumerate(rec["parents"]):
@@ -316,32 +337,41 @@ def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
                     "",
                     xy=(x, lane[child]),
                     xytext=(x - 0.04 * span, lane[parent]),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.25", "lw": 1.0, "connectionstyle": "arc3,rad=-0.25"},
+                    arrowprops={
+                        "arrowstyle": "-|>",
+                        "color": op_color[op],
+                        "lw": 1.1 if labelled else 0.7,
+                        "alpha": 0.9 if labelled else 0.6,
+                        "connectionstyle": "arc3,rad=-0.12",
+                    },
                     zorder=2,
                 )
-                if i == 0:
+                if i == 0 and labelled:
                     ax.text(
                         x + 0.012 * span,
                         (lane[child] + lane[parent]) / 2,
-                        f"{rec.get('operator', '?')}\n{parent_version}",
+                        f"{op}\n{parent_version}",
                         fontsize=6.5,
                         va="center",
                         ha="left",
                         color="0.15",
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "0.8", "alpha": 0.85},
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": op_color[op], "alpha": 0.85},
                         zorder=4,
                     )
-        if not run.children():
+        if not children:
             notes.append(f"{run.label}: no evolution events (no children born)")
             ax.text(0.98, 0.02, "no children born", transform=ax.transAxes, ha="right", fontsize=8, color="0.35")
+        elif not labelled:
+            notes.append(f"{run.label}: {len(children)} children, edges coloured by operator instead of labelled")
         ax.set_xlim(-0.12 * span, end + 0.15 * span)
-        ax.set_ylim(len(order) - 0.5, -0.7)
+        ax.set_ylim(tallest - 0.5, -0.7)  # same lane spacing in every panel
         ax.set_yticks([])
         ax.set_xlabel("step (birth → replacement)")
         ax.grid(axis="x", alpha=0.3)
     handles = [Line2D([], [], color=c, lw=3, label=r) for r, c in ROLE_COLORS.items()]
     handles.append(Line2D([], [], color="black", marker="x", ls="", label="replaced"))
-    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right" if runs[-1].children() else "upper right")
+    handles += [Line2D([], [], color=op_color[op], lw=1.5, label=f"operator: {op}") for op in operators]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
     fig.suptitle("Lineage: members by birth step, edges parent → child labelled with the operator")
     _save(fig, out_dir, "lineage.png")
     return FigureOut(
@@ -349,7 +379,8 @@ def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
         "lineage.png",
         "Lineage tree with operators",
         "Each member is a lane from its birth step (dot) to its replacement (×) or the end of the run; "
-        "arrows go from each parent to the child, labelled with the operator and the parent version.",
+        "arrows go from each parent to the child, coloured by operator and labelled with the operator and "
+        f"the parent version (labels are left out for runs with more than {LINEAGE_LABELS} children).",
         "Lineage tree: members as nodes by birth step, arrows from parents to children labelled with operators",
         notes,
     )
@@ -400,7 +431,7 @@ def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
         bar_ax.grid(axis="y", alpha=0.3)
         step = final[0].step if final else base.step if base else 0
         bar_ax.set_xlabel(f"task type (students probed at step {step})")
-        _legend(bar_ax)
+        _legend(bar_ax, run)
 
         series: dict[str, tuple[list[int], list[float]]] = {}
         for s in run.probe_summaries():
@@ -419,13 +450,20 @@ def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
                 if s.member != "base" and s.role != "base":
                     per_step.setdefault(s.step, []).append(s.overall)
             xs = sorted(per_step)
-            time_ax.plot(xs, [sum(per_step[x]) / len(per_step[x]) for x in xs], color="black", ls=":", marker="s",
-                         ms=3, label=f"baseline {b.label}")
+            time_ax.plot(
+                xs,
+                [sum(per_step[x]) / len(per_step[x]) for x in xs],
+                color="black",
+                ls=":",
+                marker="s",
+                ms=3,
+                label=f"baseline {b.label}",
+            )
         time_ax.set_ylim(0, 1.05)
         time_ax.set_xlabel("step")
         time_ax.set_ylabel("probe accuracy, all types" if col == 0 else "")
         time_ax.grid(alpha=0.3)
-        _legend(time_ax)
+        _legend(time_ax, run)
     if baselines and not base_probed:
         notes.append("the single-agent baseline has no probe records: no baseline bars")
     if not baselines:

@@ -1,0 +1,238 @@
+"""`populora report`: figures and a self-contained HTML page rendered from recorded run logs.
+
+The runs are recorded by the real loop on the cheap fake stack (tests/fake_stack.py); probe.jsonl
+is written here with known numbers so the summary's probe statistics can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from populora_report.data import load_run, load_runs
+from populora_report.figures import _lanes
+from populora_report.render import render_report
+
+from populora_core import UserError
+from populora_core.loop import execute, start_run
+from populora_core.plugins import PluginManager
+from populora_core.recipe import load_recipe
+from populora_core.run import RunDir
+from tests.cli_helpers import run_cli
+
+TESTS = Path(__file__).parent
+RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
+FIGURE_IDS = ("fig-solve-rates", "fig-complexity", "fig-coverage", "fig-ratings", "fig-lineage", "fig-probe")
+PNGS = ("solve_rates.png", "complexity.png", "coverage.png", "ratings.png", "lineage.png", "probe.png")
+
+
+def _record(pm: PluginManager, run_dir: Path, overrides: list[str]) -> Path:
+    recipe, resolved = load_recipe(RECIPE, overrides, pm.registry)
+    execute(start_run(recipe, resolved, RunDir(run_dir), pm), progress=False)
+    return run_dir
+
+
+def _write_probe(run_dir: Path, rows: list[tuple[int, str, str, str, str, float, int]]) -> None:
+    with open(run_dir / "probe.jsonl", "w") as fh:
+        for step, member, version, role, task_type, accuracy, n in rows:
+            record = {"step": step, "member": member, "version": version, "role": role}
+            fh.write(json.dumps({**record, "task_type": task_type, "accuracy": accuracy, "n": n}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+    """A 2T-2S population run with evolution and probe, its single-agent baseline, and a bare run."""
+    root = tmp_path_factory.mktemp("report_runs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        pm = PluginManager()
+        pm.load_entry_points()
+        pm.load_file(str(TESTS / "fake_stack.py"))
+        pop = _record(pm, root / "pop", ["steps=4"])
+        single = _record(
+            pm, root / "single", ["steps=4", "population.mode=single_agent", "population.teachers=1",
+                                  "population.students=1"]
+        )
+        bare = _record(pm, root / "bare", ["steps=2", "evolution.every=0"])
+    alive = {m["id"] for m in json.loads((pop / "members.json").read_text())["members"] if m["role"] == "student"}
+    s_a, s_b = sorted(alive)
+    _write_probe(
+        pop,
+        [
+            (0, "base", "base", "base", "deduction", 0.40, 10),
+            (0, "base", "base", "base", "induction", 0.20, 30),
+            (4, s_a, f"{s_a}@v1", "student", "deduction", 0.60, 10),
+            (4, s_a, f"{s_a}@v1", "student", "induction", 0.40, 30),
+            (4, s_b, f"{s_b}@v4", "student", "deduction", 0.20, 10),
+            (4, s_b, f"{s_b}@v4", "student", "induction", 0.10, 30),
+        ],
+    )
+    _write_probe(
+        single,
+        [
+            (0, "base", "base", "base", "deduction", 0.40, 10),
+            (4, "a0", "a0@v4", "both", "deduction", 0.30, 10),
+            (4, "a0", "a0@v4", "both", "induction", 0.10, 30),
+        ],
+    )
+    return {"pop": pop, "single": single, "bare": bare, "students": (s_a, s_b)}
+
+
+@pytest.fixture(scope="module")
+def multi(runs, tmp_path_factory):
+    """The three runs side by side through the real console script, default output dir (./report)."""
+    cwd = tmp_path_factory.mktemp("multi")
+    res = run_cli("report", str(runs["pop"]), str(runs["single"]), str(runs["bare"]), cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return cwd, res
+
+
+def _assert_self_contained(page: str, out_dir: Path) -> None:
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", page, flags=re.I)
+    assert refs, "the page embeds its figures"
+    assert all(r.startswith("data:") or r.startswith("#") for r in refs), [r[:40] for r in refs]
+    assert "<link" not in page.lower() and "<script" not in page.lower() and "url(" not in page
+    # every figure is embedded byte for byte
+    embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    files = {(out_dir / name).read_bytes() for name in PNGS}
+    assert {base64.b64decode(e) for e in embedded} == files
+
+
+def test_single_run_report_default_out_dir(runs):
+    html_file = render_report([runs["pop"]])
+    out = runs["pop"] / "report"
+    assert html_file == out / "report.html" and html_file.is_file()
+    for name in PNGS:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    page = html_file.read_text()
+    _assert_self_contained(page, out)
+    for fig_id in FIGURE_IDS:
+        assert f'<section id="{fig_id}">' in page and f'id="{fig_id}-img" alt="' in page, fig_id
+    for title in (
+        "Student solve rates over time",
+        "Teacher program complexity over time",
+        "Cumulative problem-space coverage",
+        "Rating curves per member",
+        "Lineage tree with operators",
+        "Probe accuracy per member vs base and baseline",
+    ):
+        assert f"<h2>{title}</h2>" in page
+    assert 'id="summary-table"' in page and "test_noise" in page  # evolution events table names the operator
+
+
+def test_summary_numbers_match_the_logs(runs, multi):
+    s_a, _ = runs["students"]
+    pop, single, bare = json.loads((multi[0] / "report" / "summary.json").read_text())
+    assert (pop["mode"], single["mode"]) == ("population", "single_agent")
+    # probe: n-weighted over task types at the last probe step
+    acc_a, acc_b, base = (0.6 * 10 + 0.4 * 30) / 40, (0.2 * 10 + 0.1 * 30) / 40, (0.4 * 10 + 0.2 * 30) / 40
+    assert pop["probe_step"] == 4
+    assert pop["probe_best"] == pytest.approx(acc_a) and pop["probe_weakest"] == pytest.approx(acc_b)
+    assert pop["probe_mean"] == pytest.approx((acc_a + acc_b) / 2)
+    assert pop["base_accuracy"] == pytest.approx(base)
+    assert pop["best_minus_base"] == pytest.approx(acc_a - base)
+    assert pop["probe_best_member"] == f"{s_a}@v1"
+    assert pop["baseline_accuracy"] == pytest.approx((0.3 * 10 + 0.1 * 30) / 40)
+    assert single["probe_best"] == pytest.approx((0.3 * 10 + 0.1 * 30) / 40) and "baseline_accuracy" not in single
+    # structure and compute counters agree with the run directory
+    lineage = [json.loads(x) for x in (runs["pop"] / "lineage.jsonl").read_text().splitlines()]
+    steps = [json.loads(x) for x in (runs["pop"] / "events.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["event"] == "step"]
+    assert pop["final_step"] == 4 and single["final_step"] == 4
+    assert pop["children_born"] == sum(r["operator"] != "init" for r in lineage) == 4
+    assert single["children_born"] == 0 and bare["children_born"] == 0 and bare["probe_best"] is None
+    assert (pop["members"], pop["teachers"], pop["students"]) == (4, 2, 2)
+    members = json.loads((runs["pop"] / "members.json").read_text())["members"]
+    for m in members:
+        assert pop["counters_per_member"][m["id"]] == {k: float(v) for k, v in m["counters"].items()}
+    dead = {r["replaced"] for r in lineage if r.get("replaced")}
+    for member in dead:  # replaced members keep the counters of their last logged step
+        last = [r for r in steps if f"member/{member}/counters/tokens" in r][-1]
+        assert pop["counters_per_member"][member]["tokens"] == last[f"member/{member}/counters/tokens"]
+    assert pop["counters_total"]["tokens"] == sum(c["tokens"] for c in pop["counters_per_member"].values())
+    single_tokens = single["counters_total"]["trained_tokens"]
+    assert pop["per_slot_vs_baseline"] == pytest.approx(pop["counters_total"]["trained_tokens"] / 4 / single_tokens)
+
+
+def test_multi_run_side_by_side_through_the_cli(runs, multi):
+    cwd, res = multi
+    out = cwd / "report"  # several runs: ./report by default
+    assert res.stdout.strip() == str(Path("report") / "report.html")
+    page = (out / "report.html").read_text()
+    _assert_self_contained(page, out)
+    for fig_id in FIGURE_IDS:
+        assert f'<section id="{fig_id}">' in page
+    for label in ("pop (fake-2t2s)", "single (fake-2t2s)", "bare (fake-2t2s)"):
+        assert page.count(label) >= 3, label  # run list, summary row, counters table
+    assert "the single-agent baseline" in page
+    assert "bare (fake-2t2s): no probe.jsonl" in page  # the probe figure says which run has none
+    # side by side: every per-run figure is much wider with three runs than with one
+    from matplotlib.image import imread
+
+    single_out = runs["pop"] / "report"
+    if not (single_out / "report.html").exists():
+        render_report([runs["pop"]])
+    for name in ("solve_rates.png", "complexity.png", "coverage.png", "ratings.png", "lineage.png"):
+        assert imread(out / name).shape[1] > 2 * imread(single_out / name).shape[1], name
+
+
+def test_runs_with_missing_pieces_render_and_say_what_is_absent(runs, tmp_path):
+    # a run that has written nothing but its recipe yet
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    shutil.copy(runs["bare"] / "recipe.yaml", fresh / "recipe.yaml")
+    # a run killed mid-write: the torn last line is skipped and reported
+    torn = tmp_path / "torn"
+    shutil.copytree(runs["bare"], torn)
+    with open(torn / "events.jsonl", "a") as fh:
+        fh.write('{"event": "step", "step": 3, "member/t0/rew')
+    run = load_run(torn)
+    assert run.final_step == 2 and "events.jsonl: skipped 1 unreadable line(s)" in run.notes
+    # with no probe.jsonl and no evolution: still every figure, and the page says what is missing
+    out = tmp_path / "out"
+    page = render_report([runs["bare"], fresh, torn], out).read_text()
+    assert all(f'<section id="{i}">' in page for i in FIGURE_IDS)
+    assert all((out / name).is_file() for name in PNGS)
+    assert "no probe.jsonl: probe evaluation was not run" in page
+    assert "bare (fake-2t2s): no evolution events (no children born)" in page
+    assert "no events.jsonl" in page and "no members.json" in page
+    assert "fresh (fake-2t2s): no student solve rates" in page
+    assert "skipped 1 unreadable line" in page
+
+
+def test_lineage_lanes_put_every_child_below_its_parent(runs):
+    run = load_run(runs["pop"])
+    order = _lanes(run)
+    children = run.children()
+    assert sorted(order) == sorted(run.member_ids()) and len(children) == 4
+    for rec in children:
+        parent = rec["parents"][0].split("@")[0]
+        assert order.index(rec["member"]) > order.index(parent)
+    assert set(run.deaths()) == {r["replaced"] for r in children}
+    assert all(run.births()[r["member"]] == r["step"] for r in children)
+
+
+def test_duplicate_run_names_get_distinct_labels(runs, tmp_path):
+    copy = tmp_path / "x" / "pop"
+    shutil.copytree(runs["pop"], copy)
+    labels = [r.label for r in load_runs([runs["pop"], copy])]
+    assert len(set(labels)) == 2
+
+
+def test_not_a_run_directory_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="is not a run directory"):
+        load_run(tmp_path)
+    res = run_cli("report", str(tmp_path))
+    assert res.returncode == 2
+    assert f"{tmp_path} is not a run directory (no recipe.yaml)" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("report", str(tmp_path / "missing"))
+    assert res.returncode == 2 and "no such run directory" in res.stderr
+    (tmp_path / "recipe.yaml").write_text("- just\n- a list\n")
+    with pytest.raises(UserError, match="not a recipe mapping"):
+        load_run(tmp_path)
