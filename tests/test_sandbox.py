@@ -38,11 +38,15 @@ def _params(**kw):
 def executor():
     from populora_sandbox.executor import SandboxExecutor
 
-    os.environ["POPULORA_TEST_SECRET"] = SECRET  # the trainer's environment holds a secret
+    # the trainer's environment holds a secret and proxy settings; programs must see neither
+    added = {"POPULORA_TEST_SECRET": SECRET, "HTTPS_PROXY": f"http://{SECRET}@proxy:3128"}
+    added = {k: v for k, v in added.items() if k not in os.environ}
+    os.environ.update(added)
     ex = SandboxExecutor(_params())
     yield ex
     ex.close()
-    os.environ.pop("POPULORA_TEST_SECRET", None)
+    for key in added:
+        os.environ.pop(key, None)
 
 
 def _processes_of(uids) -> list[str]:
@@ -321,7 +325,9 @@ def test_reading_the_parents_environment_and_files(executor, tmp_path):
         print(repr(seen)[:50000])
         """)
     assert res.status == "ok", res
-    assert SECRET not in res.stdout
+    assert SECRET not in res.stdout and "PROXY" not in res.stdout.upper()
+    assert eval(res.stdout.splitlines()[1])[0] == str({"PATH": "/usr/bin:/bin", "HOME": "/tmp/job",
+                                                        "TMPDIR": "/tmp/job", "LANG": "C.UTF-8"})
     assert "test_sandbox" not in res.stdout  # this file (the trainer's code) is hidden
     if executor.isolation["pid_namespace"]:
         assert res.stdout.split()[1] == "1"  # the parent it sees is the namespace's init
