@@ -294,6 +294,23 @@ def test_writing_outside_the_work_dir(executor, tmp_path):
     _assert_clean(executor)
 
 
+def test_inode_flood_is_bounded(executor):
+    res = _run(executor, """
+        made = 0
+        try:
+            for i in range(100_000):
+                open(f'f{i}', 'w').close()
+                made += 1
+        except OSError as exc:
+            print(type(exc).__name__, made)
+        """)
+    assert res.status == "ok" and res.stdout.startswith("OSError"), res  # ENOSPC: out of inodes
+    if executor.isolation["mount_namespace"]:
+        assert int(res.stdout.split()[-1]) < 4096
+    _assert_clean(executor)
+    _healthy(executor)
+
+
 def test_big_file_stopped_by_size_limit(executor):
     res = _run(executor, "with open('big', 'wb') as fh:\n    fh.write(b'0' * (64 * 1024 * 1024))")
     assert res.status in ("killed", "error"), res  # SIGXFSZ, or ENOSPC on the private tmpfs

@@ -546,7 +546,8 @@ def _setup_mounts(cfg: dict) -> None:
     size = int(cfg["tmpfs_mb"])
     for directory in cfg["tmp_dirs"]:
         if os.path.isdir(directory):
-            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
+            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"size={size}m,nr_inodes={int(cfg['tmpfs_inodes'])},mode=1777")
     visible = set(cfg["visible_top_level"]) | set(cfg["tmp_dirs"])
     hidden = [p for p in (os.path.join("/", e) for e in sorted(os.listdir("/"))) if p not in visible]
     for path in hidden + list(cfg["hide_paths"]):

@@ -326,6 +326,7 @@ class SandboxExecutor:
             "max_open_files": p.max_open_files,
             "max_processes": p.max_processes,
             "tmpfs_mb": p.tmpfs_mb,
+            "tmpfs_inodes": p.tmpfs_inodes,
             "tmp_dirs": list(p.tmp_dirs),
             "hide_paths": hide,
             "visible_top_level": list(p.visible_top_level),

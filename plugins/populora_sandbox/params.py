@@ -32,6 +32,7 @@ class SandboxParams(Params):
     max_open_files: int = Field(64, ge=8, description="RLIMIT_NOFILE")
     max_file_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file a program may write")
     tmpfs_mb: int = Field(64, ge=1, description="size of each private tmpfs (/tmp, /dev/shm, ...)")
+    tmpfs_inodes: int = Field(4096, ge=64, description="files per private tmpfs (kernel memory bound)")
     tmp_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"],
                                 description="world-writable dirs replaced by a private tmpfs")
     visible_top_level: list[str] = Field(
