@@ -184,22 +184,20 @@ class RunData:
             ys.append(len(seen))
         return xs, ys
 
-    def counters(self) -> dict[str, dict[str, float]]:
+    def counters(self) -> dict[str, dict[str, int | float]]:
         """Final compute counters of every member ever: live ones from members.json, dead ones
         from the last step record they appear in (children start from zero, so these add up)."""
-        out: dict[str, dict[str, float]] = {}
+        out: dict[str, dict[str, int | float]] = {}
         for rec in self.steps:
             for key, value in rec.items():
                 parts = key.split("/")
                 if len(parts) == 4 and parts[0] == "member" and parts[2] == "counters":
-                    number = _number(value)
-                    if number is not None:
-                        out.setdefault(parts[1], {})[parts[3]] = number
+                    if _number(value) is not None:
+                        out.setdefault(parts[1], {})[parts[3]] = value
         for m in self.members_final:
             for k, v in (m.get("counters") or {}).items():
-                number = _number(v)
-                if number is not None:
-                    out.setdefault(m["id"], {})[k] = number
+                if _number(v) is not None:
+                    out.setdefault(m["id"], {})[k] = v
         order = self.member_ids()
         return {m: out[m] for m in sorted(out, key=lambda m: order.index(m) if m in order else len(order))}
 

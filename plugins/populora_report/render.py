@@ -22,7 +22,7 @@ def summarize(run: RunData, baselines: list[RunData]) -> dict[str, Any]:
     base = run.probe_base()
     accs = [s.overall for s in final]
     counters = run.counters()
-    totals = {k: sum(c.get(k, 0.0) for c in counters.values()) for k in COUNTERS}
+    totals = {k: sum(c.get(k, 0) for c in counters.values()) for k in COUNTERS}
     row: dict[str, Any] = {
         "run": run.label,
         "path": str(run.path),
@@ -71,9 +71,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
-        if value.is_integer() and abs(value) >= 1:
-            return f"{int(value):,}"
-        return f"{value:.{digits}f}"
+        return f"{value:,.{digits}f}"
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
@@ -120,7 +118,8 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
             value = row.get(key)
             if key == "members" and value is not None:
                 value = f"{row['members']} ({row['teachers']}T/{row['students']}S)"
-            cells.append(f'<td class="{"l" if left else ""}">{_e(_fmt(value))}</td>')
+            digits = 0 if key == "trained_tokens_per_slot" else 2 if key == "per_slot_vs_baseline" else 3
+            cells.append(f'<td class="{"l" if left else ""}">{_e(_fmt(value, digits))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table id="summary-table"><tr>{head}</tr>{"".join(body)}</table>'
 
