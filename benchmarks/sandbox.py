@@ -194,6 +194,7 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp")
                 assert proc.stdin is not None and proc.stdout is not None
                 continue
+            assert proc.stdout is not None
             out.append(json.loads(proc.stdout.read(struct.unpack(">I", head)[0])))
         return out, time.perf_counter() - start
     finally:

@@ -133,7 +133,8 @@ class _CappedWriter:
     """sys.stdout replacement: keeps the text, counts UTF-8 bytes, aborts the program past the cap."""
 
     def __init__(self, cap: int) -> None:
-        self.cap, self.size, self.parts, self.exceeded = cap, 0, [], False
+        self.cap, self.size, self.exceeded = cap, 0, False
+        self.parts: list[str] = []
 
     def write(self, text: str) -> int:
         if not isinstance(text, str):
@@ -178,9 +179,9 @@ def _child(job: dict, cfg: dict, workdir: str, uid: int, in_namespace: bool) -> 
               (resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) * 1024 * 1024),
               (resource.RLIMIT_NOFILE, int(cfg["max_open_files"])), (resource.RLIMIT_CORE, 0),
               (resource.RLIMIT_NPROC, int(cfg["max_processes"]))]
-    for which, value in limits:
-        hard = value + 1 if which == resource.RLIMIT_CPU else value
-        resource.setrlimit(which, (value, hard))
+    for which, limit in limits:
+        hard = limit + 1 if which == resource.RLIMIT_CPU else limit
+        resource.setrlimit(which, (limit, hard))
     os.chdir(workdir)
     os.umask(0o077)
     if os.getuid() == 0 and uid != 0:
@@ -192,7 +193,9 @@ def _child(job: dict, cfg: dict, workdir: str, uid: int, in_namespace: bool) -> 
     # after fork (its own at-fork hook), so children of one zygote do not share a random stream.
     dumps, write, exit_ = json.dumps, os.write, os._exit
     out = _CappedWriter(int(job["max_output_bytes"]))
-    status, value, error = "ok", None, None
+    status: str = "ok"
+    value: str | None = None
+    error: str | None = None
     sys.stdout = out  # the module allowlist was applied once in the zygote (_restrict_imports)
     try:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -238,8 +241,8 @@ def _restrict_imports(workdir: str) -> None:
     sys.path[:] = []
     sys.path_hooks[:] = []
     sys.path_importer_cache.clear()
-    sys.stdout = sys.__stdout__ = _NullWriter(0)
-    sys.stderr = sys.__stderr__ = _NullWriter(0)
+    sys.stdout = sys.__stdout__ = _NullWriter(0)  # type: ignore[misc, assignment]
+    sys.stderr = sys.__stderr__ = _NullWriter(0)  # type: ignore[misc, assignment]
 
 
 def _describe(exc: BaseException) -> str:
@@ -572,7 +575,7 @@ def main() -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != expected_parent:
         os._exit(0)  # the parent died before we armed the death signal
-    isolation = {"root": os.getuid() == 0, "uid": None, "net_namespace": False, "pid_namespace": False,
+    isolation: dict = {"root": os.getuid() == 0, "uid": None, "net_namespace": False, "pid_namespace": False,
                  "mount_namespace": False, "fallback_reason": None, "import_failures": _IMPORT_FAILURES,
                  "hash_seed": os.environ.get("PYTHONHASHSEED")}
     if cfg["namespaces"]:

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from populora_core.components import ExecJob, ExecResult
 
@@ -263,7 +263,7 @@ class SandboxExecutor:
         except OSError:
             pass  # a dead zygote shows up as EOF on its output
 
-    def _read_reply(self, worker: _Worker, fill: bool = True) -> dict[str, Any] | bool | None:
+    def _read_reply(self, worker: _Worker, fill: bool = True) -> dict[str, Any] | Literal[False] | None:
         """Next reply: a dict, None on EOF or garbage (dead zygote), False while bytes are missing.
 
         ``fill=False`` only parses what is already buffered (never blocks).
