@@ -310,6 +310,11 @@ def load_run(path: str | Path) -> RunData:
     problems = _read_jsonl(directory / "tasks" / "problems.jsonl", notes)
     if problems is None:
         notes.append("no tasks/problems.jsonl")
+    else:  # keep what the figures use, not every program text of a long run
+        problems = [
+            {k: v for k, v in p.items() if k in ("step", "valid", "signature") or k.startswith("metric_")}
+            for p in problems
+        ]
     probe = _read_jsonl(directory / "probe.jsonl", notes)
     if probe is None:
         notes.append("no probe.jsonl: probe evaluation was not run")
