@@ -236,3 +236,19 @@ def test_not_a_run_directory_is_a_user_error(tmp_path):
     (tmp_path / "recipe.yaml").write_text("- just\n- a list\n")
     with pytest.raises(UserError, match="not a recipe mapping"):
         load_run(tmp_path)
+
+
+def test_problem_metrics_and_coverage_come_from_valid_proposals_only(tmp_path):
+    from populora_report.data import RunData
+
+    problems = [
+        {"step": 1, "valid": True, "signature": "a", "metric_ast_depth": 2, "metric_loc": 3},
+        {"step": 1, "valid": True, "signature": "b", "metric_ast_depth": 4, "metric_loc": 5},
+        {"step": 1, "valid": False, "signature": "c", "metric_ast_depth": 40},
+        {"step": 2, "valid": True, "signature": "a", "metric_ast_depth": 6, "metric_loc": None},
+        {"step": 3, "valid": True, "signature": "d", "metric_ast_depth": 1},
+    ]
+    run = RunData(tmp_path, "r", "r", "population", {}, problems=problems)
+    assert run.problem_metric_mean("ast_depth") == ([1, 2, 3], [3.0, 6.0, 1.0])
+    assert run.problem_metric_mean("loc") == ([1], [4.0])
+    assert run.proposal_coverage() == ([1, 2, 3], [2, 2, 3])
