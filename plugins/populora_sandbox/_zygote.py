@@ -64,6 +64,13 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
+# libc's fork called with the GIL held (PyDLL). os.fork() would run CPython's at-fork machinery in
+# every child: threading's and random's after-fork hooks alone cost ~110 copy-on-write page faults,
+# i.e. several ms per program here. The zygote never starts threads and holds no lock while it
+# forks, so the interpreter state a child inherits is consistent without those hooks.
+_RAW_FORK = ctypes.PyDLL(None, use_errno=True).fork
+_RAW_FORK.restype = ctypes.c_int
+_RAW_FORK.argtypes = []
 _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
@@ -189,8 +196,13 @@ def _child(job: dict, cfg: dict, workdir: str, uid: int, in_namespace: bool) -> 
         os.setgid(uid)
         os.setuid(uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    # The environment was scrubbed once in the zygote (_restrict_imports); `random` reseeds itself
-    # after fork (its own at-fork hook), so children of one zygote do not share a random stream.
+    # The environment was scrubbed once in the zygote (_restrict_imports). Without the at-fork hooks
+    # `random` keeps the zygote's state: reseed it from the OS when the program mentions it (a
+    # program that reaches it another way shares its zygote's stream; hash variants still differ).
+    if "random" in job["code"] or "random" in (job.get("expr") or ""):
+        rnd = sys.modules.get("random")
+        if rnd is not None:
+            rnd.seed()
     dumps, write, exit_ = json.dumps, os.write, os._exit
     out = _CappedWriter(int(job["max_output_bytes"]))
     status: str = "ok"
@@ -324,10 +336,16 @@ class Server:
         cap = int(job["max_output_bytes"])
         r, w = os.pipe()
         _PIPE_W = w
-        pid = os.fork()
+        pid = _RAW_FORK()
+        if pid < 0:
+            err = ctypes.get_errno()
+            os.close(r)
+            os.close(w)
+            raise OSError(err, f"fork: {os.strerror(err)}")
         if pid == 0:
             try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if not self.in_namespace:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's cleanup handler
                 os.close(r)
                 _child(job, self.cfg, self.workdir, self.uid, self.in_namespace)
             finally:
