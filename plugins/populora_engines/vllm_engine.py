@@ -233,8 +233,18 @@ class VLLMEngine:
         import gc
 
         if self.llm is not None:
+            engine = getattr(self.llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
             self.llm = None
             gc.collect()
+            try:  # lets a later engine in this process initialise vLLM's distributed state again
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            except Exception as exc:  # cleanup is best effort; the process may simply exit next
+                warnings.warn(f"vllm engine: cleanup after close() failed: {exc}", stacklevel=2)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
