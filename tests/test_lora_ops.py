@@ -363,3 +363,24 @@ def test_round_trip_through_peft_dir(tmp_path) -> None:
     back = load_lora(tmp_path / "c")
     for k, f in child.items():
         assert torch.equal(back.modules[k].A, f.A) and torch.equal(back.modules[k].B, f.B)
+
+
+@pytest.mark.parametrize("params", [
+    DeltaMergeParams(method="random", density=0.3, sign_election=False),
+    DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
+    DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
+    DeltaMergeParams(method="della"),
+    DeltaMergeParams(method="della", ranking="exact", sign_election=False),
+])
+def test_numba_kernel_matches_torch_path(params: DeltaMergeParams) -> None:
+    from populora_lora_ops import _kernels
+    from populora_lora_ops.merge import _merge_module
+
+    if not _kernels.available():
+        pytest.skip("numba not installed: only the torch path exists")
+    ps = [adapter(1), adapter(2), adapter(5)]
+    k = "base_model.model.model.layers.0.mlp.down_proj"
+    fs = [p.modules[k] for p in ps]
+    a = _merge_module(fs, [0.6, 0.5, -0.2], params, torch.Generator().manual_seed(0), use_kernel=True)
+    b = _merge_module(fs, [0.6, 0.5, -0.2], params, torch.Generator().manual_seed(0), use_kernel=False)
+    assert rel(a.delta(), b.delta()) < 1e-4

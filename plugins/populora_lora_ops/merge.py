@@ -16,6 +16,7 @@ import torch
 
 from populora_core.adapters import LoraFactors, LoraWeights
 
+from . import _kernels
 from . import linalg as la
 from .common import _refactored, _warn_zero_crossover, check_parents
 
@@ -75,19 +76,64 @@ def _sparsify(x: torch.Tensor, p: Any, gen: torch.Generator, b_rows: torch.Tenso
     return x
 
 
-def _merge_module(fs: list[LoraFactors], weights: list[float], p: Any, gen: torch.Generator) -> LoraFactors:
+def _thresholds(p: Any, x: torch.Tensor, b_rows: torch.Tensor, gram: torch.Tensor | None) -> torch.Tensor:
+    """Per row: the magnitude cut (magnitude) or the row RMS (della, normal ranking)."""
+    d_in = x.shape[1]
+    if p.method == "magnitude":
+        if p.ranking == "exact":
+            m = max(1, math.ceil(p.density * d_in))
+            return torch.kthvalue(x.abs(), d_in - m + 1, dim=1).values
+        assert gram is not None
+        return _row_sigma(b_rows, gram, d_in) * (math.sqrt(2.0) * float(torch.erfinv(
+            torch.tensor(1.0 - p.density, dtype=torch.float64))))
+    if p.method == "della" and p.ranking == "normal":
+        assert gram is not None
+        return _row_sigma(b_rows, gram, d_in)
+    return x.new_zeros(1)
+
+
+def _exact_rank_frac(x: torch.Tensor) -> torch.Tensor:
+    mag = x.abs()
+    order = torch.argsort(mag, dim=1)
+    ranks = torch.empty_like(mag)
+    ranks.scatter_(1, order, torch.arange(x.shape[1], dtype=mag.dtype).expand_as(mag).contiguous())
+    return ranks.mul_(1.0 / max(x.shape[1] - 1, 1))
+
+
+def _fused_block(stack: torch.Tensor, bs: list[torch.Tensor], grams: list[Any], r0: int, r1: int, p: Any,
+                 gen: torch.Generator, out: torch.Tensor, kernel: Any) -> None:
+    """Sparsify + combine one row block in one numba pass; the same random bits as the torch path."""
+    k, rows, d_in = stack.shape
+    n = rows * d_in
+    bits = (torch.stack([_uniform15(n, gen).view(rows, d_in) for _ in range(k)]) if p.method != "magnitude"
+            else torch.zeros(1, 1, 1, dtype=torch.int16))
+    if p.method == "della" and p.ranking == "exact":
+        thr = torch.zeros(1, 1)
+        frac = torch.stack([_exact_rank_frac(stack[i]) for i in range(k)])
+    else:
+        thr = torch.stack([_thresholds(p, stack[i], bs[i][r0:r1], grams[i]).expand(rows) for i in range(k)])
+        frac = torch.zeros(1, 1, 1)
+    t = max(1, round(p.density * _U15))
+    kernel(stack.numpy(), bits.numpy(), thr.contiguous().numpy(), frac.numpy(), out.numpy(),
+           _kernels.METHODS[p.method], t, float(p.density), float(p.epsilon), bool(p.rescale),
+           bool(p.sign_election), p.majority_sign_method == "frequency", p.method == "della" and p.ranking == "exact")
+
+
+def _merge_module(fs: list[LoraFactors], weights: list[float], p: Any, gen: torch.Generator,
+                  use_kernel: bool | None = None) -> LoraFactors:
     from peft.utils.merge_utils import calculate_majority_sign_mask, disjoint_merge
 
     rank = fs[0].A.shape[0]
     d_out, d_in = fs[0].B.shape[0], fs[0].A.shape[1]
     as_ = [f.A.float() for f in fs]
-    bs = [f.B.float() * f.scale for f in fs]
+    bs = [f.B.float() * (f.scale * w) for f, w in zip(fs, weights)]  # weighted before sparsifying, as PEFT
     grams = [a @ a.T for a in as_] if p.ranking == "normal" and p.method != "random" else [None] * len(fs)
     omega = None
     if p.refactor == "randomized":
         probe, _ = torch.linalg.qr(torch.cat(as_, dim=0).T)  # the parents' row space carries the signal
         omega = la.probe_matrix(d_in, rank, gen, probe=probe, oversample=p.oversample,
                                 limit=min(d_out, d_in))
+    kernel = _kernels.fused if (use_kernel if use_kernel is not None else _kernels.available()) else None
     merged = torch.empty(d_out, d_in)
     y = torch.empty(d_out, omega.shape[1]) if omega is not None else None
     rows = max(1, p.chunk_elems // d_in)
@@ -97,12 +143,17 @@ def _merge_module(fs: list[LoraFactors], weights: list[float], p: Any, gen: torc
         stack = block[:, : r1 - r0]
         for i, (a, b) in enumerate(zip(as_, bs)):
             torch.matmul(b[r0:r1], a, out=stack[i])
-            _sparsify(stack[i], p, gen, b[r0:r1], grams[i]).mul_(weights[i])
-        if p.sign_election:
-            mask = calculate_majority_sign_mask(stack, method=p.majority_sign_method)
-            merged[r0:r1] = disjoint_merge(stack, mask)
+        if kernel is not None:
+            _fused_block(stack if r1 - r0 == rows else stack.contiguous(), bs, grams, r0, r1, p, gen,
+                         merged[r0:r1], kernel)
         else:
-            torch.sum(stack, dim=0, out=merged[r0:r1])
+            for i in range(len(fs)):
+                _sparsify(stack[i], p, gen, bs[i][r0:r1], grams[i])
+            if p.sign_election:
+                mask = calculate_majority_sign_mask(stack, method=p.majority_sign_method)
+                merged[r0:r1] = disjoint_merge(stack, mask)
+            else:
+                torch.sum(stack, dim=0, out=merged[r0:r1])
         if y is not None:
             torch.matmul(merged[r0:r1], omega, out=y[r0:r1])
     del block

@@ -1,0 +1,351 @@
+"""Benchmark: every LoRA operator on Qwen2.5-7B-shaped adapters, against PEFT's svd merge.
+
+    python -m benchmarks.operators            # 28 layers x 7 modules, ranks 16 and 64 (many minutes)
+    python -m benchmarks.operators --quick    # 2 layers of q,k,v,o, rank 16, PEFT on one layer (< 1 min)
+
+Parents are synthetic but trained-looking (decaying spectra, A at init scale, B carrying the magnitude;
+see populora_lora_ops.synthetic). Per child: wall time and peak extra RSS over the parents already in
+memory (sampled every 2 ms). For the ``svd`` crossover, side by side: PEFT's
+``add_weighted_adapter(combination_type="svd")`` on the same parents, timed on ONE layer and
+extrapolated to all layers (its dense SVD per module takes tens of seconds at these shapes), and the
+relative error of both against a dense fp32 reference (weighted sum, truncated SVD) on that layer.
+The ``populora`` package on PyPI (lucidrains) is tried from a throwaway ``pip --target`` dir only.
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Peak resident memory (MB) above the level at entry, sampled by a thread every 2 ms."""
+
+    def __init__(self) -> None:
+        self.base = self.peak = 0
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+
+    def __enter__(self) -> PeakRss:
+        self.base = self.peak = self.rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+    @property
+    def mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    with PeakRss() as mem:
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+    return out, dt, mem.mb
+
+
+def _rel(x: Any, ref: Any) -> float:
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _layer0(names: list[str]) -> list[str]:
+    return [n for n in names if ".layers.0." in n]
+
+
+# --- PEFT ---------------------------------------------------------------------------------------
+
+
+def peft_svd_one_layer(parents: list[Any], names: list[str], shapes: dict[str, tuple[int, int]],
+                       weights: list[float]) -> tuple[dict[str, Any], float]:
+    """PEFT's svd merge of two adapters on a one-layer skeleton (base weights never initialised)."""
+    import torch
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from torch import nn
+
+    class Skeleton(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Module()
+            layer = nn.Module()
+            layer.self_attn, layer.mlp = nn.Module(), nn.Module()
+            for key in names:
+                sub, mod = key.split(".layers.0.")[1].split(".")
+                d_out, d_in = shapes[key]
+                setattr(getattr(layer, sub), mod, nn.Linear(d_in, d_out, bias=False))
+            self.model.layers = nn.ModuleList([layer])
+
+    with torch.device("meta"):
+        skel = Skeleton()
+    skel = skel.to_empty(device="cpu").to(torch.bfloat16)  # untouched pages: no RSS for the base weights
+    cfg = parents[0].config
+    targets = sorted({n.rsplit(".", 1)[-1] for n in names})
+    lcfg = LoraConfig(r=cfg["r"], lora_alpha=cfg["lora_alpha"], target_modules=targets, lora_dropout=0.0)
+    model = get_peft_model(skel, lcfg, adapter_name="p0")
+    model.add_adapter("p1", lcfg)
+    for i, p in enumerate(parents):
+        sd = {}
+        for n in names:
+            sd[f"{n}.lora_A.weight"] = p.modules[n].A
+            sd[f"{n}.lora_B.weight"] = p.modules[n].B
+        set_peft_model_state_dict(model, sd, adapter_name=f"p{i}")
+    t0 = time.perf_counter()
+    model.add_weighted_adapter(["p0", "p1"], weights, "child", combination_type="svd")
+    dt = time.perf_counter() - t0
+    deltas = {n: model.get_submodule(n).get_delta_weight("child").float() for n in names}
+    return deltas, dt
+
+
+# --- lucidrains' populora from PyPI ---------------------------------------------------------------
+
+
+def try_lucidrains(target: str | None) -> tuple[bool, str]:
+    """Install ``populora`` with --no-deps into a throwaway dir and import it; never into this venv."""
+    tgt = Path(target or tempfile.mkdtemp(prefix="lucid-populora-"))
+    if not (tgt / "populora").is_dir():
+        try:
+            res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tgt),
+                                  "populora"], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            return False, "pip install --no-deps --target timed out"
+        if res.returncode != 0:
+            return False, f"pip install failed: {res.stderr.strip().splitlines()[-1:]}"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import populora.operators"
+    probe = subprocess.run([sys.executable, "-c", code, str(tgt)], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return False, f"installed with --no-deps but not importable: {last}"
+    return True, str(tgt)
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def _warm_up() -> None:
+    """Load (or compile, once per install) the numba merge kernel outside the timings."""
+    import torch
+    from populora_lora_ops import OPERATORS, ops
+    from populora_lora_ops.synthetic import trained_like
+
+    ps = [trained_like({"m": (64, 64)}, 4, 8.0, s) for s in (1, 2)]
+    for name in ("dare", "ties", "della"):
+        ops.delta_merge(ps, OPERATORS[name][1](), torch.Generator().manual_seed(0))
+
+
+def bench_rank(rank: int, layers: int, shapes: dict[str, tuple[int, int]], ops_to_run: list[str], workdir: Path,
+               do_peft: bool, rows: list[dict[str, Any]], peft_modules: list[str] | None) -> dict[str, Any]:
+    import torch
+    from populora_lora_ops import OPERATORS, ops
+    from populora_lora_ops.synthetic import module_names, trained_like
+
+    from populora_core.adapters import load_lora, save_lora
+
+    named = module_names(layers, shapes)
+    alpha = 2.0 * rank
+    parents = [trained_like(named, rank, alpha, seed) for seed in (1, 2)]
+    result: dict[str, Any] = {}
+    for name in ops_to_run:
+        fn_name, model, n = OPERATORS[name]
+        ps = parents[:1] if n == 1 else parents
+        fn = getattr(ops, fn_name)
+        child, dt, mb = _timed(lambda fn=fn, ps=ps, model=model: fn(ps, model(), torch.Generator().manual_seed(0)))
+        rows.append({"operator": name, "rank": rank, "seconds": dt, "peak_mb": mb})
+        result[name] = (dt, mb)
+        del child
+
+    # svd crossover end to end from PEFT dirs (read + operate + write)
+    d = workdir / f"r{rank}"
+    for i, p in enumerate(parents):
+        save_lora(p, d / f"p{i}")
+
+    def io_svd() -> None:
+        ps = [load_lora(d / "p0"), load_lora(d / "p1")]
+        save_lora(ops.svd_crossover(ps, OPERATORS["svd"][1](), torch.Generator()), d / "child")
+
+    _, dt_io, mb_io = _timed(io_svd)
+    rows.append({"operator": "svd (load+op+save)", "rank": rank, "seconds": dt_io, "peak_mb": mb_io})
+    result["svd_io_s"] = dt_io
+    shutil.rmtree(d, ignore_errors=True)
+
+    if not do_peft:
+        return result
+    # PEFT's svd merge and both errors against a dense fp32 reference, on layer 0 (or some of its modules)
+    names0 = [n for n in _layer0(list(named)) if peft_modules is None or n.rsplit(".", 1)[-1] in peft_modules]
+    weights = [0.5, 0.5]
+    sub = [p.with_modules({n: p.modules[n] for n in names0}) for p in parents]
+    svd_params = OPERATORS["svd"][1](weights=weights)
+    _, ours_sub_s, _ = _timed(lambda: ops.svd_crossover(sub, svd_params, torch.Generator()))
+    ours = ops.svd_crossover(sub, svd_params, torch.Generator())
+    peft_deltas, peft_dt = peft_svd_one_layer(parents, names0, named, weights)
+    err_num = err_sum_num = ref_den = sum_den = peft_num = peft_sum_num = favg_num = 0.0
+    for n in names0:
+        w = sum(wi * p.modules[n].delta() for wi, p in zip(weights, parents))
+        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+        ref = (u[:, :rank] * s[:rank]) @ vh[:rank]
+        mine = ours.modules[n].delta()
+        err_num += float((mine.double() - ref.double()).norm()) ** 2
+        err_sum_num += float((mine.double() - w.double()).norm()) ** 2
+        ref_den += float(ref.double().norm()) ** 2
+        sum_den += float(w.double().norm()) ** 2
+        peft_num += float((peft_deltas[n].double() - ref.double()).norm()) ** 2
+        peft_sum_num += float((peft_deltas[n].double() - w.double()).norm()) ** 2
+        # the factor-averaging pitfall ((B1+B2)/2 (A1+A2)/2), reimplemented here for reference
+        f1, f2 = parents[0].modules[n], parents[1].modules[n]
+        favg = f1.scale * ((f1.B + f2.B) / 2) @ ((f1.A + f2.A) / 2)
+        favg_num += float((favg.double() - w.double()).norm()) ** 2
+    full_layer = peft_modules is None
+    result.update({
+        "peft_scope": "layer 0, all modules" if full_layer else f"layer 0, {', '.join(peft_modules or [])}",
+        "svd_rel_error": (err_num / ref_den) ** 0.5,
+        "svd_rel_error_vs_sum": (err_sum_num / sum_den) ** 0.5,
+        "factor_average_rel_error_vs_sum": (favg_num / sum_den) ** 0.5,
+        "peft_rel_error": (peft_num / ref_den) ** 0.5,
+        "peft_rel_error_vs_sum": (peft_sum_num / sum_den) ** 0.5,
+        "peft_scope_s": peft_dt,
+        "svd_scope_s": ours_sub_s,
+        "peft_s": peft_dt * layers if full_layer else None,
+        "speedup_vs_peft": (peft_dt * layers / result["svd"][0]) if full_layer else peft_dt / ours_sub_s,
+    })
+    rows.append({"operator": f"svd crossover on {result['peft_scope']}", "rank": rank, "seconds": ours_sub_s,
+                 "peak_mb": float("nan")})
+    rows.append({"operator": f"PEFT svd merge on {result['peft_scope']}", "rank": rank, "seconds": peft_dt,
+                 "peak_mb": float("nan")})
+    if full_layer:
+        rows.append({"operator": f"PEFT svd merge (1 layer measured x {layers})", "rank": rank,
+                     "seconds": peft_dt * layers, "peak_mb": float("nan")})
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 layers of q,k,v,o at rank 16 (under a minute)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=None)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--no-peft", action="store_true")
+    ap.add_argument("--peft-ranks", type=int, nargs="+", default=[16],
+                    help="ranks at which PEFT's svd merge is run (each costs minutes at 7B shapes)")
+    ap.add_argument("--lucid-target", default="/tmp/lucid", help="throwaway pip --target dir for `populora`")
+    ap.add_argument("--operators", nargs="+", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    from populora_lora_ops import OPERATORS
+    from populora_lora_ops.synthetic import QWEN25_7B_SHAPES
+
+    torch.set_num_threads(args.threads)
+    shapes = dict(QWEN25_7B_SHAPES)
+    if args.quick:
+        shapes = {k: v for k, v in shapes.items() if k.startswith("self_attn")}
+    layers = args.layers or (2 if args.quick else 28)
+    ranks = args.ranks or ([16] if args.quick else [16, 64])
+    ops_to_run = args.operators or [n for n in OPERATORS if n != "delta_merge"]  # delta_merge == della
+    lucid_ok, lucid_info = try_lucidrains(args.lucid_target)
+    _warm_up()
+
+    rows: list[dict[str, Any]] = []
+    per_rank: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-ops-") as tmp:
+        for rank in ranks:
+            per_rank[rank] = bench_rank(rank, layers, shapes, ops_to_run, Path(tmp),
+                                        not args.no_peft and rank in args.peft_ranks, rows,
+                                        ["k_proj", "v_proj"] if args.quick else None)
+
+    print(f"# Qwen2.5-7B shapes: {layers} layers x {', '.join(k.split('.')[1] for k in shapes)}; "
+          f"{args.threads} thread(s); torch {torch.__version__}; {platform.processor() or platform.machine()}")
+    print(f"{'operator':44s} {'rank':>4s} {'s/child':>9s} {'peak MB':>9s}")
+    for row in rows:
+        print(f"{row['operator']:44s} {row['rank']:4d} {row['seconds']:9.3f} {row['peak_mb']:9.1f}")
+    head = per_rank.get(16) or per_rank[ranks[0]]
+    mutations = [n for n in ("svd_structured", "layer_gaussian", "component_mask", "gaussian", "neftune")
+                 if n in head]
+    for rank, res in per_rank.items():
+        if "peft_scope" not in res:
+            continue
+        if res.get("peft_s") is not None:
+            print(f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on ONE layer "
+                  f"({res['peft_scope_s']:.1f} s) and extrapolated x{layers} = {res['peft_s']:.0f} s")
+        else:
+            print(f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on {res['peft_scope']} only (quick): "
+                  f"{res['peft_scope_s']:.2f} s vs ours {res['svd_scope_s']:.4f} s on the same modules")
+        print(f"# rank {rank}: rel. error on {res['peft_scope']} vs dense truncated SVD: "
+              f"ours {res['svd_rel_error']:.2e}, PEFT {res['peft_rel_error']:.2e}; vs the full weighted sum: "
+              f"ours {res['svd_rel_error_vs_sum']:.3f}, PEFT {res['peft_rel_error_vs_sum']:.3f}, "
+              f"factor averaging {res['factor_average_rel_error_vs_sum']:.3f}")
+    lucid_note = ("lucidrains populora: " + (f"importable from {lucid_info}, no comparison run"
+                                             if lucid_ok else f"not compared ({lucid_info})"))
+    print(f"# {lucid_note}")
+
+    def first(key: str) -> Any:
+        v = head.get(key)
+        return v[0] if isinstance(v, tuple) else v
+
+    summary = {
+        "benchmark": "operators",
+        "quick": args.quick,
+        "layers": layers,
+        "modules": [k.split(".")[1] for k in shapes],
+        "threads": args.threads,
+        "rank": 16 if 16 in per_rank else ranks[0],
+        "svd_crossover_s": first("svd"),
+        "svd_crossover_io_s": head["svd_io_s"],
+        "peft_svd_s": head.get("peft_s"),
+        "peft_scope": head.get("peft_scope"),
+        "peft_scope_s": head.get("peft_scope_s"),
+        "svd_scope_s": head.get("svd_scope_s"),
+        "peft_svd_extrapolated": (f"1 layer measured x {layers}" if head.get("peft_s") is not None else None),
+        "speedup_vs_peft": head.get("speedup_vs_peft"),
+        "svd_rel_error": head.get("svd_rel_error"),
+        "peft_rel_error": head.get("peft_rel_error"),
+        "svd_rel_error_vs_sum": head.get("svd_rel_error_vs_sum"),
+        "peft_rel_error_vs_sum": head.get("peft_rel_error_vs_sum"),
+        "factor_average_rel_error_vs_sum": head.get("factor_average_rel_error_vs_sum"),
+        "max_mutation_s": max((first(n) for n in mutations), default=None),
+        "della_s": first("della"),
+        "della_peak_mb": head["della"][1] if "della" in head else None,
+        "dare_s": first("dare"),
+        "dare_peak_mb": head["dare"][1] if "dare" in head else None,
+        "ties_s": first("ties"),
+        "ties_peak_mb": head["ties"][1] if "ties" in head else None,
+        "max_fast_crossover_s": max((first(n) for n in ("svd", "svd_subspace", "layerwise", "clone",
+                                                         "extrapolate", "xes") if n in head), default=None),
+        "lucidrains_mutation_s": None,
+        "lucidrains_factor_average_rel_error": None,
+        "lucidrains_note": lucid_note,
+        "per_rank": {str(r): {k: (list(v) if isinstance(v, tuple) else v) for k, v in res.items()}
+                     for r, res in per_rank.items()},
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
