@@ -99,19 +99,26 @@ class SandboxExecutor:
         return [self._uid_base + i for i in range(_UID_BLOCK)]
 
     def cpu_seconds(self) -> float:
-        """CPU time used so far by all zygotes and the programs they reaped (for benchmarks/metrics)."""
+        """CPU time used so far by all zygotes and the programs they reaped (for benchmarks/metrics).
+
+        Counts the serving process and its template (whose children are the programs); programs
+        still running and a zygote's own start-up are not counted.
+        """
         tick = os.sysconf("SC_CLK_TCK")
         total = 0.0
         for workers in self._pool.values():
             for worker in workers:
                 z = worker.proc.pid
-                try:
-                    kids = Path(f"/proc/{z}/task/{z}/children").read_text().split()
-                    server = int(kids[0]) if worker.isolation.get("pid_namespace") and kids else z
-                    fields = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
-                except (OSError, ValueError):
-                    continue
-                total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+                server = z
+                if worker.isolation.get("pid_namespace"):
+                    kids = _child_pids(z)
+                    server = kids[0] if kids else z
+                for pid in [server, *_child_pids(server)]:
+                    try:
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    except (OSError, IndexError):
+                        continue
+                    total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
         return total
 
     def run(self, code: str, expr: str | None = None, **kwargs: Any) -> ExecResult:
@@ -442,6 +449,13 @@ _SUPPORT_MODULES: tuple[str, ...] = (
     "encodings.idna", "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32",
     "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.cp1252",
 )
+
+
+def _child_pids(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _to_result(reply: dict[str, Any]) -> ExecResult:
