@@ -1,7 +1,7 @@
 """Benchmark: validating AZR-style programs in the sandbox, against two references, in one run.
 
     python -m benchmarks.sandbox            # 1,200 programs; subprocess reference on 200 of them
-    python -m benchmarks.sandbox --quick    # 1,000 programs; subprocess reference on 60 (< 1 min)
+    python -m benchmarks.sandbox --quick    # 1,000 programs; subprocess reference on 40 (< 1 min)
 
 A validation is AZR's proposal check with our two-run determinism rule: run ``f(input)`` in two
 separate processes whose hash seeds differ, both must succeed and return the same repr.
@@ -207,7 +207,7 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1,000 programs, subprocess reference on 60")
+    ap.add_argument("--quick", action="store_true", help="1,000 programs, subprocess reference on 40")
     ap.add_argument("--programs", type=int, default=None)
     ap.add_argument("--subprocess-programs", type=int, default=None)
     ap.add_argument("--workers", type=int, default=0, help="sandbox zygotes per hash variant (0: cores)")
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     n = args.programs or (1000 if args.quick else 1200)
     # subprocess-per-run is 20-40x slower: it runs on a prefix of the corpus (rates are per program)
-    n_sub = min(n, args.subprocess_programs or (60 if args.quick else 200))
+    n_sub = min(n, args.subprocess_programs or (40 if args.quick else 200))
     programs, n_real = corpus(n, args.seed)
     cores = os.cpu_count() or 1
     print(f"corpus: {n} programs ({n_real} AZR seed programs, {n - n_real} generated); cores={cores}; "

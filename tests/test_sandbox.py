@@ -160,6 +160,13 @@ def test_batch_keeps_order_and_programs_do_not_share_state(executor):
     assert executor.run_batch([]) == []
 
 
+def test_batch_spreads_over_all_workers(executor):
+    res = executor.run_batch([ExecJob("import os", "os.getuid()") for _ in range(12)])
+    assert {r.status for r in res} == {"ok"}
+    assert len({r.value for r in res}) == executor.workers == 2  # one uid per zygote, both used
+    assert executor.cpu_seconds() > 0
+
+
 def test_hash_variants_reorder_sets(executor):
     code = "def f():\n    return list({'alpha', 'beta', 'gamma', 'delta', 'eps', 'zeta', 'eta', 'theta'})"
     jobs = [ExecJob(code, "f()", hash_variant=v) for v in (0, 0, 1, 1)]
