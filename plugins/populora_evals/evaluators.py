@@ -294,7 +294,7 @@ class EvalPlusBenchmark(CodeBenchmark):
     def grade_detailed(self, items, completions, executor=None) -> tuple[list[list[bool]], list[list[bool]]]:
         """(base-tests pass, base+plus pass) per completion."""
         executor = _need(executor, self.name)
-        work = []
+        work: list[tuple[int, dict[str, Any], str]] = []
         for item, comps in zip(items, completions):
             for c in comps:
                 work.append((len(work), item, self.program(item, c)))
