@@ -380,3 +380,22 @@ def test_sampling_reports_unbiased_pass_at_k(tmp_path, evals_only):
     # the oracle's base model is right on the first 5 problems, every sample
     assert details["pass@1"] == details["pass@4"] == 0.5 and details["score"] == 50.0
     assert res["settings"]["ks"] == [1, 2, 4] and res["settings"]["n"] == 4
+
+
+def test_eval_params_reach_the_evaluators(tmp_path, evals_only):
+    from populora_evals.cli import _kv, build_evaluators
+
+    (tmp_path / "lcb").mkdir()
+    lcb = F.write_lcb(tmp_path / "lcb")
+    params = _kv(("livecodebench.start_date=2024-01-15", "livecodebench.tests_per_job=7"), "--eval-param")
+    assert params == {"livecodebench.start_date": "2024-01-15", "livecodebench.tests_per_job": 7}
+    (ev,) = build_evaluators(["livecodebench"], {"livecodebench": str(lcb)}, math_template=None,
+                             code_template=None, max_tokens=None, timeout_s=3.0, eval_params=params)
+    assert [it["id"] for it in ev.items()] == ["lcb/1"] and ev.params.tests_per_job == 7
+    assert ev.params.timeout_s == 3.0 and ev.template == "azr" and ev.max_tokens == 8096
+    with pytest.raises(UserError, match=r"BENCHMARK\.KEY=VALUE"):
+        build_evaluators(["aime24"], {}, math_template=None, code_template=None, max_tokens=None,
+                         timeout_s=None, eval_params={"start_date": "x"})
+    with pytest.raises(UserError, match="evaluator livecodebench: bad settings"):
+        build_evaluators(["livecodebench"], {"livecodebench": str(lcb)}, math_template=None, code_template=None,
+                         max_tokens=None, timeout_s=None, eval_params={"livecodebench.bogus": 1})

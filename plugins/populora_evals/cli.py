@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ def _kv(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UserError(f"{option} expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = yaml.safe_load(value) if option != "--data" else value
+        parsed = yaml.safe_load(value) if option != "--data" else value
+        # YAML reads 2024-01-15 as a date; settings take dates as text
+        out[key.strip()] = value if isinstance(parsed, datetime.date) else parsed
     return out
 
 
@@ -39,14 +42,21 @@ def parse_benchmarks(spec: str) -> list[str]:
 
 
 def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_template: str | None,
-                     code_template: str | None, max_tokens: int | None, timeout_s: float | None) -> list[Any]:
+                     code_template: str | None, max_tokens: int | None, timeout_s: float | None,
+                     eval_params: dict[str, Any] | None = None) -> list[Any]:
     """Evaluators from the registry (so a plugin may replace or add one) with the CLI's settings."""
     from populora_core.plugins import get_manager
 
     registry = get_manager().registry
-    unknown = sorted(set(data_paths) - set(names))
+    per_bench: dict[str, dict[str, Any]] = {}
+    for key, value in (eval_params or {}).items():
+        bench_name, dot, field = key.partition(".")
+        if not dot or not field:
+            raise UserError(f"--eval-param expects BENCHMARK.KEY=VALUE, got {key!r}")
+        per_bench.setdefault(bench_name, {})[field] = value
+    unknown = sorted((set(data_paths) | set(per_bench)) - set(names))
     if unknown:
-        raise UserError(f"--data names benchmark(s) not being evaluated: {', '.join(unknown)}")
+        raise UserError(f"--data/--eval-param name benchmark(s) not being evaluated: {', '.join(unknown)}")
     evaluators = []
     for name in names:
         comp = registry.get("evaluator", name)
@@ -61,6 +71,7 @@ def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_templ
             raw["max_tokens"] = max_tokens
         if timeout_s is not None and category == "code":
             raw["timeout_s"] = timeout_s
+        raw.update(per_bench.get(name, {}))
         try:
             params = comp.parse_params(raw)
         except Exception as exc:
@@ -97,6 +108,8 @@ def register(cli: Any) -> None:
     @click.option("--roles", type=click.Choice(["students", "teachers", "all"]), default="students",
                   show_default=True, help="Which members of the final population to evaluate.")
     @click.option("--data", "data", multiple=True, help="Local data file for a benchmark: NAME=PATH.")
+    @click.option("--eval-param", multiple=True,
+                  help="Evaluator setting BENCHMARK.KEY=VALUE, e.g. livecodebench.start_date=2023-05-01.")
     @click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16")
     @click.option("--out", "out", type=click.Path(), default=None,
                   help="Output directory (default: RUN/eval for a run, else ./eval/<target name>).")
@@ -106,7 +119,8 @@ def register(cli: Any) -> None:
                  executor_param: tuple[str, ...], limit: int | None, n: int, temperature: float,
                  top_p: float, ks: str, seed: int, max_tokens: int | None, math_template: str | None,
                  code_template: str | None, timeout_s: float | None, baseline: str | None,
-                 base_model: str | None, roles: str, data: tuple[str, ...], dtype: str, out: str | None,
+                 base_model: str | None, roles: str, data: tuple[str, ...], eval_param: tuple[str, ...],
+                 dtype: str, out: str | None,
                  no_cache: bool, no_base: bool) -> None:
         """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
         run_eval(target=target, benchmarks=benchmarks, engine=engine, engine_params=_kv(engine_param, "--engine-param"),
@@ -114,6 +128,7 @@ def register(cli: Any) -> None:
                  n=n, temperature=temperature, top_p=top_p, ks=ks, seed=seed, max_tokens=max_tokens,
                  math_template=math_template, code_template=code_template, timeout_s=timeout_s,
                  baseline=baseline, base_model=base_model, roles=roles, data=_kv(data, "--data"),
+                 eval_params=_kv(eval_param, "--eval-param"),
                  dtype=dtype, out=out, no_cache=no_cache, no_base=no_base)
 
 
@@ -124,7 +139,8 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
              max_tokens: int | None = None, math_template: str | None = None,
              code_template: str | None = None, timeout_s: float | None = None,
              baseline: str | None = None, base_model: str | None = None, roles: str = "students",
-             data: dict[str, str] | None = None, dtype: str = "auto", out: str | None = None,
+             data: dict[str, str] | None = None, eval_params: dict[str, Any] | None = None,
+             dtype: str = "auto", out: str | None = None,
              no_cache: bool = False, no_base: bool = False, quiet: bool = False) -> dict[str, Any]:
     """The ``populora eval`` command as a function (benchmarks and tests call it directly)."""
     from . import report
@@ -150,7 +166,7 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
                   if k in names}
     data_paths.update(data or {})
     evaluators = build_evaluators(names, data_paths, math_template=math_template, code_template=code_template,
-                                  max_tokens=max_tokens, timeout_s=timeout_s)
+                                  max_tokens=max_tokens, timeout_s=timeout_s, eval_params=eval_params)
     if out is None:
         out_dir = (resolved.run_dir / "eval") if resolved.run_dir else Path("eval") / _stem(target)
     else:
