@@ -141,6 +141,10 @@ def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only):
     assert "amc23:" in result.output and "answer | final_answer" in result.output
     result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "aime24,nope"])
     assert result.exit_code == 2 and "unknown benchmark" in result.output
+    result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "all"])
+    assert result.exit_code == 2
+    for name in ("humaneval_plus", "mbpp_plus", "livecodebench", "amc23", "minerva", "olympiadbench"):
+        assert f"--data {name}=PATH" in result.output
 
 
 # --- prompts and extraction --------------------------------------------------------------------------

@@ -57,6 +57,12 @@ def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_templ
     unknown = sorted((set(data_paths) | set(per_bench)) - set(names))
     if unknown:
         raise UserError(f"--data/--eval-param name benchmark(s) not being evaluated: {', '.join(unknown)}")
+    missing = [name for name in names if name not in data_paths and name in registry.names("evaluator")
+               and registry.get("evaluator", name).meta.get("needs_path")]
+    if len(missing) > 1:
+        raise UserError("no offline data for " + ", ".join(missing) + "; give each a local file with "
+                        + " ".join(f"--data {m}=PATH" for m in missing)
+                        + " (formats: plugins/populora_evals/README.md)")
     evaluators = []
     for name in names:
         comp = registry.get("evaluator", name)
