@@ -177,6 +177,19 @@ def test_hash_variants_reorder_sets(executor):
         executor.run_batch([ExecJob("x = 1", hash_variant=99)])
 
 
+def test_no_trace_between_programs(executor):
+    """Whatever one program leaves in its work dir or the private tmpfs, the next ones do not see."""
+    leave = ("open('/tmp/note', 'w').write('x')\nopen('/dev/shm/note', 'w').write('x')\n"
+             "open('note', 'w').write('x')")
+    chmod_only = "import os\nos.chmod('.', 0o755)"  # no new inode: caught by the dir's ctime
+    look = ("import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'), os.listdir('/tmp'), "
+            "os.listdir('/dev/shm'))")
+    res = executor.run_batch([ExecJob(leave), ExecJob(chmod_only)] + [ExecJob(look)] * 4)
+    assert [r.status for r in res[:2]] == ["ok", "ok"], res
+    if executor.isolation["mount_namespace"]:
+        assert {r.stdout for r in res[2:]} == {"0o700 [] ['job'] []\n"}
+
+
 def test_random_differs_between_programs(executor):
     res = executor.run_batch([ExecJob("import random", "random.random()") for _ in range(4)])
     assert len({r.value for r in res}) == 4
@@ -218,6 +231,23 @@ def test_memory_bombs(executor):
     grow = _run(executor, "xs = []\nwhile True:\n    xs.append(' ' * 10_000_000)", memory_mb=256)
     assert big.status == "memory" and big.error.startswith("MemoryError")
     assert grow.status == "memory"
+    _assert_clean(executor)
+    _healthy(executor)
+
+
+def test_memory_bomb_spread_over_processes(executor):
+    """RLIMIT_AS is per process: eight children of 100 MB each must still count as 800 MB."""
+    res = _run(executor, """
+        import os, time
+        for _ in range(8):
+            if os.fork() == 0:
+                block = b'x' * (100 * 1024 * 1024)
+                time.sleep(30)
+                os._exit(0)
+        time.sleep(30)
+        """, memory_mb=256, timeout_s=20.0)
+    if executor.isolation["pid_namespace"]:
+        assert res.status == "memory" and "together" in res.error, res
     _assert_clean(executor)
     _healthy(executor)
 

@@ -80,6 +80,8 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_MEMORY_CHECK_S = 0.02  # how often a running program's processes are weighed together
 JOB_FD, RESULT_FD = 3, 4  # the parent's pipes in Z/I
 CHILD_RESULT_FD = 3  # the per-program result pipe in a child (the parent's pipes are closed there)
 WORKDIR_NAME = "job"
@@ -290,6 +292,7 @@ class Server:
         self.workdir = os.path.join(self.base, WORKDIR_NAME)
         self._clean_marks: list[int] | None = None  # free inodes of each tmpfs when last known clean
         self.current_pid = 0
+        self._workdir_stamp: tuple[int, int, int] = (0, 0, 0)
 
     def serve(self) -> None:
         _restrict_imports(self.workdir)
@@ -317,15 +320,18 @@ class Server:
 
     def _prepare_workdir(self) -> None:
         if self._clean_marks is not None and self._tmpfs_marks() == self._clean_marks:
-            try:  # nothing was created since the last wipe: reuse the empty work dir
+            try:  # nothing was created since the last wipe: reuse the empty work dir, unless it was
+                # touched at all (mode, xattrs, entries: ctime/mtime move), so no program sees another's trace
                 st = os.lstat(self.workdir)
-                if st.st_uid == self.uid and (st.st_mode & 0o7777) == 0o700 and os.path.isdir(self.workdir):
+                if (st.st_ino, st.st_ctime_ns, st.st_mtime_ns) == self._workdir_stamp:
                     return
             except OSError:
                 pass
         self._wipe()
         os.mkdir(self.workdir, 0o700)
         os.chown(self.workdir, self.uid, self.uid)
+        st = os.lstat(self.workdir)
+        self._workdir_stamp = (st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
         self._clean_marks = self._tmpfs_marks()
 
     def run(self, job: dict) -> dict:
@@ -360,13 +366,19 @@ class Server:
         poller.register(r, select.POLLIN)
         poller.register(pidfd, select.POLLIN)
         pipe_open = True
+        over_memory = False
+        mem_budget_pages = int(job["memory_mb"]) * 1024 * 1024 // _PAGE
         try:
             while status_code is None or pipe_open:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     timed_out = True
                     break
-                for fd, _ev in poller.poll(remaining * 1000):
+                events = poller.poll(min(remaining, _MEMORY_CHECK_S) * 1000)
+                if not events and self.in_namespace and self._namespace_rss_pages() > mem_budget_pages:
+                    over_memory = True  # RLIMIT_AS is per process: bound the program's processes together
+                    break
+                for fd, _ev in events:
                     if fd == r:
                         chunk = os.read(r, 1 << 16)
                         if not chunk:
@@ -401,7 +413,26 @@ class Server:
             os.close(pidfd)
             if self._clean_marks is None:
                 self._wipe()  # fallback mode: no private tmpfs to check, wipe every time
+        if over_memory:
+            return {"status": "memory", "value": None, "stdout": "", "wall_s": wall,
+                    "error": f"MemoryError: the program's processes used more than {job['memory_mb']} MB together"}
         return self._classify(job, status_code, bytes(data), timed_out, too_big, wall)
+
+    @staticmethod
+    def _namespace_rss_pages() -> int:
+        """Resident pages of every process in our PID namespace but us; 0 while the program is alone
+        (one process is bounded by its own RLIMIT_AS already)."""
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+        if len(pids) < 2:
+            return 0
+        total = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as fh:
+                    total += int(fh.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
 
     def shutdown(self) -> None:
         """Fallback mode only: kill every process we are responsible for, remove our files, exit."""
