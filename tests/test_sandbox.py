@@ -181,13 +181,15 @@ def test_no_trace_between_programs(executor):
     """Whatever one program leaves in its work dir or the private tmpfs, the next ones do not see."""
     leave = ("open('/tmp/note', 'w').write('x')\nopen('/dev/shm/note', 'w').write('x')\n"
              "open('note', 'w').write('x')")
-    chmod_only = "import os\nos.chmod('.', 0o755)"  # no new inode: caught by the dir's ctime
+    # no new inode, same mode in the end: caught by the dir's ctime
+    chmod_only = ("import os\nos.chmod('.', 0o755)\ntry:\n    os.setxattr('.', 'user.note', b'x')\n"
+                  "except OSError:\n    pass\nos.chmod('.', 0o700)")
     look = ("import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'), os.listdir('/tmp'), "
-            "os.listdir('/dev/shm'))")
+            "os.listdir('/dev/shm'), os.listxattr('.'))")
     res = executor.run_batch([ExecJob(leave), ExecJob(chmod_only)] + [ExecJob(look)] * 4)
     assert [r.status for r in res[:2]] == ["ok", "ok"], res
     if executor.isolation["mount_namespace"]:
-        assert {r.stdout for r in res[2:]} == {"0o700 [] ['job'] []\n"}
+        assert {r.stdout for r in res[2:]} == {"0o700 [] ['job'] [] []\n"}
 
 
 def test_random_differs_between_programs(executor):
