@@ -367,6 +367,7 @@ class Server:
         poller.register(pidfd, select.POLLIN)
         pipe_open = True
         over_memory = False
+        next_memory_check = start + _MEMORY_CHECK_S
         mem_budget_pages = int(job["memory_mb"]) * 1024 * 1024 // _PAGE
         try:
             while status_code is None or pipe_open:
@@ -375,9 +376,11 @@ class Server:
                     timed_out = True
                     break
                 events = poller.poll(min(remaining, _MEMORY_CHECK_S) * 1000)
-                if not events and self.in_namespace and self._namespace_rss_pages() > mem_budget_pages:
-                    over_memory = True  # RLIMIT_AS is per process: bound the program's processes together
-                    break
+                if self.in_namespace and time.monotonic() >= next_memory_check:
+                    next_memory_check = time.monotonic() + _MEMORY_CHECK_S
+                    if self._namespace_rss_pages() > mem_budget_pages:
+                        over_memory = True  # RLIMIT_AS is per process: bound the processes together
+                        break
                 for fd, _ev in events:
                     if fd == r:
                         chunk = os.read(r, 1 << 16)
