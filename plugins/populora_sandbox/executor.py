@@ -2,7 +2,7 @@
 
 The trainer never forks itself: each zygote is a fresh, small interpreter started with a scrubbed
 environment (see ``_zygote.py``), so model code never shares memory with the trainer. One thread in
-the caller drives every zygote through non-blocking pipes (``selectors``), keeps a deadline per job and
+the caller drives every zygote through pipes (``selectors``), keeps a deadline per job and
 replaces a zygote that dies or stops answering.
 """
 
@@ -34,7 +34,7 @@ from .params import SandboxParams
 _ZYGOTE = str(Path(__file__).with_name("_zygote.py"))
 _COUNTER = itertools.count()
 _FALLBACK_PREFIX = "populora-sandbox-"
-_UID_BLOCK = 256  # uids per executor: hash variant * 64 + worker slot
+_UID_BLOCK = 1024  # uids per executor: hash variant (< 16) * 64 + worker slot (< 64)
 _DEPTH = 2  # jobs queued per zygote: the next one is there when the current one ends
 _STATUSES = ("ok", "error", "timeout", "memory", "killed", "output_too_large")
 
