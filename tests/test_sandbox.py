@@ -114,6 +114,12 @@ def test_is_an_executor_and_registered(executor):
     assert params.timeout_s == 3 and comp.parse_params({}).timeout_s == 10.0
     with pytest.raises(Exception, match=r"unknown|extra"):
         comp.parse_params({"timeout": 3})
+    made = comp.factory(params)
+    try:
+        assert isinstance(made, Executor) and made.run_batch([ExecJob("x = 2", "x * 21")])[0].value == "42"
+    finally:
+        made.close()
+    assert "pid_namespace" in made.isolation  # still answers after close()
 
 
 def test_isolation_in_effect(executor):

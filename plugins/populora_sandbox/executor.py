@@ -84,14 +84,14 @@ class SandboxExecutor:
         self._tmp_root = Path(tempfile.gettempdir())
         self._cleanup_stale_fallback_dirs()
         self._ensure_variant(0)
+        self._isolation: dict[str, Any] = dict(self._pool[0][0].isolation)
 
     # --- public API ------------------------------------------------------------------------------
 
     @property
     def isolation(self) -> dict[str, Any]:
         """What isolation the zygotes actually got (namespaces, uid, fallback reason)."""
-        worker = self._pool[0][0]
-        return dict(worker.isolation)
+        return dict(self._isolation)
 
     @property
     def uids(self) -> list[int]:
