@@ -193,6 +193,16 @@ def test_extract_code():
     assert extract_code("no tags ```python\nx=1\n```", "azr") == ""
 
 
+def test_main_guard_is_dropped_from_function_completions():
+    from populora_evals.grading import strip_main_guard
+
+    code = ("def f(x):\n    return x\n\nif __name__ == '__main__':\n    n = int(input())\n    print(f(n))\n"
+            "y = 1\n")
+    assert strip_main_guard(code) == "def f(x):\n    return x\n\ny = 1\n"
+    assert strip_main_guard("def f(:\n") == "def f(:\n"
+    assert strip_main_guard("if __name__ != '__main__':\n    pass\n").startswith("if __name__ !=")
+
+
 def test_assemble_body_or_full_function():
     from populora_evals.grading import assemble
 

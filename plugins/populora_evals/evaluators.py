@@ -237,7 +237,7 @@ class MBPP(CodeBenchmark):
         return prompts.function_prompt(item["prompt"], self.template)
 
     def program(self, item: dict[str, Any], completion: str) -> str:
-        return self.extract(completion)
+        return grading.strip_main_guard(self.extract(completion))
 
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)

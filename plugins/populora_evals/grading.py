@@ -51,10 +51,32 @@ def defines(code: str, name: str) -> bool:
     return re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
 
 
+def strip_main_guard(code: str) -> str:
+    """Drop top-level ``if __name__ == "__main__":`` blocks (demo code reading stdin, printing), as
+    EvalPlus's sanitizer does: function benchmarks grade the function, and the sandbox runs programs
+    as ``__main__``. Code that does not parse is returned unchanged (it fails on its own)."""
+    if "__main__" not in code:
+        return code
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return code
+    drop: set[int] = set()
+    for node in tree.body:
+        test = getattr(node, "test", None)
+        if (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+                and test.left.id == "__name__" and len(test.comparators) == 1 and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__"):
+            drop.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    if not drop:
+        return code
+    return "\n".join(line for i, line in enumerate(code.splitlines(), start=1) if i not in drop) + "\n"
+
+
 def assemble(prompt: str, code: str, entry_point: str) -> str:
     """A whole program from a function prompt and a completion: a full function, or only its body."""
     if defines(code, entry_point):
-        return f"{prompt}\n{code}\n"
+        return f"{prompt}\n{strip_main_guard(code)}\n"
     return f"{prompt}{code}\n"
 
 
