@@ -1,7 +1,7 @@
 """Benchmark: resident memory of one shared base + N adapters (N = 1, 4, 8, 16) against the base alone.
 
-    python -m benchmarks.memory            # hidden 512, 4 layers, rank 16 on 7 modules (~2.4 MB per adapter)
-    python -m benchmarks.memory --quick    # hidden 384, 3 layers (< 1 min)
+    python -m benchmarks.memory            # hidden 1024, 4 layers, rank 16 on 7 modules (~3.8 MB per adapter)
+    python -m benchmarks.memory --quick    # hidden 1024, 2 layers (~1.9 MB per adapter, < 1 min)
 
 Adapters are loaded through the ``hf`` engine into the process-wide ModelHost exactly as in a run
 (one generate call each, so every version is really resident). Memory is the process RSS after
@@ -71,8 +71,7 @@ def run(quick: bool, device: str) -> dict[str, Any]:
     engine = comp.factory(comp.parse_params({"device": device, "max_loaded_adapters": 64}), base_model=base,
                           lora=lora, seed=0)
     tiny = SamplingParams(temperature=0.0, max_tokens=1)
-    import peft.tuners.lora  # noqa: F401  (library code is loaded once per process, not per adapter)
-    import safetensors.torch  # noqa: F401
+    import safetensors.torch  # noqa: F401  (library code is loaded once per process, not per adapter)
     engine.generate([GenerationRequest("x", None)], tiny)  # warm the base path and allocator
     engine.generate([GenerationRequest("x", None)], tiny)
     cuda = engine.host.device.startswith("cuda")
@@ -94,8 +93,9 @@ def run(quick: bool, device: str) -> dict[str, Any]:
             engine.generate([GenerationRequest("x", ref)], tiny)
             loaded += 1
             if adapter_bytes is None:
-                key = engine.host.ensure(ref)
-                adapter_bytes = sum(p.numel() * p.element_size() for p in engine.host.params(key).values())
+                held = engine.host.version(engine.host.ensure(ref))
+                adapter_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size()
+                                    for a, b in held.values())
         extra = measure() - base_rss
         rows[str(n)] = {"extra_mb": round(extra / 2**20, 3), "ratio": round(extra / (n * adapter_bytes), 4)}
     assert adapter_bytes is not None

@@ -119,7 +119,8 @@ class ModelHost:
         self.base_model: Any = model
         self.peft: Any = None  # PeftModel, created with the first adapter
         self.capacity = 32  # version names kept loaded (LRU); engines may raise it
-        self._versions: OrderedDict[str, str] = OrderedDict()  # version name -> PEFT key
+        self._versions: OrderedDict[str, dict[str, tuple[Any, Any]]] = OrderedDict()  # served versions
+        self._linear_cache: dict[str, Any] | None = None
         self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
         self._counter = 0
         self._torch = torch
@@ -176,24 +177,71 @@ class ModelHost:
             raise UserError(f"{path}: adapter lacks tensors for {missing}")
 
     def ensure(self, ref: AdapterRef) -> str:
-        """The PEFT key of version ``ref.name``, loading it from ``ref.path`` on first use (LRU)."""
+        """Load version ``ref.name`` from ``ref.path`` on first use (LRU); returns the name.
+
+        Served versions are plain tensors, not PEFT modules: ``{linear module path: (A, scale * B)}``
+        in float32 on the model's device. PEFT keeps ~10 kB of Python module objects per LoRA module
+        and adapter, which dominated memory for small adapters; and the engines' batched mixed-adapter
+        forward needs only the tensors (see populora_engines.batched_lora).
+        """
         with self.lock:
-            key = self._versions.get(ref.name)
-            if key is not None:
+            if ref.name in self._versions:
                 self._versions.move_to_end(ref.name)
-                return key
-            path = Path(ref.path)
-            config = _read_config(path)
-            key = self._new_key()
-            self._add_slot(key, config)
-            try:
-                self._load_weights(key, path)
-            except BaseException:
-                self._delete(key)
-                raise
-            self._versions[ref.name] = key
+                return ref.name
+            self._versions[ref.name] = self._read_version(Path(ref.path))
             self._evict()
-            return key
+            return ref.name
+
+    def linear(self, path: str) -> Any:
+        """The base ``nn.Linear`` at ``path`` (inside PEFT's wrapper when the module is wrapped)."""
+        module = self._linears().get(path)
+        if module is None:
+            raise KeyError(path)
+        return module
+
+    def _linears(self) -> dict[str, Any]:
+        torch = self._torch
+        if self._linear_cache is None:
+            found = {}
+            for name, module in self.base_model.named_modules():
+                if isinstance(module, torch.nn.Linear):
+                    found[name[: -len(".base_layer")] if name.endswith(".base_layer") else name] = module
+            self._linear_cache = found
+        return self._linear_cache
+
+    def _read_version(self, path: Path) -> dict[str, tuple[Any, Any]]:
+        from safetensors.torch import load_file
+
+        config = _read_config(path)
+        if config.get("use_dora") or config.get("lora_bias"):
+            raise UserError(f"{path}: DoRA / LoRA bias adapters are not supported for serving")
+        scale = lora_scale(config)
+        tensors = load_file(str(path / WEIGHTS_FILE))
+        linears = self._linears()
+        out: dict[str, tuple[Any, Any]] = {}
+        for key, a in tensors.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            name = key[: -len(".lora_A.weight")]
+            b = tensors.get(name + ".lora_B.weight")
+            if b is None:
+                raise UserError(f"{path}: {name} has lora_A but no lora_B")
+            module_path = name[len("base_model.model."):] if name.startswith("base_model.model.") else name
+            linear = linears.get(module_path)
+            if linear is None or a.shape[1] != linear.in_features or b.shape[0] != linear.out_features \
+                    or a.shape[0] != b.shape[1]:
+                raise UserError(f"{path}: adapter does not fit base model {self.base.path!r} (at {module_path})")
+            dev = linear.weight.device
+            # copies: load_file's tensors may share one buffer; a view kept alive would keep it all
+            out[module_path] = (a.to(dev, self._torch.float32, copy=True),
+                                (b.to(self._torch.float32) * scale).to(dev))
+        if not out:
+            raise UserError(f"{path}: no LoRA tensors found in {WEIGHTS_FILE}")
+        return out
+
+    def version(self, name: str) -> dict[str, tuple[Any, Any]]:
+        """The tensors of a loaded version: ``{module path: (A (r, d_in), scale * B (d_out, r))}``."""
+        return self._versions[name]
 
     def loaded(self) -> list[str]:
         return list(self._versions)
@@ -201,9 +249,7 @@ class ModelHost:
     def drop(self, name: str) -> None:
         """Forget version ``name`` (a no-op when it is not loaded)."""
         with self.lock:
-            key = self._versions.pop(name, None)
-            if key is not None:
-                self._delete(key)
+            self._versions.pop(name, None)
 
     def _delete(self, key: str) -> None:
         self._configs.pop(key, None)
@@ -214,8 +260,7 @@ class ModelHost:
 
     def _evict(self) -> None:
         while len(self._versions) > max(1, self.capacity):
-            _, key = self._versions.popitem(last=False)
-            self._delete(key)
+            self._versions.popitem(last=False)
 
     def slot(self, key: str, config: dict[str, Any]) -> str:
         """A private, pinned adapter slot (trainers' ``scratch``, reference adapters) of this shape."""

@@ -53,19 +53,25 @@ def test_mixed_batch_equals_one_adapter_at_a_time(base, adapters):
     assert len({tuple(r[0].token_ids) for r in same_prompt}) == 4
 
 
-def test_logprobs_match_a_forward_pass(base, adapters):
-    import torch
+def _peft_reference(base, adapter):
+    """An independent transformers + PEFT model of one adapter (not the engine's shared host)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
 
-    from populora_core.modelhost import get_host
+    model = AutoModelForCausalLM.from_pretrained(base.path)
+    return PeftModel.from_pretrained(model, adapter.path).eval()
+
+
+def test_logprobs_match_an_independent_peft_forward(base, adapters):
+    import torch
 
     engine = make_engine("hf", base)
     out = engine.generate([GenerationRequest(PROMPTS[1], adapters[1])],
                           SamplingParams(temperature=1.0, max_tokens=8, seed=5))[0][0]
-    host = get_host(base)
-    key = host.ensure(adapters[1])
+    ref = _peft_reference(base, adapters[1])
     ids = torch.tensor([out.prompt_token_ids + out.token_ids])
     with torch.no_grad():
-        logits = host.model(input_ids=ids, adapter_names=[key]).logits[0].float()
+        logits = ref(input_ids=ids).logits[0].float()
     logp = torch.log_softmax(logits, -1)
     start = len(out.prompt_token_ids) - 1
     expected = [float(logp[start + t, tok]) for t, tok in enumerate(out.token_ids)]
@@ -140,13 +146,32 @@ def test_bad_input_is_a_user_error(base, adapters, tmp_path):
         engine.generate([GenerationRequest("x", None)], SamplingParams())
 
 
-def test_batched_lora_matches_peft_adapter_names(base, adapters):
-    """The bmm mixed-adapter path and PEFT's adapter_names loop give the same tokens and log-probs."""
+def test_mixed_modes_agree_and_match_independent_peft_models(base, adapters):
+    """bmm and loop mixed-adapter paths give the same tokens, equal to plain PEFT models' greedy output."""
+    import torch
+
     reqs = [GenerationRequest(p, adapters[i % 3] if i % 5 != 4 else None) for i, p in enumerate(PROMPTS * 3)]
     s = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=3)
     bmm = make_engine("hf", base, mixed_lora="bmm").generate(reqs, s)
-    peft = make_engine("hf", base, mixed_lora="peft").generate(reqs, s)
-    assert _tokens(bmm) == _tokens(peft)
-    for a, b in zip(bmm, peft):
+    loop = make_engine("hf", base, mixed_lora="loop").generate(reqs, s)
+    assert _tokens(bmm) == _tokens(loop)
+    for a, b in zip(bmm, loop):
         for x, y in zip(a, b):
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    greedy = make_engine("hf", base).generate(reqs, SamplingParams(temperature=0.0, max_tokens=8))
+    tok = None
+    for adapter in adapters:
+        ref = _peft_reference(base, adapter)
+        from transformers import AutoTokenizer
+
+        tok = tok or AutoTokenizer.from_pretrained(base.path)
+        for req, row in zip(reqs, greedy):
+            if req.adapter is not adapter:
+                continue
+            ids = torch.tensor([tok(req.prompt)["input_ids"]])
+            with torch.no_grad():
+                out = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                   do_sample=False, pad_token_id=tok.pad_token_id)
+            expected = out[0, ids.shape[1]:].tolist()
+            got = row[0].token_ids
+            assert got == expected[: len(got)] and (len(got) == 8 or got[-1] == tok.eos_token_id)

@@ -115,8 +115,8 @@ def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     host = get_host(base)
     engine = make("engine", "hf", base)
     engine.generate([GenerationRequest("def f", a) for a in adapters], SamplingParams(temperature=0, max_tokens=2))
-    keys = {a.name: host.ensure(a) for a in adapters}
-    loaded = {name: {k: v.detach().clone() for k, v in host.params(key).items()} for name, key in keys.items()}
+    loaded = {a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()}
+              for a in adapters}
     base_before = {n: p.detach().clone() for n, p in host.peft.named_parameters() if ".lora_" not in n}
     files = {a.name: _tensors(a.path) for a in adapters}
 
@@ -131,8 +131,9 @@ def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     assert len(changed) == len(new)  # every module of the target moved
     for a in adapters:  # no version on disk or in memory changed
         assert _same(_tensors(a.path), files[a.name])
-        now = host.params(host.ensure(a))
-        assert all(torch.equal(now[k], loaded[a.name][k]) for k in now)
+        now = host.version(host.ensure(a))
+        assert all(torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1])
+                   for k in now)
     for n, p in host.peft.named_parameters():
         if ".lora_" not in n:
             assert torch.equal(p, base_before[n]) and not p.requires_grad
@@ -198,16 +199,17 @@ def test_bad_rollouts_are_user_errors(base, adapters, tmp_path):
 def _target_mass(base, adapter, prompts, target):
     """Exact mean probability that the first completion token lies in ``target`` (no sampling noise)."""
     import torch
+    from populora_engines.batched_lora import batched_adapters
 
     from populora_core.modelhost import get_host
 
     host = get_host(base)
     key = host.ensure(adapter)
     probs = []
-    with torch.no_grad():
+    with torch.no_grad(), batched_adapters(host, [key]):
         for p in prompts:
             ids = torch.tensor([host.tokenizer(p)["input_ids"]])
-            logits = host.model(input_ids=ids, adapter_names=[key]).logits[0, -1].float()
+            logits = host.model(input_ids=ids).logits[0, -1].float()
             probs.append(float(torch.softmax(logits, -1)[sorted(target)].sum()))
     return sum(probs) / len(probs)
 
@@ -282,8 +284,8 @@ def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_
 
     host = get_host(base)
     files = {a.name: _tensors(a.path) for a in adapters}
-    keys = {a.name: host.ensure(a) for a in adapters}
-    loaded = {n: {k: v.detach().clone() for k, v in host.params(key).items()} for n, key in keys.items()}
+    loaded = {a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()}
+              for a in adapters}
     trainer = make("trainer", "grpo", base, lr=1e-2, loss_type=loss_type, micro_batch_size=3)
     stats = trainer.update("m2", adapters[2], _grpo_rollouts("m2"), tmp_path / "m2_v1")
     assert trainer._trl is not None and type(trainer._trl).__name__ == "GRPOTrainer"
@@ -292,8 +294,9 @@ def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_
     assert not _same(new, files["m2@v0"])
     for a in adapters:
         assert _same(_tensors(a.path), files[a.name])
-        now = host.params(host.ensure(a))
-        assert all(torch.equal(now[k], loaded[a.name][k]) for k in now)
+        now = host.version(host.ensure(a))
+        assert all(torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1])
+                   for k in now)
 
 
 def test_grpo_micro_batches_match_one_batch_and_advantages_follow_trl(base, adapters, tmp_path):

@@ -22,9 +22,9 @@ class HFEngineParams(Params):
     max_batch_size: int = 256
     max_loaded_adapters: int = 64  # adapter versions kept in memory (LRU); older ones reload from disk
     sort_by_length: bool = True  # batch prompts of similar length together (less padding)
-    # mixed-adapter LoRA: bmm = stacked per-row weights, two batched matmuls per module (no per-adapter
-    # loop); peft = PEFT's adapter_names loop; auto = bmm while its gathered weights fit bmm_budget_mb
-    mixed_lora: Literal["auto", "bmm", "peft"] = "auto"
+    # mixed-adapter LoRA (batched_lora.py): bmm = per-row stacked weights, two batched matmuls per module;
+    # loop = one matmul pair per distinct adapter on its rows; auto = bmm while it fits bmm_budget_mb
+    mixed_lora: Literal["auto", "bmm", "loop"] = "auto"
     bmm_budget_mb: int = 512
 
 

@@ -10,7 +10,6 @@ top-p), as vLLM reports them by default.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from populora_core.components import (
     SamplingParams,
 )
 
-from .batched_lora import BASE, batched_adapters, gathered_bytes, supported
+from .batched_lora import BASE, batched_adapters, gathered_bytes
 from .common import check_sampling, cut_completion, encode_prompts
 
 
@@ -147,12 +146,7 @@ class HFEngine:
             kwargs["tokenizer"] = tok
         model = host.model
         model.eval()
-        context: Any = contextlib.nullcontext()
-        if host.peft is not None:
-            if self._use_bmm(keys):
-                context = batched_adapters(host.peft, keys)
-            else:
-                kwargs["adapter_names"] = keys
+        context = batched_adapters(host, keys, self._mode(keys))
         devices = [torch.cuda.current_device()] if host.device.startswith("cuda") else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices), context:
             torch.manual_seed(seed)
@@ -172,11 +166,11 @@ class HFEngine:
                                           prompt_token_ids=list(p), finish_reason=reason))
         return completions
 
-    def _use_bmm(self, keys: list[str]) -> bool:
+    def _mode(self, keys: list[str]) -> str:
         mode = self.params.mixed_lora
-        if mode == "peft" or all(k == BASE for k in keys) or not supported(self.host.peft, keys):
-            return False
-        return mode == "bmm" or gathered_bytes(self.host.peft, keys) <= self.params.bmm_budget_mb * 2**20
+        if mode != "auto":
+            return mode
+        return "bmm" if gathered_bytes(self.host, keys) <= self.params.bmm_budget_mb * 2**20 else "loop"
 
     # --- adapters and lifetime --------------------------------------------------------------------
 
