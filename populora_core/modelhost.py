@@ -3,9 +3,9 @@
 A population is many adapters on one base. Loading the base once per component would multiply the
 largest allocation of a run, so the ``hf`` engine and the trainers ask :func:`get_host` for the
 process-wide :class:`ModelHost` of a base model and only add adapters to it. Adapters are addressed
-by immutable version names (``s0@v3``): a version is loaded from its PEFT directory once, kept in a
-small LRU set, and never modified; trainers work in a private ``scratch`` slot and write each new
-version to a new directory. torch, transformers and peft are imported inside functions only.
+by immutable version names (``s0@v3``): a version is loaded from its PEFT directory once as plain
+tensors, kept in an LRU set, and never modified; trainers work in a private PEFT ``scratch`` slot and
+write each new version to a new directory. torch, transformers and peft are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
 class ModelHost:
     """The shared base model, its tokenizer and the PeftModel holding every loaded adapter.
 
-    Public keys are adapter version names; inside PEFT each gets a short safe key (``a17``), since
-    PEFT module dicts reject some characters and a version name must never be reused for new weights.
+    Served versions (``ensure``/``version``) are plain tensors keyed by version name; PEFT holds only
+    pinned slots (``slot``/``load_into``: the trainers' scratch and reference adapters, ``create``).
     """
 
     def __init__(self, base: BaseModel, device: str = "auto") -> None:
