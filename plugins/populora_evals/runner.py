@@ -57,8 +57,9 @@ def make_executor(name: str = "sandbox", params: dict[str, Any] | None = None) -
 
     comp = get_manager().registry.get("executor", name)
     raw = dict(params or {})
-    if "extra_modules" in comp.params_model.model_fields and "extra_modules" not in raw:
-        raw["extra_modules"] = ["signal"]
+    if "extra_modules" in comp.params_model.model_fields:
+        extra = raw.get("extra_modules") or []
+        raw["extra_modules"] = [*([extra] if isinstance(extra, str) else extra), "signal"]
     return comp.factory(comp.parse_params(raw))
 
 
