@@ -173,3 +173,20 @@ def make_adapter(path: Path, base_dir: Path | None, seed: int) -> Path:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.5)
     peft_model.save_pretrained(str(path))
     return path
+
+
+MBPP_PLUS_ROWS = [
+    {"task_id": "Mbpp/2", "entry_point": "similar_elements",
+     "prompt": '"""\nWrite a function to find the shared elements from the given two lists.\n'
+               'assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"""\n',
+     "canonical_solution": "def similar_elements(test_tup1, test_tup2):\n"
+                           "  return tuple(sorted(set(test_tup1) & set(test_tup2)))\n",
+     "base_input": [[[3, 4, 5, 6], [5, 7, 4, 10]], [[1, 2, 3, 4], [5, 4, 3, 7]]],
+     "plus_input": [[[], [1]], [[1, 1, 2], [2, 2]]], "atol": 0},
+]
+
+
+def write_mbpp_plus(directory: Path) -> Path:
+    path = directory / "MbppPlus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MBPP_PLUS_ROWS))
+    return path

@@ -118,3 +118,12 @@ def test_harness_gives_each_test_its_own_timeout(executor, timer):
         outcome = grading.chunk_outcome(result, 3)
         # the harness's own per-test timer fired (the job's backstop would give status "timeout", 0 passed)
         assert result.status == "ok" and (outcome.passed, outcome.message) == (1, "timeout")
+
+
+def test_mbpp_plus_full_function_completions(tmp_path, executor):
+    b = bench("mbpp_plus", path=str(F.write_mbpp_plus(tmp_path)), timeout_s=2)
+    items = b.items()
+    right = ("def similar_elements(a, b):\n    return tuple(x for x in sorted(set(a)) if x in set(b))\n\n"
+             "if __name__ == '__main__':\n    print(similar_elements(input(), input()))\n```")
+    unsorted = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))[::-1]\n```"
+    assert b.grade(items, [[items[0]["canonical_solution"], right, unsorted]], executor) == [[True, True, False]]
