@@ -87,6 +87,7 @@ def write_math(directory: Path, name: str = "amc23.jsonl") -> Path:
 # --- a scripted engine for CLI plumbing tests (loaded by the registry as "module:attr") -------------
 
 CALLS: list[int] = []  # number of requests of each generate() call
+REQUESTS: list[tuple[str | None, str, tuple[str, ...]]] = []  # (adapter name, prompt, stop strings)
 
 
 class OracleEngine:
@@ -108,6 +109,7 @@ class OracleEngine:
         from populora_core.components import Completion
 
         CALLS.append(len(requests))
+        REQUESTS.extend((r.adapter.name if r.adapter else None, r.prompt, sampling.stop) for r in requests)
         out = []
         for req in requests:
             answer, index = next((a, i) for q, a, i in self.gold if q in req.prompt)

@@ -413,3 +413,26 @@ def test_eval_params_reach_the_evaluators(tmp_path, evals_only):
     with pytest.raises(UserError, match="evaluator livecodebench: bad settings"):
         build_evaluators(["livecodebench"], {"livecodebench": str(lcb)}, math_template=None, code_template=None,
                          max_tokens=None, timeout_s=None, eval_params={"livecodebench.bogus": 1})
+
+
+def test_base_model_can_use_its_own_math_template(tmp_path, evals_only):
+    from populora_evals.cli import run_eval
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 1)])
+    F.CALLS.clear()
+    F.REQUESTS.clear()
+    res = run_eval(target=str(run), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
+                   limit=4, base_math_template="qwen-boxed", quiet=True)
+    assert F.CALLS == [4, 4]  # base and members differ in prompt and stop strings: one call each
+    base_reqs = [r for r in F.REQUESTS if r[0] is None]
+    member_reqs = [r for r in F.REQUESTS if r[0] is not None]
+    assert all(p.startswith("<|im_start|>system") and stop == ("<|im_end|>", "<|endoftext|>")
+               for _, p, stop in base_reqs)
+    assert all(p.startswith("A conversation") and stop == ("</answer>",) for _, p, stop in member_reqs)
+    details = {s["label"]: s["details"]["aime24"] for s in res["subjects"]}
+    assert details["base"]["template"] == "qwen-boxed" and details["s_good@v1"]["template"] == "azr"
+    assert details["base"]["score"] == 100.0  # the oracle's \boxed answers on the first 4 problems
+    assert res["benchmarks"]["aime24"]["base_model_template"] == "qwen-boxed"

@@ -106,6 +106,8 @@ def register(cli: Any) -> None:
     @click.option("--max-tokens", type=int, default=None, help="Override AZR's per-benchmark budgets.")
     @click.option("--math-template", type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]), default=None,
                   help="Math prompt template (default azr; qwen-boxed for non-AZR base models).")
+    @click.option("--base-math-template", type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]), default=None,
+                  help="Math template for the bare base model only (AZR evaluates non-AZR bases with qwen-boxed).")
     @click.option("--code-template", type=click.Choice(["evalplus", "azr"]), default=None,
                   help="Code prompt template (default: evalplus for HumanEval/MBPP, azr for LCB).")
     @click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds per code test (10).")
@@ -124,17 +126,17 @@ def register(cli: Any) -> None:
     def eval_cmd(target: str, benchmarks: str, engine: str, engine_param: tuple[str, ...], executor: str,
                  executor_param: tuple[str, ...], limit: int | None, n: int, temperature: float,
                  top_p: float, ks: str, seed: int, max_tokens: int | None, math_template: str | None,
-                 code_template: str | None, timeout_s: float | None, baseline: str | None,
-                 base_model: str | None, roles: str, data: tuple[str, ...], eval_param: tuple[str, ...],
-                 dtype: str, out: str | None,
-                 no_cache: bool, no_base: bool) -> None:
+                 base_math_template: str | None, code_template: str | None, timeout_s: float | None,
+                 baseline: str | None, base_model: str | None, roles: str, data: tuple[str, ...],
+                 eval_param: tuple[str, ...], dtype: str, out: str | None, no_cache: bool, no_base: bool) -> None:
         """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
-        run_eval(target=target, benchmarks=benchmarks, engine=engine, engine_params=_kv(engine_param, "--engine-param"),
-                 executor=executor, executor_params=_kv(executor_param, "--executor-param"), limit=limit,
-                 n=n, temperature=temperature, top_p=top_p, ks=ks, seed=seed, max_tokens=max_tokens,
-                 math_template=math_template, code_template=code_template, timeout_s=timeout_s,
-                 baseline=baseline, base_model=base_model, roles=roles, data=_kv(data, "--data"),
-                 eval_params=_kv(eval_param, "--eval-param"),
+        run_eval(target=target, benchmarks=benchmarks, engine=engine,
+                 engine_params=_kv(engine_param, "--engine-param"), executor=executor,
+                 executor_params=_kv(executor_param, "--executor-param"), limit=limit, n=n,
+                 temperature=temperature, top_p=top_p, ks=ks, seed=seed, max_tokens=max_tokens,
+                 math_template=math_template, base_math_template=base_math_template,
+                 code_template=code_template, timeout_s=timeout_s, baseline=baseline, base_model=base_model,
+                 roles=roles, data=_kv(data, "--data"), eval_params=_kv(eval_param, "--eval-param"),
                  dtype=dtype, out=out, no_cache=no_cache, no_base=no_base)
 
 
@@ -143,7 +145,8 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
              executor_params: dict[str, Any] | None = None, limit: int | None = None, n: int = 1,
              temperature: float = 0.0, top_p: float = 1.0, ks: str = "1", seed: int = 0,
              max_tokens: int | None = None, math_template: str | None = None,
-             code_template: str | None = None, timeout_s: float | None = None,
+             base_math_template: str | None = None, code_template: str | None = None,
+             timeout_s: float | None = None,
              baseline: str | None = None, base_model: str | None = None, roles: str = "students",
              data: dict[str, str] | None = None, eval_params: dict[str, Any] | None = None,
              dtype: str = "auto", out: str | None = None,
@@ -173,6 +176,13 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
     data_paths.update(data or {})
     evaluators = build_evaluators(names, data_paths, math_template=math_template, code_template=code_template,
                                   max_tokens=max_tokens, timeout_s=timeout_s, eval_params=eval_params)
+    base_benches = {}
+    math_names = [e.name for e in evaluators if e.category == "math"]
+    if base_math_template and math_names:
+        base_benches = {e.name: e for e in build_evaluators(
+            math_names, {k: v for k, v in data_paths.items() if k in math_names}, math_template=base_math_template,
+            code_template=None, max_tokens=max_tokens, timeout_s=timeout_s,
+            eval_params={k: v for k, v in (eval_params or {}).items() if k.split(".")[0] in math_names})}
     if out is None:
         out_dir = (resolved.run_dir / "eval") if resolved.run_dir else Path("eval") / _stem(target)
     else:
@@ -180,7 +190,7 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
     settings = Settings(limit=limit, n=n, temperature=temperature, top_p=top_p, seed=seed, ks=k_list,
                         engine=engine, engine_params=engine_params or {}, executor=executor,
                         executor_params=executor_params or {}, use_cache=not no_cache)
-    results = Evaluation(resolved, evaluators, settings, out_dir).run()
+    results = Evaluation(resolved, evaluators, settings, out_dir, base_benches=base_benches).run()
     paths = report.write_all(results, out_dir)
     if not quiet:
         report.print_table(results)

@@ -85,8 +85,10 @@ class Evaluation:
 
     def __init__(self, target: Target, benches: list[Benchmark], settings: Settings, out_dir: Path,
                  make_engine: Callable[[], Any] | None = None,
-                 make_executor: Callable[[], Any] | None = None) -> None:
+                 make_executor: Callable[[], Any] | None = None,
+                 base_benches: dict[str, Benchmark] | None = None) -> None:
         self.target, self.benches, self.settings, self.out = target, benches, settings, out_dir
+        self.base_benches = base_benches or {}
         self._make_engine = make_engine or self._registry_engine
         self._make_executor = make_executor or self._registry_executor
         self._engine: Any = None
@@ -135,57 +137,76 @@ class Evaluation:
                 bench_info[bench.name] = {**bench.describe(), "n_items": len(items),
                                           "data_files": bench.data_files(),
                                           "dataset_sha256": bench.dataset_hash()}
+                if bench.name in self.base_benches:
+                    bench_info[bench.name]["base_model_template"] = self.base_benches[bench.name].template
                 for label, entry in self._bench(bench, items).items():
                     scores[label][bench.name] = entry
         finally:
             self.close()
         return aggregate(self.target, self.benches, scores, bench_info, self.settings, self.timings)
 
+    def _evaluator_for(self, subject: Subject, bench: Benchmark) -> Benchmark:
+        """The base model may be prompted differently (AZR: ``qwen-boxed`` for non-AZR base models)."""
+        if subject.group == "base":
+            return self.base_benches.get(bench.name, bench)
+        return bench
+
     def _bench(self, bench: Benchmark, items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         cache_dir = self.out / "cache"
         results: dict[str, dict[str, Any]] = {}
-        todo: list[tuple[Subject, Path]] = []
+        groups: dict[int, tuple[Benchmark, list[tuple[Subject, Path]]]] = {}
         for subject in self.target.subjects:
-            path = cache_dir / f"{cache_key(subject, self.target, bench, self.settings)}.json"
+            ev = self._evaluator_for(subject, bench)
+            path = cache_dir / f"{cache_key(subject, self.target, ev, self.settings)}.json"
             if self.settings.use_cache and path.is_file():
                 results[subject.label] = json.loads(path.read_text())
             else:
-                todo.append((subject, path))
+                groups.setdefault(id(ev), (ev, []))[1].append((subject, path))
         timing = self.timings.setdefault(bench.name, {"generate_s": 0.0, "grade_s": 0.0})
-        if todo:
-            _log(f"{bench.name}: {len(items)} problems x {len(todo)} model(s) "
-                 f"({len(self.target.subjects) - len(todo)} cached)")
-            sampling = SamplingParams(n=self.settings.n, temperature=self.settings.temperature,
-                                      top_p=self.settings.top_p, max_tokens=bench.max_tokens,
-                                      stop=bench.stop(), seed=self.settings.seed)
-            prompts = [bench.prompt(item) for item in items]
-            requests = [GenerationRequest(prompt=p, adapter=s.adapter) for s, _ in todo for p in prompts]
-            t = time.perf_counter()
-            outputs = self.engine().generate(requests, sampling) if requests else []
-            timing["generate_s"] += time.perf_counter() - t
-            if len(outputs) != len(requests):
-                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
-            texts = [[c.text for c in out] for out in outputs]
-            t = time.perf_counter()
-            executor = self.executor() if bench.category == "code" else None
-            detailed = getattr(bench, "grade_detailed", None)
-            if detailed is not None:
-                base_ok, correct = detailed(items * len(todo), texts, executor)
-            else:
-                correct = bench.grade(items * len(todo), texts, executor)
-                base_ok = None
-            timing["grade_s"] += time.perf_counter() - t
-            for j, (subject, path) in enumerate(todo):
-                rows = slice(j * len(items), (j + 1) * len(items))
-                entry = _entry(bench, items, texts[rows], correct[rows],
-                               base_ok[rows] if base_ok is not None else None, self.settings.ks)
-                entry["tokens"] = sum(len(c.token_ids) for out in outputs[rows] for c in out)
-                _write_json(path, entry)
-                results[subject.label] = entry
+        todo_count = sum(len(todo) for _, todo in groups.values())
+        if todo_count:
+            _log(f"{bench.name}: {len(items)} problems x {todo_count} model(s) "
+                 f"({len(self.target.subjects) - todo_count} cached)")
+        for ev, todo in groups.values():
+            results.update(self._generate_and_grade(ev, items, todo, timing))
         for subject in self.target.subjects:
             _write_samples(self.out / "samples" / _safe(subject.label) / f"{bench.name}.jsonl",
                            results[subject.label])
         return {label: {k: v for k, v in e.items() if k != "samples"} for label, e in results.items()}
+
+    def _generate_and_grade(self, bench: Benchmark, items: list[dict[str, Any]], todo: list[tuple[Subject, Path]],
+                            timing: dict[str, float]) -> dict[str, dict[str, Any]]:
+        """One generate call for every subject in ``todo`` (mixed adapters), then one grading batch."""
+        sampling = SamplingParams(n=self.settings.n, temperature=self.settings.temperature,
+                                  top_p=self.settings.top_p, max_tokens=bench.max_tokens,
+                                  stop=bench.stop(), seed=self.settings.seed)
+        prompts = [bench.prompt(item) for item in items]
+        requests = [GenerationRequest(prompt=p, adapter=s.adapter) for s, _ in todo for p in prompts]
+        t = time.perf_counter()
+        outputs = self.engine().generate(requests, sampling) if requests else []
+        timing["generate_s"] += time.perf_counter() - t
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
+        texts = [[c.text for c in out] for out in outputs]
+        t = time.perf_counter()
+        executor = self.executor() if bench.category == "code" else None
+        detailed = getattr(bench, "grade_detailed", None)
+        if detailed is not None:
+            base_ok, correct = detailed(items * len(todo), texts, executor)
+        else:
+            correct = bench.grade(items * len(todo), texts, executor)
+            base_ok = None
+        timing["grade_s"] += time.perf_counter() - t
+        results = {}
+        for j, (subject, path) in enumerate(todo):
+            rows = slice(j * len(items), (j + 1) * len(items))
+            entry = _entry(bench, items, texts[rows], correct[rows],
+                           base_ok[rows] if base_ok is not None else None, self.settings.ks)
+            entry["tokens"] = sum(len(c.token_ids) for out in outputs[rows] for c in out)
+            entry["template"] = bench.template
+            _write_json(path, entry)
+            results[subject.label] = entry
+        return results
 
 
 def _safe(label: str) -> str:
