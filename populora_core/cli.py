@@ -19,13 +19,15 @@ class PopuloraGroup(click.Group):
     """Adds plugin commands lazily and turns user errors into a message and exit code 2."""
 
     def _plugin_commands(self, ctx: click.Context) -> None:
-        if getattr(self, "_plugins_added", False):
-            return
-        self._plugins_added = True
+        """Let plugins add commands once per plugin manager (tests may swap the manager in one process)."""
         try:
-            get_manager(_plugin_files_from_argv()).hook.register_commands(cli=self)
+            manager = get_manager(_plugin_files_from_argv())
         except (UserError, PluginError) as exc:
             _fail(exc)
+        if getattr(self, "_commands_from", None) is manager:
+            return
+        self._commands_from = manager
+        manager.hook.register_commands(cli=self)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         self._plugin_commands(ctx)

@@ -105,7 +105,7 @@ class ModelHost:
         path = Path(base.path)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(base.path)
-            model = AutoModelForCausalLM.from_pretrained(base.path, dtype=self.dtype)
+            model: Any = AutoModelForCausalLM.from_pretrained(base.path, dtype=self.dtype)
         except OSError as exc:
             where = "directory" if path.exists() else "path (not found)"
             raise UserError(f"base_model.path: cannot load model {base.path!r} from {where}: {exc}") from None

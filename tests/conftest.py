@@ -5,7 +5,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")

@@ -152,12 +152,15 @@ def test_evolution_lineage_counters_and_problem_dataset(env, tmp_path):
 
     problems = datasets.load_dataset("json", data_files=str(directory.path / "tasks" / "problems.jsonl"), split="train")
     assert len(problems) == 4 * 2 * 3  # steps x teachers x proposals
-    assert {"proposer", "matched_student", "solve_rate", "valid", "signature", "metric_loc"} <= set(problems.column_names)
+    assert {"proposer", "matched_student", "solve_rate", "valid", "signature", "metric_loc"} <= set(
+        problems.column_names
+    )
 
 
 def test_single_agent_baseline_runs_through_the_same_loop(env, tmp_path):
-    directory = _run(_manager(), tmp_path / "run",
-                     ["population.mode=single_agent", "population.teachers=1", "population.students=1"])
+    directory = _run(
+        _manager(), tmp_path / "run", ["population.mode=single_agent", "population.teachers=1", "population.students=1"]
+    )
     steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
     assert all(r["matches"] == [["a0", "a0"]] for r in steps)
     last = steps[-1]
@@ -176,12 +179,18 @@ def _adapters(directory: Path) -> dict[str, dict]:
 def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
     args = ["--plugin", FAKE, "run", str(RECIPE), "steps=6", "engine.params.delay_s=0.15", "--no-progress"]
     reference = tmp_path / "reference"
-    subprocess.run([POPULORA, *args, "--run-dir", str(reference)], env=env, cwd=REPO, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [POPULORA, *args, "--run-dir", str(reference)], env=env, cwd=REPO, check=True, capture_output=True, timeout=300
+    )
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([POPULORA, *args, "--run-dir", str(killed)], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [POPULORA, *args, "--run-dir", str(killed)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while time.time() < deadline:  # wait until step 3 is checkpointed, then kill inside step 4
         latest = killed / "checkpoints" / "LATEST"
@@ -192,8 +201,14 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert int((killed / "checkpoints" / "LATEST").read_text()) < 6, "the run finished before the kill"
-    resumed = subprocess.run([POPULORA, "--plugin", FAKE, "resume", str(killed), "--no-progress"], env=env,
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [POPULORA, "--plugin", FAKE, "resume", str(killed), "--no-progress"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
 
     ref_adapters, got_adapters = _adapters(reference), _adapters(killed)
@@ -219,10 +234,17 @@ def test_resume_without_checkpoint_is_a_clear_error(env, tmp_path):
 
 def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     probe = tmp_path / "probe.jsonl"
-    probe.write_text("\n".join(json.dumps({"task_type": "count", "program": str(d), "inputs": [str(d)],
-                                           "outputs": [str(d)], "extra_field": 1}) for d in range(1, 7)))
-    directory = _run(_manager(), tmp_path / "run", ["probe.enabled=true", f"probe.file={probe}",
-                                                    "probe.problems_per_type=5"])
+    probe.write_text(
+        "\n".join(
+            json.dumps(
+                {"task_type": "count", "program": str(d), "inputs": [str(d)], "outputs": [str(d)], "extra_field": 1}
+            )
+            for d in range(1, 7)
+        )
+    )
+    directory = _run(
+        _manager(), tmp_path / "run", ["probe.enabled=true", f"probe.file={probe}", "probe.problems_per_type=5"]
+    )
     records = directory.read_log("probe.jsonl")
     assert {(r["step"], r["member"]) for r in records if r["member"] == "base"} == {(0, "base")}
     final = [r for r in records if r["step"] == 4]
@@ -231,5 +253,5 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     assert all(r["n"] == 5 and 0 <= r["accuracy"] <= 1 and r["task_type"] == "count" for r in records)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
-    with pytest.raises(Exception, match="bad.jsonl:1: not a Problem record"):
+    with pytest.raises(Exception, match=r"bad\.jsonl:1: not a Problem record"):
         _run(_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])

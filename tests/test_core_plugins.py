@@ -65,7 +65,9 @@ def test_load_and_disable_env_vars_select_entry_points(plugin_site):
     only = json.loads(run_cli("plugins", "--json", env=_env(plugin_site, POPULORA_LOAD_PLUGINS="example_sink")).stdout)
     assert [r["name"] for r in only] == ["example_sink"]
     disabled = json.loads(
-        run_cli("plugins", "--json", env=_env(plugin_site, POPULORA_DISABLE_PLUGINS="broken_example,matchmaking")).stdout
+        run_cli(
+            "plugins", "--json", env=_env(plugin_site, POPULORA_DISABLE_PLUGINS="broken_example,matchmaking")
+        ).stdout
     )
     names = {r["name"] for r in disabled}
     assert "broken_example" not in names and "matchmaking" not in names and "example_sink" in names
@@ -231,5 +233,5 @@ def test_package_module_attr_reference_resolves_an_unregistered_component():
 
     comp = Registry().get("matchmaker", "tests.fake_stack:FakeEngine")
     assert comp.factory.__name__ == "FakeEngine" and comp.plugin == "tests.fake_stack"
-    with pytest.raises(Exception, match="cannot import matchmaker 'tests.nope:X'"):
+    with pytest.raises(Exception, match=r"cannot import matchmaker 'tests\.nope:X'"):
         Registry().get("matchmaker", "tests.nope:X")

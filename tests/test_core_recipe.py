@@ -37,8 +37,9 @@ def _base() -> dict:
 
 def test_valid_recipe_and_overrides(manager, tmp_path):
     path = _write(tmp_path, _base())
-    model, resolved = load_recipe(path, ["steps=9", "evolution.selector.params.fraction=0.25", "engine.params.delay_s=0.5"],
-                                  manager.registry)
+    model, resolved = load_recipe(
+        path, ["steps=9", "evolution.selector.params.fraction=0.25", "engine.params.delay_s=0.5"], manager.registry
+    )
     assert model.steps == 9 and model.evolution.selector.params == {"fraction": 0.25}
     assert resolved["engine"] == {"name": "fake", "params": {"delay_s": 0.5}}
 
@@ -47,17 +48,28 @@ def test_valid_recipe_and_overrides(manager, tmp_path):
     ("mutate", "expected"),
     [
         (lambda d: d.update(stepz=3), "stepz: unknown key"),
-        (lambda d: d["population"].update(teachers=0), "population.teachers: Input should be greater than or equal to 1"),
+        (
+            lambda d: d["population"].update(teachers=0),
+            "population.teachers: Input should be greater than or equal to 1",
+        ),
         (lambda d: d.update(engine="warp"), "at 'engine.name': unknown engine 'warp'"),
-        (lambda d: d.update(trainer={"name": "fake", "params": {"lr": "fast"}}),
-         "trainer.params.lr: Input should be a valid number"),
-        (lambda d: d.update(trainer={"name": "fake", "params": {"learning_rate": 1}}),
-         "(component trainer 'fake' from plugin file:fake_stack): trainer.params.learning_rate: unknown key"),
-        (lambda d: d["evolution"]["operators"].append({"name": "test_noise", "params": {"std": -1}}),
-         "evolution.operators.2.params.std: Input should be greater than 0"),
+        (
+            lambda d: d.update(trainer={"name": "fake", "params": {"lr": "fast"}}),
+            "trainer.params.lr: Input should be a valid number",
+        ),
+        (
+            lambda d: d.update(trainer={"name": "fake", "params": {"learning_rate": 1}}),
+            "(component trainer 'fake' from plugin file:fake_stack): trainer.params.learning_rate: unknown key",
+        ),
+        (
+            lambda d: d["evolution"]["operators"].append({"name": "test_noise", "params": {"std": -1}}),
+            "evolution.operators.2.params.std: Input should be greater than 0",
+        ),
         (lambda d: d.update(tasks=[]), "tasks: List should have at least 1 item"),
-        (lambda d: d.update(population={"teachers": 2, "students": 3, "mode": "single_agent"}),
-         "single_agent mode needs teachers == students"),
+        (
+            lambda d: d.update(population={"teachers": 2, "students": 3, "mode": "single_agent"}),
+            "single_agent mode needs teachers == students",
+        ),
     ],
 )
 def test_recipe_errors_name_file_path_component_and_plugin(manager, tmp_path, mutate, expected):
@@ -78,7 +90,7 @@ def test_yaml_syntax_missing_file_and_bad_override(manager, tmp_path):
         load_recipe(bad, [], manager.registry)
     with pytest.raises(UserError, match="recipe not found"):
         load_recipe(tmp_path / "missing.yaml", [], manager.registry)
-    with pytest.raises(RecipeError, match="is not key.sub=value"):
+    with pytest.raises(RecipeError, match=r"is not key\.sub=value"):
         apply_overrides({}, ["steps"])
     with pytest.raises(RecipeError, match="no list item '7'"):
         apply_overrides({"tasks": ["a"]}, ["tasks.7=b"])
@@ -106,5 +118,7 @@ def test_recipe_schema_includes_plugin_params(manager):
     names = [o["properties"]["name"]["const"] for o in schema["properties"]["engine"]["anyOf"] if "properties" in o]
     assert "fake" in names
     result = run_cli("--plugin", FAKE, "recipe-schema")
-    assert result.returncode == 0 and "weighting" in json.loads(result.stdout)["x-populora-components"]["matchmaker"][
-        "pfsp"]["properties"]
+    assert (
+        result.returncode == 0
+        and "weighting" in json.loads(result.stdout)["x-populora-components"]["matchmaker"]["pfsp"]["properties"]
+    )

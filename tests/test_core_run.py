@@ -57,7 +57,9 @@ def test_adapter_versions_round_trip_through_peft_and_are_immutable(tiny_model_d
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    weights = init_lora(str(tiny_model_dir), rank=4, alpha=8, target_modules=["q_proj", "v_proj"], seed=1, init_std=0.02)
+    weights = init_lora(
+        str(tiny_model_dir), rank=4, alpha=8, target_modules=["q_proj", "v_proj"], seed=1, init_std=0.02
+    )
     path = save_lora(weights, tmp_path / "s0@v0")
     assert is_adapter_dir(path) and len(adapter_hash(path)) == 64
     with pytest.raises(FileExistsError, match="immutable"):
@@ -71,8 +73,10 @@ def test_adapter_versions_round_trip_through_peft_and_are_immutable(tiny_model_d
         assert torch.equal(state[f"{name}.lora_B.default.weight"], f.B)
         assert torch.equal(state[f"{name}.lora_A.default.weight"], f.A)
     # same seed, same bytes; another seed, another adapter
-    twin = save_lora(init_lora(str(tiny_model_dir), rank=4, alpha=8, target_modules=["q_proj", "v_proj"], seed=1,
-                               init_std=0.02), tmp_path / "twin")
+    twin = save_lora(
+        init_lora(str(tiny_model_dir), rank=4, alpha=8, target_modules=["q_proj", "v_proj"], seed=1, init_std=0.02),
+        tmp_path / "twin",
+    )
     assert adapter_hash(twin) == adapter_hash(path)
 
 

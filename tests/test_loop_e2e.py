@@ -69,8 +69,19 @@ def test_population_run_logs_matches_rewards_updates_and_a_child(reference_run):
 
 def test_single_agent_baseline_recipe_runs_through_the_same_loop(env, tmp_path):
     run_dir = tmp_path / "baseline"
-    _populora(env, "run", RECIPE, f"base_model={env['MODEL']}", "steps=1", "population.mode=single_agent",
-              "population.teachers=1", "population.students=1", "--run-dir", str(run_dir), "--no-progress")
+    _populora(
+        env,
+        "run",
+        RECIPE,
+        f"base_model={env['MODEL']}",
+        "steps=1",
+        "population.mode=single_agent",
+        "population.teachers=1",
+        "population.students=1",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+    )
     (step,) = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"step"' in x][:1]
     assert step["matches"] == [["a0", "a0"]]
     assert step["member/a0/counters/updates"] == 1 and step["member/a0/counters/rollouts"] > 0
@@ -78,9 +89,13 @@ def test_single_agent_baseline_recipe_runs_through_the_same_loop(env, tmp_path):
 
 def test_sigkill_mid_step_then_resume_matches_the_uninterrupted_run(env, reference_run, tmp_path):
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([POPULORA, "run", RECIPE, f"base_model={env['MODEL']}", "steps=3", "--run-dir",
-                             str(run_dir), "--no-progress"], env=env, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [POPULORA, "run", RECIPE, f"base_model={env['MODEL']}", "steps=3", "--run-dir", str(run_dir), "--no-progress"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     latest = run_dir / "checkpoints" / "LATEST"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.exists() and latest.read_text().strip() == "00000002"):
@@ -99,4 +114,6 @@ def test_sigkill_mid_step_then_resume_matches_the_uninterrupted_run(env, referen
             assert (a[key] == b[key]).all(), f"{name}:{key} differs after resume"
     for log in ("lineage.jsonl", "tasks/problems.jsonl"):
         assert (run_dir / log).read_text() == (reference_run / log).read_text()
-    assert json.loads((run_dir / "members.json").read_text()) == json.loads((reference_run / "members.json").read_text())
+    assert json.loads((run_dir / "members.json").read_text()) == json.loads(
+        (reference_run / "members.json").read_text()
+    )

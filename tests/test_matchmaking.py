@@ -7,12 +7,12 @@ import random
 from collections import Counter
 
 import pytest
-
-from populora_core.components import MatchOutcome
-from populora_core.population import Population, Rating
 from populora_matchmaking import PFSPParams, TieredParams, TournamentParams, TruncationParams
 from populora_matchmaking.matchmakers import PFSP, RoundRobin, expected_solve_rate
 from populora_matchmaking.selectors import Tiered, Tournament, Truncation
+
+from populora_core.components import MatchOutcome
+from populora_core.population import Population, Rating
 
 
 def _pop(t: int = 1, s: int = 3) -> Population:
@@ -81,7 +81,9 @@ def test_round_robin_rotates_and_resumes():
     assert first == [("t0", "s0"), ("t1", "s1")] and second == [("t0", "s1"), ("t1", "s0")]
     clone = RoundRobin(PFSPParams())
     clone.load_state_dict(rr.state_dict())
-    assert clone.pair(pop.teachers, pop.students, None)[0].student == rr.pair(pop.teachers, pop.students, None)[0].student
+    assert (
+        clone.pair(pop.teachers, pop.students, None)[0].student == rr.pair(pop.teachers, pop.students, None)[0].student
+    )
 
 
 def _rated(n: int) -> list:

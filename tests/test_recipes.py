@@ -24,8 +24,13 @@ def registry():
 
 def test_the_recipe_family_is_complete():
     names = {p.name for p in RECIPES}
-    assert {"azr_7b.yaml", "azr_coder_7b.yaml", "single_agent_7b.yaml", "populora_1t1s_7b.yaml",
-            "populora_8t8s_7b.yaml"} <= names
+    assert {
+        "azr_7b.yaml",
+        "azr_coder_7b.yaml",
+        "single_agent_7b.yaml",
+        "populora_1t1s_7b.yaml",
+        "populora_8t8s_7b.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
@@ -48,4 +53,7 @@ def test_7b_recipes_share_adapter_shape_and_per_adapter_compute():
         assert recipe["engine"]["name"] == "vllm"
     assert loaded["single_agent_7b"]["population"]["mode"] == "single_agent"
     assert loaded["azr_coder_7b"]["base_model"] == "Qwen/Qwen2.5-Coder-7B"
-    assert (loaded["populora_8t8s_7b"]["population"]["teachers"], loaded["populora_1t1s_7b"]["population"]["students"]) == (8, 1)
+    assert (
+        loaded["populora_8t8s_7b"]["population"]["teachers"],
+        loaded["populora_1t1s_7b"]["population"]["students"],
+    ) == (8, 1)

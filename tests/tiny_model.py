@@ -19,8 +19,17 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, heads: int = 4,
-                     kv_heads: int = 2, vocab: int = 512, seed: int = 0, max_positions: int = 512) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 512,
+    seed: int = 0,
+    max_positions: int = 512,
+) -> Path:
     """Write a tokenizer + random-init LlamaForCausalLM (float32) to ``out_dir``; returns the path."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -31,19 +40,29 @@ def build_tiny_model(out_dir: str | Path, *, hidden: int = 64, layers: int = 2, 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", padding_side="left")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left"
+    )
     fast.save_pretrained(out)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=hidden, intermediate_size=hidden * 2,
-                         num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                         pad_token_id=fast.pad_token_id, tie_word_embeddings=False,
-                         head_dim=hidden // heads)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+        head_dim=hidden // heads,
+    )
     model = LlamaForCausalLM(config).to(torch.float32)
     model.save_pretrained(out)
     return out
