@@ -112,6 +112,14 @@ class ProbeSection(_Strict):
     max_tokens: int = Field(256, ge=1)
 
 
+class EvalSection(_Strict):
+    """Defaults for ``populora eval RUN_DIR``: local data files of benchmarks that ship no data."""
+
+    data: dict[str, str] = Field(
+        default_factory=dict, description="benchmark name -> local file or directory (HumanEval+, LiveCodeBench, ...)"
+    )
+
+
 class Recipe(_Strict):
     name: str
     seed: int = 0
@@ -131,6 +139,7 @@ class Recipe(_Strict):
     sinks: list[ComponentRef] = Field(default_factory=list)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
 
     @field_validator("base_model", mode="before")
     @classmethod
