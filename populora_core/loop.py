@@ -155,6 +155,17 @@ class Run:
     def adapter_ref(self, member: Member) -> AdapterRef:
         return AdapterRef(member.version_name, str(self.dir.adapter_path(member.version_name)))
 
+    def sampling(self, step: int, phase: str, *, n: int, max_tokens: int) -> SamplingParams:
+        """Rollout sampling settings with a seed derived from (recipe seed, step, phase)."""
+        cfg = self.recipe.rollout
+        return SamplingParams(
+            n=n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=max_tokens,
+            seed=derived_seed(self.recipe.seed, step, phase),
+        )
+
     def emit(self, records: list[dict[str, Any]]) -> None:
         self.dir.append("events.jsonl", records)
         for sink in self.sinks:
@@ -262,13 +273,7 @@ class Run:
         with timer("generate_propose"):
             proposals = self.engine.generate(
                 requests,
-                SamplingParams(
-                    n=1,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    max_tokens=cfg.propose_max_tokens,
-                    seed=derived_seed(seed, step, "sample/propose"),
-                ),
+                self.sampling(step, "sample/propose", n=1, max_tokens=cfg.propose_max_tokens),
             )
 
         with timer("validate"):
@@ -299,13 +304,7 @@ class Run:
             answers = (
                 self.engine.generate(
                     solve_requests,
-                    SamplingParams(
-                        n=cfg.solver_samples,
-                        temperature=cfg.temperature,
-                        top_p=cfg.top_p,
-                        max_tokens=cfg.solve_max_tokens,
-                        seed=derived_seed(seed, step, "sample/solve"),
-                    ),
+                    self.sampling(step, "sample/solve", n=cfg.solver_samples, max_tokens=cfg.solve_max_tokens),
                 )
                 if solve_requests
                 else []
@@ -439,13 +438,7 @@ class Run:
         with timer("generate_buffer"):
             outs = self.engine.generate(
                 requests,
-                SamplingParams(
-                    n=1,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    max_tokens=cfg.solve_max_tokens,
-                    seed=derived_seed(self.recipe.seed, step, "sample/buffer"),
-                ),
+                self.sampling(step, "sample/buffer", n=1, max_tokens=cfg.solve_max_tokens),
             )
         rollouts = []
         for (task_name, student, problem), (c,) in zip(origin, outs):
