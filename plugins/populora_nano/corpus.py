@@ -1,7 +1,7 @@
 """Synthetic AZR-style corpus: random small typed programs, run in the sandbox, rendered as compact prompts.
 
 A program is a chain of 1-3 typed steps over ``int``/``str``/``list``/``dict`` values (a grammar of
-about 80 templates with random constants, a few with loops and branches), optionally with a second
+89 templates with random constants, a few with loops and branches), optionally with a second
 ``int`` argument ``k`` standing in for one constant. Every candidate input is run in the sandbox
 executor twice, in two hash-seed families, through the AZR task's own value check (two calls per
 process, plain literal output, repr round trip); inputs that raise, disagree or give ``None`` are
@@ -231,8 +231,9 @@ class Program:
 
 
 def random_program(rng: random.Random) -> Program:
-    """1-3 typed steps; with probability 1/4 one integer constant becomes a second argument ``k``."""
-    steps = rng.choices((1, 2, 3), weights=(4, 4, 2))[0]
+    """1-3 typed steps (mostly one: the easy end); with probability 1/4 one integer constant becomes
+    a second argument ``k``."""
+    steps = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
     src = rng.choice(TYPES)
     use_k_at = rng.randrange(steps) if rng.random() < 0.25 else -1
     arg = ARG_NAME[src]
@@ -409,10 +410,10 @@ def render_examples(programs: Sequence[Program], rng: random.Random, *,
         pairs = [(prog.inputs[i], prog.outputs[i]) for i in chosen]
         out.append(Example("induction/solve", P.induction_solver_prompt(pairs[: n // 2], prog.message),
                            P.format_solver_answer("induction", prog.code)))
-        if rng.random() < 0.5:
+        if rng.random() < 0.3:
             out.append(Example("induction/propose", P.induction_proposer_prompt(prog.code, n_inputs=n),
                                P.format_induction_proposal([prog.inputs[i] for i in chosen], prog.message)))
-        if rng.random() < 0.6:
+        if rng.random() < 0.4:
             kind = rng.choice(("deduction", "abduction"))
             refs = [IDENTITY_SEED] if rng.random() < 0.2 else []
             for other in rng.sample(list(programs), rng.randint(0, 5)):

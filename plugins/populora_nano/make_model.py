@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
+#: Head sizes allowed so the model stays servable by the vllm CPU build too (32 and 48 checked here;
+#: head_dim 40 fails there with "Unsupported CPU attention configuration").
+VLLM_CPU_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128, 256)
 
 
 def log(msg: str) -> None:
@@ -195,22 +198,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--probe-seed", type=int, default=20261130)
-    ap.add_argument("--minutes", type=float, default=16.0, help="training time budget")
+    ap.add_argument("--minutes", type=float, default=20.0, help="training time budget")
     ap.add_argument("--steps", type=int, default=None, help="exact number of steps (overrides --minutes)")
-    ap.add_argument("--programs", type=int, default=3000)
+    ap.add_argument("--programs", type=int, default=6000)
     ap.add_argument("--probe-per-type", type=int, default=50)
     ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--hidden", type=int, default=192)
+    ap.add_argument("--hidden", type=int, default=160)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=5)
     ap.add_argument("--context", type=int, default=768)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=2.5e-3)
     ap.add_argument("--token-budget", type=int, default=2048, help="padded tokens per batch")
     ap.add_argument("--prompt-weight", type=float, default=0.25, help="loss weight of prompt tokens")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 is ~10x faster than 2 on an oversubscribed 2-core box)")
     args = ap.parse_args(argv)
 
+    head_dim, rest = divmod(args.hidden, args.heads)
+    if rest or head_dim not in VLLM_CPU_HEAD_DIMS:
+        ap.error(f"--hidden/--heads gives head_dim {args.hidden / args.heads:g}; the vllm CPU attention "
+                 f"supports {VLLM_CPU_HEAD_DIMS}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
