@@ -65,11 +65,17 @@ class PeakRss:
         return (self.peak - self.base) / 2**20
 
 
+_CPU: dict[str, float] = {"last": 0.0}
+
+
 def _timed(fn: Any) -> tuple[Any, float, float]:
+    """(result, wall seconds, peak extra MB); the process CPU seconds go to _CPU["last"] (the CPU is
+    shared, so CPU time is the contention-robust figure next to wall time)."""
     with PeakRss() as mem:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         dt = time.perf_counter() - t0
+        _CPU["last"] = time.process_time() - c0
     return out, dt, mem.mb
 
 
@@ -177,8 +183,8 @@ def bench_rank(rank: int, layers: int, shapes: dict[str, tuple[int, int]], ops_t
         ps = parents[:1] if n == 1 else parents
         fn = getattr(ops, fn_name)
         child, dt, mb = _timed(lambda fn=fn, ps=ps, model=model: fn(ps, model(), torch.Generator().manual_seed(0)))
-        rows.append({"operator": name, "rank": rank, "seconds": dt, "peak_mb": mb})
-        result[name] = (dt, mb)
+        rows.append({"operator": name, "rank": rank, "seconds": dt, "cpu_s": _CPU["last"], "peak_mb": mb})
+        result[name] = (dt, mb, _CPU["last"])
         del child
 
     # svd crossover end to end from PEFT dirs (read + operate + write)
@@ -191,7 +197,8 @@ def bench_rank(rank: int, layers: int, shapes: dict[str, tuple[int, int]], ops_t
         save_lora(ops.svd_crossover(ps, OPERATORS["svd"][1](), torch.Generator()), d / "child")
 
     _, dt_io, mb_io = _timed(io_svd)
-    rows.append({"operator": "svd (load+op+save)", "rank": rank, "seconds": dt_io, "peak_mb": mb_io})
+    rows.append({"operator": "svd (load+op+save)", "rank": rank, "seconds": dt_io, "cpu_s": _CPU["last"],
+                 "peak_mb": mb_io})
     result["svd_io_s"] = dt_io
     shutil.rmtree(d, ignore_errors=True)
 
@@ -281,9 +288,10 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"# Qwen2.5-7B shapes: {layers} layers x {', '.join(k.split('.')[1] for k in shapes)}; "
           f"{args.threads} thread(s); torch {torch.__version__}; {platform.processor() or platform.machine()}")
-    print(f"{'operator':44s} {'rank':>4s} {'s/child':>9s} {'peak MB':>9s}")
+    print(f"{'operator':44s} {'rank':>4s} {'s/child':>9s} {'cpu s':>9s} {'peak MB':>9s}")
     for row in rows:
-        print(f"{row['operator']:44s} {row['rank']:4d} {row['seconds']:9.3f} {row['peak_mb']:9.1f}")
+        print(f"{row['operator']:44s} {row['rank']:4d} {row['seconds']:9.3f} {row.get('cpu_s', float('nan')):9.3f} "
+              f"{row['peak_mb']:9.1f}")
     head = per_rank.get(16) or per_rank[ranks[0]]
     mutations = [n for n in ("svd_structured", "layer_gaussian", "component_mask", "gaussian", "neftune")
                  if n in head]
@@ -317,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         "rank": 16 if 16 in per_rank else ranks[0],
         "svd_crossover_s": first("svd"),
         "svd_crossover_io_s": head["svd_io_s"],
+        "load_average_1min": os.getloadavg()[0],
         "peft_svd_s": head.get("peft_s"),
         "peft_scope": head.get("peft_scope"),
         "peft_scope_s": head.get("peft_scope_s"),
@@ -329,6 +338,11 @@ def main(argv: list[str] | None = None) -> None:
         "peft_rel_error_vs_sum": head.get("peft_rel_error_vs_sum"),
         "factor_average_rel_error_vs_sum": head.get("factor_average_rel_error_vs_sum"),
         "max_mutation_s": max((first(n) for n in mutations), default=None),
+        "max_mutation_cpu_s": max((head[n][2] for n in mutations), default=None),
+        "svd_crossover_cpu_s": head["svd"][2] if "svd" in head else None,
+        "della_cpu_s": head["della"][2] if "della" in head else None,
+        "dare_cpu_s": head["dare"][2] if "dare" in head else None,
+        "ties_cpu_s": head["ties"][2] if "ties" in head else None,
         "della_s": first("della"),
         "della_peak_mb": head["della"][1] if "della" in head else None,
         "dare_s": first("dare"),
