@@ -235,3 +235,34 @@ def test_package_module_attr_reference_resolves_an_unregistered_component():
     assert comp.factory.__name__ == "FakeEngine" and comp.plugin == "tests.fake_stack"
     with pytest.raises(Exception, match=r"cannot import matchmaker 'tests\.nope:X'"):
         Registry().get("matchmaker", "tests.nope:X")
+
+
+def test_third_party_plugin_is_usable_from_a_recipe(plugin_site, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    recipe = TESTS / "recipes" / "fake_2t2s.yaml"
+    result = run_cli(
+        "--plugin",
+        str(TESTS / "fake_stack.py"),
+        "run",
+        str(recipe),
+        "steps=2",
+        "sinks=[{name: example_csv, params: {keys: [step, solve_rate]}}]",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        env=_env(plugin_site, POPULORA_TEST_MODEL=str(tiny_model_dir)),
+    )
+    assert result.returncode == 0, result.stderr
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,solve_rate" and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
+    assert (run_dir / "example_sink_status.txt").read_text() == "completed"  # its on_run_end hook ran
+    bad = run_cli(
+        "--plugin",
+        str(TESTS / "fake_stack.py"),
+        "validate",
+        str(recipe),
+        "sinks=[{name: example_csv, params: {colour: red}}]",
+        env=_env(plugin_site),
+    )
+    assert bad.returncode == 2
+    assert "(component sink 'example_csv' from plugin example_sink): sinks.0.params.colour: unknown key" in bad.stderr
