@@ -393,7 +393,8 @@ class Run:
         self.step = step
         metrics = self._step_metrics(step, matches, outcomes, problems, origin, rollouts, train_stats)
         events = []
-        if self.recipe.evolution.every and step % self.recipe.evolution.every == 0 and not self.single_agent:
+        evolve_now = self.recipe.evolution.every and step % self.recipe.evolution.every == 0
+        if evolve_now and step < self.recipe.steps and not self.single_agent:  # a last-step child would never train
             with timer("evolution"):
                 events = self.evolve(step)
         timer.seconds["checkpoint"] += self._last_checkpoint_s  # the previous step's, paid between steps

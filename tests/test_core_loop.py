@@ -101,10 +101,10 @@ def test_every_lifecycle_hook_is_called_in_order(env, tmp_path):
     assert [c[1]["step"] for c in evo] == [2, 4]
     assert all(len(c[1]["events"]) == 2 for c in evo)  # one child per sub-population (fraction 0.5 of 2)
     checkpoints = [c[1] for c in rec.calls if c[0] == "on_checkpoint"]
-    assert [c["step"] for c in checkpoints] == [1, 2, 3, 4] and all(c["exists"] for c in checkpoints)
+    assert [c["step"] for c in checkpoints] == [1, 2, 3, 4, 5] and all(c["exists"] for c in checkpoints)
     # the run log agrees with what the hooks saw
     steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     pairs = [c[1]["pairs"] for c in rec.calls if c[0] == "after_matchmaking"]
     assert [[tuple(p) for p in r["matches"]] for r in steps] == pairs
 
@@ -142,8 +142,9 @@ def test_evolution_lineage_counters_and_problem_dataset(env, tmp_path):
     members = json.loads((directory.path / "members.json").read_text())["members"]
     ids = {m["id"] for m in members}
     assert {e["member"] for e in born if e["step"] == 4} <= ids
+    assert not [e for e in born if e["step"] == 5], "no child is born at the last step"
     for m in members:
-        assert m["counters"]["updates"] >= 1 if m["born_step"] < 4 else m["counters"]["updates"] == 0
+        assert m["counters"]["updates"] == 5 - m["born_step"]
     # every adapter version a member ever had is on disk, none overwritten
     for m in members:
         for v in range(m["version"] + 1):
@@ -151,7 +152,7 @@ def test_evolution_lineage_counters_and_problem_dataset(env, tmp_path):
     import datasets
 
     problems = datasets.load_dataset("json", data_files=str(directory.path / "tasks" / "problems.jsonl"), split="train")
-    assert len(problems) == 4 * 2 * 3  # steps x teachers x proposals
+    assert len(problems) == 5 * 2 * 3  # steps x teachers x proposals
     assert {"proposer", "matched_student", "solve_rate", "valid", "signature", "metric_loc"} <= set(
         problems.column_names
     )
@@ -165,7 +166,7 @@ def test_single_agent_baseline_runs_through_the_same_loop(env, tmp_path):
     assert all(r["matches"] == [["a0", "a0"]] for r in steps)
     last = steps[-1]
     # the one adapter is counted as proposer and solver: rollouts of both roles, one update per step
-    assert last["member/a0/counters/updates"] == 4
+    assert last["member/a0/counters/updates"] == 5
     assert last["member/a0/counters/estimation_rollouts"] > 0
     assert not directory.read_log("lineage.jsonl")[1:]  # no evolution with a single agent
 
@@ -247,7 +248,7 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     )
     records = directory.read_log("probe.jsonl")
     assert {(r["step"], r["member"]) for r in records if r["member"] == "base"} == {(0, "base")}
-    final = [r for r in records if r["step"] == 4]
+    final = [r for r in records if r["step"] == 5]
     members = json.loads((directory.path / "members.json").read_text())["members"]
     assert sorted(r["member"] for r in final) == sorted(m["id"] for m in members if m["role"] == "student")
     assert all(r["n"] == 5 and 0 <= r["accuracy"] <= 1 and r["task_type"] == "count" for r in records)
