@@ -34,7 +34,7 @@ class FigureOut:
 def _figure(rows: int, cols: int, width: float, height: float, sharey: bool = True) -> tuple[Any, Any]:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(max(width * cols, 5.0), height * rows), layout="constrained", dpi=100)
+    fig = Figure(figsize=(max(width * cols, 8.0), height * rows), layout="constrained", dpi=100)  # titles fit
     axes = fig.subplots(rows, cols, squeeze=False, sharey="row" if sharey else False)
     return fig, axes
 
