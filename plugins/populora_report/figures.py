@@ -34,7 +34,7 @@ class FigureOut:
 def _figure(rows: int, cols: int, width: float, height: float, sharey: bool = True) -> tuple[Any, Any]:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(max(width * cols, 8.0), height * rows), layout="constrained", dpi=100)  # titles fit
+    fig = Figure(figsize=(max(width, 8.0 if cols == 1 else 5.5) * cols, height * rows), layout="constrained", dpi=100)
     axes = fig.subplots(rows, cols, squeeze=False, sharey="row" if sharey else False)
     return fig, axes
 
