@@ -29,7 +29,7 @@ def nano_base_model(params: NanoParams | None = None) -> Any:
     if not (MODEL_DIR / "config.json").is_file():
         raise UserError(f"base_model nano: the model files are missing from {MODEL_DIR} "
                         "(rebuild with: python -m populora_nano.make_model --out plugins/populora_nano)")
-    return BaseModel(path=str(MODEL_DIR), name="nano", dtype="float32")
+    return BaseModel(path=str(MODEL_DIR), name="nano", dtype="float32", probe_path=str(PROBE_FILE))
 
 
 @hookimpl

@@ -1,0 +1,47 @@
+"""A shortened quickstart: the README's main job (recipes/nano.yaml) for two steps, then its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+SHORT = [
+    "steps=2",
+    "evolution.every=1",
+    "rollout.proposals_per_teacher=2",
+    "rollout.solver_samples=2",
+    "rollout.buffer_problems_per_student=1",
+    "probe.problems_per_type=4",
+]
+
+
+@pytest.mark.parametrize("recipe", ["nano.yaml", "nano_single_agent.yaml"])
+def test_shortened_nano_run_completes_with_probe_and_report(recipe, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "run",
+        str(REPO / "recipes" / recipe),
+        *SHORT,
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 2/2" in result.stderr  # progress lines when not a TTY
+    probe = [json.loads(x) for x in (run_dir / "probe.jsonl").read_text().splitlines()]
+    assert {(r["step"], r["member"]) for r in probe if r["member"] == "base"} == {(0, "base")}
+    assert {r["task_type"] for r in probe} == {"deduction", "abduction", "induction"}
+    assert all(r["n"] == 4 for r in probe) and any(r["step"] == 2 for r in probe)
+    steps = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"event": "step"' in x]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["validity"] is not None for s in steps)
+    report = run_cli("report", str(run_dir))
+    assert report.returncode == 0, report.stderr
+    page = Path(report.stdout.strip().splitlines()[-1]).read_text()
+    assert "Probe accuracy" in page and "Lineage" in page
