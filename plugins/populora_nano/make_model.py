@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--probe-seed", type=int, default=20261130)
     ap.add_argument("--minutes", type=float, default=20.0, help="training time budget")
     ap.add_argument("--steps", type=int, default=None, help="exact number of steps (overrides --minutes)")
-    ap.add_argument("--programs", type=int, default=6000)
+    ap.add_argument("--programs", type=int, default=3000)
     ap.add_argument("--probe-per-type", type=int, default=50)
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=160)
