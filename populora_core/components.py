@@ -187,6 +187,34 @@ class Problem:
     signature: str = ""  # normalised shape hash for problem-space coverage
 
 
+def load_problems(path: str | Path) -> list[Problem]:
+    """Problems from a JSONL file of Problem records (a probe set, a curriculum); file:line in every error."""
+    import dataclasses
+    import json
+
+    from .errors import UserError
+
+    file = Path(path)
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"problem file {file}: {exc}") from None
+    names = {f.name for f in dataclasses.fields(Problem)}
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            problem = Problem(**{k: v for k, v in record.items() if k in names})
+        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+            raise UserError(f"{file}:{i}: not a Problem record ({exc})") from None
+        if not problem.inputs or len(problem.inputs) != len(problem.outputs):
+            raise UserError(f"{file}:{i}: a problem needs as many outputs as inputs, at least one")
+        out.append(problem)
+    return out
+
+
 @dataclass
 class Grade:
     reward: float

@@ -33,6 +33,7 @@ from .components import (
     Problem,
     Rollout,
     SamplingParams,
+    load_problems,
 )
 from .errors import UserError
 from .plugins import PluginManager
@@ -43,27 +44,6 @@ from .run import RunDir
 
 #: Phases whose time is model compute; everything else counts as orchestration.
 MODEL_PHASES = ("generate_propose", "generate_solve", "generate_buffer", "train")
-
-
-def load_problems(path: str | Path) -> list[Problem]:
-    """Problems from a JSONL file of Problem records (unknown fields are ignored)."""
-    import dataclasses
-    import json
-
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"probe file not found: {file}")
-    names = {f.name for f in dataclasses.fields(Problem)}
-    out = []
-    for i, line in enumerate(file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            out.append(Problem(**{k: v for k, v in record.items() if k in names}))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise UserError(f"{file}:{i}: not a Problem record ({exc})") from None
-    return out
 
 
 def derived_rng(seed: int, step: int, phase: str) -> random.Random:

@@ -215,13 +215,16 @@ def test_probe_file_errors_name_the_file_and_line(tmp_path):
 
     bad = tmp_path / "probe.jsonl"
     bad.write_text(json.dumps({"task_type": "deduction", "program": "def f(a):\n    return a"}) + "\n")
-    with pytest.raises(UserError, match="line 1"):
+    with pytest.raises(UserError, match=r"probe\.jsonl:1: not a Problem record"):
         load_probe(bad)
     bad.write_text("{not json\n")
-    with pytest.raises(UserError, match="not JSON"):
+    with pytest.raises(UserError, match=r"probe\.jsonl:1: not a Problem record \(Expecting"):
         load_probe(bad)
-    with pytest.raises(UserError, match="probe file"):
+    with pytest.raises(UserError, match=r"problem file .*missing\.jsonl"):
         load_probe(tmp_path / "missing.jsonl")
+    bad.write_text(json.dumps({"task_type": "sorting", "program": "x", "inputs": ["1"], "outputs": ["1"]}) + "\n")
+    with pytest.raises(UserError, match="problem 1: unknown task_type 'sorting'"):
+        load_probe(bad)
 
 
 def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, tmp_path):

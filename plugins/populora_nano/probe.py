@@ -41,28 +41,15 @@ PROPOSER_MAX_TOKENS = 256
 
 def load_probe(path: str | Path | None = None) -> list[Problem]:
     """The probe problems as valid :class:`Problem` objects (JSON lines of Problem fields)."""
+    from populora_core.components import load_problems
     from populora_core.errors import UserError
 
     path = Path(path) if path is not None else PROBE_FILE
-    fields = {"task_type", "program", "inputs", "outputs", "message"}
-    problems = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise UserError(f"probe file {path}: {exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"probe file {path}, line {n}: not JSON ({exc})") from None
-        if not isinstance(rec, dict) or set(rec) != fields:
-            raise UserError(f"probe file {path}, line {n}: expected the keys {sorted(fields)}")
-        if rec["task_type"] not in TASK_TYPES or len(rec["inputs"]) != len(rec["outputs"]) or not rec["inputs"]:
-            raise UserError(f"probe file {path}, line {n}: bad task_type or inputs/outputs")
-        problems.append(Problem(rec["task_type"], rec["program"], list(rec["inputs"]), list(rec["outputs"]),
-                                message=rec["message"], valid=True, proposer="probe"))
+    problems = load_problems(path)
+    for n, problem in enumerate(problems, 1):
+        if problem.task_type not in TASK_TYPES:
+            raise UserError(f"probe file {path}, problem {n}: unknown task_type {problem.task_type!r}")
+        problem.valid, problem.proposer = True, "probe"
     return problems
 
 
