@@ -226,15 +226,18 @@ class ModelHost:
             b = tensors.get(name + ".lora_B.weight")
             if b is None:
                 raise UserError(f"{path}: {name} has lora_A but no lora_B")
-            module_path = name[len("base_model.model."):] if name.startswith("base_model.model.") else name
+            module_path = name[len("base_model.model.") :] if name.startswith("base_model.model.") else name
             linear = linears.get(module_path)
-            if linear is None or a.shape[1] != linear.in_features or b.shape[0] != linear.out_features \
-                    or a.shape[0] != b.shape[1]:
+            if (
+                linear is None
+                or a.shape[1] != linear.in_features
+                or b.shape[0] != linear.out_features
+                or a.shape[0] != b.shape[1]
+            ):
                 raise UserError(f"{path}: adapter does not fit base model {self.base.path!r} (at {module_path})")
             dev = linear.weight.device
             # copies: load_file's tensors may share one buffer; a view kept alive would keep it all
-            out[module_path] = (a.to(dev, self._torch.float32, copy=True),
-                                (b.to(self._torch.float32) * scale).to(dev))
+            out[module_path] = (a.to(dev, self._torch.float32, copy=True), (b.to(self._torch.float32) * scale).to(dev))
         if not out:
             raise UserError(f"{path}: no LoRA tensors found in {WEIGHTS_FILE}")
         return out
