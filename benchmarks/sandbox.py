@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-SEED_DIR = Path("/work/shared/data/azr_seeds")
+SEED_DIR = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / "azr_seeds",
+                             Path("/work/shared/data/azr_seeds")) if p.is_dir()), Path("/work/shared/data/azr_seeds"))
 
 # --- the corpus ---------------------------------------------------------------------------------------
 

@@ -100,9 +100,13 @@ def build_task(name: str, executor, rng=0, **params):
 
 
 def seeds_dir():
+    """$POPULORA_AZR_SEEDS, else shared/ beside the checkout (as CI lays it), else /work/shared."""
     from pathlib import Path
 
-    return Path(os.environ.get("POPULORA_AZR_SEEDS", "/work/shared/data/azr_seeds"))
+    if "POPULORA_AZR_SEEDS" in os.environ:
+        return Path(os.environ["POPULORA_AZR_SEEDS"])
+    beside = Path(__file__).resolve().parents[2] / "shared" / "data" / "azr_seeds"
+    return beside if beside.is_dir() else Path("/work/shared/data/azr_seeds")
 
 
 def load_seeds(filename: str) -> list[dict]:
