@@ -178,30 +178,27 @@ def _adapters(directory: Path) -> dict[str, dict]:
 
 
 def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
-    args = ["--plugin", FAKE, "run", str(RECIPE), "steps=6", "engine.params.delay_s=0.15", "--no-progress"]
+    args = ["--plugin", FAKE, "run", str(RECIPE), "steps=6", "--no-progress"]
     reference = tmp_path / "reference"
     subprocess.run(
         [POPULORA, *args, "--run-dir", str(reference)], env=env, cwd=REPO, check=True, capture_output=True, timeout=300
     )
 
-    killed = tmp_path / "killed"
+    killed, marker = tmp_path / "killed", tmp_path / "paused"
+    pause = {**env, "POPULORA_TEST_PAUSE_STEP": "4", "POPULORA_TEST_PAUSE_MARKER": str(marker)}
     proc = subprocess.Popen(
-        [POPULORA, *args, "--run-dir", str(killed)],
-        env=env,
+        [POPULORA, "--plugin", str(TESTS / "pause_plugin.py"), *args, "--run-dir", str(killed)],
+        env=pause,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
-    while time.time() < deadline:  # wait until step 3 is checkpointed, then kill inside step 4
-        latest = killed / "checkpoints" / "LATEST"
-        if latest.exists() and int(latest.read_text()) >= 3:
-            time.sleep(0.2)
-            break
+    while time.time() < deadline and not marker.exists():
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)  # inside step 4, after its matchmaking
     proc.wait()
-    assert int((killed / "checkpoints" / "LATEST").read_text()) < 6, "the run finished before the kill"
+    assert int((killed / "checkpoints" / "LATEST").read_text()) == 3
     resumed = subprocess.run(
         [POPULORA, "--plugin", FAKE, "resume", str(killed), "--no-progress"],
         env=env,

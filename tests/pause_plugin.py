@@ -1,0 +1,19 @@
+"""Test plugin: pauses a run inside a chosen step so a test can SIGKILL it at a known point.
+
+``POPULORA_TEST_PAUSE_STEP=N`` and ``POPULORA_TEST_PAUSE_MARKER=path``: after matchmaking of step N the
+run writes the marker file and sleeps, so the kill lands mid-step (after the step began, before its
+rollouts, updates and checkpoint). The pause changes no state, so a run with and without it is the same.
+"""
+
+import os
+import time
+from pathlib import Path
+
+from populora_core import hookimpl
+
+
+@hookimpl
+def after_matchmaking(run, step, matches):
+    if str(step) == os.environ.get("POPULORA_TEST_PAUSE_STEP"):
+        Path(os.environ["POPULORA_TEST_PAUSE_MARKER"]).write_text(str(step))
+        time.sleep(120)
