@@ -1,7 +1,7 @@
 """Benchmark: wall time per co-evolution step split by phase, and the orchestration share.
 
-    python -m benchmarks.loop            # the nano CPU recipe, 4 steps
-    python -m benchmarks.loop --quick    # 2 steps with a smaller rollout budget (< 1 min on an idle box)
+    python -m benchmarks.loop            # the nano CPU recipe, 6 steps (one evolution, one checkpoint)
+    python -m benchmarks.loop --quick    # 3 steps, smaller rollouts, evolution at step 2 (< 1 min idle)
 
 Model compute = generation (propose, solve, buffer) and the policy updates; orchestration = everything
 else (matchmaking, prompt building, sandbox validation and grading, ratings, buffers, logging,
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "nano.yaml"))
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("overrides", nargs="*", help="extra key.sub=value recipe overrides")
     args = parser.parse_args(argv)
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     from populora_core.recipe import load_recipe
     from populora_core.run import RunDir
 
-    steps = 2 if args.quick else args.steps
+    steps = 3 if args.quick else args.steps
     overrides = [f"steps={steps}", "probe.enabled=false"]
     if args.quick:
         overrides += ["rollout.proposals_per_teacher=2", "rollout.solver_samples=2", "evolution.every=2"]
