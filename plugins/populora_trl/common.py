@@ -16,7 +16,8 @@ SCRATCH = "__train__"
 STATE_FILE = "trainer_state.pt"
 
 
-def check_rollouts(member_id: str, rollouts: Sequence[Rollout]) -> None:
+def check_update(member_id: str, rollouts: Sequence[Rollout], out_dir: Path) -> Path:
+    """Refuse an update that cannot be right: foreign or empty rollouts, or a version that already exists."""
     if not rollouts:
         raise UserError(f"update of {member_id!r}: no rollouts")
     for i, r in enumerate(rollouts):
@@ -24,6 +25,12 @@ def check_rollouts(member_id: str, rollouts: Sequence[Rollout]) -> None:
             raise UserError(f"update of {member_id!r}: rollout {i} belongs to member {r.member_id!r}")
         if not r.prompt_token_ids:
             raise UserError(f"update of {member_id!r}: rollout {i} has no prompt tokens")
+    if not any(r.completion_token_ids for r in rollouts):
+        raise UserError(f"update of {member_id!r}: every rollout has an empty completion")
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise UserError(f"update of {member_id!r}: {out_dir} exists (adapter versions are immutable)")
+    return out_dir
 
 
 class LoraTrainerBase:

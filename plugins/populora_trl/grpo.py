@@ -24,7 +24,7 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, UpdateStats
 from populora_core.errors import UserError
 
-from .common import SCRATCH, LoraTrainerBase, check_rollouts, pack
+from .common import SCRATCH, LoraTrainerBase, check_update, pack
 
 REF = "__ref__"
 
@@ -123,16 +123,11 @@ class GRPOLoraTrainer(LoraTrainerBase):
         import torch
 
         start = time.perf_counter()
-        check_rollouts(member_id, rollouts)
-        out_dir = Path(out_dir)
-        if out_dir.exists():
-            raise UserError(f"update of {member_id!r}: {out_dir} exists (adapter versions are immutable)")
+        out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
         adv = grpo_advantages(rollouts, p.scale_rewards, p.group_by)
         rows = [(r, a) for r, a in zip(rollouts, adv) if r.completion_token_ids]
         total = sum(len(r.completion_token_ids) for r, _ in rows)
-        if total == 0:
-            raise UserError(f"update of {member_id!r}: every rollout has an empty completion")
         # TRL's forward passes no position ids, so a micro-batch holds prompts of one length only
         rows.sort(key=lambda ra: len(ra[0].prompt_token_ids))
         groups: list[list[tuple[Rollout, float]]] = []

@@ -23,7 +23,7 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, UpdateStats
 from populora_core.errors import UserError
 
-from .common import LoraTrainerBase, check_rollouts, pack, token_logprobs
+from .common import LoraTrainerBase, check_update, pack, token_logprobs
 
 
 def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8) -> list[float]:
@@ -66,17 +66,12 @@ class TRRTrainer(LoraTrainerBase):
         import torch
 
         start = time.perf_counter()
-        check_rollouts(member_id, rollouts)
-        out_dir = Path(out_dir)
-        if out_dir.exists():
-            raise UserError(f"update of {member_id!r}: {out_dir} exists (adapter versions are immutable)")
+        out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
         advantages = trr_advantages(rollouts, p.normalize, p.adv_eps)
         rows = sorted(((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
                       key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids))
         total = sum(len(r.completion_token_ids) for r, _ in rows)
-        if total == 0:
-            raise UserError(f"update of {member_id!r}: every rollout has an empty completion")
         host = self.host
         with host.lock:
             config, params = self._activate(adapter)
