@@ -76,8 +76,8 @@ def test_load_and_disable_env_vars_select_entry_points(plugin_site):
 def test_cli_startup_does_not_import_torch():
     code = (
         "import sys; from populora_core.plugins import get_manager; get_manager(); "
-        "import populora_core.cli; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft') "
-        "if m in sys.modules]; print(','.join(heavy))"
+        "import populora_core.cli; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft', 'numba', "
+        "'llvmlite') if m in sys.modules]; print(','.join(heavy))"
     )
     import subprocess
     import sys
