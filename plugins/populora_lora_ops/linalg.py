@@ -94,16 +94,14 @@ def _sign_fixed_q(x: torch.Tensor) -> torch.Tensor:
 
 
 def randomized_svd(m: torch.Tensor, rank: int, generator: torch.Generator, *, probe: torch.Tensor | None = None,
-                   oversample: int = 8, niter: int = 1, y: torch.Tensor | None = None) -> Svd:
+                   oversample: int = 8, niter: int = 1) -> Svd:
     """Top-``rank`` SVD of a dense m (Halko et al.), seeded by ``generator``.
 
-    ``probe`` (d_in x p) are extra probe directions (the parents' row space: the merge's signal lives
-    there); ``y`` = m @ [probe, gaussian] when the caller already computed it while streaming m.
+    ``probe`` (d_in x p) are extra probe directions (for a merge, the parents' row space: the signal
+    lives there) next to ``rank + oversample - p`` Gaussian ones.
     """
-    if y is None:
-        omega = probe_matrix(m.shape[1], rank, generator, probe=probe, oversample=oversample, limit=min(m.shape))
-        y = m @ omega
-    q, _ = torch.linalg.qr(y)
+    omega = probe_matrix(m.shape[1], rank, generator, probe=probe, oversample=oversample, limit=min(m.shape))
+    q, _ = torch.linalg.qr(m @ omega)
     for _ in range(niter):
         z, _ = torch.linalg.qr(m.T @ q)
         q, _ = torch.linalg.qr(m @ z)
