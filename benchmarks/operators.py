@@ -9,7 +9,9 @@ memory (sampled every 2 ms). For the ``svd`` crossover, side by side: PEFT's
 ``add_weighted_adapter(combination_type="svd")`` on the same parents, timed on ONE layer and
 extrapolated to all layers (its dense SVD per module takes tens of seconds at these shapes), and the
 relative error of both against a dense fp32 reference (weighted sum, truncated SVD) on that layer.
-The ``populora`` package on PyPI (lucidrains) is tried from a throwaway ``pip --target`` dir only.
+The ``populora`` package on PyPI (lucidrains) and its runtime requirements (torch excluded) are installed
+with --no-deps into a throwaway ``pip --target`` dir, never this venv; its mutations are timed on the same
+parents and its factor-space crossovers measured against the true average of the parents' delta W.
 Last line: one JSON object.
 """
 
@@ -133,23 +135,93 @@ def peft_svd_one_layer(parents: list[Any], names: list[str], shapes: dict[str, t
 # --- lucidrains' populora from PyPI ---------------------------------------------------------------
 
 
+def _pip_target(target: Path, *specs: str) -> str | None:
+    """pip install --no-deps --target; None on success, else pip's last line."""
+    try:
+        res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                              *specs], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "pip install timed out"
+    return None if res.returncode == 0 else (res.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def _runtime_requirements(target: Path) -> list[str]:
+    """``populora``'s Requires-Dist without extras, torch excluded (ours is used)."""
+    reqs = []
+    for meta in target.glob("populora-*.dist-info/METADATA"):
+        for line in meta.read_text().splitlines():
+            if line.startswith("Requires-Dist:") and "extra ==" not in line:
+                spec = line.split(":", 1)[1].split(";")[0].strip()
+                if not spec.lower().startswith("torch") or spec.lower().startswith("torch-"):
+                    reqs.append(spec)
+    return reqs
+
+
 def try_lucidrains(target: str | None) -> tuple[bool, str]:
-    """Install ``populora`` with --no-deps into a throwaway dir and import it; never into this venv."""
+    """Install ``populora`` and its runtime requirements (all with --no-deps, torch never) into a throwaway
+    --target dir, then import it in a child process; never into this venv."""
     tgt = Path(target or tempfile.mkdtemp(prefix="lucid-populora-"))
     if not (tgt / "populora").is_dir():
-        try:
-            res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tgt),
-                                  "populora"], capture_output=True, text=True, timeout=120)
-        except subprocess.TimeoutExpired:
-            return False, "pip install --no-deps --target timed out"
-        if res.returncode != 0:
-            return False, f"pip install failed: {res.stderr.strip().splitlines()[-1:]}"
+        err = _pip_target(tgt, "populora") or _pip_target(tgt, *_runtime_requirements(tgt))
+        if err:
+            return False, f"pip install failed: {err}"
     code = "import sys; sys.path.insert(0, sys.argv[1]); import populora.operators"
-    probe = subprocess.run([sys.executable, "-c", code, str(tgt)], capture_output=True, text=True, timeout=120)
-    if probe.returncode != 0:
+    for _ in range(6):  # requirements of requirements, one missing module at a time
+        probe = subprocess.run([sys.executable, "-c", code, str(tgt)], capture_output=True, text=True, timeout=120)
+        if probe.returncode == 0:
+            return True, str(tgt)
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
-        return False, f"installed with --no-deps but not importable: {last}"
-    return True, str(tgt)
+        missing = last.split("No module named ", 1)[1].strip("'\"").split(".")[0] if "No module named" in last else None
+        if missing is None or _pip_target(tgt, missing):
+            return False, f"installed with --no-deps but not importable: {last}"
+    return False, "not importable after installing six missing modules"
+
+
+def bench_lucidrains(target: str, parents: list[Any], named: dict[str, tuple[int, int]],
+                     rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """lucidrains' operators on the same parents: time per child for each mutation, and how far its
+    factor-space crossovers (average, DARE on factors) land from the true average of the parents' delta W
+    (layer 0). Its population stores down = A^T (pop, d_in, r) and up = B (pop, d_out, r); we fold the
+    LoRA scale into up so both sides mean the same delta W."""
+    import torch
+
+    if target not in sys.path:
+        sys.path.append(target)  # after our own site-packages: its dependencies never shadow ours
+    from types import SimpleNamespace
+
+    from populora import operators as lucid
+
+    names = list(named)
+
+    def population(slots: int) -> Any:
+        def stack(get: Any) -> dict[str, Any]:
+            return {n: torch.stack([get(p.modules[n]) for p in parents] +
+                                   [torch.zeros_like(get(parents[0].modules[n]))] * (slots - len(parents)))
+                    for n in names}
+        return SimpleNamespace(weight_down=stack(lambda f: f.A.T.contiguous()),
+                               weight_up=stack(lambda f: f.B * f.scale), device=torch.device("cpu"))
+
+    torch.manual_seed(0)  # it draws from torch's global generator
+    out: dict[str, Any] = {"mutations_s": {}}
+    for name, fn in lucid.MUTATION_REGISTRY.items():
+        pop = population(len(parents))
+        _, dt, mb = _timed(lambda fn=fn, pop=pop: fn(pop, torch.tensor([0])))
+        rows.append({"operator": f"lucidrains {name}", "rank": parents[0].config["r"], "seconds": dt,
+                     "cpu_s": _CPU["last"], "peak_mb": mb})
+        out["mutations_s"][name] = dt
+    names0 = _layer0(names)
+    for key, fn in (("factor_average_rel_error", lucid.crossover_average),
+                    ("dare_rel_error", lucid.crossover_dare)):
+        pop = population(len(parents) + 1)
+        fn(pop, torch.tensor([[0, 1]]), torch.tensor([len(parents)]))
+        num = den = 0.0
+        for n in names0:
+            child = pop.weight_up[n][-1] @ pop.weight_down[n][-1].T
+            avg = sum(p.modules[n].delta() for p in parents) / len(parents)
+            num += float((child.double() - avg.double()).norm()) ** 2
+            den += float(avg.double().norm()) ** 2
+        out[key] = (num / den) ** 0.5
+    return out
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -280,11 +352,19 @@ def main(argv: list[str] | None = None) -> None:
 
     rows: list[dict[str, Any]] = []
     per_rank: dict[int, dict[str, Any]] = {}
+    lucid: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-ops-") as tmp:
         for rank in ranks:
             per_rank[rank] = bench_rank(rank, layers, shapes, ops_to_run, Path(tmp),
                                         not args.no_peft and rank in args.peft_ranks, rows,
                                         ["k_proj", "v_proj"] if args.quick else None)
+    if lucid_ok:  # last: its import cannot disturb our timings
+        from populora_lora_ops.synthetic import module_names, trained_like
+
+        rank = 16 if 16 in ranks else ranks[0]
+        named = module_names(layers, shapes)
+        lucid = bench_lucidrains(lucid_info, [trained_like(named, rank, 2.0 * rank, seed) for seed in (1, 2)],
+                                 named, rows)
 
     print(f"# Qwen2.5-7B shapes: {layers} layers x {', '.join(k.split('.')[1] for k in shapes)}; "
           f"{args.threads} thread(s); torch {torch.__version__}; {platform.processor() or platform.machine()}")
@@ -308,8 +388,13 @@ def main(argv: list[str] | None = None) -> None:
               f"ours {res['svd_rel_error']:.2e}, PEFT {res['peft_rel_error']:.2e}; vs the full weighted sum: "
               f"ours {res['svd_rel_error_vs_sum']:.3f}, PEFT {res['peft_rel_error_vs_sum']:.3f}, "
               f"factor averaging {res['factor_average_rel_error_vs_sum']:.3f}")
-    lucid_note = ("lucidrains populora: " + (f"importable from {lucid_info}, no comparison run"
-                                             if lucid_ok else f"not compared ({lucid_info})"))
+    if lucid:
+        lucid_note = (f"lucidrains populora (from {lucid_info}): mutations {min(lucid['mutations_s'].values()):.2f}-"
+                      f"{max(lucid['mutations_s'].values()):.2f} s per child; on layer 0 its factor-averaging "
+                      f"crossover lands {lucid['factor_average_rel_error']:.0%} and its factor-DARE crossover "
+                      f"{lucid['dare_rel_error']:.0%} (relative) away from the true average of the parents' delta W")
+    else:
+        lucid_note = f"lucidrains populora: not compared ({lucid_info})"
     print(f"# {lucid_note}")
 
     def first(key: str) -> Any:
@@ -351,8 +436,10 @@ def main(argv: list[str] | None = None) -> None:
         "ties_peak_mb": head["ties"][1] if "ties" in head else None,
         "max_fast_crossover_s": max((first(n) for n in ("svd", "svd_subspace", "layerwise", "clone",
                                                          "extrapolate", "xes") if n in head), default=None),
-        "lucidrains_mutation_s": None,
-        "lucidrains_factor_average_rel_error": None,
+        "lucidrains_mutation_s": max(lucid["mutations_s"].values()) if lucid else None,
+        "lucidrains_mutations_s": lucid.get("mutations_s"),
+        "lucidrains_factor_average_rel_error": lucid.get("factor_average_rel_error"),
+        "lucidrains_dare_rel_error": lucid.get("dare_rel_error"),
         "lucidrains_note": lucid_note,
         "per_rank": {str(r): {k: (list(v) if isinstance(v, tuple) else v) for k, v in res.items()}
                      for r, res in per_rank.items()},
