@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, LoraFactors, LoraWeights, lora_scale, save_lora
-from .components import AdapterRef, BaseModel, LoraSettings
+from .components import AdapterRef, BaseModel
 from .errors import UserError
 
 if TYPE_CHECKING:
@@ -53,22 +53,6 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in table:
         raise UserError(f"base_model.dtype: unknown dtype {dtype!r} (known: auto, {', '.join(table)})")
     return table[dtype]
-
-
-def lora_config_dict(lora: LoraSettings, base_path: str) -> dict[str, Any]:
-    """The PEFT ``adapter_config.json`` content for a fresh adapter of shape ``lora``."""
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": int(lora.rank),
-        "lora_alpha": float(lora.alpha),
-        "lora_dropout": float(lora.dropout),
-        "target_modules": sorted(lora.target_modules),
-        "bias": "none",
-        "use_rslora": False,
-        "base_model_name_or_path": base_path,
-        "inference_mode": True,
-    }
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -321,28 +305,6 @@ class ModelHost:
                     name = k[: -len(".lora_A.weight")]
                     modules[name] = LoraFactors(a, tensors[name + ".lora_B.weight"], scale)
             return save_lora(LoraWeights(modules, config), out_dir)
-
-    def create(self, name: str, lora: LoraSettings, seed: int, out_dir: str | Path) -> AdapterRef:
-        """A fresh adapter version: A as PEFT's Kaiming-uniform, B zero or N(0, ``init_std``), seeded."""
-        import math
-
-        torch = self._torch
-        config = lora_config_dict(lora, self.base.path)
-        with self.lock:
-            key = self.slot("__create__", config)
-            gen = torch.Generator().manual_seed(int(seed))
-            with torch.no_grad():
-                for pname, p in self.params(key).items():
-                    if pname.endswith("lora_A.weight"):
-                        bound = 1.0 / math.sqrt(p.shape[1])
-                        p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
-                    elif pname.endswith("lora_B.weight"):
-                        if lora.init_std > 0:
-                            p.copy_(torch.randn(p.shape, generator=gen) * lora.init_std)
-                        else:
-                            p.zero_()
-            path = self.save(key, out_dir, config)
-        return AdapterRef(name, str(path))
 
 
 _HOSTS: dict[tuple[str, str, str], ModelHost] = {}

@@ -40,11 +40,10 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adapters(base, tmp_path_factory):
-    from populora_core.modelhost import get_host
+    from tests.tiny_model import fresh_adapter
 
     root = tmp_path_factory.mktemp("vllm_adapters")
-    host = get_host(base)
-    return [host.create(f"s{i}@v0", LORA, seed=200 + i, out_dir=root / f"s{i}_v0") for i in range(3)]
+    return [fresh_adapter(base, f"s{i}@v0", LORA, seed=200 + i, out_dir=root / f"s{i}_v0") for i in range(3)]
 
 
 @pytest.fixture(scope="module")

@@ -230,11 +230,11 @@ def test_probe_file_errors_name_the_file_and_line(tmp_path):
 def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, tmp_path):
     from populora_nano.probe import evaluate_probe, load_probe
 
-    from populora_core.modelhost import get_host
+    from tests.tiny_model import fresh_adapter
 
     problems = [p for t in ("deduction", "abduction", "induction")
                 for p in [q for q in load_probe() if q.task_type == t][:3]]
-    adapter = get_host(nano).create("s0@v0", LORA, seed=7, out_dir=tmp_path / "s0_v0")
+    adapter = fresh_adapter(nano, "s0@v0", LORA, seed=7, out_dir=tmp_path / "s0_v0")
     assert isinstance(adapter, AdapterRef)
     engine = _engine("hf", nano)
     try:

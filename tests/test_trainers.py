@@ -26,10 +26,9 @@ def base(tiny_model_dir):
 
 @pytest.fixture()
 def adapters(base, tmp_path):
-    from populora_core.modelhost import get_host
+    from tests.tiny_model import fresh_adapter
 
-    host = get_host(base)
-    return [host.create(f"m{i}@v0", LORA, seed=7 + i, out_dir=tmp_path / f"m{i}_v0") for i in range(3)]
+    return [fresh_adapter(base, f"m{i}@v0", LORA, seed=7 + i, out_dir=tmp_path / f"m{i}_v0") for i in range(3)]
 
 
 def _rollouts(member, n=6, seed=0, groups=("deduction/solve", "abduction/propose")):
@@ -107,6 +106,12 @@ def test_advantages_match_verl_masked_whitening():
 # --- updates ---------------------------------------------------------------------------------------
 
 
+def _base_weights(host):
+    """The base model's own parameters, named as before PEFT wrapped its linears (``base_layer``)."""
+    return {n.replace(".base_layer", ""): p.detach().clone() for n, p in host.base_model.named_parameters()
+            if ".lora_" not in n}
+
+
 def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     import torch
 
@@ -117,7 +122,7 @@ def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     engine.generate([GenerationRequest("def f", a) for a in adapters], SamplingParams(temperature=0, max_tokens=2))
     loaded = {a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()}
               for a in adapters}
-    base_before = {n: p.detach().clone() for n, p in host.peft.named_parameters() if ".lora_" not in n}
+    base_before = _base_weights(host)
     files = {a.name: _tensors(a.path) for a in adapters}
 
     trainer = make("trainer", "trr++", base, lr=1e-2, micro_batch_size=2)
@@ -134,9 +139,11 @@ def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
         now = host.version(host.ensure(a))
         assert all(torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1])
                    for k in now)
-    for n, p in host.peft.named_parameters():
-        if ".lora_" not in n:
-            assert torch.equal(p, base_before[n]) and not p.requires_grad
+    base_after = _base_weights(host)
+    assert base_after.keys() == base_before.keys()
+    for n, p in base_after.items():
+        assert torch.equal(p, base_before[n])
+    assert not any(p.requires_grad for n, p in host.base_model.named_parameters() if ".lora_" not in n)
     with pytest.raises(UserError, match="immutable"):
         trainer.update("m1", adapters[1], _rollouts("m1"), tmp_path / "m1_v1")
 
@@ -234,11 +241,10 @@ def peaky_base(tmp_path_factory):
 @pytest.mark.slow
 def test_repeated_updates_raise_a_toy_reward(peaky_base, tmp_path):
     """Reward = share of completion tokens in a fixed set X (32 of ~500 ids); rollouts sampled by hf."""
-    from populora_core.modelhost import get_host
+    from tests.tiny_model import fresh_adapter
 
     base = peaky_base
-    host = get_host(base)
-    adapter = host.create("toy@v0", LORA, seed=3, out_dir=tmp_path / "toy_v0")
+    adapter = fresh_adapter(base, "toy@v0", LORA, seed=3, out_dir=tmp_path / "toy_v0")
     engine = make("engine", "hf", base)
     trainer = make("trainer", "trr++", base, lr=2e-2, entropy_coef=0.0)
     prompts = ["def f(x):", "The quick", "0123", "def f(a, b):"]

@@ -8,6 +8,7 @@ pre-tokenizer rules, which would change ids after a save/load round trip.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 _CORPUS = [
     "def f(x):\n    return x + 1\n",
@@ -66,3 +67,14 @@ def build_tiny_model(
     model = LlamaForCausalLM(config).to(torch.float32)
     model.save_pretrained(out)
     return out
+
+
+def fresh_adapter(base: Any, name: str, lora: Any, *, seed: int, out_dir: str | Path) -> Any:
+    """A version-0 adapter written exactly as the loop writes one (``init_lora`` + ``save_lora``)."""
+    from populora_core.adapters import init_lora, save_lora
+    from populora_core.components import AdapterRef
+
+    weights = init_lora(base.path, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
+                        dropout=lora.dropout, seed=seed, init_std=lora.init_std)
+    save_lora(weights, out_dir)
+    return AdapterRef(name, str(out_dir))
