@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -78,53 +79,51 @@ def _with_lowrank_noise(f: LoraFactors, eps: float, gen: torch.Generator, params
 # --- mutations ----------------------------------------------------------------------------------
 
 
+def _mutate_modules(parents: list[LoraWeights], params: Any, generator: torch.Generator, op: str,
+                    mutate: Callable[[LoraFactors], LoraFactors], only: set[str] | None = None) -> LoraWeights:
+    """``mutate`` every module of the one parent (or those in ``only``); the rest are copied.
+
+    B = 0 modules get the noise floor first, or are copied unchanged under ``zero_delta: warn``.
+    """
+    parent, skip = _mutation_input(parents, params, generator, op)
+    return parent.with_modules({
+        name: mutate(f) if name not in skip and (only is None or name in only) else _copy(f)
+        for name, f in parent.items()})
+
+
 def svd_structured(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M1: S' = S exp(sigma z) and a small rotation of U and V, on the exact SVD of delta W."""
-    parent, skip = _mutation_input(parents, params, generator, "svd_structured")
-    out = {}
-    for name, f in parent.items():
-        if name in skip:
-            out[name] = _copy(f)
-            continue
+
+    def mutate(f: LoraFactors) -> LoraFactors:
         u, s, vh = la.canonical(f.A, f.B, f.scale)
         s = s * torch.exp(params.sigma * torch.randn(s.shape, generator=generator))
         u = la.rotate(u, params.eps, generator)
         v = la.rotate(vh.T, params.eps, generator)
-        out[name] = _refactored(u, s, v.T, f, [f.A], params)
-    return parent.with_modules(out)
+        return _refactored(u, s, v.T, f, [f.A], params)
+
+    return _mutate_modules(parents, params, generator, "svd_structured", mutate)
 
 
 def layer_gaussian(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M2: low-rank Gaussian noise of std eps * std(delta W) on a random fraction of the modules."""
-    parent, skip = _mutation_input(parents, params, generator, "layer_gaussian")
-    names = list(parent.modules)
+    check_parents(parents, 1, "layer_gaussian")
+    names = list(parents[0].modules)
     m = max(1, round(params.fraction * len(names)))
     chosen = {names[int(i)] for i in torch.randperm(len(names), generator=generator)[:m]}
-    out = {}
-    for name, f in parent.items():
-        if name in chosen and name not in skip:
-            out[name] = _with_lowrank_noise(f, params.eps, generator, params)
-        else:
-            out[name] = _copy(f)
-    return parent.with_modules(out)
+    return _mutate_modules(parents, params, generator, "layer_gaussian",
+                           lambda f: _with_lowrank_noise(f, params.eps, generator, params), chosen)
 
 
 def gaussian(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M4: low-rank Gaussian noise of std eps * std(delta W) on every module."""
-    parent, skip = _mutation_input(parents, params, generator, "gaussian")
-    return parent.with_modules({
-        name: _copy(f) if name in skip else _with_lowrank_noise(f, params.eps, generator, params)
-        for name, f in parent.items()})
+    return _mutate_modules(parents, params, generator, "gaussian",
+                           lambda f: _with_lowrank_noise(f, params.eps, generator, params))
 
 
 def component_mask(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M3: zero ceil(rho r) singular values of delta W (their A rows stay, so they can regrow)."""
-    parent, skip = _mutation_input(parents, params, generator, "component_mask")
-    out = {}
-    for name, f in parent.items():
-        if name in skip:
-            out[name] = _copy(f)
-            continue
+
+    def mutate(f: LoraFactors) -> LoraFactors:
         u, s, vh = la.canonical(f.A, f.B, f.scale)
         k = s.shape[0]
         m = min(max(math.ceil(params.rho * f.A.shape[0]), 1), max(k - 1, 1))
@@ -136,23 +135,21 @@ def component_mask(parents: list[LoraWeights], params: Any, generator: torch.Gen
             idx = torch.arange(m)
         s = s.clone()
         s[idx] = 0.0
-        out[name] = _refactored(u, s, vh, f, [f.A], params)
-    return parent.with_modules(out)
+        return _refactored(u, s, vh, f, [f.A], params)
+
+    return _mutate_modules(parents, params, generator, "component_mask", mutate)
 
 
 def neftune(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M5: uniform noise in [-b, b], b = alpha / sqrt(d_in r), on the down factor A only."""
-    parent, skip = _mutation_input(parents, params, generator, "neftune")
-    out = {}
-    for name, f in parent.items():
-        if name in skip:
-            out[name] = _copy(f)
-            continue
+
+    def mutate(f: LoraFactors) -> LoraFactors:
         r, d_in = f.A.shape
         bound = params.alpha / math.sqrt(d_in * r)
         noise = (torch.rand(f.A.shape, generator=generator) * 2.0 - 1.0) * bound
-        out[name] = LoraFactors((f.A.float() + noise).to(f.A.dtype), f.B.clone(), f.scale)
-    return parent.with_modules(out)
+        return LoraFactors((f.A.float() + noise).to(f.A.dtype), f.B.clone(), f.scale)
+
+    return _mutate_modules(parents, params, generator, "neftune", mutate)
 
 
 # --- crossovers ---------------------------------------------------------------------------------
