@@ -302,6 +302,7 @@ class Run:
                 student.counters.tokens += sum(len(c.token_ids) for c in completions)
                 self.coverage[student.id].add(problems[i].signature)
                 if cfg.train_on_estimation:
+                    baseline = statistics.fmean(g.reward for g in grades) if cfg.solver_baseline == "problem" else 0.0
                     rollouts += [
                         Rollout(
                             student.id,
@@ -309,8 +310,8 @@ class Run:
                             c.prompt_token_ids,
                             c.token_ids,
                             c.logprobs,
-                            g.reward,
-                            {"correct": g.correct, "problem": i},
+                            g.reward - baseline,
+                            {"correct": g.correct, "problem": i, "graded_reward": g.reward},
                         )
                         for c, g in zip(completions, grades)
                     ]
@@ -433,8 +434,8 @@ class Run:
                     c.prompt_token_ids,
                     c.token_ids,
                     c.logprobs,
-                    grade.reward,
-                    {"correct": grade.correct, "buffer": True},
+                    0.0 if cfg.solver_baseline == "problem" else grade.reward,  # one sample: its own baseline
+                    {"correct": grade.correct, "buffer": True, "graded_reward": grade.reward},
                 )
             )
         return rollouts
@@ -483,7 +484,7 @@ class Run:
         m: dict[str, Any] = {"step": step, "matches": [[x.teacher, x.student] for x in matches]}
         members = self.population.members
         for member in members.values():
-            own = [r.reward for r in rollouts if r.member_id == member.id]
+            own = [r.info.get("graded_reward", r.reward) for r in rollouts if r.member_id == member.id]
             prefix = f"member/{member.id}"
             m[f"{prefix}/version"] = member.version
             m[f"{prefix}/reward"] = statistics.fmean(own) if own else None
