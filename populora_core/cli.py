@@ -135,6 +135,39 @@ def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | No
 
 
 @cli.command()
+@click.argument("recipe", type=click.Path())
+@click.argument("overrides", nargs=-1)
+@click.option("--out", type=click.Path(), required=True, help="JSONL file to write (Problem records).")
+@click.option("--per-type", type=int, default=256, show_default=True, help="Valid seeds per task type (AZR: 256).")
+@click.option("--max-rounds", type=int, default=40, show_default=True, help="Give up after this many rounds.")
+@click.pass_obj
+def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_type: int, max_rounds: int) -> None:
+    """AZR's seeding stage: the recipe's base model proposes seed problems for its tasks (no training).
+
+    Recipes load the file with seeds.enabled=true seeds.file=OUT.
+    """
+    import tempfile
+
+    from .loop import Run
+    from .run import RunDir
+    from .seeding import make_seeds, write_problems
+
+    model, _ = _load_recipe(manager, recipe, overrides)
+
+    def report(round_: int, counts: dict[str, int]) -> None:
+        done = ", ".join(f"{name} {count}/{per_type}" for name, count in counts.items())
+        click.echo(f"round {round_}: {done}", err=True)
+
+    with tempfile.TemporaryDirectory(prefix="populora-seed-") as tmp:
+        run_obj = Run(model, RunDir(tmp), manager)
+        try:
+            problems = make_seeds(run_obj, per_type, max_rounds=max_rounds, on_round=report)
+        finally:
+            run_obj.close()
+    click.echo(f"{len(problems)} seed problems written to {write_problems(problems, out)}")
+
+
+@cli.command()
 @click.argument("run_dir", type=click.Path())
 @click.option("--progress/--no-progress", default=None)
 @click.pass_obj

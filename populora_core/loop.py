@@ -170,6 +170,7 @@ class Run:
             )
             save_lora(weights, self.dir.adapter_path(member.version_name))
             member.lineage = Lineage(operator="init", seed=derived_seed(self.recipe.seed, 0, f"init/{i}"))
+        self.seed_buffers()
         self.dir.append(
             "lineage.jsonl",
             [
@@ -186,6 +187,22 @@ class Run:
                 for m in self.population.members.values()
             ],
         )
+
+    def seed_buffers(self) -> None:
+        """Fill each task's buffer with the seed problems of its type (recipe ``seeds``), before step 1."""
+        cfg = self.recipe.seeds
+        if not cfg.enabled:
+            return
+        problems = load_problems(cfg.file)
+        counts = {}
+        for name, task in self.tasks.items():
+            own = [p for p in problems if p.task_type == name and p.valid]
+            task.add_to_buffer(own)
+            counts[name] = len(own)
+        if not any(counts.values()):
+            kinds = ", ".join(self.tasks)
+            raise UserError(f"seeds file {cfg.file}: no valid problem of the recipe's task types ({kinds})")
+        self.emit([{"event": "seeds", "step": 0, "file": cfg.file, **{f"seeds/{k}": v for k, v in counts.items()}}])
 
     def restore(self) -> None:
         path = self.dir.latest_checkpoint()

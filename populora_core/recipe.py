@@ -119,6 +119,25 @@ class ProbeSection(_Strict):
     max_tokens: int = Field(256, ge=1)
 
 
+class SeedsSection(_Strict):
+    """AZR's seed buffers: problems the base model proposed before training (``populora seed``).
+
+    Without them every buffer starts from AZR's zero triplet alone and the first references teachers see are
+    their own early proposals; AZR ships 256 per model (``azr.seed_dataset``).
+    """
+
+    enabled: bool = False
+    file: str = Field("", description="JSONL of Problem records, e.g. written by populora seed")
+
+    @model_validator(mode="after")
+    def _file_when_enabled(self) -> SeedsSection:
+        if self.enabled and not self.file:
+            raise ValueError(
+                "seeds.enabled is true but seeds.file is empty (make one with: populora seed RECIPE --out FILE)"
+            )
+        return self
+
+
 class EvalSection(_Strict):
     """Defaults for ``populora eval RUN_DIR``: local data files of benchmarks that ship no data."""
 
@@ -145,6 +164,7 @@ class Recipe(_Strict):
     evolution: EvolutionSection = Field(default_factory=EvolutionSection)
     sinks: list[ComponentRef] = Field(default_factory=list)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    seeds: SeedsSection = Field(default_factory=SeedsSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
 

@@ -290,3 +290,46 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     bad.write_text("{not json}\n")
     with pytest.raises(Exception, match=r"bad\.jsonl:1: not a Problem record"):
         _run(_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])
+
+
+def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path):
+    """`populora seed` (AZR's seeding stage, base model only) writes N distinct valid problems per task;
+    `seeds.enabled` puts them in each task's buffer before step 1 and logs how many."""
+    seeds = tmp_path / "seeds.jsonl"
+    done = subprocess.run(
+        [POPULORA, "--plugin", FAKE, "seed", str(RECIPE), "--out", str(seeds), "--per-type", "4"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "round 1: count" in done.stderr
+    records = [json.loads(line) for line in seeds.read_text().splitlines()]
+    assert len(records) == 4 and all(r["task_type"] == "count" and r["valid"] for r in records)
+    assert len({r["program"] for r in records}) == 4 and all(r["proposer"] == "base" for r in records)
+
+    pm = _manager()
+    recipe, resolved = load_recipe(RECIPE, ["seeds.enabled=true", f"seeds.file={seeds}"], pm.registry)
+    run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
+    try:
+        assert [p.program for p in run.tasks["count"].buffer] == [r["program"] for r in records]
+    finally:
+        run.close()
+    logged = [r for r in RunDir(tmp_path / "run").read_log("events.jsonl") if r["event"] == "seeds"]
+    assert logged == [{"event": "seeds", "step": 0, "file": str(seeds), "seeds/count": 4}]
+
+
+def test_seed_errors_name_what_is_missing(env, tmp_path):
+    # the fake task has at most six distinct valid proposals (digits 1-6)
+    done = subprocess.run(
+        [POPULORA, "--plugin", FAKE, "seed", str(RECIPE), "--out", str(tmp_path / "s.jsonl"),
+         "--per-type", "9", "--max-rounds", "3"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "short of 9 valid seeds: count" in done.stderr and not (tmp_path / "s.jsonl").exists()
+    with pytest.raises(Exception, match=r"fake_2t2s\.yaml.*seeds\.enabled is true but seeds\.file is empty"):
+        _run(_manager(), tmp_path / "run", ["seeds.enabled=true"])
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"task_type": "deduction", "program": "p", "inputs": ["1"], "outputs": ["1"],
+                                 "valid": True}) + "\n")
+    with pytest.raises(Exception, match=r"other\.jsonl: no valid problem of the recipe's task types \(count\)"):
+        _run(_manager(), tmp_path / "run2", ["seeds.enabled=true", f"seeds.file={other}"])

@@ -1,0 +1,87 @@
+"""AZR's seeding stage: the base model, with no adapter, proposes problems until every task has N valid ones.
+
+AZR runs it once per base model and ships the result (256 I/O triplets and 256 induction problems per model,
+``azr.seed_dataset``); a recipe loads such a file with ``seeds.enabled``. Each round asks every task that is
+still short for proposer prompts whose references come from that task's buffer, which fills with the seeds
+found so far, so later rounds see more varied references (AZR's loop does the same). Induction prompts draw
+their programs from the deduction and abduction buffers, so they diversify as those fill.
+Differences from AZR: each task keeps the seeds its own proposer prompt produced (AZR pools deduction- and
+abduction-style seeds into both buffers), and programs are not stripped of comments or globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .components import GenerationRequest, Problem
+from .errors import UserError
+
+
+def make_seeds(
+    run: Any,
+    per_type: int,
+    *,
+    prompts_per_round: int = 32,
+    max_rounds: int = 40,
+    on_round: Callable[[int, dict[str, int]], None] | None = None,
+) -> list[Problem]:
+    """Valid, distinct base-model proposals: ``per_type`` of every task type of ``run`` (a ``Run``)."""
+    from .loop import derived_rng
+
+    if per_type < 1:
+        raise UserError(f"seeding: per-type count must be at least 1, got {per_type}")
+    found: dict[str, list[Problem]] = {name: [] for name in run.tasks}
+    seen: set[tuple[str, str, tuple[str, ...]]] = set()
+    cfg = run.recipe.rollout
+    for round_ in range(1, max_rounds + 1):
+        requests, origin = [], []
+        for name, task in run.tasks.items():
+            if len(found[name]) >= per_type:
+                continue
+            rng = derived_rng(run.recipe.seed, round_, f"seed/{name}")
+            for prompt, ctx in task.proposer_prompts(prompts_per_round, rng):
+                requests.append(GenerationRequest(prompt, None))
+                origin.append((name, ctx))
+        if not requests:
+            break
+        outputs = run.engine.generate(
+            requests, run.sampling(round_, "sample/seed", n=1, max_tokens=cfg.propose_max_tokens)
+        )
+        for name, task in run.tasks.items():
+            idx = [i for i, (n, _) in enumerate(origin) if n == name]
+            if not idx:
+                continue
+            parsed = task.parse_proposals([outputs[i][0].text for i in idx], [origin[i][1] for i in idx],
+                                          ["base"] * len(idx))
+            fresh: list[Problem] = []
+            for problem in parsed:
+                key = (name, problem.program, tuple(problem.inputs))
+                if problem.valid and key not in seen and len(found[name]) + len(fresh) < per_type:
+                    seen.add(key)
+                    fresh.append(problem)
+            found[name] += fresh
+            task.add_to_buffer(fresh)
+        if on_round is not None:
+            on_round(round_, {name: len(v) for name, v in found.items()})
+    short = {name: len(v) for name, v in found.items() if len(v) < per_type}
+    if short:
+        raise UserError(
+            f"seeding: after {max_rounds} rounds some tasks are short of {per_type} valid seeds: "
+            + ", ".join(f"{n} {c}" for n, c in short.items())
+            + " (raise --max-rounds or lower --per-type)"
+        )
+    return [p for problems in found.values() for p in problems]
+
+
+def write_problems(problems: list[Problem], path: str | Path) -> Path:
+    """JSONL of Problem records (what ``load_problems`` reads), written whole or not at all."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(dataclasses.asdict(p), sort_keys=True) + "\n" for p in problems))
+    tmp.replace(out)
+    return out
