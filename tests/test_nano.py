@@ -249,4 +249,3 @@ def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, t
         assert set(row["proposal_validity"]) == {"deduction", "abduction", "induction"}
     base = result["base"]["solver_accuracy"]
     assert base["mean"] == pytest.approx(sum(base[t] for t in ("deduction", "abduction", "induction")) / 3)
-
