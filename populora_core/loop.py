@@ -319,7 +319,6 @@ class Run:
                 student.counters.tokens += sum(len(c.token_ids) for c in completions)
                 self.coverage[student.id].add(problems[i].signature)
                 if cfg.train_on_estimation:
-                    baseline = statistics.fmean(g.reward for g in grades) if cfg.solver_baseline == "problem" else 0.0
                     rollouts += [
                         Rollout(
                             student.id,
@@ -327,8 +326,8 @@ class Run:
                             c.prompt_token_ids,
                             c.token_ids,
                             c.logprobs,
-                            g.reward - baseline,
-                            {"correct": g.correct, "problem": i, "graded_reward": g.reward},
+                            g.reward,
+                            {"correct": g.correct, "problem": i},
                         )
                         for c, g in zip(completions, grades)
                     ]
@@ -451,8 +450,8 @@ class Run:
                     c.prompt_token_ids,
                     c.token_ids,
                     c.logprobs,
-                    0.0 if cfg.solver_baseline == "problem" else grade.reward,  # one sample: its own baseline
-                    {"correct": grade.correct, "buffer": True, "graded_reward": grade.reward},
+                    grade.reward,
+                    {"correct": grade.correct, "buffer": True},
                 )
             )
         return rollouts
@@ -501,7 +500,7 @@ class Run:
         m: dict[str, Any] = {"step": step, "matches": [[x.teacher, x.student] for x in matches]}
         members = self.population.members
         for member in members.values():
-            own = [r.info.get("graded_reward", r.reward) for r in rollouts if r.member_id == member.id]
+            own = [r.reward for r in rollouts if r.member_id == member.id]
             prefix = f"member/{member.id}"
             m[f"{prefix}/version"] = member.version
             m[f"{prefix}/reward"] = statistics.fmean(own) if own else None

@@ -77,13 +77,6 @@ class RolloutSection(_Strict):
     train_on_estimation: bool = Field(
         True, description="[choice] students train on the solve samples that estimate learnability"
     )
-    solver_baseline: Literal["task", "problem"] = Field(
-        "task",
-        description="[choice] task: students' rewards go to the trainer as graded (AZR: the trainer's per "
-        "task x role whitening is the only baseline); problem: each estimation sample's reward minus the mean "
-        "of the samples on its problem (GRPO-style), so problems all samples solve or all fail carry no "
-        "gradient, and buffer solves (one sample, no peers) carry none",
-    )
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     propose_max_tokens: int = Field(512, ge=1)

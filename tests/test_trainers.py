@@ -83,6 +83,40 @@ def test_advantages_equal_hand_computed_reference():
     assert flat == [0.0, 0.0, 0.0]
 
 
+def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
+    from populora_trl.trr import prompt_centred_rewards, trr_advantages
+
+    solve, propose, other = "deduction/solve", "deduction/propose", "abduction/solve"
+    rs = [Rollout("m", solve, [1], [5, 6], [], 1.0), Rollout("m", solve, [1], [5], [], 1.0),
+          Rollout("m", solve, [1], [7, 8, 9], [], -0.5),   # problem 1: two of three solved
+          Rollout("m", solve, [2], [5], [], -0.5), Rollout("m", solve, [2], [6, 6], [], -0.5),  # all failed
+          Rollout("m", propose, [1], [5, 5], [], 0.7),      # same prompt ids, other group: alone
+          Rollout("m", other, [2], [5], [], 1.0)]           # alone with its prompt: keeps its reward
+    centred = [0.5, 0.5, -1.0, 0.0, 0.0, 0.7, 1.0]
+    assert prompt_centred_rewards(rs) == pytest.approx(centred)
+    assert trr_advantages(rs, "none", baseline="prompt") == pytest.approx(centred)
+    # then whitened per group exactly as if those had been the rewards
+    shifted = [Rollout(r.member_id, r.group, r.prompt_token_ids, r.completion_token_ids, [], c)
+               for r, c in zip(rs, centred)]
+    assert trr_advantages(rs, "token", baseline="prompt") == pytest.approx(trr_advantages(shifted, "token"))
+    assert trr_advantages(rs, "token") != pytest.approx(trr_advantages(shifted, "token"))
+    with pytest.raises(UserError, match=r"trainer\.baseline"):
+        trr_advantages(rs, baseline="problem")
+
+
+def test_trainer_baseline_param_reaches_the_update(base, adapters, tmp_path):
+    """Problem A: every sample wrong; problem B: every sample right. Task whitening pushes A's answers down
+    and B's up; centred per prompt neither carries any gradient and the adapter is unchanged."""
+    rollouts = [Rollout("m0", "deduction/solve", [9, 10 + p], [20 + j, 21], [0.0, 0.0], (-0.5, 1.0)[p])
+                for p in range(2) for j in range(3)]
+    task = make("trainer", "trr++", base, lr=1e-2, entropy_coef=0.0).update(
+        "m0", adapters[0], rollouts, tmp_path / "task")
+    assert task.grad_norm > 0
+    prompt = make("trainer", "trr++", base, lr=1e-2, entropy_coef=0.0, baseline="prompt").update(
+        "m0", adapters[0], rollouts, tmp_path / "prompt")
+    assert prompt.grad_norm == 0.0 and _same(_tensors(tmp_path / "prompt"), _tensors(adapters[0].path))
+
+
 def test_advantages_match_verl_masked_whitening():
     """The same numbers from a padded token tensor, written the way veRL whitens (independent path)."""
     import torch

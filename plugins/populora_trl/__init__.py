@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from populora_core import Params, hookimpl
 
 
@@ -29,6 +31,10 @@ class TRRParams(_Common):
 
     entropy_coef: float = 0.001  # AZR paper branch (master: 0.0)
     normalize: Literal["token", "sequence", "none"] = "token"  # token: veRL's token-weighted whitening
+    baseline: Literal["task", "prompt"] = Field(
+        "task", description="[choice] task: the per task x role whitening is the only baseline (AZR); prompt: "
+        "first subtract the mean reward of the samples that share a prompt (a student's n answers to one problem), "
+        "so problems all samples solve or all fail carry no gradient; single rollouts keep their reward")
     adv_eps: float = 1e-8
 
 

@@ -26,18 +26,42 @@ from populora_core.errors import UserError
 from .common import LoraTrainerBase, check_update, pack, token_logprobs
 
 
-def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8) -> list[float]:
+def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
+    """Each reward minus the mean reward of the rollouts of its group that share its prompt.
+
+    Several samples of one prompt (a student's n answers to one problem) get a GRPO-style per-problem
+    baseline, so problems that every sample solves, or every sample fails, carry no gradient. A rollout
+    alone with its prompt (a proposal, a one-sample buffer solve) keeps its reward.
+    """
+    shared: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(list)
+    for i, r in enumerate(rollouts):
+        shared[(r.group, tuple(r.prompt_token_ids))].append(i)
+    out = [float(r.reward) for r in rollouts]
+    for members in shared.values():
+        if len(members) > 1:
+            mean = sum(float(rollouts[i].reward) for i in members) / len(members)
+            for i in members:
+                out[i] -= mean
+    return out
+
+
+def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8,
+                   baseline: str = "task") -> list[float]:
     """One advantage per rollout (the same for all its tokens), whitened per ``Rollout.group``.
 
     ``token``: every response token counts once (veRL's masked whitening, AZR); ``sequence``: every
     rollout counts once; ``none``: the raw reward. Rollouts without tokens get 0 and count nowhere.
     With a single token in a group the unbiased variance is undefined; it is taken as 0, so the
-    advantage is 0 (veRL would divide by zero).
+    advantage is 0 (veRL would divide by zero). ``baseline="prompt"`` first centres rewards per prompt
+    (:func:`prompt_centred_rewards`); ``"task"`` leaves the group whitening as the only baseline (AZR).
     """
     if normalize not in ("token", "sequence", "none"):
         raise UserError(f"trainer.normalize: unknown mode {normalize!r} (token, sequence, none)")
+    if baseline not in ("task", "prompt"):
+        raise UserError(f"trainer.baseline: unknown mode {baseline!r} (task, prompt)")
+    rewards = prompt_centred_rewards(rollouts) if baseline == "prompt" else [float(r.reward) for r in rollouts]
     if normalize == "none":
-        return [float(r.reward) if r.completion_token_ids else 0.0 for r in rollouts]
+        return [v if r.completion_token_ids else 0.0 for r, v in zip(rollouts, rewards)]
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         if r.completion_token_ids:
@@ -46,7 +70,7 @@ def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: f
     for members in groups.values():
         weights = [float(len(rollouts[i].completion_token_ids)) if normalize == "token" else 1.0
                    for i in members]
-        values = [float(rollouts[i].reward) for i in members]
+        values = [rewards[i] for i in members]
         n = sum(weights)
         mean = sum(w * v for w, v in zip(weights, values)) / n
         var = sum(w * (v - mean) ** 2 for w, v in zip(weights, values)) / (n - 1) if n > 1 else 0.0
@@ -68,7 +92,7 @@ class TRRTrainer(LoraTrainerBase):
         start = time.perf_counter()
         out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
-        advantages = trr_advantages(rollouts, p.normalize, p.adv_eps)
+        advantages = trr_advantages(rollouts, p.normalize, p.adv_eps, p.baseline)
         rows = sorted(((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
                       key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids))
         total = sum(len(r.completion_token_ids) for r, _ in rows)
