@@ -93,6 +93,31 @@ def test_livecodebench_stdin_and_functional_tests(tmp_path, executor):
                                                [True, False, False, False, False]]
 
 
+def test_thread_timer_fires_when_the_sandbox_starts_with_sigint_ignored():
+    """A background job (or a parent that ignores SIGINT) hands that to the sandbox; its programs still get
+    Python's KeyboardInterrupt, which the watchdog-thread timer raises with _thread.interrupt_main."""
+    import subprocess
+    import sys
+
+    script = (
+        "import signal\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "from populora_core.plugins import get_manager\n"
+        "from populora_evals import grading\n"
+        "comp = get_manager().registry.get('executor', 'sandbox')\n"
+        "runner = comp.factory(comp.parse_params({}))\n"
+        "tests = [{'input': f'{n}\\n', 'output': f'{n}\\n', 'testtype': 'stdin'} for n in (2, 1, 3)]\n"
+        "job = grading.lcb_job('n = int(input())\\nif n == 1:\\n    while True:\\n        pass\\nprint(n)\\n',\n"
+        "                      tests, None, 0.5)\n"
+        "(result,) = runner.run_batch([job])\n"
+        "runner.close()\n"
+        "print(result.status, grading.chunk_outcome(result, 3).message)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", "timeout"]
+
+
 @pytest.mark.parametrize("timer", ["signal", "thread"])
 def test_harness_gives_each_test_its_own_timeout(executor, timer):
     from populora_evals import grading

@@ -352,6 +352,9 @@ class Server:
             try:
                 if not self.in_namespace:
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's cleanup handler
+                # Python's own SIGINT handling even when the zygote inherited SIGINT ignored (a background
+                # job, a parent that ignores it): _thread.interrupt_main, the harness timer, relies on it.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 os.close(r)
                 _child(job, self.cfg, self.workdir, self.uid, self.in_namespace)
             finally:
