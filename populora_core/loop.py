@@ -204,6 +204,22 @@ class Run:
             raise UserError(f"seeds file {cfg.file}: no valid problem of the recipe's task types ({kinds})")
         self.emit([{"event": "seeds", "step": 0, "file": cfg.file, **{f"seeds/{k}": v for k, v in counts.items()}}])
 
+    def parse_proposals(
+        self, texts: list[str], task_names: list[str], contexts: list[Any], proposers: list[str]
+    ) -> list[Problem]:
+        """Every task parses and validates its own proposals in one batch; problems come back in input order."""
+        problems: list[Problem] = [None] * len(texts)  # type: ignore[list-item]
+        by_task: dict[str, list[int]] = defaultdict(list)
+        for i, task_name in enumerate(task_names):
+            by_task[task_name].append(i)
+        for task_name, idx in by_task.items():
+            parsed = self.tasks[task_name].parse_proposals(
+                [texts[i] for i in idx], [contexts[i] for i in idx], [proposers[i] for i in idx]
+            )
+            for i, problem in zip(idx, parsed):
+                problems[i] = problem
+        return problems
+
     def restore(self) -> None:
         path = self.dir.latest_checkpoint()
         if path is None:
@@ -274,18 +290,12 @@ class Run:
             )
 
         with timer("validate"):
-            problems: list[Problem] = [None] * len(requests)  # type: ignore[list-item]
-            by_task: dict[str, list[int]] = defaultdict(list)
-            for i, (task_name, _, _) in enumerate(origin):
-                by_task[task_name].append(i)
-            for task_name, idx in by_task.items():
-                parsed = self.tasks[task_name].parse_proposals(
-                    [proposals[i][0].text for i in idx],
-                    [origin[i][2] for i in idx],
-                    [members[origin[i][1]].version_name for i in idx],
-                )
-                for i, problem in zip(idx, parsed):
-                    problems[i] = problem
+            problems = self.parse_proposals(
+                [c[0].text for c in proposals],
+                [task_name for task_name, _, _ in origin],
+                [ctx for _, _, ctx in origin],
+                [members[teacher_id].version_name for _, teacher_id, _ in origin],
+            )
 
         # matched students solve each valid problem n times
         with timer("prompts"):
@@ -384,7 +394,9 @@ class Run:
 
         with timer("buffers"):
             for task_name in self.tasks:
-                self.tasks[task_name].add_to_buffer([problems[i] for i in by_task[task_name] if problems[i].valid])
+                self.tasks[task_name].add_to_buffer(
+                    [p for p, (t, _, _) in zip(problems, origin) if t == task_name and p.valid]
+                )
             self._record_problems(step, problems, origin, student_of, solve_rate)
 
         self.step = step

@@ -51,20 +51,19 @@ def make_seeds(
         outputs = run.engine.generate(
             requests, run.sampling(round_, "sample/seed", n=1, max_tokens=cfg.propose_max_tokens)
         )
+        problems = run.parse_proposals(
+            [c[0].text for c in outputs], [name for name, _ in origin], [ctx for _, ctx in origin],
+            ["base"] * len(origin),
+        )
+        fresh: dict[str, list[Problem]] = {name: [] for name in run.tasks}
+        for (name, _), problem in zip(origin, problems):
+            key = (name, problem.program, tuple(problem.inputs))
+            if problem.valid and key not in seen and len(found[name]) + len(fresh[name]) < per_type:
+                seen.add(key)
+                fresh[name].append(problem)
         for name, task in run.tasks.items():
-            idx = [i for i, (n, _) in enumerate(origin) if n == name]
-            if not idx:
-                continue
-            parsed = task.parse_proposals([outputs[i][0].text for i in idx], [origin[i][1] for i in idx],
-                                          ["base"] * len(idx))
-            fresh: list[Problem] = []
-            for problem in parsed:
-                key = (name, problem.program, tuple(problem.inputs))
-                if problem.valid and key not in seen and len(found[name]) + len(fresh) < per_type:
-                    seen.add(key)
-                    fresh.append(problem)
-            found[name] += fresh
-            task.add_to_buffer(fresh)
+            found[name] += fresh[name]
+            task.add_to_buffer(fresh[name])
         if on_round is not None:
             on_round(round_, {name: len(v) for name, v in found.items()})
     short = {name: len(v) for name, v in found.items() if len(v) < per_type}
