@@ -195,6 +195,20 @@ def test_micro_batching_accumulates_exactly(base, adapters, tmp_path):
     assert all(torch.allclose(a[k][i], b[k][i], atol=1e-6) for k in a for i in (0, 1))
 
 
+def test_epochs_take_clipped_optimizer_steps_over_the_same_rollouts(base, adapters, tmp_path):
+    """epochs=E: E AdamW steps per update; from the second on, the ratio to the sampling policy is clipped."""
+    rollouts = _rollouts("m0", n=8, seed=5)
+    one = make("trainer", "trr++", base, lr=5e-2)
+    three = make("trainer", "trr++", base, lr=5e-2, epochs=3, clip_eps=0.05)
+    s1 = one.update("m0", adapters[0], rollouts, tmp_path / "one")
+    s3 = three.update("m0", adapters[0], rollouts, tmp_path / "three")
+    steps = lambda t: {int(v["step"]) for v in t._states["m0"]["optimizer"]["state"].values()}  # noqa: E731
+    assert steps(one) == {1} and steps(three) == {3}
+    assert s1.extra["clip_fraction"] == 0.0  # one epoch: the ratio is exactly 1
+    assert 0.0 < s3.extra["clip_fraction"] <= 1.0  # the last epoch's tokens that left the clip range
+    assert not _same(_tensors(tmp_path / "one"), _tensors(tmp_path / "three"))
+
+
 def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
     import torch
 

@@ -36,6 +36,9 @@ class TRRParams(_Common):
         "first subtract the mean reward of the samples that share a prompt (a student's n answers to one problem), "
         "so problems all samples solve or all fail carry no gradient; single rollouts keep their reward")
     adv_eps: float = 1e-8
+    epochs: int = Field(1, ge=1, description="optimizer steps per update over the same rollouts (veRL's ppo_epochs; "
+                        "AZR: 1); from the second on the ratio to the sampling policy is PPO-clipped at clip_eps")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range of the ratio (veRL's clip_ratio, AZR 0.2)")
 
 
 class GRPOParams(_Common):

@@ -103,27 +103,33 @@ class TRRTrainer(LoraTrainerBase):
             model = host.peft
             model.train()
             try:
-                opt.zero_grad(set_to_none=True)
-                loss_sum = ent_sum = 0.0
                 pad = int(host.tokenizer.pad_token_id)
                 mbs = max(1, p.micro_batch_size)
-                for s in range(0, len(rows), mbs):
-                    chunk = rows[s: s + mbs]
-                    batch = pack([r for r, _ in chunk], pad, host.device)
-                    logp, ent = token_logprobs(model, batch, p.temperature, entropy=True)
-                    mask = batch["completion_mask"].to(logp.dtype)
-                    adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
-                    ratio = torch.exp(logp - logp.detach())
-                    pg = -(adv * ratio * mask).sum() / total
-                    ent_mean = (ent * mask).sum() / total
-                    loss = pg - p.entropy_coef * ent_mean if p.entropy_coef else pg
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                    ent_sum += float(ent_mean.detach())
-                grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), p.grad_clip)
-                if not torch.isfinite(grad_norm):
-                    raise FloatingPointError(f"update of {member_id!r}: non-finite gradient norm {grad_norm}")
-                opt.step()
+                chunks = [rows[s: s + mbs] for s in range(0, len(rows), mbs)]
+                old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
+                for epoch in range(p.epochs):
+                    opt.zero_grad(set_to_none=True)
+                    loss_sum = ent_sum = clipped = 0.0
+                    for c, chunk in enumerate(chunks):
+                        batch = pack([r for r, _ in chunk], pad, host.device)
+                        logp, ent = token_logprobs(model, batch, p.temperature, entropy=True)
+                        mask = batch["completion_mask"].to(logp.dtype)
+                        adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
+                        if old[c] is None:
+                            old[c] = logp.detach()
+                        ratio = torch.exp(logp - old[c])
+                        surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1 - p.clip_eps, 1 + p.clip_eps))
+                        pg = -(surrogate * mask).sum() / total
+                        ent_mean = (ent * mask).sum() / total
+                        loss = pg - p.entropy_coef * ent_mean if p.entropy_coef else pg
+                        loss.backward()
+                        loss_sum += float(loss.detach())
+                        ent_sum += float(ent_mean.detach())
+                        clipped += float((((ratio - 1).abs() > p.clip_eps).to(logp.dtype) * mask).sum())
+                    grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), p.grad_clip)
+                    if not torch.isfinite(grad_norm):
+                        raise FloatingPointError(f"update of {member_id!r}: non-finite gradient norm {grad_norm}")
+                    opt.step()
                 self._keep(member_id, opt, params)
                 opt.zero_grad(set_to_none=True)
             finally:
@@ -137,7 +143,7 @@ class TRRTrainer(LoraTrainerBase):
                            extra={"reward_mean": sum(rewards) / len(rewards),
                                   "adv_abs_mean": sum(abs(a) for a in used) / max(1, len(used)),
                                   "sequences": float(len(rows)), "groups": float(len({r.group for r in rollouts})),
-                                  "lr": float(p.lr)})
+                                  "lr": float(p.lr), "clip_fraction": clipped / max(1, total)})
 
     def _extra_state(self) -> dict[str, Any]:
         return {}
