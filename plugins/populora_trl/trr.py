@@ -107,7 +107,7 @@ class TRRTrainer(LoraTrainerBase):
                 mbs = max(1, p.micro_batch_size)
                 chunks = [rows[s: s + mbs] for s in range(0, len(rows), mbs)]
                 old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
-                for epoch in range(p.epochs):
+                for _ in range(p.epochs):
                     opt.zero_grad(set_to_none=True)
                     loss_sum = ent_sum = clipped = 0.0
                     for c, chunk in enumerate(chunks):
