@@ -289,6 +289,35 @@ def test_induction_samples_programs_from_the_union_of_code_buffers(ex):
     assert _valid("deduction", 1).program in drawn and _valid("abduction", 2).program in drawn
 
 
+def test_induction_pool_follows_task_creation_order_not_addresses(ex):
+    """The pool's order picks the programs a seeded rng draws: it must not follow the WeakSet's
+    address order, which differs from process to process (a seeded run's induction proposals did)."""
+    import gc
+
+    class RunExecutor:  # one fresh executor per simulated run: peers are per executor
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run_batch(self, jobs):
+            return self.inner.run_batch(jobs)
+
+        def close(self):
+            pass
+
+    gc.collect()
+    for k in range(12):  # 12 runs with differently placed tasks; creation order alternates
+        run_ex = RunExecutor(ex)
+        kinds = ("deduction", "abduction") if k % 2 else ("abduction", "deduction")
+        ballast = [object() for _ in range(k * 7)]  # shifts the tasks' addresses between runs
+        tasks = [build_task(kind, run_ex) for kind in kinds]
+        for i, task in enumerate(tasks):
+            task.add_to_buffer([_valid(task.name, 10 * k + i)])
+        ind = build_task("induction", run_ex)
+        pool = [p.program for p in ind.program_pool() if p.proposer != "seed"]
+        assert pool == [_valid(t.name, 10 * k + i).program for i, t in enumerate(tasks)], (k, kinds)
+        del ballast
+
+
 def test_induction_alone_uses_problems_handed_to_it(ex):
     class OtherExecutor:  # a different run: no peers
         def __init__(self, inner):

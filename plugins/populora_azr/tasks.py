@@ -20,6 +20,7 @@ Two behaviours, chosen by ``compat``:
 from __future__ import annotations
 
 import ast
+import itertools
 import tokenize
 import weakref
 from collections.abc import Sequence
@@ -131,6 +132,11 @@ class _Prepared:
 #: Live deduction/abduction tasks per executor: tasks built with one executor form one run, and the
 #: induction task of that run draws programs from their union (AZR's ``input`` + ``output`` snippets).
 _PEERS: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+
+
+#: Creation order of deduction/abduction tasks: a WeakSet iterates in address order, which differs between
+#: processes, so the induction pool is ordered by this to keep a seeded run reproducible.
+_PEER_ORDER = itertools.count()
 
 
 def _peers_of(executor: Any) -> weakref.WeakSet[Any]:
@@ -400,6 +406,7 @@ class CodeIOTask(_AZRTask):
 
     def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
         super().__init__(params, executor=executor, rng=rng)
+        self.peer_order = next(_PEER_ORDER)
         _peers_of(executor).add(self)
 
     def seeds(self) -> list[Problem]:
@@ -533,7 +540,7 @@ class InductionTask(_AZRTask):
         """The union AZR samples from: every live deduction/abduction buffer of this run (seeds included
         once per buffer, as in AZR), or this task's own program list when it runs alone."""
         pool: list[Problem] = []
-        for peer in list(self._peers):
+        for peer in sorted(self._peers, key=lambda peer: peer.peer_order):
             pool.extend(peer.buffer.items)
         if not pool:
             pool = list(self.programs.items)
