@@ -104,6 +104,7 @@ class ModelHost:
         self.peft: Any = None  # PeftModel, created with the first adapter
         self.capacity = 32  # version names kept loaded (LRU); engines may raise it
         self._versions: OrderedDict[str, dict[str, tuple[Any, Any]]] = OrderedDict()  # served versions
+        self._version_names: dict[str, str] = {}  # served key -> version name
         self._linear_cache: dict[str, Any] | None = None
         self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
         self._counter = 0
@@ -161,20 +162,24 @@ class ModelHost:
             raise UserError(f"{path}: adapter lacks tensors for {missing}")
 
     def ensure(self, ref: AdapterRef) -> str:
-        """Load version ``ref.name`` from ``ref.path`` on first use (LRU); returns the name.
+        """Load version ``ref`` from ``ref.path`` on first use (LRU); returns its key for :meth:`version`.
 
+        The key is the name and the resolved path: two runs in one process both have an ``s0@v3``, and
+        a name alone would serve the first run's weights to the second.
         Served versions are plain tensors, not PEFT modules: ``{linear module path: (A, scale * B)}``
         in float32 on the model's device. PEFT keeps ~10 kB of Python module objects per LoRA module
         and adapter, which dominated memory for small adapters; and the engines' batched mixed-adapter
         forward needs only the tensors (see populora_engines.batched_lora).
         """
+        key = f"{ref.name} ({Path(ref.path).resolve()})"
         with self.lock:
-            if ref.name in self._versions:
-                self._versions.move_to_end(ref.name)
-                return ref.name
-            self._versions[ref.name] = self._read_version(Path(ref.path))
+            if key in self._versions:
+                self._versions.move_to_end(key)
+                return key
+            self._versions[key] = self._read_version(Path(ref.path))
+            self._version_names[key] = ref.name
             self._evict()
-            return ref.name
+            return key
 
     def linear(self, path: str) -> Any:
         """The base ``nn.Linear`` at ``path`` (inside PEFT's wrapper when the module is wrapped)."""
@@ -226,17 +231,17 @@ class ModelHost:
             raise UserError(f"{path}: no LoRA tensors found in {WEIGHTS_FILE}")
         return out
 
-    def version(self, name: str) -> dict[str, tuple[Any, Any]]:
-        """The tensors of a loaded version: ``{module path: (A (r, d_in), scale * B (d_out, r))}``."""
-        return self._versions[name]
-
-    def loaded(self) -> list[str]:
-        return list(self._versions)
+    def version(self, key: str) -> dict[str, tuple[Any, Any]]:
+        """The tensors of a loaded version (``key`` from :meth:`ensure`): ``{module path: (A (r, d_in),
+        scale * B (d_out, r))}``."""
+        return self._versions[key]
 
     def drop(self, name: str) -> None:
-        """Forget version ``name`` (a no-op when it is not loaded)."""
+        """Forget every loaded version named ``name`` (a no-op when none is loaded)."""
         with self.lock:
-            self._versions.pop(name, None)
+            for key in [k for k, n in self._version_names.items() if n == name]:
+                self._versions.pop(key, None)
+                self._version_names.pop(key, None)
 
     def _delete(self, key: str) -> None:
         self._configs.pop(key, None)
@@ -247,7 +252,8 @@ class ModelHost:
 
     def _evict(self) -> None:
         while len(self._versions) > max(1, self.capacity):
-            self._versions.popitem(last=False)
+            key, _ = self._versions.popitem(last=False)
+            self._version_names.pop(key, None)
 
     def slot(self, key: str, config: dict[str, Any]) -> str:
         """A private, pinned adapter slot (trainers' ``scratch``, reference adapters) of this shape."""

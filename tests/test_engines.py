@@ -52,6 +52,26 @@ def test_mixed_batch_equals_one_adapter_at_a_time(base, adapters):
     assert len({tuple(r[0].token_ids) for r in same_prompt}) == 4
 
 
+def test_one_version_name_at_two_paths_serves_each_paths_weights(base, adapters):
+    """Two runs in one process both have an ``s0@v0``: each request gets the weights at its own path."""
+    from populora_core.modelhost import get_host
+
+    engine = make_engine("hf", base)
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    twins = [AdapterRef("run@v0", a.path) for a in adapters[:2]]
+    expected = [engine.generate([GenerationRequest(PROMPTS[0], a)], greedy)[0][0].token_ids for a in adapters[:2]]
+    assert expected[0] != expected[1]
+    for twin, tokens in zip(twins, expected):  # one after the other: the second must not reuse the first
+        assert engine.generate([GenerationRequest(PROMPTS[0], twin)], greedy)[0][0].token_ids == tokens
+    both = engine.generate([GenerationRequest(PROMPTS[0], t) for t in twins], greedy)  # and in one batch
+    assert [row[0].token_ids for row in both] == expected
+    host = get_host(base)
+    keys = {host.ensure(t) for t in twins}
+    assert len(keys) == 2
+    engine.forget("run@v0")  # forgetting a name drops it at every path
+    assert not keys & set(host._versions)
+
+
 def _peft_reference(base, adapter):
     """An independent transformers + PEFT model of one adapter (not the engine's shared host)."""
     from peft import PeftModel

@@ -98,3 +98,16 @@ def test_sampling_n_seed_and_logprobs(engines, adapters):
     for row in a:
         for c in row:
             assert len(c.logprobs) == len(c.token_ids) and all(math.isfinite(x) and x <= 0 for x in c.logprobs)
+
+
+def test_one_version_name_at_two_paths_serves_each_paths_weights(engines, adapters):
+    """Two runs in one process both have an ``s0@v0``: vLLM must not serve the first one's weights."""
+    from populora_core.components import AdapterRef
+
+    v, _ = engines
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    expected = [v.generate([GenerationRequest(PROMPTS[0], a)], greedy)[0][0].token_ids for a in adapters[:2]]
+    assert expected[0] != expected[1]
+    twins = [AdapterRef("run@v0", a.path) for a in adapters[:2]]
+    for twin, tokens in zip(twins, expected):
+        assert v.generate([GenerationRequest(PROMPTS[0], twin)], greedy)[0][0].token_ids == tokens

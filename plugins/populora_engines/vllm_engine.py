@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.components import (
+    AdapterRef,
     BaseModel,
     Completion,
     GenerationRequest,
@@ -37,6 +38,11 @@ _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 def _seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little") & 0x7FFF_FFFF
+
+
+def _served_name(ref: AdapterRef) -> str:
+    """vLLM's lora_name for a version: its name and resolved path (vLLM caches weights by name and id)."""
+    return f"{ref.name} ({Path(ref.path).resolve()})"
 
 
 def vllm_rank(rank: int) -> int:
@@ -125,12 +131,15 @@ class VLLMEngine:
 
     # --- adapters -------------------------------------------------------------------------------
 
-    def _lora_request(self, name: str, path: str, pinned: set[str]) -> Any:
+    def _lora_request(self, ref: AdapterRef, pinned: set[str]) -> Any:
+        """The version's LoRARequest, named by version name and path: two runs in one process both have an
+        ``s0@v3``, and a name alone would serve the first one's weights to the second."""
         from vllm.lora.request import LoRARequest
 
-        src = Path(path)
+        src = Path(ref.path)
         if not (src / "adapter_config.json").is_file():
-            raise UserError(f"adapter {name!r}: not a PEFT adapter directory: {src}")
+            raise UserError(f"adapter {ref.name!r}: not a PEFT adapter directory: {src}")
+        name = _served_name(ref)
         if name not in self._ids:
             self._ids[name] = len(self._ids) + 1  # a new version is a new name: never reuse an id
         where = src
@@ -188,9 +197,8 @@ class VLLMEngine:
         self._calls += 1
         base_seed = sampling.seed if sampling.seed is not None else _seed(self.seed, self._calls)
         prompts = encode_prompts(self.tokenizer, requests, self.base_model.chat_template)
-        pinned = {r.adapter.name for r in requests if r.adapter is not None}
-        loras = [self._lora_request(r.adapter.name, r.adapter.path, pinned) if r.adapter is not None else None
-                 for r in requests]
+        pinned = {_served_name(r.adapter) for r in requests if r.adapter is not None}
+        loras = [self._lora_request(r.adapter, pinned) if r.adapter is not None else None for r in requests]
         if pinned and any(lr is None for lr in loras) and self.params.base_as_zero_adapter:
             zero = self._zero_adapter(next(lr for lr in loras if lr is not None))
             loras = [zero if lr is None else lr for lr in loras]
