@@ -1,0 +1,132 @@
+"""Student-side ceiling on nano: the recipe's update on an ideal curriculum instead of teachers' problems.
+
+    python -m benchmarks.curriculum                            # recipes/nano.yaml, seeds 0 1, 32 steps
+    python -m benchmarks.curriculum --seeds 0 --steps 8 --quick
+    python -m benchmarks.curriculum trainer.params.lr=1e-3     # recipe overrides, as `populora run` takes
+
+Why: the quickstart's probe gain mixes two things, what teachers propose and what one student update
+makes of it. This benchmark removes the teachers. Each step one student of the recipe (same engine,
+trainer, tasks, rollout sizes and seed) solves fresh problems drawn from nano's own training
+distribution: ``rollout.proposals_per_teacher`` programs per task type from the corpus generator
+(`populora_nano.corpus`, the probe's programs excluded), ``rollout.solver_samples`` samples each, graded
+and trained exactly as in the loop. The probe (the run's own probe evaluation, greedy) is read every
+``--probe-every`` steps; the gain is against the same adapter at step 0, which equals the base.
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TASK_TYPES = ("deduction", "abduction", "induction")
+
+
+def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> dict[str, list[Any]]:
+    """``per_type`` valid problems per task type from the corpus generator, none of them a probe program."""
+    import populora_nano.corpus as corpus
+
+    from populora_core.components import Problem
+
+    programs = corpus.generate_programs(3 * per_type, random.Random(seed), executor, exclude=exclude, chunk=300)
+    records = corpus.probe_records(programs, per_type, random.Random(seed + 1))
+    return {t: [Problem(**r, valid=True, proposer="curriculum") for r in records if r["task_type"] == t]
+            for t in TASK_TYPES}
+
+
+def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int,
+             pool_size: int, work: Path) -> dict[str, Any]:
+    from populora_core.components import GenerationRequest, Rollout
+    from populora_core.loop import derived_rng, start_run
+    from populora_core.plugins import get_manager
+    from populora_core.recipe import load_recipe
+    from populora_core.run import RunDir
+
+    manager = get_manager()
+    recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"], manager.registry)
+    run = start_run(recipe, resolved, RunDir(work / f"seed{seed}"), manager)
+    try:
+        probe_programs = {p.program for items in run.probe_problems().values() for p in items}
+        pool = curriculum(pool_size, 7919 + seed, run.executor, probe_programs)
+        student = run.population.students[0]
+        cfg = run.recipe.rollout
+
+        def probe(step: int) -> dict[str, float]:
+            rows = [r for r in run.probe(step, include_base=False) if r["member"] == student.id]
+            acc = {r["task_type"]: r["accuracy"] for r in rows}
+            return {**acc, "mean": statistics.fmean(acc.values())}
+
+        checkpoints = {0: probe(0)}
+        solve_rates: list[dict[str, float]] = []
+        for step in range(1, steps + 1):
+            requests, origin = [], []
+            for name, task in run.tasks.items():
+                drawn = derived_rng(seed, step, f"curriculum/{name}").sample(pool[name], cfg.proposals_per_teacher)
+                for problem in drawn:
+                    requests.append(GenerationRequest(task.solver_prompt(problem), run.adapter_ref(student)))
+                    origin.append((name, problem))
+            answers = run.engine.generate(
+                requests, run.sampling(step, "sample/solve", n=cfg.solver_samples, max_tokens=cfg.solve_max_tokens))
+            rollouts, rates = [], {}
+            for (name, problem), completions in zip(origin, answers):
+                grades = run.tasks[name].grade(problem, [c.text for c in completions])
+                rates.setdefault(name, []).append(sum(g.correct for g in grades) / len(grades))
+                rollouts += [Rollout(student.id, f"{name}/solve", c.prompt_token_ids, c.token_ids, c.logprobs,
+                                     g.reward, {"correct": g.correct}) for c, g in zip(completions, grades)]
+            parent = run.adapter_ref(student)
+            student.version += 1
+            run.trainer.update(student.id, parent, rollouts, run.dir.adapter_path(student.version_name))
+            solve_rates.append({k: statistics.fmean(v) for k, v in rates.items()})
+            if step % probe_every == 0 or step == steps:
+                checkpoints[step] = probe(step)
+                gain = 100 * (checkpoints[step]["mean"] - checkpoints[0]["mean"])
+                print(f"  seed {seed} step {step:3d}: probe mean {100 * checkpoints[step]['mean']:.1f} "
+                      f"({gain:+.1f} vs step 0)", flush=True)
+    finally:
+        run.close()
+    return {"seed": seed, "probe": checkpoints, "solve_rate": solve_rates}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=str(REPO / "recipes" / "nano.yaml"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--probe-every", type=int, default=8)
+    parser.add_argument("--pool", type=int, default=200, help="curriculum problems per task type")
+    parser.add_argument("--quick", action="store_true", help="3 steps, a 10-problem probe per type")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value recipe overrides")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    steps, probe_every = args.steps, args.probe_every
+    if args.quick:
+        steps, probe_every = 3, 3
+        overrides.append("probe.problems_per_type=10")
+    start = time.time()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="populora-curriculum-") as tmp:
+        for seed in args.seeds:
+            results.append(run_seed(args.recipe, overrides, seed, steps, probe_every, args.pool, Path(tmp)))
+    print(f"\nprobe accuracy (%, greedy) of one student trained on the ideal curriculum; {args.recipe}")
+    print("| seed | " + " | ".join(f"step {s}" for s in results[0]["probe"]) + " | final - step 0 |")
+    print("|---" * (len(results[0]["probe"]) + 2) + "|")
+    for r in results:
+        cells = " | ".join(f"{100 * p['mean']:.1f}" for p in r["probe"].values())
+        final = list(r["probe"].values())[-1]["mean"] - r["probe"][0]["mean"]
+        print(f"| {r['seed']} | {cells} | {100 * final:+.1f} |")
+    summary = {"benchmark": "curriculum", "recipe": args.recipe, "overrides": overrides, "steps": steps,
+               "seconds": round(time.time() - start, 1), "seeds": results}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
