@@ -220,6 +220,19 @@ def test_solver_reward_settings(ex):
 # --- buffers ------------------------------------------------------------------------------------------------
 
 
+class ForwardingExecutor:
+    """Another executor object over the same sandbox: the tasks built with it form another run."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def run_batch(self, jobs):
+        return self.inner.run_batch(jobs)
+
+    def close(self):
+        pass
+
+
 def _valid(task_type: str, k: int) -> Problem:
     return Problem(task_type, f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True, proposer="t")
 
@@ -294,19 +307,9 @@ def test_induction_pool_follows_task_creation_order_not_addresses(ex):
     address order, which differs from process to process (a seeded run's induction proposals did)."""
     import gc
 
-    class RunExecutor:  # one fresh executor per simulated run: peers are per executor
-        def __init__(self, inner):
-            self.inner = inner
-
-        def run_batch(self, jobs):
-            return self.inner.run_batch(jobs)
-
-        def close(self):
-            pass
-
     gc.collect()
     for k in range(12):  # 12 runs with differently placed tasks; creation order alternates
-        run_ex = RunExecutor(ex)
+        run_ex = ForwardingExecutor(ex)  # one executor per simulated run: peers are per executor
         kinds = ("deduction", "abduction") if k % 2 else ("abduction", "deduction")
         ballast = [object() for _ in range(k * 7)]  # shifts the tasks' addresses between runs
         tasks = [build_task(kind, run_ex) for kind in kinds]
@@ -319,17 +322,7 @@ def test_induction_pool_follows_task_creation_order_not_addresses(ex):
 
 
 def test_induction_alone_uses_problems_handed_to_it(ex):
-    class OtherExecutor:  # a different run: no peers
-        def __init__(self, inner):
-            self.inner = inner
-
-        def run_batch(self, jobs):
-            return self.inner.run_batch(jobs)
-
-        def close(self):
-            pass
-
-    ind = build_task("induction", OtherExecutor(ex))
+    ind = build_task("induction", ForwardingExecutor(ex))  # a different run: no peers
     assert [p.program for p in ind.program_pool()] == ["def f(a):\n    return a"]
     ind.add_to_buffer([_valid("deduction", 3)])
     assert _valid("deduction", 3).program in {p.program for p in ind.program_pool()}
