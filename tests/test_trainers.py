@@ -209,6 +209,31 @@ def test_epochs_take_clipped_optimizer_steps_over_the_same_rollouts(base, adapte
     assert not _same(_tensors(tmp_path / "one"), _tensors(tmp_path / "three"))
 
 
+def test_low_var_kl_is_schulmans_k3():
+    import torch
+    from populora_trl.trr import low_var_kl
+
+    logp = torch.tensor([-1.0, -2.0, -0.5])
+    ref = torch.tensor([-1.0, -1.0, -3.0])
+    expected = [math.exp(r - x) - (r - x) - 1 for x, r in zip(logp.tolist(), ref.tolist())]
+    assert low_var_kl(logp, ref).tolist() == pytest.approx(expected)
+    assert low_var_kl(logp, logp).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_kl_coef_pulls_the_adapter_back_towards_the_base(base, adapters, tmp_path):
+    """Equal rewards leave only the KL term: successive updates lower the measured KL to the base."""
+    rollouts = [Rollout("m1", r.group, r.prompt_token_ids, r.completion_token_ids, r.logprobs, 1.0)
+                for r in _rollouts("m1", n=8, seed=6)]
+    trainer = make("trainer", "trr++", base, lr=3e-3, kl_coef=1.0)
+    adapter, kls = adapters[1], []
+    for step in range(3):
+        stats = trainer.update("m1", adapter, rollouts, tmp_path / f"m1_v{step + 1}")
+        kls.append(stats.extra["kl"])
+        adapter = AdapterRef(f"m1@v{step + 1}", str(tmp_path / f"m1_v{step + 1}"))
+    assert kls[0] > 0 and kls[2] < kls[1] < kls[0], kls
+    assert "kl" not in make("trainer", "trr++", base).update("m1", adapters[1], rollouts, tmp_path / "m1_plain").extra
+
+
 def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
     import torch
 

@@ -39,6 +39,8 @@ class TRRParams(_Common):
     epochs: int = Field(1, ge=1, description="optimizer steps per update over the same rollouts (veRL's ppo_epochs; "
                         "AZR: 1); from the second on the ratio to the sampling policy is PPO-clipped at clip_eps")
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range of the ratio (veRL's clip_ratio, AZR 0.2)")
+    kl_coef: float = Field(0.0, ge=0, description="veRL's kl_loss_coef (AZR: no KL loss): adds kl_coef x token-mean "
+                           "low_var_kl to the base model (adapters off) over the update's response tokens")
 
 
 class GRPOParams(_Common):

@@ -80,6 +80,15 @@ def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: f
     return adv
 
 
+def low_var_kl(logp: Any, ref_logp: Any) -> Any:
+    """veRL's ``low_var_kl`` (Schulman's k3) per token: ``exp(ref - logp) - (ref - logp) - 1``, clamped to
+    [-10, 10]; unbiased for KL(policy || reference) on tokens sampled from the policy, never negative."""
+    import torch
+
+    log_ratio = ref_logp - logp
+    return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, min=-10, max=10)
+
+
 class TRRTrainer(LoraTrainerBase):
     """AZR's TRR++ over one shared base: one member, one adapter version, one AdamW step per update."""
 
@@ -107,9 +116,10 @@ class TRRTrainer(LoraTrainerBase):
                 mbs = max(1, p.micro_batch_size)
                 chunks = [rows[s: s + mbs] for s in range(0, len(rows), mbs)]
                 old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
+                ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
                 for _ in range(p.epochs):
                     opt.zero_grad(set_to_none=True)
-                    loss_sum = ent_sum = clipped = 0.0
+                    loss_sum = ent_sum = clipped = kl_sum = 0.0
                     for c, chunk in enumerate(chunks):
                         batch = pack([r for r, _ in chunk], pad, host.device)
                         logp, ent = token_logprobs(model, batch, p.temperature, entropy=True)
@@ -122,6 +132,13 @@ class TRRTrainer(LoraTrainerBase):
                         pg = -(surrogate * mask).sum() / total
                         ent_mean = (ent * mask).sum() / total
                         loss = pg - p.entropy_coef * ent_mean if p.entropy_coef else pg
+                        if p.kl_coef:
+                            if ref[c] is None:
+                                with torch.no_grad(), model.disable_adapter():
+                                    ref[c], _ = token_logprobs(model, batch, p.temperature)
+                            kl_mean = (low_var_kl(logp, ref[c]) * mask).sum() / total
+                            loss = loss + p.kl_coef * kl_mean
+                            kl_sum += float(kl_mean.detach())
                         loss.backward()
                         loss_sum += float(loss.detach())
                         ent_sum += float(ent_mean.detach())
@@ -143,7 +160,8 @@ class TRRTrainer(LoraTrainerBase):
                            extra={"reward_mean": sum(rewards) / len(rewards),
                                   "adv_abs_mean": sum(abs(a) for a in used) / max(1, len(used)),
                                   "sequences": float(len(rows)), "groups": float(len({r.group for r in rollouts})),
-                                  "lr": float(p.lr), "clip_fraction": clipped / max(1, total)})
+                                  "lr": float(p.lr), "clip_fraction": clipped / max(1, total),
+                                  **({"kl": kl_sum} if p.kl_coef else {})})
 
     def _extra_state(self) -> dict[str, Any]:
         return {}
