@@ -4,11 +4,13 @@
   rollout's reward; those token values are whitened separately inside each ``Rollout.group`` (AZR:
   task type x role, six baselines) with veRL's masked whitening: token-weighted mean, unbiased
   variance, ``(x - mean) * rsqrt(var + 1e-8)``. Long responses therefore weigh more in the statistics.
-* Loss: ``-A * ratio`` with ``ratio = exp(logp - logp.detach())`` (= 1: AZR recomputes the old
-  log-probs with the same weights, so PPO clipping is inert), token-mean over all response tokens of
-  the update, minus ``entropy_coef`` x token-mean entropy. No KL, no reference model.
-* One AdamW step (grad-norm clip 1.0) per update; micro-batches accumulate gradients exactly, since
-  every micro-batch's sum is divided by the token count of the whole update.
+* Loss: PPO's clipped ``-A * ratio`` with ``ratio = exp(logp - old)``, token-mean over all response
+  tokens of the update, minus ``entropy_coef`` x token-mean entropy, plus ``kl_coef`` x token-mean
+  ``low_var_kl`` to the base model (AZR: 0, no reference model).
+* ``epochs`` AdamW steps (grad-norm clip 1.0) per update, AZR one: ``old`` is the first epoch's
+  log-probs, so one epoch has ratio = 1 and clipping is inert, as when AZR recomputes the old log-probs
+  with the same weights. Micro-batches accumulate gradients exactly, since every micro-batch's sum is
+  divided by the token count of the whole update.
 """
 
 from __future__ import annotations
