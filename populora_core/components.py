@@ -43,6 +43,12 @@ class AdapterRef:
     name: str
     path: str
 
+    @property
+    def served_key(self) -> str:
+        """What engines cache a version by: its name and resolved path. Two runs in one process both have
+        an ``s0@v3``; a name alone would serve the first run's weights to the second."""
+        return f"{self.name} ({Path(self.path).resolve()})"
+
 
 # --- generation -----------------------------------------------------------------------------------
 

@@ -164,14 +164,13 @@ class ModelHost:
     def ensure(self, ref: AdapterRef) -> str:
         """Load version ``ref`` from ``ref.path`` on first use (LRU); returns its key for :meth:`version`.
 
-        The key is the name and the resolved path: two runs in one process both have an ``s0@v3``, and
-        a name alone would serve the first run's weights to the second.
+        The key is :attr:`AdapterRef.served_key` (name and path, so two runs in one process never share one).
         Served versions are plain tensors, not PEFT modules: ``{linear module path: (A, scale * B)}``
         in float32 on the model's device. PEFT keeps ~10 kB of Python module objects per LoRA module
         and adapter, which dominated memory for small adapters; and the engines' batched mixed-adapter
         forward needs only the tensors (see populora_engines.batched_lora).
         """
-        key = f"{ref.name} ({Path(ref.path).resolve()})"
+        key = ref.served_key
         with self.lock:
             if key in self._versions:
                 self._versions.move_to_end(key)

@@ -40,11 +40,6 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little") & 0x7FFF_FFFF
 
 
-def _served_name(ref: AdapterRef) -> str:
-    """vLLM's lora_name for a version: its name and resolved path (vLLM caches weights by name and id)."""
-    return f"{ref.name} ({Path(ref.path).resolve()})"
-
-
 def vllm_rank(rank: int) -> int:
     """vLLM accepts only some ``max_lora_rank`` values: the smallest one that holds ``rank``."""
     for r in _VLLM_RANKS:
@@ -131,15 +126,13 @@ class VLLMEngine:
 
     # --- adapters -------------------------------------------------------------------------------
 
-    def _lora_request(self, ref: AdapterRef, pinned: set[str]) -> Any:
-        """The version's LoRARequest, named by version name and path: two runs in one process both have an
-        ``s0@v3``, and a name alone would serve the first one's weights to the second."""
+    def _lora_request(self, ref: AdapterRef, name: str, pinned: set[str]) -> Any:
+        """The version's LoRARequest; ``name`` is its ``served_key`` (vLLM caches weights by name and id)."""
         from vllm.lora.request import LoRARequest
 
         src = Path(ref.path)
         if not (src / "adapter_config.json").is_file():
             raise UserError(f"adapter {ref.name!r}: not a PEFT adapter directory: {src}")
-        name = _served_name(ref)
         if name not in self._ids:
             self._ids[name] = len(self._ids) + 1  # a new version is a new name: never reuse an id
         where = src
@@ -197,8 +190,9 @@ class VLLMEngine:
         self._calls += 1
         base_seed = sampling.seed if sampling.seed is not None else _seed(self.seed, self._calls)
         prompts = encode_prompts(self.tokenizer, requests, self.base_model.chat_template)
-        pinned = {_served_name(r.adapter) for r in requests if r.adapter is not None}
-        loras = [self._lora_request(r.adapter, pinned) if r.adapter is not None else None for r in requests]
+        served = [(r.adapter, r.adapter.served_key) if r.adapter is not None else None for r in requests]
+        pinned = {item[1] for item in served if item is not None}
+        loras = [None if item is None else self._lora_request(*item, pinned) for item in served]
         if pinned and any(lr is None for lr in loras) and self.params.base_as_zero_adapter:
             zero = self._zero_adapter(next(lr for lr in loras if lr is not None))
             loras = [zero if lr is None else lr for lr in loras]
