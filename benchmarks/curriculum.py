@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TASK_TYPES = ("deduction", "abduction", "induction")
 
 
 def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> dict[str, list[Any]]:
     """``per_type`` valid problems per task type from the corpus generator, none of them a probe program."""
     import populora_nano.corpus as corpus
+    from populora_nano.probe import TASK_TYPES
 
     from populora_core.components import Problem
 
