@@ -75,12 +75,13 @@ def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, prob
                     origin.append((name, problem))
             answers = run.engine.generate(
                 requests, run.sampling(step, "sample/solve", n=cfg.solver_samples, max_tokens=cfg.solve_max_tokens))
-            rollouts, rates = [], {}
+            rollouts: list[Rollout] = []
+            rates: dict[str, list[float]] = {}
             for (name, problem), completions in zip(origin, answers):
                 grades = run.tasks[name].grade(problem, [c.text for c in completions])
                 rates.setdefault(name, []).append(sum(g.correct for g in grades) / len(grades))
-                rollouts += [Rollout(student.id, f"{name}/solve", c.prompt_token_ids, c.token_ids, c.logprobs,
-                                     g.reward, {"correct": g.correct}) for c, g in zip(completions, grades)]
+                rollouts += [Rollout.of(student.id, f"{name}/solve", c, g.reward, correct=g.correct)
+                             for c, g in zip(completions, grades)]
             parent = run.adapter_ref(student)
             student.version += 1
             run.trainer.update(student.id, parent, rollouts, run.dir.adapter_path(student.version_name))

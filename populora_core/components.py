@@ -102,6 +102,13 @@ class Rollout:
     reward: float
     info: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, member_id: str, group: str, completion: Completion, reward: float, **info: Any) -> Rollout:
+        """The rollout of one engine completion: its tokens and sampling logprobs, scored with ``reward``."""
+        return cls(
+            member_id, group, completion.prompt_token_ids, completion.token_ids, completion.logprobs, reward, info
+        )
+
 
 @dataclass
 class UpdateStats:

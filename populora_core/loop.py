@@ -330,15 +330,7 @@ class Run:
                 self.coverage[student.id].add(problems[i].signature)
                 if cfg.train_on_estimation:
                     rollouts += [
-                        Rollout(
-                            student.id,
-                            f"{task_name}/solve",
-                            c.prompt_token_ids,
-                            c.token_ids,
-                            c.logprobs,
-                            g.reward,
-                            {"correct": g.correct, "problem": i},
-                        )
+                        Rollout.of(student.id, f"{task_name}/solve", c, g.reward, correct=g.correct, problem=i)
                         for c, g in zip(completions, grades)
                     ]
             for i, problem in enumerate(problems):
@@ -348,15 +340,7 @@ class Run:
                 teacher.counters.tokens += len(c.token_ids)
                 reward = self.tasks[task_name].proposer_reward(problem, solve_rate.get(i) if problem.valid else None)
                 rollouts.append(
-                    Rollout(
-                        teacher.id,
-                        f"{task_name}/propose",
-                        c.prompt_token_ids,
-                        c.token_ids,
-                        c.logprobs,
-                        reward,
-                        {"valid": problem.valid, "problem": i},
-                    )
+                    Rollout.of(teacher.id, f"{task_name}/propose", c, reward, valid=problem.valid, problem=i)
                 )
 
         rollouts += self._buffer_solves(step, timer)
@@ -456,15 +440,7 @@ class Run:
             student.counters.tokens += len(c.token_ids)
             self.coverage[student.id].add(problem.signature)
             rollouts.append(
-                Rollout(
-                    student.id,
-                    f"{task_name}/solve",
-                    c.prompt_token_ids,
-                    c.token_ids,
-                    c.logprobs,
-                    grade.reward,
-                    {"correct": grade.correct, "buffer": True},
-                )
+                Rollout.of(student.id, f"{task_name}/solve", c, grade.reward, correct=grade.correct, buffer=True)
             )
         return rollouts
 

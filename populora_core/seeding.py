@@ -52,7 +52,9 @@ def make_seeds(
             requests, run.sampling(round_, "sample/seed", n=1, max_tokens=cfg.propose_max_tokens)
         )
         problems = run.parse_proposals(
-            [c[0].text for c in outputs], [name for name, _ in origin], [ctx for _, ctx in origin],
+            [c[0].text for c in outputs],
+            [name for name, _ in origin],
+            [ctx for _, ctx in origin],
             ["base"] * len(origin),
         )
         fresh: dict[str, list[Problem]] = {name: [] for name in run.tasks}
