@@ -6,6 +6,7 @@
 For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types),
 then reads the run directories and writes ``study.md`` and ``study.json`` under ``--out``:
 probe accuracy of the population's students (mean, best, weakest) vs the base and the single agent,
+the best student's gain over the base with a 95 % paired-bootstrap interval over the probe problems,
 the trend of teacher program complexity (slope per step of AST depth, cyclomatic complexity, lines of
 code of valid proposals), and problem-space coverage (distinct task signatures each student saw).
 Whatever comes out is reported as measured. Last line: one JSON object.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -40,6 +42,27 @@ def _slope(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
 
 
+def paired_gain_interval(
+    member: dict[str, list[int]], base: dict[str, list[int]], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """95 % bootstrap interval of mean-over-task-types accuracy(member) - accuracy(base).
+
+    Problems are resampled in pairs (the same problem for both, so the base's luck cancels) and within
+    each task type (the probe's strata). ``member`` and ``base`` map task type -> per-problem outcomes in
+    probe order. None when the outcomes are missing (probe records written before they were recorded).
+    For the best of several students the interval is optimistic: it does not account for picking the best.
+    """
+    types = [t for t in base if t in member and len(member[t]) == len(base[t]) > 0]
+    if not types or len(types) != len(base):
+        return None
+    diffs = {t: [m - b for m, b in zip(member[t], base[t])] for t in types}
+    rng = random.Random(seed)
+    gains = sorted(
+        statistics.fmean(statistics.fmean(rng.choices(d, k=len(d))) for d in diffs.values()) for _ in range(resamples)
+    )
+    return gains[int(0.025 * resamples)], gains[int(0.975 * resamples) - 1]
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
     """Probe accuracy, complexity trend and coverage of one finished run directory."""
     probe = _jsonl(run_dir / "probe.jsonl")
@@ -51,8 +74,18 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             by_member.setdefault(r["member"], []).append(r["accuracy"])
         return {m: statistics.fmean(v) for m, v in by_member.items()}
 
+    def outcomes(member: str, step: int | None) -> dict[str, list[int]]:
+        return {r["task_type"]: r.get("correct", []) for r in probe if r["member"] == member and r["step"] == step}
+
     students = accuracy([r for r in probe if r["step"] == final_step and r["member"] != "base"])
     base = accuracy([r for r in probe if r["member"] == "base"]).get("base")
+    best_member = max(students, key=lambda m: students[m], default=None)
+    base_step = next((r["step"] for r in probe if r["member"] == "base"), None)
+    interval = (
+        paired_gain_interval(outcomes(best_member, final_step), outcomes("base", base_step))
+        if best_member is not None and base_step is not None
+        else None
+    )
     problems = [p for p in _jsonl(run_dir / "tasks" / "problems.jsonl") if p["valid"]]
     trend = {
         key: _slope([(p["step"], p[f"metric_{key}"]) for p in problems if p.get(f"metric_{key}") is not None])
@@ -69,6 +102,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "mean": statistics.fmean(students.values()) if students else None,
         "best": max(students.values(), default=None),
         "weakest": min(students.values(), default=None),
+        "best_gain_interval": interval,
         "complexity_slope": trend,
         "coverage_mean": statistics.fmean(coverage) if coverage else None,
         "validity_mean": statistics.fmean(s["validity"] for s in steps if s.get("validity") is not None)
@@ -82,6 +116,10 @@ def _fmt(value: float | None, pct: bool = True) -> str:
     if value is None:
         return "-"
     return f"{100 * value:.1f}" if pct else f"{value:+.3f}"
+
+
+def _fmt_interval(interval: list[float] | tuple[float, float] | None) -> str:
+    return "" if interval is None else f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -126,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return statistics.fmean(values) if values else None
 
     lines = [
-        "| seed | base | pop mean | pop best | pop weakest | single agent | best - base | mean - single "
+        "| seed | base | pop mean | pop best | pop weakest | single agent | best - base [95 % CI] | mean - single "
         "| depth slope pop / single | coverage pop / single |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -136,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lines.append(
             f"| {r['seed']} | {_fmt(p['base_accuracy'])} | {_fmt(p['mean'])} | {_fmt(p['best'])} | "
             f"{_fmt(p['weakest'])} | {_fmt(single)} | "
-            f"{_fmt(None if p['best'] is None or p['base_accuracy'] is None else p['best'] - p['base_accuracy'])} | "
+            f"{_fmt(None if p['best'] is None or p['base_accuracy'] is None else p['best'] - p['base_accuracy'])}"
+            f"{_fmt_interval(p['best_gain_interval'])} | "
             f"{_fmt(None if p['mean'] is None or single is None else p['mean'] - single)} | "
             f"{_fmt(p['complexity_slope']['ast_depth'], False)} / {_fmt(b['complexity_slope']['ast_depth'], False)} | "
             f"{p['coverage_mean'] or 0:.1f} / {b['coverage_mean'] or 0:.1f} |"

@@ -537,7 +537,10 @@ class Run:
         return self._probe
 
     def probe(self, step: int, *, include_base: bool) -> list[dict[str, Any]]:
-        """Greedy solver accuracy per task type of every student (and the base), appended to probe.jsonl."""
+        """Greedy solver accuracy per task type of every student (and the base), appended to probe.jsonl.
+
+        Records carry each problem's outcome in probe order, so two members can be compared problem by problem.
+        """
         problems = self.probe_problems()
         targets: list[tuple[str, AdapterRef | None, str, str]] = [
             (m.id, self.adapter_ref(m), m.version_name, m.role) for m in self.population.students
@@ -566,6 +569,7 @@ class Run:
                 "task_type": task_name,
                 "accuracy": statistics.fmean(correct[(member_id, task_name)]),
                 "n": len(correct[(member_id, task_name)]),
+                "correct": [int(c) for c in correct[(member_id, task_name)]],  # per problem, for paired statistics
             }
             for member_id, _, version, role in targets
             for task_name in problems

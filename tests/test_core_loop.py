@@ -249,6 +249,8 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     members = json.loads((directory.path / "members.json").read_text())["members"]
     assert sorted(r["member"] for r in final) == sorted(m["id"] for m in members if m["role"] == "student")
     assert all(r["n"] == 5 and 0 <= r["accuracy"] <= 1 and r["task_type"] == "count" for r in records)
+    # per-problem outcomes in probe order, consistent with the accuracy (what paired comparisons read)
+    assert all(len(r["correct"]) == 5 and sum(r["correct"]) / 5 == pytest.approx(r["accuracy"]) for r in records)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     with pytest.raises(Exception, match=r"bad\.jsonl:1: not a Problem record"):
