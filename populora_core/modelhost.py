@@ -103,8 +103,8 @@ class ModelHost:
         self.base_model: Any = model
         self.peft: Any = None  # PeftModel, created with the first adapter
         self.capacity = 32  # version names kept loaded (LRU); engines may raise it
-        self._versions: OrderedDict[str, dict[str, tuple[Any, Any]]] = OrderedDict()  # served versions
-        self._version_names: dict[str, str] = {}  # served key -> version name
+        # served versions: served key -> (version name, tensors)
+        self._versions: OrderedDict[str, tuple[str, dict[str, tuple[Any, Any]]]] = OrderedDict()
         self._linear_cache: dict[str, Any] | None = None
         self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
         self._counter = 0
@@ -175,8 +175,7 @@ class ModelHost:
             if key in self._versions:
                 self._versions.move_to_end(key)
                 return key
-            self._versions[key] = self._read_version(Path(ref.path))
-            self._version_names[key] = ref.name
+            self._versions[key] = (ref.name, self._read_version(Path(ref.path)))
             self._evict()
             return key
 
@@ -233,14 +232,13 @@ class ModelHost:
     def version(self, key: str) -> dict[str, tuple[Any, Any]]:
         """The tensors of a loaded version (``key`` from :meth:`ensure`): ``{module path: (A (r, d_in),
         scale * B (d_out, r))}``."""
-        return self._versions[key]
+        return self._versions[key][1]
 
     def drop(self, name: str) -> None:
         """Forget every loaded version named ``name`` (a no-op when none is loaded)."""
         with self.lock:
-            for key in [k for k, n in self._version_names.items() if n == name]:
-                self._versions.pop(key, None)
-                self._version_names.pop(key, None)
+            for key in [k for k, (n, _) in self._versions.items() if n == name]:
+                del self._versions[key]
 
     def _delete(self, key: str) -> None:
         self._configs.pop(key, None)
@@ -251,8 +249,7 @@ class ModelHost:
 
     def _evict(self) -> None:
         while len(self._versions) > max(1, self.capacity):
-            key, _ = self._versions.popitem(last=False)
-            self._version_names.pop(key, None)
+            self._versions.popitem(last=False)
 
     def slot(self, key: str, config: dict[str, Any]) -> str:
         """A private, pinned adapter slot (trainers' ``scratch``, reference adapters) of this shape."""

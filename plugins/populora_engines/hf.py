@@ -88,7 +88,7 @@ class HFEngine:
         self._calls += 1
         seed = sampling.seed if sampling.seed is not None else _derive_seed(self.seed, self._calls)
         with host.lock:
-            distinct = {(r.adapter.name, r.adapter.path) for r in requests if r.adapter is not None}
+            distinct = {r.adapter.served_key for r in requests if r.adapter is not None}
             host.capacity = max(host.capacity, len(distinct))
             keys = [host.ensure(r.adapter) if r.adapter is not None else BASE for r in requests]
             prompts = encode_prompts(host.tokenizer, requests, self.base_model.chat_template)

@@ -190,9 +190,10 @@ class VLLMEngine:
         self._calls += 1
         base_seed = sampling.seed if sampling.seed is not None else _seed(self.seed, self._calls)
         prompts = encode_prompts(self.tokenizer, requests, self.base_model.chat_template)
-        served = [(r.adapter, r.adapter.served_key) if r.adapter is not None else None for r in requests]
-        pinned = {item[1] for item in served if item is not None}
-        loras = [None if item is None else self._lora_request(*item, pinned) for item in served]
+        keys = [None if r.adapter is None else r.adapter.served_key for r in requests]
+        pinned = {key for key in keys if key is not None}
+        loras = [None if r.adapter is None else self._lora_request(r.adapter, key, pinned)
+                 for r, key in zip(requests, keys)]
         if pinned and any(lr is None for lr in loras) and self.params.base_as_zero_adapter:
             zero = self._zero_adapter(next(lr for lr in loras if lr is not None))
             loras = [zero if lr is None else lr for lr in loras]
