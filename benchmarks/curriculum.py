@@ -44,7 +44,6 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
 
 def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int,
              pool_size: int, work: Path) -> dict[str, Any]:
-    from populora_core.components import GenerationRequest, Rollout
     from populora_core.loop import derived_rng, start_run
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
@@ -67,21 +66,17 @@ def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, prob
         checkpoints = {0: probe(0)}
         solve_rates: list[dict[str, float]] = []
         for step in range(1, steps + 1):
-            requests, origin = [], []
-            for name, task in run.tasks.items():
-                drawn = derived_rng(seed, step, f"curriculum/{name}").sample(pool[name], cfg.proposals_per_teacher)
-                for problem in drawn:
-                    requests.append(GenerationRequest(task.solver_prompt(problem), run.adapter_ref(student)))
-                    origin.append((name, problem))
-            answers = run.engine.generate(
-                requests, run.sampling(step, "sample/solve", n=cfg.solver_samples, max_tokens=cfg.solve_max_tokens))
-            rollouts: list[Rollout] = []
+            attempts = [
+                (name, student, problem)
+                for name in run.tasks
+                for problem in derived_rng(seed, step, f"curriculum/{name}").sample(pool[name],
+                                                                                    cfg.proposals_per_teacher)
+            ]
+            answers = run.solve(attempts, step, "sample/solve", n=cfg.solver_samples)
+            rollouts = [r for scored in answers for r in scored]
             rates: dict[str, list[float]] = {}
-            for (name, problem), completions in zip(origin, answers):
-                grades = run.tasks[name].grade(problem, [c.text for c in completions])
-                rates.setdefault(name, []).append(sum(g.correct for g in grades) / len(grades))
-                rollouts += [Rollout.of(student.id, f"{name}/solve", c, g.reward, correct=g.correct)
-                             for c, g in zip(completions, grades)]
+            for (name, _, _), scored in zip(attempts, answers):
+                rates.setdefault(name, []).append(statistics.fmean(r.info["correct"] for r in scored))
             parent = run.adapter_ref(student)
             student.version += 1
             run.trainer.update(student.id, parent, rollouts, run.dir.adapter_path(student.version_name))

@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -298,41 +298,27 @@ class Run:
             )
 
         # matched students solve each valid problem n times
-        with timer("prompts"):
-            solve_requests, solve_origin = [], []
-            for i, problem in enumerate(problems):
-                if problem.valid:
-                    student = members[student_of[origin[i][1]].student]
-                    solve_requests.append(
-                        GenerationRequest(self.tasks[origin[i][0]].solver_prompt(problem), self.adapter_ref(student))
-                    )
-                    solve_origin.append(i)
-        with timer("generate_solve"):
-            answers = (
-                self.engine.generate(
-                    solve_requests,
-                    self.sampling(step, "sample/solve", n=cfg.solver_samples, max_tokens=cfg.solve_max_tokens),
-                )
-                if solve_requests
-                else []
-            )
+        solve_origin = [i for i, problem in enumerate(problems) if problem.valid]
+        solvers = [members[student_of[origin[i][1]].student] for i in solve_origin]
+        answers = self.solve(
+            [(origin[i][0], student, problems[i]) for i, student in zip(solve_origin, solvers)],
+            step,
+            "sample/solve",
+            n=cfg.solver_samples,
+            timer=timer,
+            phase="generate_solve",
+        )
 
         rollouts: list[Rollout] = []
         solve_rate: dict[int, float] = {}
         with timer("grade"):
-            for i, completions in zip(solve_origin, answers):
-                task_name, teacher_id, _ = origin[i]
-                student = members[student_of[teacher_id].student]
-                grades = self.tasks[task_name].grade(problems[i], [c.text for c in completions])
-                solve_rate[i] = sum(g.correct for g in grades) / max(len(grades), 1)
-                student.counters.estimation_rollouts += len(completions)
-                student.counters.tokens += sum(len(c.token_ids) for c in completions)
-                self.coverage[student.id].add(problems[i].signature)
+            for i, student, scored in zip(solve_origin, solvers, answers):
+                solve_rate[i] = sum(r.info["correct"] for r in scored) / max(len(scored), 1)
+                student.counters.estimation_rollouts += len(scored)
                 if cfg.train_on_estimation:
-                    rollouts += [
-                        Rollout.of(student.id, f"{task_name}/solve", c, g.reward, correct=g.correct, problem=i)
-                        for c, g in zip(completions, grades)
-                    ]
+                    for r in scored:
+                        r.info["problem"] = i
+                    rollouts += scored
             for i, problem in enumerate(problems):
                 task_name, teacher_id, _ = origin[i]
                 teacher = members[teacher_id]
@@ -419,30 +405,60 @@ class Run:
         k = self.recipe.rollout.buffer_problems_per_student
         if not k:
             return []
-        requests, origin = [], []
+        attempts = []
         for task_name, task in self.tasks.items():
             for student in self.population.students:
                 rng = derived_rng(self.recipe.seed, step, f"buffer/{task_name}/{student.id}")
-                for problem in task.sample_problems(k, rng):
-                    requests.append(GenerationRequest(task.solver_prompt(problem), self.adapter_ref(student)))
-                    origin.append((task_name, student, problem))
-        if not requests:
-            return []
-        cfg = self.recipe.rollout
-        with timer("generate_buffer"):
-            outs = self.engine.generate(
-                requests,
-                self.sampling(step, "sample/buffer", n=1, max_tokens=cfg.solve_max_tokens),
-            )
-        rollouts = []
-        for (task_name, student, problem), (c,) in zip(origin, outs):
-            (grade,) = self.tasks[task_name].grade(problem, [c.text])
-            student.counters.tokens += len(c.token_ids)
-            self.coverage[student.id].add(problem.signature)
-            rollouts.append(
-                Rollout.of(student.id, f"{task_name}/solve", c, grade.reward, correct=grade.correct, buffer=True)
-            )
+                attempts += [(task_name, student, problem) for problem in task.sample_problems(k, rng)]
+        rollouts = [
+            r
+            for scored in self.solve(attempts, step, "sample/buffer", n=1, timer=timer, phase="generate_buffer")
+            for r in scored
+        ]
+        for r in rollouts:
+            r.info["buffer"] = True
         return rollouts
+
+    def solve(
+        self,
+        attempts: Sequence[tuple[str, Member, Problem]],
+        step: int,
+        stream: str,
+        *,
+        n: int,
+        timer: PhaseTimer | None = None,
+        phase: str = "generate_solve",
+    ) -> list[list[Rollout]]:
+        """Each ``(task name, student, problem)``: ``n`` sampled answers of the student, graded by the task.
+
+        Returns the answers as the student's rollouts (``info["correct"]``), per attempt in order, and
+        counts the student's tokens and covered problems. ``stream`` names the sampling seed's phase.
+        """
+        if not attempts:
+            return []
+        timer = timer or PhaseTimer()
+        with timer("prompts"):
+            requests = [
+                GenerationRequest(self.tasks[task_name].solver_prompt(problem), self.adapter_ref(student))
+                for task_name, student, problem in attempts
+            ]
+        with timer(phase):
+            answers = self.engine.generate(
+                requests, self.sampling(step, stream, n=n, max_tokens=self.recipe.rollout.solve_max_tokens)
+            )
+        out = []
+        with timer("grade"):
+            for (task_name, student, problem), completions in zip(attempts, answers):
+                grades = self.tasks[task_name].grade(problem, [c.text for c in completions])
+                student.counters.tokens += sum(len(c.token_ids) for c in completions)
+                self.coverage[student.id].add(problem.signature)
+                out.append(
+                    [
+                        Rollout.of(student.id, f"{task_name}/solve", c, g.reward, correct=g.correct)
+                        for c, g in zip(completions, grades)
+                    ]
+                )
+        return out
 
     def _record_problems(
         self,

@@ -257,6 +257,32 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
         _run(_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])
 
 
+def test_run_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
+    pm = _manager()
+    recipe, resolved = load_recipe(RECIPE, [], pm.registry)
+    run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
+    try:
+        from populora_core.components import Problem
+
+        s0, s1 = run.population.students[:2]
+        problems = [Problem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
+        tokens_before = s0.counters.tokens
+        answers = run.solve([("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
+        assert [len(a) for a in answers] == [4, 4]
+        for student, problem, scored in zip((s0, s1), problems, answers):
+            assert {(r.member_id, r.group) for r in scored} == {(student.id, "count/solve")}
+            # the fake engine's answer is in the completion tokens; graded by the task against the program
+            assert [r.info["correct"] for r in scored] == [r.completion_token_ids[0] == int(problem.program)
+                                                           for r in scored]
+            assert all(r.reward == (1.0 if r.info["correct"] else -0.5 if r.completion_token_ids[0] else -1.0)
+                       for r in scored)
+            assert problem.signature in run.coverage[student.id]
+        assert s0.counters.tokens == tokens_before + 4 * 2
+        assert run.solve([], 1, "sample/solve", n=4) == []
+    finally:
+        run.close()
+
+
 def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path):
     """`populora seed` (AZR's seeding stage, base model only) writes N distinct valid problems per task;
     `seeds.enabled` puts them in each task's buffer before step 1 and logs how many."""
