@@ -183,6 +183,23 @@ def test_rendered_examples_use_the_compact_builders():
     assert ded.completion == P.format_solver_answer("deduction", str(int(i) + 3))
 
 
+def test_induction_proposal_rate_sets_how_many_programs_teach_message_writing():
+    from populora_nano import corpus as C
+
+    progs = [C.Program(f"def f(n):\n    return n + {k}", ("int",), "add a number", 1,
+                       inputs=[str(i) for i in range(10)], outputs=[str(i + k) for i in range(10)])
+             for k in range(20)]
+
+    def proposals(rate: float) -> list[str]:
+        examples = C.render_examples(progs, random.Random(0), induction_propose_rate=rate)
+        return [e.completion for e in examples if e.kind == "induction/propose"]
+
+    assert proposals(0.0) == []
+    every = proposals(1.0)
+    assert len(every) == len(progs) and all("```message\nadd a number\n```" in c for c in every)
+    assert 0 < len(proposals(0.3)) < len(progs)
+
+
 # --- the probe set --------------------------------------------------------------------------------------------
 
 

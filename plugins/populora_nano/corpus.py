@@ -393,8 +393,13 @@ def pick_inputs(prog: Program, n: int, rng: random.Random) -> list[int]:
 
 
 def render_examples(programs: Sequence[Program], rng: random.Random, *,
-                    induction_sizes: Sequence[int] = (4, 6, 8, 10)) -> list[Example]:
-    """Solver- and proposer-side examples for all three task types, in the compact style."""
+                    induction_sizes: Sequence[int] = (4, 6, 8, 10),
+                    induction_propose_rate: float = 0.3) -> list[Example]:
+    """Solver- and proposer-side examples for all three task types, in the compact style.
+
+    ``induction_propose_rate`` is the share of programs that also get an induction proposal (inputs and
+    a message): a teacher's message is what makes its induction problems solvable.
+    """
     from populora_azr import prompts as P
 
     out: list[Example] = []
@@ -410,7 +415,7 @@ def render_examples(programs: Sequence[Program], rng: random.Random, *,
         pairs = [(prog.inputs[i], prog.outputs[i]) for i in chosen]
         out.append(Example("induction/solve", P.induction_solver_prompt(pairs[: n // 2], prog.message),
                            P.format_solver_answer("induction", prog.code)))
-        if rng.random() < 0.3:
+        if rng.random() < induction_propose_rate:
             out.append(Example("induction/propose", P.induction_proposer_prompt(prog.code, n_inputs=n),
                                P.format_induction_proposal([prog.inputs[i] for i in chosen], prog.message)))
         if rng.random() < 0.4:

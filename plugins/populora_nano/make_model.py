@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=None, help="exact number of steps (overrides --minutes)")
     ap.add_argument("--programs", type=int, default=3000)
     ap.add_argument("--probe-per-type", type=int, default=50)
+    ap.add_argument("--induction-proposals", type=float, default=0.3,
+                    help="share of programs with an induction proposal example (inputs + message)")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=160)
     ap.add_argument("--layers", type=int, default=4)
@@ -237,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         executor.close()
     t_corpus = time.time() - t0
-    examples = C.render_examples(programs, random.Random(args.seed + 3))
+    examples = C.render_examples(programs, random.Random(args.seed + 3),
+                                 induction_propose_rate=args.induction_proposals)
     kinds: dict[str, int] = {}
     for e in examples:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
