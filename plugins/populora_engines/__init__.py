@@ -41,6 +41,9 @@ class VLLMEngineParams(Params):
     max_model_len: int | None = None
     dtype: str | None = None  # None: the base model's dtype (auto = float32 on CPU, bf16 on GPU)
     enable_prefix_caching: bool | None = None
+    # None: off on CPU. vLLM rewinds the seeded generator of a request whose prefill was split across
+    # scheduler steps with Generator.set_offset, which CPU generators lack (seeded sampling crashed).
+    enable_chunked_prefill: bool | None = None
     enforce_eager: bool = False
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE when unset (CPU build refuses to start without)
     multiprocessing: bool | None = None  # None: off on CPU (2.4 s engine start instead of 14-26 s)
