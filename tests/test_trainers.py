@@ -268,6 +268,30 @@ def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
         restored.load_state(tmp_path / "nowhere")
 
 
+def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters, tmp_path):
+    from populora_trl.common import scheduled_lr
+
+    assert scheduled_lr(1e-3, 5, None) == 1e-3
+    assert [scheduled_lr(1.0, k, 4, 0.2) for k in (0, 2, 4, 9)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
+
+    def lr_used(member):
+        return trainer._states[member]["optimizer"]["param_groups"][0]["lr"]
+
+    trainer = make("trainer", "trr++", base, lr=1e-3, lr_decay_steps=2, lr_min_ratio=0.25)
+    adapter, used = adapters[0], []
+    for step in range(3):
+        trainer.update("m0", adapter, _rollouts("m0", seed=step), tmp_path / f"m0_v{step + 1}")
+        adapter = AdapterRef(f"m0@v{step + 1}", str(tmp_path / f"m0_v{step + 1}"))
+        used.append(lr_used("m0"))
+        if step == 0:
+            trainer.copy_state("m0", "child")
+    assert used == pytest.approx([1e-3, 0.625e-3, 0.25e-3])
+    trainer.update("child", adapters[1], _rollouts("child", seed=9), tmp_path / "child_v1")
+    assert lr_used("child") == pytest.approx(0.625e-3)  # the parent's count goes on, not a fresh schedule
+    trainer.update("m2", adapters[2], _rollouts("m2", seed=9), tmp_path / "m2_v1")
+    assert lr_used("m2") == pytest.approx(1e-3)
+
+
 def test_bad_rollouts_are_user_errors(base, adapters, tmp_path):
     trainer = make("trainer", "trr++", base)
     with pytest.raises(UserError, match="no rollouts"):

@@ -18,6 +18,10 @@ from populora_core import Params, hookimpl
 class _Common(Params):
     device: str = "auto"  # auto: cuda when available, else cpu
     lr: float = 1e-5  # AZR's 1e-6 is for full fine-tuning; LoRA needs ~10x more
+    lr_decay_steps: int | None = Field(
+        None, ge=1, description="cosine decay of lr to lr_min_ratio x lr over a member's first N optimizer steps "
+        "(a child continues its parent's count, with its AdamW moments); None: constant lr (AZR)")
+    lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="the decayed lr's floor, as a fraction of lr")
     weight_decay: float = 0.0  # AZR master 0.0 (paper branch 0.01)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -31,6 +32,15 @@ def check_update(member_id: str, rollouts: Sequence[Rollout], out_dir: Path) -> 
     if out_dir.exists():
         raise UserError(f"update of {member_id!r}: {out_dir} exists (adapter versions are immutable)")
     return out_dir
+
+
+def scheduled_lr(lr: float, steps_done: int, decay_steps: int | None, min_ratio: float = 0.0) -> float:
+    """The learning rate of a member's next optimizer step: cosine from ``lr`` down to ``min_ratio x lr``
+    over its first ``decay_steps`` steps, then flat at the floor; constant when ``decay_steps`` is None."""
+    if decay_steps is None:
+        return lr
+    progress = min(steps_done, decay_steps) / decay_steps
+    return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 class LoraTrainerBase:
@@ -83,8 +93,10 @@ class LoraTrainerBase:
                 raise UserError(f"optimizer state of member {member_id!r} belongs to a differently shaped "
                                 "adapter; call forget() first")
             opt.load_state_dict(copy.deepcopy(saved["optimizer"]))
-            for group in opt.param_groups:  # hyper-parameters come from the current params
-                group.update(lr=p.lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay)
+        done = int(next(iter(opt.state.values()))["step"]) if opt.state else 0
+        lr = scheduled_lr(p.lr, done, p.lr_decay_steps, p.lr_min_ratio)
+        for group in opt.param_groups:  # hyper-parameters come from the current params
+            group.update(lr=lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay)
         return opt
 
     def _keep(self, member_id: str, opt: Any, params: dict[str, Any]) -> None:
