@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -198,6 +199,20 @@ def test_induction_proposal_rate_sets_how_many_programs_teach_message_writing():
     every = proposals(1.0)
     assert len(every) == len(progs) and all("```message\nadd a number\n```" in c for c in every)
     assert 0 < len(proposals(0.3)) < len(progs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--induction-proposals", "1.5"], "--induction-proposals: 1.5 is not a share between 0 and 1"),
+    (["--hidden", "160", "--heads", "4"], "head_dim 40"),
+])
+def test_make_model_rejects_bad_flags_before_any_work(args, message, tmp_path, capsys):
+    from populora_nano.make_model import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "model"), *args])
+    assert exc.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "model").exists()
 
 
 # --- the probe set --------------------------------------------------------------------------------------------

@@ -193,6 +193,14 @@ def check_round_trip(model_dir: Path, texts: list[str], tokenizer: Any) -> None:
             raise RuntimeError(f"tokenizer round trip changed ids for {t[:60]!r}")
 
 
+def _fraction(text: str) -> float:
+    """argparse type: a share in [0, 1] (a rate outside it would silently act as 0 or 1)."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a share between 0 and 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="python -m populora_nano.make_model", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=None, help="exact number of steps (overrides --minutes)")
     ap.add_argument("--programs", type=int, default=3000)
     ap.add_argument("--probe-per-type", type=int, default=50)
-    ap.add_argument("--induction-proposals", type=float, default=0.3,
+    ap.add_argument("--induction-proposals", type=_fraction, default=0.3,
                     help="share of programs with an induction proposal example (inputs + message)")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=160)
