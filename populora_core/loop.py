@@ -592,7 +592,8 @@ class Run:
             if correct[(member_id, task_name)]
         ]
         self.dir.append("probe.jsonl", records)
-        self.emit([{"event": "probe", **r} for r in records])
+        # observers get the accuracies; the per-problem outcomes stay in probe.jsonl only
+        self.emit([{"event": "probe", **{k: v for k, v in r.items() if k != "correct"}} for r in records])
         return records
 
     # --- evolution ----------------------------------------------------------------------------

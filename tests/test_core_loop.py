@@ -251,6 +251,9 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     assert all(r["n"] == 5 and 0 <= r["accuracy"] <= 1 and r["task_type"] == "count" for r in records)
     # per-problem outcomes in probe order, consistent with the accuracy (what paired comparisons read)
     assert all(len(r["correct"]) == 5 and sum(r["correct"]) / 5 == pytest.approx(r["accuracy"]) for r in records)
+    events = [e for e in directory.read_log("events.jsonl") if e["event"] == "probe"]
+    assert [{k: v for k, v in e.items() if k != "event"} for e in events] == [
+        {k: v for k, v in r.items() if k != "correct"} for r in records]  # events.jsonl does not repeat the lists
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     with pytest.raises(Exception, match=r"bad\.jsonl:1: not a Problem record"):
