@@ -113,9 +113,11 @@ class VLLMEngine:
             kwargs["max_model_len"] = params.max_model_len
         if params.enable_prefix_caching is not None:
             kwargs["enable_prefix_caching"] = params.enable_prefix_caching
-        chunked = params.enable_chunked_prefill if params.enable_chunked_prefill is not None else gpu
-        if not chunked:  # vLLM's own default (on) is left alone on GPU
-            kwargs["enable_chunked_prefill"] = False
+        chunked = params.enable_chunked_prefill
+        if chunked is None and not gpu:
+            chunked = False  # see VLLMEngineParams.enable_chunked_prefill; on GPU vLLM's default stands
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
         kwargs.update(params.extra)
         self.llm = vllm.LLM(**kwargs)
         self._ids: dict[str, int] = {}
