@@ -277,7 +277,8 @@ def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters
     def lr_used(member):
         return trainer._states[member]["optimizer"]["param_groups"][0]["lr"]
 
-    trainer = make("trainer", "trr++", base, lr=1e-3, lr_decay_steps=2, lr_min_ratio=0.25)
+    trainer = make("trainer", "trr++", base, lr=1e-3, lr_decay_steps=2, lr_min_ratio=0.25,
+                   betas=[0.8, 0.95], eps=1e-6, weight_decay=0.05)
     adapter, used = adapters[0], []
     for step in range(3):
         trainer.update("m0", adapter, _rollouts("m0", seed=step), tmp_path / f"m0_v{step + 1}")
@@ -290,6 +291,8 @@ def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters
     assert lr_used("child") == pytest.approx(0.625e-3)  # the parent's count goes on, not a fresh schedule
     trainer.update("m2", adapters[2], _rollouts("m2", seed=9), tmp_path / "m2_v1")
     assert lr_used("m2") == pytest.approx(1e-3)
+    group = trainer._states["m2"]["optimizer"]["param_groups"][0]  # the other hyper-parameters come from params too
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.95), 1e-6, 0.05)
 
 
 def test_bad_rollouts_are_user_errors(base, adapters, tmp_path):

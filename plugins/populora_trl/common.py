@@ -85,8 +85,7 @@ class LoraTrainerBase:
         import torch
 
         p = self.params
-        opt = torch.optim.AdamW(list(params.values()), lr=p.lr, betas=tuple(p.betas), eps=p.eps,
-                                weight_decay=p.weight_decay)
+        opt = torch.optim.AdamW(list(params.values()))
         saved = self._states.get(member_id)
         if saved is not None:
             if saved.get("names") != list(params):
@@ -95,7 +94,7 @@ class LoraTrainerBase:
             opt.load_state_dict(copy.deepcopy(saved["optimizer"]))
         done = int(next(iter(opt.state.values()))["step"]) if opt.state else 0
         lr = scheduled_lr(p.lr, done, p.lr_decay_steps, p.lr_min_ratio)
-        for group in opt.param_groups:  # hyper-parameters come from the current params
+        for group in opt.param_groups:  # hyper-parameters come from the current params, never the saved state
             group.update(lr=lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay)
         return opt
 
