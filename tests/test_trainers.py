@@ -438,3 +438,17 @@ def test_grpo_with_kl_to_a_reference_adapter(base, adapters, tmp_path):
     assert other._refs["m1"].name == "m1@v0"
     with pytest.raises(UserError, match="saved by trainer"):
         make("trainer", "trr++", base).load_state(tmp_path / "ckpt")
+
+
+def test_loraplus_gives_b_factors_a_larger_first_adam_step(base, adapters, tmp_path):
+    """Adam's first step moves every parameter with a gradient by about its lr: lr for A, lr_ratio_b x lr for B."""
+
+    def largest_moves(lr_ratio_b):
+        trainer = make("trainer", "trr++", base, lr=1e-3, lr_ratio_b=lr_ratio_b)
+        out = tmp_path / f"ratio{lr_ratio_b}"
+        trainer.update("m0", adapters[0], _rollouts("m0"), out)
+        before, after = _tensors(adapters[0].path), _tensors(out)
+        return tuple(max((after[k][i] - before[k][i]).abs().max().item() for k in before) for i in (0, 1))
+
+    assert largest_moves(1.0) == pytest.approx((1e-3, 1e-3), rel=1e-2)
+    assert largest_moves(4.0) == pytest.approx((1e-3, 4e-3), rel=1e-2)

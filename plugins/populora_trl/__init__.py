@@ -22,6 +22,8 @@ class _Common(Params):
         None, ge=1, description="cosine decay of lr to lr_min_ratio x lr over a member's first N optimizer steps "
         "(a child continues its parent's count, with its AdamW moments); None: constant lr (AZR)")
     lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="the decayed lr's floor, as a fraction of lr")
+    lr_ratio_b: float = Field(1.0, gt=0.0, description="LoRA+ (PEFT's loraplus_lr_ratio): the B factors' lr is "
+                              "this times lr (the paper suggests 16); 1: one lr for A and B")
     weight_decay: float = 0.0  # AZR master 0.0 (paper branch 0.01)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8

@@ -85,7 +85,10 @@ class LoraTrainerBase:
         import torch
 
         p = self.params
-        opt = torch.optim.AdamW(list(params.values()))
+        # LoRA+ (Hayou et al. 2024): B factors get lr_ratio_b x the learning rate of A factors
+        b_params = [t for name, t in params.items() if "lora_B" in name]
+        a_params = [t for name, t in params.items() if "lora_B" not in name]
+        opt = torch.optim.AdamW([{"params": a_params}, {"params": b_params}])
         saved = self._states.get(member_id)
         if saved is not None:
             if saved.get("names") != list(params):
@@ -94,8 +97,9 @@ class LoraTrainerBase:
             opt.load_state_dict(copy.deepcopy(saved["optimizer"]))
         done = int(next(iter(opt.state.values()))["step"]) if opt.state else 0
         lr = scheduled_lr(p.lr, done, p.lr_decay_steps, p.lr_min_ratio)
-        for group in opt.param_groups:  # hyper-parameters come from the current params, never the saved state
-            group.update(lr=lr, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay)
+        for group, ratio in zip(opt.param_groups, (1.0, p.lr_ratio_b)):
+            # hyper-parameters come from the current params, never the saved state
+            group.update(lr=lr * ratio, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay)
         return opt
 
     def _keep(self, member_id: str, opt: Any, params: dict[str, Any]) -> None:
