@@ -448,7 +448,11 @@ def test_loraplus_gives_b_factors_a_larger_first_adam_step(base, adapters, tmp_p
         out = tmp_path / f"ratio{lr_ratio_b}"
         trainer.update("m0", adapters[0], _rollouts("m0"), out)
         before, after = _tensors(adapters[0].path), _tensors(out)
-        return tuple(max((after[k][i] - before[k][i]).abs().max().item() for k in before) for i in (0, 1))
+        groups = len(trainer._states["m0"]["optimizer"]["param_groups"])
+        return groups, tuple(max((after[k][i] - before[k][i]).abs().max().item() for k in before) for i in (0, 1))
 
-    assert largest_moves(1.0) == pytest.approx((1e-3, 1e-3), rel=1e-2)
-    assert largest_moves(4.0) == pytest.approx((1e-3, 4e-3), rel=1e-2)
+    # without LoRA+ one group: the layout of optimizer states saved before the option, so old checkpoints resume
+    groups, moves = largest_moves(1.0)
+    assert groups == 1 and moves == pytest.approx((1e-3, 1e-3), rel=1e-2)
+    groups, moves = largest_moves(4.0)
+    assert groups == 2 and moves == pytest.approx((1e-3, 4e-3), rel=1e-2)

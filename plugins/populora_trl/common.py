@@ -85,10 +85,13 @@ class LoraTrainerBase:
         import torch
 
         p = self.params
-        # LoRA+ (Hayou et al. 2024): B factors get lr_ratio_b x the learning rate of A factors
-        b_params = [t for name, t in params.items() if "lora_B" in name]
-        a_params = [t for name, t in params.items() if "lora_B" not in name]
-        opt = torch.optim.AdamW([{"params": a_params}, {"params": b_params}])
+        # LoRA+ (Hayou et al. 2024): B factors in a second group at lr_ratio_b x lr. Without it one group, the
+        # layout of optimizer states saved before the option existed, so their checkpoints still resume.
+        groups = [list(params.values())]
+        if p.lr_ratio_b != 1.0:
+            groups = [[t for name, t in params.items() if "lora_B" not in name],
+                      [t for name, t in params.items() if "lora_B" in name]]
+        opt = torch.optim.AdamW([{"params": group} for group in groups])
         saved = self._states.get(member_id)
         if saved is not None:
             if saved.get("names") != list(params):
