@@ -38,12 +38,14 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
 
     programs = corpus.generate_programs(3 * per_type, random.Random(seed), executor, exclude=exclude, chunk=300)
     records = corpus.probe_records(programs, per_type, random.Random(seed + 1))
-    return {t: [Problem(**r, valid=True, proposer="curriculum") for r in records if r["task_type"] == t]
-            for t in TASK_TYPES}
+    return {
+        t: [Problem(**r, valid=True, proposer="curriculum") for r in records if r["task_type"] == t] for t in TASK_TYPES
+    }
 
 
-def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int,
-             pool_size: int, work: Path) -> dict[str, Any]:
+def run_seed(
+    recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int, pool_size: int, work: Path
+) -> dict[str, Any]:
     from populora_core.loop import derived_rng, start_run
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
@@ -69,8 +71,9 @@ def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, prob
             attempts = [
                 (name, student, problem)
                 for name in run.tasks
-                for problem in derived_rng(seed, step, f"curriculum/{name}").sample(pool[name],
-                                                                                    cfg.proposals_per_teacher)
+                for problem in derived_rng(seed, step, f"curriculum/{name}").sample(
+                    pool[name], cfg.proposals_per_teacher
+                )
             ]
             answers = run.solve(attempts, step, "sample/solve", n=cfg.solver_samples)
             rollouts = [r for scored in answers for r in scored]
@@ -84,8 +87,11 @@ def run_seed(recipe_path: str, overrides: list[str], seed: int, steps: int, prob
             if step % probe_every == 0 or step == steps:
                 checkpoints[step] = probe(step)
                 gain = 100 * (checkpoints[step]["mean"] - checkpoints[0]["mean"])
-                print(f"  seed {seed} step {step:3d}: probe mean {100 * checkpoints[step]['mean']:.1f} "
-                      f"({gain:+.1f} vs step 0)", flush=True)
+                print(
+                    f"  seed {seed} step {step:3d}: probe mean {100 * checkpoints[step]['mean']:.1f} "
+                    f"({gain:+.1f} vs step 0)",
+                    flush=True,
+                )
     finally:
         run.close()
     return {"seed": seed, "probe": checkpoints, "solve_rate": solve_rates}
@@ -118,8 +124,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cells = " | ".join(f"{100 * p['mean']:.1f}" for p in r["probe"].values())
         final = list(r["probe"].values())[-1]["mean"] - r["probe"][0]["mean"]
         print(f"| {r['seed']} | {cells} | {100 * final:+.1f} |")
-    summary = {"benchmark": "curriculum", "recipe": args.recipe, "overrides": overrides, "steps": steps,
-               "seconds": round(time.time() - start, 1), "seeds": results}
+    summary = {
+        "benchmark": "curriculum",
+        "recipe": args.recipe,
+        "overrides": overrides,
+        "steps": steps,
+        "seconds": round(time.time() - start, 1),
+        "seeds": results,
+    }
     print(json.dumps(summary))
     return summary
 

@@ -43,8 +43,16 @@ def end_to_end(workdir: Path, limit: int, max_tokens: int) -> dict[str, Any]:
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(base)
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))
-    kwargs = dict(target=str(adapter), benchmarks="shipped", engine="hf", limit=limit, max_tokens=max_tokens,
-                  out=str(workdir / "eval"), no_base=True, quiet=True)
+    kwargs = dict(
+        target=str(adapter),
+        benchmarks="shipped",
+        engine="hf",
+        limit=limit,
+        max_tokens=max_tokens,
+        out=str(workdir / "eval"),
+        no_base=True,
+        quiet=True,
+    )
     t = time.perf_counter()
     cold = run_eval(**kwargs)
     cold_s = time.perf_counter() - t
@@ -52,13 +60,19 @@ def end_to_end(workdir: Path, limit: int, max_tokens: int) -> dict[str, Any]:
     run_eval(**kwargs)
     warm_s = time.perf_counter() - t
     timings = cold["timings"]
-    return {"limit": limit, "max_tokens": max_tokens, "benchmarks": list(cold["benchmarks"]),
-            "cold_s": round(cold_s, 2), "warm_cached_s": round(warm_s, 2),
-            "generate_s": round(sum(v["generate_s"] for v in timings.values()), 2),
-            "grade_s": round(sum(v["grade_s"] for v in timings.values()), 2),
-            "per_benchmark": {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in timings.items()},
-            "tokens": sum(d.get("tokens", 0) for s in cold["subjects"] for d in s["details"].values()),
-            "target_s": 300, "meets_target": cold_s < 300}
+    return {
+        "limit": limit,
+        "max_tokens": max_tokens,
+        "benchmarks": list(cold["benchmarks"]),
+        "cold_s": round(cold_s, 2),
+        "warm_cached_s": round(warm_s, 2),
+        "generate_s": round(sum(v["generate_s"] for v in timings.values()), 2),
+        "grade_s": round(sum(v["grade_s"] for v in timings.values()), 2),
+        "per_benchmark": {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in timings.items()},
+        "tokens": sum(d.get("tokens", 0) for s in cold["subjects"] for d in s["details"].values()),
+        "target_s": 300,
+        "meets_target": cold_s < 300,
+    }
 
 
 class _Instant:
@@ -88,8 +102,10 @@ def grading_throughput(quick: bool) -> dict[str, Any]:
             items = b.items()
             comps = [[it[field]] for it in items]
             if name == "humaneval":
-                jobs = [grading.check_job(b.program(it, c[0]), it["test"], it["entry_point"], 60)
-                        for it, c in zip(items, comps)]
+                jobs = [
+                    grading.check_job(b.program(it, c[0]), it["test"], it["entry_point"], 60)
+                    for it, c in zip(items, comps)
+                ]
             else:
                 jobs = [grading.assert_job(it["code"], it["setup"], test, 60) for it in items for test in it["tests"]]
             t = time.perf_counter()
@@ -101,14 +117,19 @@ def grading_throughput(quick: bool) -> dict[str, Any]:
             t = time.perf_counter()
             b.grade(items, comps, _Instant())
             python_s = time.perf_counter() - t
-            out[name] = {"problems": len(items), "jobs": len(jobs), "passed": sum(r[0] for r in graded),
-                         "sandbox_only_s": round(sandbox_s, 3), "evaluator_s": round(grade_s, 3),
-                         "jobs_per_s_sandbox": round(len(jobs) / sandbox_s, 1),
-                         "jobs_per_s_evaluator": round(len(jobs) / grade_s, 1),
-                         "overhead_ratio": round(grade_s / sandbox_s, 3),
-                         "evaluator_python_s": round(python_s, 4),
-                         "python_share_of_sandbox": round(python_s / sandbox_s, 4),
-                         "sandbox_ok": sum(r.ok for r in raw)}
+            out[name] = {
+                "problems": len(items),
+                "jobs": len(jobs),
+                "passed": sum(r[0] for r in graded),
+                "sandbox_only_s": round(sandbox_s, 3),
+                "evaluator_s": round(grade_s, 3),
+                "jobs_per_s_sandbox": round(len(jobs) / sandbox_s, 1),
+                "jobs_per_s_evaluator": round(len(jobs) / grade_s, 1),
+                "overhead_ratio": round(grade_s / sandbox_s, 3),
+                "evaluator_python_s": round(python_s, 4),
+                "python_share_of_sandbox": round(python_s / sandbox_s, 4),
+                "sandbox_ok": sum(r.ok for r in raw),
+            }
     finally:
         executor.close()
     b = BENCHMARKS["math500"]()
@@ -116,8 +137,11 @@ def grading_throughput(quick: bool) -> dict[str, Any]:
     t = time.perf_counter()
     graded = b.grade(items, [[f"</think> <answer>\\boxed{{{it['answer']}}}</answer>"] for it in items])
     math_s = time.perf_counter() - t
-    out["math500_math_verify"] = {"answers": len(items), "correct": sum(r[0] for r in graded),
-                                  "answers_per_s": round(len(items) / math_s, 1)}
+    out["math500_math_verify"] = {
+        "answers": len(items),
+        "correct": sum(r[0] for r in graded),
+        "answers_per_s": round(len(items) / math_s, 1),
+    }
     return out
 
 
@@ -133,9 +157,19 @@ def main() -> None:
         print(f"end to end: {json.dumps(e2e)}", file=sys.stderr)
         throughput = grading_throughput(args.quick)
         print(f"grading: {json.dumps(throughput)}", file=sys.stderr)
-    print(json.dumps({"benchmark": "evals", "quick": args.quick, "cpus": os.cpu_count(),
-                      "omp_threads": os.environ.get("OMP_NUM_THREADS"), "python": platform.python_version(),
-                      "end_to_end": e2e, "grading": throughput}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "evals",
+                "quick": args.quick,
+                "cpus": os.cpu_count(),
+                "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+                "python": platform.python_version(),
+                "end_to_end": e2e,
+                "grading": throughput,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

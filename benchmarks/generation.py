@@ -28,9 +28,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # ~2.5x faster for tiny models on the shared 2-core box
 
-PROMPTS = ["def f(x):\n    return x + 1\n# test", "The quick brown fox", "def f(a, b):\n    return",
-           "0123456789 ()[]", "def f(s):\n    return s[::-1]", "```python\n", "sorted(d.items(), key=",
-           "<think> </think> <answer>"]
+PROMPTS = [
+    "def f(x):\n    return x + 1\n# test",
+    "The quick brown fox",
+    "def f(a, b):\n    return",
+    "0123456789 ()[]",
+    "def f(s):\n    return s[::-1]",
+    "```python\n",
+    "sorted(d.items(), key=",
+    "<think> </think> <answer>",
+]
 
 
 def _timed(fn: Any, repeats: int) -> tuple[float, Any]:
@@ -69,21 +76,31 @@ def run(quick: bool, device: str, use_vllm: bool, repeats: int) -> dict[str, Any
     reqs = [GenerationRequest(PROMPTS[j % len(PROMPTS)], a) for a in adapters for j in range(per_adapter)]
 
     t_mixed, out_mixed = _timed(lambda: engine.generate(reqs, greedy), repeats)
-    by_adapter = [reqs[i * per_adapter:(i + 1) * per_adapter] for i in range(n_adapters)]
+    by_adapter = [reqs[i * per_adapter : (i + 1) * per_adapter] for i in range(n_adapters)]
     t_seq, out_seq = _timed(lambda: [o for chunk in by_adapter for o in engine.generate(chunk, greedy)], repeats)
     one = [GenerationRequest(r.prompt, adapters[0]) for r in reqs]
     t_one, out_one = _timed(lambda: engine.generate(one, greedy), repeats)
     same = [c.token_ids for row in out_mixed for c in row] == [c.token_ids for row in out_seq for c in row]
     tokens = _tokens(out_mixed)
     result: dict[str, Any] = {
-        "benchmark": "generation", "quick": quick, "device": host.device, "dtype": str(host.dtype),
-        "threads": torch.get_num_threads(), "adapters": n_adapters, "requests": len(reqs),
-        "max_tokens": max_tokens, "tokens": tokens, "identical_tokens": same,
-        "hf_mixed_s": round(t_mixed, 4), "hf_by_adapter_s": round(t_seq, 4), "hf_one_adapter_s": round(t_one, 4),
+        "benchmark": "generation",
+        "quick": quick,
+        "device": host.device,
+        "dtype": str(host.dtype),
+        "threads": torch.get_num_threads(),
+        "adapters": n_adapters,
+        "requests": len(reqs),
+        "max_tokens": max_tokens,
+        "tokens": tokens,
+        "identical_tokens": same,
+        "hf_mixed_s": round(t_mixed, 4),
+        "hf_by_adapter_s": round(t_seq, 4),
+        "hf_one_adapter_s": round(t_one, 4),
         "mixed_batch_speedup": round(t_seq / t_mixed, 3),
         "hf_tok_s": round(tokens / t_mixed, 1),
         "hf_tok_s_one_adapter": round(_tokens(out_one) / t_one, 1),
-        "target_mixed_batch_speedup": 3.0, "vllm_tok_s": None,
+        "target_mixed_batch_speedup": 3.0,
+        "vllm_tok_s": None,
     }
     result["meets_target"] = result["mixed_batch_speedup"] >= 3.0
     if use_vllm:
@@ -94,14 +111,16 @@ def run(quick: bool, device: str, use_vllm: bool, repeats: int) -> dict[str, Any
         else:
             t0 = time.perf_counter()
             vcomp = registry.get("engine", "vllm")
-            v = vcomp.factory(vcomp.parse_params({"max_loras": n_adapters, "max_model_len": 512}),
-                              base_model=base, lora=lora, seed=0)
+            v = vcomp.factory(
+                vcomp.parse_params({"max_loras": n_adapters, "max_model_len": 512}), base_model=base, lora=lora, seed=0
+            )
             result["vllm_start_s"] = round(time.perf_counter() - t0, 2)
             t_v, out_v = _timed(lambda: v.generate(reqs, greedy), repeats)
             result["vllm_s"] = round(t_v, 4)
             result["vllm_tok_s"] = round(_tokens(out_v) / t_v, 1)
-            result["vllm_hf_same_tokens"] = ([c.token_ids for row in out_v for c in row]
-                                             == [c.token_ids for row in out_mixed for c in row])
+            result["vllm_hf_same_tokens"] = [c.token_ids for row in out_v for c in row] == [
+                c.token_ids for row in out_mixed for c in row
+            ]
             v.close()
     else:
         result["vllm_skipped"] = "quick mode (engine start alone takes ~30-40 s here); run without --quick"

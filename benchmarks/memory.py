@@ -58,8 +58,22 @@ def make_files(work: Path, hidden: int, layers: int, count: int, rank: int) -> N
 def run(quick: bool, device: str) -> dict[str, Any]:
     hidden, layers, rank = (1024, 2, 16) if quick else (1024, 4, 16)
     work = Path(tempfile.mkdtemp(prefix="bench-mem-"))
-    subprocess.run([sys.executable, "-m", "benchmarks.memory", "--make-files", str(work), "--hidden", str(hidden),
-                    "--layers", str(layers), "--rank", str(rank)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.memory",
+            "--make-files",
+            str(work),
+            "--hidden",
+            str(hidden),
+            "--layers",
+            str(layers),
+            "--rank",
+            str(rank),
+        ],
+        check=True,
+    )
     import torch
 
     from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
@@ -68,10 +82,12 @@ def run(quick: bool, device: str) -> dict[str, Any]:
     comp = get_manager().registry.get("engine", "hf")
     lora = LoraSettings(rank=rank, alpha=2.0 * rank, target_modules=TARGETS)
     base = BaseModel(str(work / "model"))
-    engine = comp.factory(comp.parse_params({"device": device, "max_loaded_adapters": 64}), base_model=base,
-                          lora=lora, seed=0)
+    engine = comp.factory(
+        comp.parse_params({"device": device, "max_loaded_adapters": 64}), base_model=base, lora=lora, seed=0
+    )
     tiny = SamplingParams(temperature=0.0, max_tokens=1)
     import safetensors.torch  # noqa: F401  (library code is loaded once per process, not per adapter)
+
     engine.generate([GenerationRequest("x", None)], tiny)  # warm the base path and allocator
     engine.generate([GenerationRequest("x", None)], tiny)
     cuda = engine.host.device.startswith("cuda")
@@ -94,20 +110,33 @@ def run(quick: bool, device: str) -> dict[str, Any]:
             loaded += 1
             if adapter_bytes is None:
                 held = engine.host.version(engine.host.ensure(ref))
-                adapter_bytes = sum(a.numel() * a.element_size() + b.numel() * b.element_size()
-                                    for a, b in held.values())
+                adapter_bytes = sum(
+                    a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in held.values()
+                )
         extra = measure() - base_rss
         rows[str(n)] = {"extra_mb": round(extra / 2**20, 3), "ratio": round(extra / (n * adapter_bytes), 4)}
     assert adapter_bytes is not None
-    model_bytes = sum(p.numel() * p.element_size() for n, p in engine.host.model.named_parameters()
-                      if ".lora_" not in n)
-    return {"benchmark": "memory", "quick": quick, "device": engine.host.device, "torch": torch.__version__,
-            "hidden": hidden, "layers": layers, "rank": rank, "target_modules": list(TARGETS),
-            "base_params_mb": round(model_bytes / 2**20, 3), "measured": "cuda_allocated" if cuda else "rss",
-            "mem_with_base_mb": round(base_rss / 2**20, 1),
-            "adapter_mb": round(adapter_bytes / 2**20, 4), "per_n": rows,
-            "overhead_ratio_16": rows["16"]["ratio"], "target_overhead_ratio_16": 1.10,
-            "meets_target": rows["16"]["ratio"] <= 1.10}
+    model_bytes = sum(
+        p.numel() * p.element_size() for n, p in engine.host.model.named_parameters() if ".lora_" not in n
+    )
+    return {
+        "benchmark": "memory",
+        "quick": quick,
+        "device": engine.host.device,
+        "torch": torch.__version__,
+        "hidden": hidden,
+        "layers": layers,
+        "rank": rank,
+        "target_modules": list(TARGETS),
+        "base_params_mb": round(model_bytes / 2**20, 3),
+        "measured": "cuda_allocated" if cuda else "rss",
+        "mem_with_base_mb": round(base_rss / 2**20, 1),
+        "adapter_mb": round(adapter_bytes / 2**20, 4),
+        "per_n": rows,
+        "overhead_ratio_16": rows["16"]["ratio"],
+        "target_overhead_ratio_16": 1.10,
+        "meets_target": rows["16"]["ratio"] <= 1.10,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -92,8 +92,9 @@ def _layer0(names: list[str]) -> list[str]:
 # --- PEFT ---------------------------------------------------------------------------------------
 
 
-def peft_svd_one_layer(parents: list[Any], names: list[str], shapes: dict[str, tuple[int, int]],
-                       weights: list[float]) -> tuple[dict[str, Any], float]:
+def peft_svd_one_layer(
+    parents: list[Any], names: list[str], shapes: dict[str, tuple[int, int]], weights: list[float]
+) -> tuple[dict[str, Any], float]:
     """PEFT's svd merge of two adapters on a one-layer skeleton (base weights never initialised)."""
     import torch
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -138,8 +139,12 @@ def peft_svd_one_layer(parents: list[Any], names: list[str], shapes: dict[str, t
 def _pip_target(target: Path, *specs: str) -> str | None:
     """pip install --no-deps --target; None on success, else pip's last line."""
     try:
-        res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                              *specs], capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *specs],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except subprocess.TimeoutExpired:
         return "pip install timed out"
     return None if res.returncode == 0 else (res.stderr.strip().splitlines() or ["?"])[-1]
@@ -177,8 +182,9 @@ def try_lucidrains(target: str | None) -> tuple[bool, str]:
     return False, "not importable after installing six missing modules"
 
 
-def bench_lucidrains(target: str, parents: list[Any], named: dict[str, tuple[int, int]],
-                     rows: list[dict[str, Any]]) -> dict[str, Any]:
+def bench_lucidrains(
+    target: str, parents: list[Any], named: dict[str, tuple[int, int]], rows: list[dict[str, Any]]
+) -> dict[str, Any]:
     """lucidrains' operators on the same parents: time per child for each mutation, and how far its
     factor-space crossovers (average, DARE on factors) land from the true average of the parents' delta W
     (layer 0). Its population stores down = A^T (pop, d_in, r) and up = B (pop, d_out, r); we fold the
@@ -195,23 +201,37 @@ def bench_lucidrains(target: str, parents: list[Any], named: dict[str, tuple[int
 
     def population(slots: int) -> Any:
         def stack(get: Any) -> dict[str, Any]:
-            return {n: torch.stack([get(p.modules[n]) for p in parents] +
-                                   [torch.zeros_like(get(parents[0].modules[n]))] * (slots - len(parents)))
-                    for n in names}
-        return SimpleNamespace(weight_down=stack(lambda f: f.A.T.contiguous()),
-                               weight_up=stack(lambda f: f.B * f.scale), device=torch.device("cpu"))
+            return {
+                n: torch.stack(
+                    [get(p.modules[n]) for p in parents]
+                    + [torch.zeros_like(get(parents[0].modules[n]))] * (slots - len(parents))
+                )
+                for n in names
+            }
+
+        return SimpleNamespace(
+            weight_down=stack(lambda f: f.A.T.contiguous()),
+            weight_up=stack(lambda f: f.B * f.scale),
+            device=torch.device("cpu"),
+        )
 
     torch.manual_seed(0)  # it draws from torch's global generator
     out: dict[str, Any] = {"mutations_s": {}}
     for name, fn in lucid.MUTATION_REGISTRY.items():
         pop = population(len(parents))
         _, dt, mb = _timed(lambda fn=fn, pop=pop: fn(pop, torch.tensor([0])))
-        rows.append({"operator": f"lucidrains {name}", "rank": parents[0].config["r"], "seconds": dt,
-                     "cpu_s": _CPU["last"], "peak_mb": mb})
+        rows.append(
+            {
+                "operator": f"lucidrains {name}",
+                "rank": parents[0].config["r"],
+                "seconds": dt,
+                "cpu_s": _CPU["last"],
+                "peak_mb": mb,
+            }
+        )
         out["mutations_s"][name] = dt
     names0 = _layer0(names)
-    for key, fn in (("factor_average_rel_error", lucid.crossover_average),
-                    ("dare_rel_error", lucid.crossover_dare)):
+    for key, fn in (("factor_average_rel_error", lucid.crossover_average), ("dare_rel_error", lucid.crossover_dare)):
         pop = population(len(parents) + 1)
         fn(pop, torch.tensor([[0, 1]]), torch.tensor([len(parents)]))
         num = den = 0.0
@@ -238,8 +258,16 @@ def _warm_up() -> None:
         ops.delta_merge(ps, OPERATORS[name][1](), torch.Generator().manual_seed(0))
 
 
-def bench_rank(rank: int, layers: int, shapes: dict[str, tuple[int, int]], ops_to_run: list[str], workdir: Path,
-               do_peft: bool, rows: list[dict[str, Any]], peft_modules: list[str] | None) -> dict[str, Any]:
+def bench_rank(
+    rank: int,
+    layers: int,
+    shapes: dict[str, tuple[int, int]],
+    ops_to_run: list[str],
+    workdir: Path,
+    do_peft: bool,
+    rows: list[dict[str, Any]],
+    peft_modules: list[str] | None,
+) -> dict[str, Any]:
     import torch
     from populora_lora_ops import OPERATORS, ops
     from populora_lora_ops.synthetic import module_names, trained_like
@@ -269,8 +297,9 @@ def bench_rank(rank: int, layers: int, shapes: dict[str, tuple[int, int]], ops_t
         save_lora(ops.svd_crossover(ps, OPERATORS["svd"][1](), torch.Generator()), d / "child")
 
     _, dt_io, mb_io = _timed(io_svd)
-    rows.append({"operator": "svd (load+op+save)", "rank": rank, "seconds": dt_io, "cpu_s": _CPU["last"],
-                 "peak_mb": mb_io})
+    rows.append(
+        {"operator": "svd (load+op+save)", "rank": rank, "seconds": dt_io, "cpu_s": _CPU["last"], "peak_mb": mb_io}
+    )
     result["svd_io_s"] = dt_io
     shutil.rmtree(d, ignore_errors=True)
 
@@ -301,25 +330,45 @@ def bench_rank(rank: int, layers: int, shapes: dict[str, tuple[int, int]], ops_t
         favg = f1.scale * ((f1.B + f2.B) / 2) @ ((f1.A + f2.A) / 2)
         favg_num += float((favg.double() - w.double()).norm()) ** 2
     full_layer = peft_modules is None
-    result.update({
-        "peft_scope": "layer 0, all modules" if full_layer else f"layer 0, {', '.join(peft_modules or [])}",
-        "svd_rel_error": (err_num / ref_den) ** 0.5,
-        "svd_rel_error_vs_sum": (err_sum_num / sum_den) ** 0.5,
-        "factor_average_rel_error_vs_sum": (favg_num / sum_den) ** 0.5,
-        "peft_rel_error": (peft_num / ref_den) ** 0.5,
-        "peft_rel_error_vs_sum": (peft_sum_num / sum_den) ** 0.5,
-        "peft_scope_s": peft_dt,
-        "svd_scope_s": ours_sub_s,
-        "peft_s": peft_dt * layers if full_layer else None,
-        "speedup_vs_peft": (peft_dt * layers / result["svd"][0]) if full_layer else peft_dt / ours_sub_s,
-    })
-    rows.append({"operator": f"svd crossover on {result['peft_scope']}", "rank": rank, "seconds": ours_sub_s,
-                 "peak_mb": float("nan")})
-    rows.append({"operator": f"PEFT svd merge on {result['peft_scope']}", "rank": rank, "seconds": peft_dt,
-                 "peak_mb": float("nan")})
+    result.update(
+        {
+            "peft_scope": "layer 0, all modules" if full_layer else f"layer 0, {', '.join(peft_modules or [])}",
+            "svd_rel_error": (err_num / ref_den) ** 0.5,
+            "svd_rel_error_vs_sum": (err_sum_num / sum_den) ** 0.5,
+            "factor_average_rel_error_vs_sum": (favg_num / sum_den) ** 0.5,
+            "peft_rel_error": (peft_num / ref_den) ** 0.5,
+            "peft_rel_error_vs_sum": (peft_sum_num / sum_den) ** 0.5,
+            "peft_scope_s": peft_dt,
+            "svd_scope_s": ours_sub_s,
+            "peft_s": peft_dt * layers if full_layer else None,
+            "speedup_vs_peft": (peft_dt * layers / result["svd"][0]) if full_layer else peft_dt / ours_sub_s,
+        }
+    )
+    rows.append(
+        {
+            "operator": f"svd crossover on {result['peft_scope']}",
+            "rank": rank,
+            "seconds": ours_sub_s,
+            "peak_mb": float("nan"),
+        }
+    )
+    rows.append(
+        {
+            "operator": f"PEFT svd merge on {result['peft_scope']}",
+            "rank": rank,
+            "seconds": peft_dt,
+            "peak_mb": float("nan"),
+        }
+    )
     if full_layer:
-        rows.append({"operator": f"PEFT svd merge (1 layer measured x {layers})", "rank": rank,
-                     "seconds": peft_dt * layers, "peak_mb": float("nan")})
+        rows.append(
+            {
+                "operator": f"PEFT svd merge (1 layer measured x {layers})",
+                "rank": rank,
+                "seconds": peft_dt * layers,
+                "peak_mb": float("nan"),
+            }
+        )
     return result
 
 
@@ -330,8 +379,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--no-peft", action="store_true")
-    ap.add_argument("--peft-ranks", type=int, nargs="+", default=[16],
-                    help="ranks at which PEFT's svd merge is run (each costs minutes at 7B shapes)")
+    ap.add_argument(
+        "--peft-ranks",
+        type=int,
+        nargs="+",
+        default=[16],
+        help="ranks at which PEFT's svd merge is run (each costs minutes at 7B shapes)",
+    )
     ap.add_argument("--lucid-target", default="/tmp/lucid", help="throwaway pip --target dir for `populora`")
     ap.add_argument("--operators", nargs="+", default=None)
     args = ap.parse_args(argv)
@@ -355,44 +409,63 @@ def main(argv: list[str] | None = None) -> None:
     lucid: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-ops-") as tmp:
         for rank in ranks:
-            per_rank[rank] = bench_rank(rank, layers, shapes, ops_to_run, Path(tmp),
-                                        not args.no_peft and rank in args.peft_ranks, rows,
-                                        ["k_proj", "v_proj"] if args.quick else None)
+            per_rank[rank] = bench_rank(
+                rank,
+                layers,
+                shapes,
+                ops_to_run,
+                Path(tmp),
+                not args.no_peft and rank in args.peft_ranks,
+                rows,
+                ["k_proj", "v_proj"] if args.quick else None,
+            )
     if lucid_ok:  # last: its import cannot disturb our timings
         from populora_lora_ops.synthetic import module_names, trained_like
 
         rank = 16 if 16 in ranks else ranks[0]
         named = module_names(layers, shapes)
-        lucid = bench_lucidrains(lucid_info, [trained_like(named, rank, 2.0 * rank, seed) for seed in (1, 2)],
-                                 named, rows)
+        lucid = bench_lucidrains(
+            lucid_info, [trained_like(named, rank, 2.0 * rank, seed) for seed in (1, 2)], named, rows
+        )
 
-    print(f"# Qwen2.5-7B shapes: {layers} layers x {', '.join(k.split('.')[1] for k in shapes)}; "
-          f"{args.threads} thread(s); torch {torch.__version__}; {platform.processor() or platform.machine()}")
+    print(
+        f"# Qwen2.5-7B shapes: {layers} layers x {', '.join(k.split('.')[1] for k in shapes)}; "
+        f"{args.threads} thread(s); torch {torch.__version__}; {platform.processor() or platform.machine()}"
+    )
     print(f"{'operator':44s} {'rank':>4s} {'s/child':>9s} {'cpu s':>9s} {'peak MB':>9s}")
     for row in rows:
-        print(f"{row['operator']:44s} {row['rank']:4d} {row['seconds']:9.3f} {row.get('cpu_s', float('nan')):9.3f} "
-              f"{row['peak_mb']:9.1f}")
+        print(
+            f"{row['operator']:44s} {row['rank']:4d} {row['seconds']:9.3f} {row.get('cpu_s', float('nan')):9.3f} "
+            f"{row['peak_mb']:9.1f}"
+        )
     head = per_rank.get(16) or per_rank[ranks[0]]
-    mutations = [n for n in ("svd_structured", "layer_gaussian", "component_mask", "gaussian", "neftune")
-                 if n in head]
+    mutations = [n for n in ("svd_structured", "layer_gaussian", "component_mask", "gaussian", "neftune") if n in head]
     for rank, res in per_rank.items():
         if "peft_scope" not in res:
             continue
         if res.get("peft_s") is not None:
-            print(f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on ONE layer "
-                  f"({res['peft_scope_s']:.1f} s) and extrapolated x{layers} = {res['peft_s']:.0f} s")
+            print(
+                f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on ONE layer "
+                f"({res['peft_scope_s']:.1f} s) and extrapolated x{layers} = {res['peft_s']:.0f} s"
+            )
         else:
-            print(f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on {res['peft_scope']} only (quick): "
-                  f"{res['peft_scope_s']:.2f} s vs ours {res['svd_scope_s']:.4f} s on the same modules")
-        print(f"# rank {rank}: rel. error on {res['peft_scope']} vs dense truncated SVD: "
-              f"ours {res['svd_rel_error']:.2e}, PEFT {res['peft_rel_error']:.2e}; vs the full weighted sum: "
-              f"ours {res['svd_rel_error_vs_sum']:.3f}, PEFT {res['peft_rel_error_vs_sum']:.3f}, "
-              f"factor averaging {res['factor_average_rel_error_vs_sum']:.3f}")
+            print(
+                f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on {res['peft_scope']} only (quick): "
+                f"{res['peft_scope_s']:.2f} s vs ours {res['svd_scope_s']:.4f} s on the same modules"
+            )
+        print(
+            f"# rank {rank}: rel. error on {res['peft_scope']} vs dense truncated SVD: "
+            f"ours {res['svd_rel_error']:.2e}, PEFT {res['peft_rel_error']:.2e}; vs the full weighted sum: "
+            f"ours {res['svd_rel_error_vs_sum']:.3f}, PEFT {res['peft_rel_error_vs_sum']:.3f}, "
+            f"factor averaging {res['factor_average_rel_error_vs_sum']:.3f}"
+        )
     if lucid:
-        lucid_note = (f"lucidrains populora (from {lucid_info}): mutations {min(lucid['mutations_s'].values()):.2f}-"
-                      f"{max(lucid['mutations_s'].values()):.2f} s per child; on layer 0 its factor-averaging "
-                      f"crossover lands {lucid['factor_average_rel_error']:.0%} and its factor-DARE crossover "
-                      f"{lucid['dare_rel_error']:.0%} (relative) away from the true average of the parents' delta W")
+        lucid_note = (
+            f"lucidrains populora (from {lucid_info}): mutations {min(lucid['mutations_s'].values()):.2f}-"
+            f"{max(lucid['mutations_s'].values()):.2f} s per child; on layer 0 its factor-averaging "
+            f"crossover lands {lucid['factor_average_rel_error']:.0%} and its factor-DARE crossover "
+            f"{lucid['dare_rel_error']:.0%} (relative) away from the true average of the parents' delta W"
+        )
     else:
         lucid_note = f"lucidrains populora: not compared ({lucid_info})"
     print(f"# {lucid_note}")
@@ -434,15 +507,18 @@ def main(argv: list[str] | None = None) -> None:
         "dare_peak_mb": head["dare"][1] if "dare" in head else None,
         "ties_s": first("ties"),
         "ties_peak_mb": head["ties"][1] if "ties" in head else None,
-        "max_fast_crossover_s": max((first(n) for n in ("svd", "svd_subspace", "layerwise", "clone",
-                                                         "extrapolate", "xes") if n in head), default=None),
+        "max_fast_crossover_s": max(
+            (first(n) for n in ("svd", "svd_subspace", "layerwise", "clone", "extrapolate", "xes") if n in head),
+            default=None,
+        ),
         "lucidrains_mutation_s": max(lucid["mutations_s"].values()) if lucid else None,
         "lucidrains_mutations_s": lucid.get("mutations_s"),
         "lucidrains_factor_average_rel_error": lucid.get("factor_average_rel_error"),
         "lucidrains_dare_rel_error": lucid.get("dare_rel_error"),
         "lucidrains_note": lucid_note,
-        "per_rank": {str(r): {k: (list(v) if isinstance(v, tuple) else v) for k, v in res.items()}
-                     for r, res in per_rank.items()},
+        "per_rank": {
+            str(r): {k: (list(v) if isinstance(v, tuple) else v) for k, v in res.items()} for r, res in per_rank.items()
+        },
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     print(json.dumps(summary))

@@ -35,41 +35,98 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-SEED_DIR = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / "azr_seeds",
-                             Path("/work/shared/data/azr_seeds")) if p.is_dir()), Path("/work/shared/data/azr_seeds"))
+SEED_DIR = next(
+    (
+        p
+        for p in (
+            Path(__file__).resolve().parents[2] / "shared" / "data" / "azr_seeds",
+            Path("/work/shared/data/azr_seeds"),
+        )
+        if p.is_dir()
+    ),
+    Path("/work/shared/data/azr_seeds"),
+)
 
 # --- the corpus ---------------------------------------------------------------------------------------
 
 _TEMPLATES = [
-    ("def f(s: str):\n    out = ''\n    for i, ch in enumerate(s):\n        if i % {k} == 0:\n"
-     "            out += ch.upper()\n        else:\n            out += ch\n    return out[::-1]", "'{word}'"),
-    ("def f(nums: list):\n    total = 0\n    for n in nums:\n        if n % {k} == 0:\n            total += n * n\n"
-     "        else:\n            total -= n\n    return total", "{nums}"),
-    ("from collections import Counter\n\ndef f(text: str):\n    c = Counter(text)\n"
-     "    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:{k}]", "'{word}{word}'"),
-    ("def f(n: int):\n    a, b = 0, 1\n    seq = []\n    for _ in range(n):\n        seq.append(a)\n"
-     "        a, b = b, (a + b) % {m}\n    return seq", "{n}"),
-    ("def f(d: dict):\n    result = {{}}\n    for key in sorted(d):\n        v = d[key]\n"
-     "        result.setdefault(v % {k}, []).append(key)\n    return result", "{dct}"),
-    ("import math\n\ndef f(x: int, y: int):\n    g = math.gcd(x, y)\n    return (x // g, y // g, g + {k})",
-     "{a}, {b}"),
-    ("def f(grid: list):\n    rows = len(grid)\n    cols = len(grid[0])\n"
-     "    return [[grid[r][c] * {k} for r in range(rows)] for c in range(cols)]", "{grid}"),
-    ("def f(n: int):\n    def rec(m):\n        if m <= 1:\n            return m\n"
-     "        return rec(m - 1) + rec(m - 2)\n    return [rec(i) for i in range(n % {k} + 5)]", "{n}"),
-    ("import heapq\n\ndef f(nums: list):\n    h = list(nums)\n    heapq.heapify(h)\n"
-     "    return [heapq.heappop(h) for _ in range(min({k}, len(h)))]", "{nums}"),
-    ("def f(s: str):\n    stack = []\n    for ch in s:\n        if stack and stack[-1] == ch:\n"
-     "            stack.pop()\n        else:\n            stack.append(ch)\n    return ''.join(stack) + str({k})",
-     "'{word}'"),
-    ("import re\n\ndef f(text: str):\n    words = re.findall(r'[a-z]+', text.lower())\n"
-     "    return {{w: len(w) * {k} for w in words}}", "'{sentence}'"),
+    (
+        "def f(s: str):\n    out = ''\n    for i, ch in enumerate(s):\n        if i % {k} == 0:\n"
+        "            out += ch.upper()\n        else:\n            out += ch\n    return out[::-1]",
+        "'{word}'",
+    ),
+    (
+        "def f(nums: list):\n    total = 0\n    for n in nums:\n        if n % {k} == 0:\n            total += n * n\n"
+        "        else:\n            total -= n\n    return total",
+        "{nums}",
+    ),
+    (
+        "from collections import Counter\n\ndef f(text: str):\n    c = Counter(text)\n"
+        "    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:{k}]",
+        "'{word}{word}'",
+    ),
+    (
+        "def f(n: int):\n    a, b = 0, 1\n    seq = []\n    for _ in range(n):\n        seq.append(a)\n"
+        "        a, b = b, (a + b) % {m}\n    return seq",
+        "{n}",
+    ),
+    (
+        "def f(d: dict):\n    result = {{}}\n    for key in sorted(d):\n        v = d[key]\n"
+        "        result.setdefault(v % {k}, []).append(key)\n    return result",
+        "{dct}",
+    ),
+    ("import math\n\ndef f(x: int, y: int):\n    g = math.gcd(x, y)\n    return (x // g, y // g, g + {k})", "{a}, {b}"),
+    (
+        "def f(grid: list):\n    rows = len(grid)\n    cols = len(grid[0])\n"
+        "    return [[grid[r][c] * {k} for r in range(rows)] for c in range(cols)]",
+        "{grid}",
+    ),
+    (
+        "def f(n: int):\n    def rec(m):\n        if m <= 1:\n            return m\n"
+        "        return rec(m - 1) + rec(m - 2)\n    return [rec(i) for i in range(n % {k} + 5)]",
+        "{n}",
+    ),
+    (
+        "import heapq\n\ndef f(nums: list):\n    h = list(nums)\n    heapq.heapify(h)\n"
+        "    return [heapq.heappop(h) for _ in range(min({k}, len(h)))]",
+        "{nums}",
+    ),
+    (
+        "def f(s: str):\n    stack = []\n    for ch in s:\n        if stack and stack[-1] == ch:\n"
+        "            stack.pop()\n        else:\n            stack.append(ch)\n    return ''.join(stack) + str({k})",
+        "'{word}'",
+    ),
+    (
+        "import re\n\ndef f(text: str):\n    words = re.findall(r'[a-z]+', text.lower())\n"
+        "    return {{w: len(w) * {k} for w in words}}",
+        "'{sentence}'",
+    ),
     # order of a set of strings depends on the hash seed: AZR's same-process check accepts it,
     # the two-process check rejects it
     ("def f(words: list):\n    return list(set(words))[:{k}]", "{words}"),
 ]
-_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
-          "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
+_WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+]
 
 
 def generated_programs(count: int, seed: int) -> list[tuple[str, str]]:
@@ -79,12 +136,19 @@ def generated_programs(count: int, seed: int) -> list[tuple[str, str]]:
     for i in range(count):
         template, inp = _TEMPLATES[i % len(_TEMPLATES)]
         words = rng.sample(_WORDS, 6)
-        fill = {"k": rng.randint(2, 7), "m": rng.randint(50, 1000), "n": rng.randint(5, 25),
-                "word": "".join(rng.choice("abcde") for _ in range(rng.randint(5, 15))),
-                "nums": [rng.randint(-50, 50) for _ in range(rng.randint(3, 12))],
-                "dct": {w: rng.randint(0, 99) for w in words[:4]}, "a": rng.randint(1, 10_000),
-                "b": rng.randint(1, 10_000), "grid": [[rng.randint(0, 9) for _ in range(3)] for _ in range(3)],
-                "sentence": " ".join(words), "words": words}
+        fill = {
+            "k": rng.randint(2, 7),
+            "m": rng.randint(50, 1000),
+            "n": rng.randint(5, 25),
+            "word": "".join(rng.choice("abcde") for _ in range(rng.randint(5, 15))),
+            "nums": [rng.randint(-50, 50) for _ in range(rng.randint(3, 12))],
+            "dct": {w: rng.randint(0, 99) for w in words[:4]},
+            "a": rng.randint(1, 10_000),
+            "b": rng.randint(1, 10_000),
+            "grid": [[rng.randint(0, 9) for _ in range(3)] for _ in range(3)],
+            "sentence": " ".join(words),
+            "words": words,
+        }
         out.append((template.format(**fill), inp.format(**fill)))
     return out
 
@@ -126,8 +190,13 @@ _RUNNER = "{code}\nprint(repr(f({inp})))\n"
 def _one_subprocess(code: str, inp: str, hash_seed: int) -> str | None:
     env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
     try:
-        p = subprocess.run([sys.executable, "-c", _RUNNER.format(code=code, inp=inp)], capture_output=True,
-                           text=True, timeout=10, env=env)
+        p = subprocess.run(
+            [sys.executable, "-c", _RUNNER.format(code=code, inp=inp)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return None
     return p.stdout.rstrip("\n") if p.returncode == 0 else None
@@ -143,7 +212,7 @@ def validate_subprocess(programs: list[tuple[str, str]], workers: int) -> list[s
 
 
 # UNSAFE reference worker (AZR-like): exec in a fresh dict, f called twice in the same process.
-_UNSAFE_WORKER = r'''
+_UNSAFE_WORKER = r"""
 import json, os, signal, struct, sys
 def _alarm(*_):
     raise TimeoutError("timeout")
@@ -172,13 +241,18 @@ while True:
     data = json.dumps(value).encode()
     wr.write(struct.pack(">I", len(data)) + data)
     wr.flush()
-'''
+"""
 
 
 def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], float]:
     """UNSAFE: one reused exec worker. Returns the verdicts and the seconds spent (without start-up)."""
-    proc = subprocess.Popen([sys.executable, "-c", _UNSAFE_WORKER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _UNSAFE_WORKER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd="/tmp",
+    )
     assert proc.stdin is not None and proc.stdout is not None
     out: list[str | None] = []
     start = time.perf_counter()
@@ -191,8 +265,13 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
             if len(head) < 4:  # a program killed the worker: restart it, count as invalid
                 out.append(None)
                 proc.wait()
-                proc = subprocess.Popen([sys.executable, "-c", _UNSAFE_WORKER], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp")
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _UNSAFE_WORKER],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    cwd="/tmp",
+                )
                 assert proc.stdin is not None and proc.stdout is not None
                 continue
             assert proc.stdout is not None
@@ -223,8 +302,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n_sub = min(n, args.subprocess_programs or (40 if args.quick else 200))
     programs, n_real = corpus(n, args.seed)
     cores = os.cpu_count() or 1
-    print(f"corpus: {n} programs ({n_real} AZR seed programs, {n - n_real} generated); cores={cores}; "
-          f"load average before: {os.getloadavg()}", flush=True)
+    print(
+        f"corpus: {n} programs ({n_real} AZR seed programs, {n - n_real} generated); cores={cores}; "
+        f"load average before: {os.getloadavg()}",
+        flush=True,
+    )
 
     t = time.perf_counter()
     executor = SandboxExecutor(SandboxParams(workers=args.workers, seed=args.seed))
@@ -241,17 +323,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     short_cpu = executor.cpu_seconds() - cpu0 + time.process_time() - own0
     isolation = executor.isolation
     executor.close()
-    print(f"isolated : {n / iso_s:8.1f} validations/s ({2 * n / iso_s:.1f} executions/s), "
-          f"pool start {startup:.2f} s, isolation {isolation}", flush=True)
+    print(
+        f"isolated : {n / iso_s:8.1f} validations/s ({2 * n / iso_s:.1f} executions/s), "
+        f"pool start {startup:.2f} s, isolation {isolation}",
+        flush=True,
+    )
     print(f"isolated, short generated programs: {2 * n / iso_short_s:8.1f} executions/s", flush=True)
-    print(f"CPU per isolated execution (zygotes + programs + this process): seeds "
-          f"{1000 * iso_cpu / (2 * n):.2f} ms, short {1000 * short_cpu / (2 * n):.2f} ms "
-          f"-> {cores} idle cores would allow ~{cores * 2 * n / short_cpu:.0f} short executions/s", flush=True)
+    print(
+        f"CPU per isolated execution (zygotes + programs + this process): seeds "
+        f"{1000 * iso_cpu / (2 * n):.2f} ms, short {1000 * short_cpu / (2 * n):.2f} ms "
+        f"-> {cores} idle cores would allow ~{cores * 2 * n / short_cpu:.0f} short executions/s",
+        flush=True,
+    )
 
     unsafe, unsafe_s = validate_unsafe(programs)
     _, unsafe_short_s = validate_unsafe(short)
-    print(f"UNSAFE exec (reused worker, no isolation, reference only): {n / unsafe_s:8.1f} validations/s, "
-          f"short programs {n / unsafe_short_s:8.1f} validations/s", flush=True)
+    print(
+        f"UNSAFE exec (reused worker, no isolation, reference only): {n / unsafe_s:8.1f} validations/s, "
+        f"short programs {n / unsafe_short_s:8.1f} validations/s",
+        flush=True,
+    )
 
     t = time.perf_counter()
     sub = validate_subprocess(programs[:n_sub], cores)
@@ -262,9 +353,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     agree_sub = sum(a == b for a, b in zip(iso, sub))
     caught = sum(a is None and b is not None for a, b in zip(iso, unsafe))
     result = {
-        "programs": n, "azr_seed_programs": n_real, "subprocess_programs": n_sub, "cores": cores,
-        "isolated_per_s": round(n / iso_s, 1), "isolated_exec_per_s": round(2 * n / iso_s, 1),
-        "subprocess_per_s": round(n_sub / sub_s, 1), "unsafe_exec_per_s": round(n / unsafe_s, 1),
+        "programs": n,
+        "azr_seed_programs": n_real,
+        "subprocess_programs": n_sub,
+        "cores": cores,
+        "isolated_per_s": round(n / iso_s, 1),
+        "isolated_exec_per_s": round(2 * n / iso_s, 1),
+        "subprocess_per_s": round(n_sub / sub_s, 1),
+        "unsafe_exec_per_s": round(n / unsafe_s, 1),
         "speedup_vs_subprocess": round((n / iso_s) / (n_sub / sub_s), 2),
         "unsafe_over_isolated": round((n / unsafe_s) / (n / iso_s), 2),
         "isolated_cpu_ms_per_exec": round(1000 * iso_cpu / (2 * n), 3),
@@ -273,14 +369,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "isolated_short_per_s": round(n / iso_short_s, 1),
         "isolated_short_exec_per_s": round(2 * n / iso_short_s, 1),
         "unsafe_short_per_s": round(n / unsafe_short_s, 1),
-        "valid_isolated": sum(v is not None for v in iso), "valid_unsafe": sum(v is not None for v in unsafe),
+        "valid_isolated": sum(v is not None for v in iso),
+        "valid_unsafe": sum(v is not None for v in unsafe),
         "rejected_only_by_two_process_check_or_isolation": caught,
         "verdict_agreement_with_unsafe": round(agree_unsafe / n, 4),
         "value_agreement_with_subprocess": round(agree_sub / n_sub, 4),
-        "namespaces": bool(isolation.get("pid_namespace")), "pool_start_s": round(startup, 2),
+        "namespaces": bool(isolation.get("pid_namespace")),
+        "pool_start_s": round(startup, 2),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "unit": "validations per second (each = 2 isolated executions); unsafe_exec_per_s = validations/s "
-                "of the UNSAFE reused exec worker",
+        "of the UNSAFE reused exec worker",
     }
     print(json.dumps(result))
     return result

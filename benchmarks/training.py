@@ -32,8 +32,14 @@ def _rollouts(member: str, n: int, length: int, seed: int) -> list[Any]:
     from populora_core.components import Rollout
 
     rng = random.Random(seed)
-    groups = ["deduction/solve", "abduction/solve", "induction/solve",
-              "deduction/propose", "abduction/propose", "induction/propose"]
+    groups = [
+        "deduction/solve",
+        "abduction/solve",
+        "induction/solve",
+        "deduction/propose",
+        "abduction/propose",
+        "induction/propose",
+    ]
     out = []
     for i in range(n):
         prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(16, 48))]
@@ -53,8 +59,9 @@ def bench(name: str, params: dict[str, Any], quick: bool, device: str, work: Pat
     host = get_host(base, device)
     comp = get_manager().registry.get("trainer", name)
     trainer = comp.factory(comp.parse_params({"device": device, **params}), base_model=base, lora=lora, seed=0)
-    current = {f"m{i}": host.create(f"{name}-m{i}@v0", lora, seed=i, out_dir=work / name / f"m{i}_v0")
-               for i in range(members)}
+    current = {
+        f"m{i}": host.create(f"{name}-m{i}@v0", lora, seed=i, out_dir=work / name / f"m{i}_v0") for i in range(members)
+    }
     version = 0
     # warm-up: first update of one member (allocations, lazy imports, TRL construction for grpo)
     warm = trainer.update("m0", current["m0"], _rollouts("m0", n_rollouts, length, 0), work / name / "warm")
@@ -71,11 +78,18 @@ def bench(name: str, params: dict[str, Any], quick: bool, device: str, work: Pat
             tokens += s.tokens
             stats.append(s)
             current[m] = AdapterRef(f"{name}-{m}@v{version}", str(out))
-    return {"tokens_per_s": round(tokens / seconds, 1), "updates": len(stats), "tokens": tokens,
-            "seconds": round(seconds, 3), "warmup_s": round(warm.seconds, 3),
-            "mean_update_s": round(seconds / len(stats), 4),
-            "micro_batch_size": params.get("micro_batch_size", 8), "rollouts_per_update": n_rollouts,
-            "max_completion_tokens": length, "members": members}
+    return {
+        "tokens_per_s": round(tokens / seconds, 1),
+        "updates": len(stats),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "warmup_s": round(warm.seconds, 3),
+        "mean_update_s": round(seconds / len(stats), 4),
+        "micro_batch_size": params.get("micro_batch_size", 8),
+        "rollouts_per_update": n_rollouts,
+        "max_completion_tokens": length,
+        "members": members,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,8 +122,14 @@ def main(argv: list[str] | None = None) -> None:
     from populora_core.components import BaseModel
 
     host = get_host(BaseModel(str(work / "model")), args.device)
-    result.update(device=host.device, dtype=str(host.dtype), threads=torch.get_num_threads(),
-                  python=platform.python_version(), machine=platform.machine(), cpus=os.cpu_count())
+    result.update(
+        device=host.device,
+        dtype=str(host.dtype),
+        threads=torch.get_num_threads(),
+        python=platform.python_version(),
+        machine=platform.machine(),
+        cpus=os.cpu_count(),
+    )
     print(json.dumps(result), flush=True)
 
 

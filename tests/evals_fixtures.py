@@ -10,15 +10,26 @@ import zlib
 from pathlib import Path
 
 EVALPLUS_ROWS = [
-    {"task_id": "HumanEval/0", "entry_point": "add_up",
-     "prompt": ('def add_up(xs: list) -> int:\n    """Sum of the integers in xs.\n'
-                '    >>> add_up([1, 2])\n    3\n    """\n'),
-     "canonical_solution": "    total = 0\n    for x in xs:\n        total += x\n    return total\n",
-     "base_input": [[[1, 2]], [[5]]], "plus_input": [[[]], [[-3, 3, 10]], [list(range(100))]], "atol": 0},
-    {"task_id": "HumanEval/1", "entry_point": "mean",
-     "prompt": 'def mean(xs: list) -> float:\n    """Arithmetic mean.\n    >>> mean([1.0, 2.0])\n    1.5\n    """\n',
-     "canonical_solution": "    return sum(xs) / len(xs)\n",
-     "base_input": [[[1.0, 2.0]], [[0.1, 0.2, 0.3]]], "plus_input": [[[1e-9, 3.0]], [[2.5]]], "atol": 0},
+    {
+        "task_id": "HumanEval/0",
+        "entry_point": "add_up",
+        "prompt": (
+            'def add_up(xs: list) -> int:\n    """Sum of the integers in xs.\n    >>> add_up([1, 2])\n    3\n    """\n'
+        ),
+        "canonical_solution": "    total = 0\n    for x in xs:\n        total += x\n    return total\n",
+        "base_input": [[[1, 2]], [[5]]],
+        "plus_input": [[[]], [[-3, 3, 10]], [list(range(100))]],
+        "atol": 0,
+    },
+    {
+        "task_id": "HumanEval/1",
+        "entry_point": "mean",
+        "prompt": 'def mean(xs: list) -> float:\n    """Arithmetic mean.\n    >>> mean([1.0, 2.0])\n    1.5\n    """\n',
+        "canonical_solution": "    return sum(xs) / len(xs)\n",
+        "base_input": [[[1.0, 2.0]], [[0.1, 0.2, 0.3]]],
+        "plus_input": [[[1e-9, 3.0]], [[2.5]]],
+        "atol": 0,
+    },
 ]
 
 #: A completion that passes the base tests of add_up but not the plus tests (empty list).
@@ -37,28 +48,46 @@ def _compress(tests: list[dict]) -> str:
 
 
 LCB_ROWS = [
-    {"question_title": "Sum", "question_id": "abc001_a", "contest_id": "abc001", "platform": "atcoder",
-     "contest_date": "2024-01-06T00:00:00", "difficulty": "easy",
-     "question_content": "Read two integers A and B and print A+B.",
-     "starter_code": "",
-     "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
-     "private_test_cases": _compress([{"input": "10 -4\n", "output": "6\n", "testtype": "stdin"},
-                                      {"input": "0 0\n", "output": "0\n", "testtype": "stdin"}]),
-     "metadata": "{}"},
-    {"question_title": "Two Sum", "question_id": "1", "contest_id": "weekly-1", "platform": "leetcode",
-     "contest_date": "2024-02-01T00:00:00", "difficulty": "easy",
-     "question_content": "Return indices of the two numbers that add up to target.",
-     "starter_code": "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        ",
-     "public_test_cases": json.dumps([{"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"}]),
-     "private_test_cases": _compress([{"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"}]),
-     "metadata": json.dumps({"func_name": "twoSum"})},
+    {
+        "question_title": "Sum",
+        "question_id": "abc001_a",
+        "contest_id": "abc001",
+        "platform": "atcoder",
+        "contest_date": "2024-01-06T00:00:00",
+        "difficulty": "easy",
+        "question_content": "Read two integers A and B and print A+B.",
+        "starter_code": "",
+        "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
+        "private_test_cases": _compress(
+            [
+                {"input": "10 -4\n", "output": "6\n", "testtype": "stdin"},
+                {"input": "0 0\n", "output": "0\n", "testtype": "stdin"},
+            ]
+        ),
+        "metadata": "{}",
+    },
+    {
+        "question_title": "Two Sum",
+        "question_id": "1",
+        "contest_id": "weekly-1",
+        "platform": "leetcode",
+        "contest_date": "2024-02-01T00:00:00",
+        "difficulty": "easy",
+        "question_content": "Return indices of the two numbers that add up to target.",
+        "starter_code": "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        ",
+        "public_test_cases": json.dumps([{"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"}]),
+        "private_test_cases": _compress([{"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"}]),
+        "metadata": json.dumps({"func_name": "twoSum"}),
+    },
 ]
 
 LCB_SOLUTIONS = {
     "lcb/abc001_a": "```python\na, b = map(int, input().split())\nprint(a + b)\n```",
-    "lcb/1": ("```python\nclass Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
-              "        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n"
-              "                return [seen[target - x], i]\n            seen[x] = i\n```"),
+    "lcb/1": (
+        "```python\nclass Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
+        "        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+        "                return [seen[target - x], i]\n            seen[x] = i\n```"
+    ),
 }
 LCB_WRONG = {
     "lcb/abc001_a": "```python\na, b = map(int, input().split())\nprint(a - b)\n```",
@@ -73,9 +102,11 @@ def write_lcb(directory: Path) -> Path:
     return path
 
 
-MATH_ROWS = [{"id": 0, "question": "What is $1+1$?", "answer": "2"},
-             {"id": 1, "problem": "Simplify $\\frac{2}{4}$.", "solution": "It is $\\boxed{\\frac{1}{2}}$."},
-             {"id": 2, "question": "Roots of $x^2=4$?", "final_answer": ["\\pm 2"]}]
+MATH_ROWS = [
+    {"id": 0, "question": "What is $1+1$?", "answer": "2"},
+    {"id": 1, "problem": "Simplify $\\frac{2}{4}$.", "solution": "It is $\\boxed{\\frac{1}{2}}$."},
+    {"id": 2, "question": "Roots of $x^2=4$?", "final_answer": ["\\pm 2"]},
+]
 
 
 def write_math(directory: Path, name: str = "amc23.jsonl") -> Path:
@@ -118,8 +149,9 @@ class OracleEngine:
             else:
                 right = "good" in req.adapter.name
             text = f" reasoning </think> <answer>\\boxed{{{answer if right else answer + '1'}}}</answer>"
-            out.append([Completion(text=text, token_ids=[1, 2, 3], logprobs=[0.0] * 3,
-                                   prompt_token_ids=[0])] * sampling.n)
+            out.append(
+                [Completion(text=text, token_ids=[1, 2, 3], logprobs=[0.0] * 3, prompt_token_ids=[0])] * sampling.n
+            )
         return out
 
     def close(self) -> None:
@@ -130,8 +162,9 @@ def make_oracle_engine(params, *, base_model, lora, seed):
     return OracleEngine()
 
 
-def write_run(run_dir: Path, base_model: str, members: list[tuple[str, str, int]], *,
-              base_dir: Path | None = None, seed: int = 0) -> Path:
+def write_run(
+    run_dir: Path, base_model: str, members: list[tuple[str, str, int]], *, base_dir: Path | None = None, seed: int = 0
+) -> Path:
     """A run directory as the loop writes it: recipe.yaml, members.json, adapters/<id>@v<k>/.
 
     Adapters are real PEFT LoRA dirs on ``base_dir`` (a tiny model) with random non-zero B, or tiny
@@ -141,8 +174,9 @@ def write_run(run_dir: Path, base_model: str, members: list[tuple[str, str, int]
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(f"name: test\nbase_model: {base_model}\n")
-    (run_dir / "members.json").write_text(_json.dumps(
-        [{"id": m, "role": role, "version": v} for m, role, v in members]))
+    (run_dir / "members.json").write_text(
+        _json.dumps([{"id": m, "role": role, "version": v} for m, role, v in members])
+    )
     for k, (m, _role, v) in enumerate(members):
         make_adapter(run_dir / "adapters" / f"{m}@v{v}", base_dir, seed=seed + k)
     return run_dir
@@ -156,12 +190,24 @@ def make_adapter(path: Path, base_dir: Path | None, seed: int) -> Path:
 
         path.mkdir(parents=True, exist_ok=True)
         g = torch.Generator().manual_seed(seed)
-        save_file({"base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(4, 8, generator=g),
-                   "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 4, generator=g)},
-                  str(path / "adapter_model.safetensors"))
-        (path / "adapter_config.json").write_text(json.dumps(
-            {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
-             "base_model_name_or_path": "unused"}))
+        save_file(
+            {
+                "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(4, 8, generator=g),
+                "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 4, generator=g),
+            },
+            str(path / "adapter_model.safetensors"),
+        )
+        (path / "adapter_config.json").write_text(
+            json.dumps(
+                {
+                    "peft_type": "LORA",
+                    "r": 4,
+                    "lora_alpha": 8,
+                    "target_modules": ["q_proj"],
+                    "base_model_name_or_path": "unused",
+                }
+            )
+        )
         return path
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -178,13 +224,17 @@ def make_adapter(path: Path, base_dir: Path | None, seed: int) -> Path:
 
 
 MBPP_PLUS_ROWS = [
-    {"task_id": "Mbpp/2", "entry_point": "similar_elements",
-     "prompt": '"""\nWrite a function to find the shared elements from the given two lists.\n'
-               'assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"""\n',
-     "canonical_solution": "def similar_elements(test_tup1, test_tup2):\n"
-                           "  return tuple(sorted(set(test_tup1) & set(test_tup2)))\n",
-     "base_input": [[[3, 4, 5, 6], [5, 7, 4, 10]], [[1, 2, 3, 4], [5, 4, 3, 7]]],
-     "plus_input": [[[], [1]], [[1, 1, 2], [2, 2]]], "atol": 0},
+    {
+        "task_id": "Mbpp/2",
+        "entry_point": "similar_elements",
+        "prompt": '"""\nWrite a function to find the shared elements from the given two lists.\n'
+        'assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"""\n',
+        "canonical_solution": "def similar_elements(test_tup1, test_tup2):\n"
+        "  return tuple(sorted(set(test_tup1) & set(test_tup2)))\n",
+        "base_input": [[[3, 4, 5, 6], [5, 7, 4, 10]], [[1, 2, 3, 4], [5, 4, 3, 7]]],
+        "plus_input": [[[], [1]], [[1, 1, 2], [2, 2]]],
+        "atol": 0,
+    },
 ]
 
 

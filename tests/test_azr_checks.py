@@ -19,24 +19,27 @@ def compat(code: str) -> list[str]:
     return checks.azr_banned_violations(ast.parse(code), checks.AZR_BANNED)
 
 
-@pytest.mark.parametrize("code", [
-    "import os",
-    "import os.path",
-    "from os import path",
-    "import sys\ndef f(a):\n    return sys.exit",
-    "import random as r\ndef f(a):\n    return r.random()",
-    "def f(a):\n    return __import__('os').getcwd()",
-    "def f(a):\n    return eval(a)",
-    "def f(a):\n    return open(a).read()",
-    "def f(a):\n    return exec('x=1')",
-    "def f(a):\n    return compile(a, 'x', 'eval')",
-    "import math\ndef f(a):\n    return getattr(math, '__loader__')",
-    "def f(a):\n    return ().__class__.__base__.__subclasses__()",
-    "def f(a):\n    return f.__globals__",
-    "def f(a):\n    return __builtins__",
-    "from . import x",
-    "def f(a):\n    return input()",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os",
+        "import os.path",
+        "from os import path",
+        "import sys\ndef f(a):\n    return sys.exit",
+        "import random as r\ndef f(a):\n    return r.random()",
+        "def f(a):\n    return __import__('os').getcwd()",
+        "def f(a):\n    return eval(a)",
+        "def f(a):\n    return open(a).read()",
+        "def f(a):\n    return exec('x=1')",
+        "def f(a):\n    return compile(a, 'x', 'eval')",
+        "import math\ndef f(a):\n    return getattr(math, '__loader__')",
+        "def f(a):\n    return ().__class__.__base__.__subclasses__()",
+        "def f(a):\n    return f.__globals__",
+        "def f(a):\n    return __builtins__",
+        "from . import x",
+        "def f(a):\n    return input()",
+    ],
+)
 def test_fixed_banned_check_catches_what_azr_misses(code):
     assert fixed(code), code
 
@@ -52,21 +55,26 @@ def test_released_check_sees_imports_only_and_never_dotted_entries():
     assert compat("def f(a):\n    return eval(a)") == []
 
 
-@pytest.mark.parametrize("code", [
-    "import math\ndef f(a):\n    return math.sqrt(a)",
-    "from collections import Counter\ndef f(a):\n    return dict(Counter(a))",
-    "def f(input, open=1):\n    return input + open",  # parameters shadowing builtins are fine
-    "class Node:\n    def __init__(self, v):\n        self.v = v\n\ndef f(a):\n    return Node(a).v",
-    "def f(time_list):\n    return sorted(time_list)",
-    "import itertools\ndef f(a):\n    return list(itertools.accumulate(a))",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import math\ndef f(a):\n    return math.sqrt(a)",
+        "from collections import Counter\ndef f(a):\n    return dict(Counter(a))",
+        "def f(input, open=1):\n    return input + open",  # parameters shadowing builtins are fine
+        "class Node:\n    def __init__(self, v):\n        self.v = v\n\ndef f(a):\n    return Node(a).v",
+        "def f(time_list):\n    return sorted(time_list)",
+        "import itertools\ndef f(a):\n    return list(itertools.accumulate(a))",
+    ],
+)
 def test_fixed_banned_check_allows_ordinary_programs(code):
     assert fixed(code) == [], fixed(code)
 
 
 def test_azr_def_count_includes_nested_and_methods():
-    code = ("class Acc:\n    def __init__(self):\n        self.t = 0\n\n"
-            "def f(a):\n    def helper(x):\n        return x + 1\n    return helper(a)")
+    code = (
+        "class Acc:\n    def __init__(self):\n        self.t = 0\n\n"
+        "def f(a):\n    def helper(x):\n        return x + 1\n    return helper(a)"
+    )
     assert checks.azr_def_names(code) == ["__init__", "f", "helper"]
     assert checks.top_level_functions(ast.parse(code)) == ["f"]
 
@@ -78,7 +86,7 @@ def test_renaming_to_f():
     assert "solve_helper" in ours
     theirs = checks.azr_rename_first_def(code)
     assert "'f'" in theirs and "# f it" in theirs  # AZR's word-boundary replace also hits strings
-    assert checks.azr_rename_first_def("class A:\n    def m(self):\n        return 1\n") .count("def f(") == 1
+    assert checks.azr_rename_first_def("class A:\n    def m(self):\n        return 1\n").count("def f(") == 1
 
 
 def test_call_of_f_refuses_injection():
@@ -102,7 +110,8 @@ def test_program_metrics_and_shape_signature():
     assert simple["loc"] == 2 and simple["cyclomatic"] == 1
     branchy, _ = program_metrics(
         "def f(a):\n    total = 0\n    for x in a:\n        if x > 0:\n            total += x\n"
-        "        elif x < -5:\n            total -= 1\n    return total")
+        "        elif x < -5:\n            total -= 1\n    return total"
+    )
     assert branchy["cyclomatic"] == 4 and branchy["loc"] == 8
     assert branchy["ast_depth"] > simple["ast_depth"]
 

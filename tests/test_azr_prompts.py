@@ -7,8 +7,10 @@ from populora_azr import prompts as P
 
 from tests.test_azr_support import load_seeds
 
-REFS = [("def f(a):\n    return a", "'Hello world'", "'Hello world'"),
-        ("def f(x, n):\n    return x * n", "'ab', 3", "'ababab'")]
+REFS = [
+    ("def f(a):\n    return a", "'Hello world'", "'Hello world'"),
+    ("def f(x, n):\n    return x * n", "'ab', 3", "'ababab'"),
+]
 
 
 @pytest.mark.parametrize("style", P.STYLES)
@@ -31,8 +33,10 @@ def test_azr_style_needs_answer_tags_compact_does_not():
 
 
 def test_first_python_block_and_last_answer_are_used():
-    text = ("</think><answer>old</answer> <answer>```python\ndef f(a):\n    return 1\n```\n"
-            "```python\ndef f(a):\n    return 2\n```\n```input\n5\n```\n```input\n6\n```</answer>")
+    text = (
+        "</think><answer>old</answer> <answer>```python\ndef f(a):\n    return 1\n```\n"
+        "```python\ndef f(a):\n    return 2\n```\n```input\n5\n```\n```input\n6\n```</answer>"
+    )
     parsed = P.parse_code_proposal(text, "azr")
     assert parsed.program.endswith("return 1") and parsed.input == "5"
 
@@ -58,14 +62,17 @@ def test_induction_message_fallbacks(tail):
     assert P.parse_induction_proposal(text, 10)[1] == "sums things"
 
 
-@pytest.mark.parametrize("answer,expected", [
-    ("```output\n[1, 2]\n```", "[1, 2]"),
-    ("# Output: 'abc'", "'abc'"),
-    ("output(42)", "42"),
-    ("<output>{'a': 1}</output>", "{'a': 1}"),
-    ("The output is 7.", "7"),
-    ("  3.5  ", "3.5"),
-])
+@pytest.mark.parametrize(
+    "answer,expected",
+    [
+        ("```output\n[1, 2]\n```", "[1, 2]"),
+        ("# Output: 'abc'", "'abc'"),
+        ("output(42)", "42"),
+        ("<output>{'a': 1}</output>", "{'a': 1}"),
+        ("The output is 7.", "7"),
+        ("  3.5  ", "3.5"),
+    ],
+)
 def test_solver_fallback_chain(answer, expected):
     assert P.parse_solver_answer("deduction", f"x</think><answer>{answer}</answer>", "azr") == expected
 
@@ -73,7 +80,8 @@ def test_solver_fallback_chain(answer, expected):
 def test_solver_parsing_per_task():
     assert P.parse_solver_answer("abduction", P.format_solver_answer("abduction", "'a', 2")) == "'a', 2"
     prog = P.parse_solver_answer(
-        "induction", "```python\ndef f(a):\n    return 0\n```\n```python\ndef f(a):\n    return a\n```")
+        "induction", "```python\ndef f(a):\n    return 0\n```\n```python\ndef f(a):\n    return a\n```"
+    )
     assert prog.endswith("return a")
     assert P.parse_solver_answer("induction", "no code here") is None
     assert P.parse_solver_answer("deduction", "x</think> no answer tags", "azr") is None
@@ -100,7 +108,7 @@ def test_compact_prompts_are_short_with_real_references(tiny_model_dir):
     lengths = []
     for k in range(0, 36, 6):
         for kind in ("deduction", "abduction"):
-            prompt = P.code_proposer_prompt(kind, refs[k:k + 6], style="compact")
+            prompt = P.code_proposer_prompt(kind, refs[k : k + 6], style="compact")
             assert prompt.endswith("Answer:\n") and "Reference 1:" in prompt
             lengths.append(len(tok(prompt)["input_ids"]))
     assert max(lengths) < 512, lengths

@@ -88,13 +88,15 @@ def test_induction_split_and_zero_seed(ex, compat):
 def test_zero_seed_outputs_are_what_the_identity_returns(ex):
     task = build_task("induction", ex)
     [seed] = task.buffer.items
-    prob = task.parse_proposals([P.format_induction_proposal(seed.inputs, seed.message, think="x")],
-                                [{"program": seed.program}], ["t"])
+    prob = task.parse_proposals(
+        [P.format_induction_proposal(seed.inputs, seed.message, think="x")], [{"program": seed.program}], ["t"]
+    )
     # n_inputs is 10 by default: the 6-input zero entry is not a valid proposal, only a seed
     assert "need 10" in prob[0].error
     six = build_task("induction", ex, n_inputs=6)
-    prob = six.parse_proposals([P.format_induction_proposal(seed.inputs, seed.message, think="x")],
-                               [{"program": seed.program}], ["t"])[0]
+    prob = six.parse_proposals(
+        [P.format_induction_proposal(seed.inputs, seed.message, think="x")], [{"program": seed.program}], ["t"]
+    )[0]
     assert prob.valid and prob.outputs == seed.outputs
 
 
@@ -102,8 +104,9 @@ def test_zero_seed_outputs_are_what_the_identity_returns(ex):
 def test_induction_answer_gets_gold_imports(ex, compat):
     task = build_task("induction", ex, compat=compat)
     program = "import math\n\ndef f(a):\n    return math.factorial(a) % 7"
-    prob = task.parse_proposals([P.format_induction_proposal([str(i) for i in range(10)], "mod 7", think="x")],
-                                [{"program": program}], ["t"])[0]
+    prob = task.parse_proposals(
+        [P.format_induction_proposal([str(i) for i in range(10)], "mod 7", think="x")], [{"program": program}], ["t"]
+    )[0]
     assert prob.valid, prob.error
     assert solve(task, prob, "def f(a):\n    return math.factorial(a) % 7") == [True]
 
@@ -116,9 +119,11 @@ def test_first_def_renamed_to_f(ex):
 
 
 def test_one_def_rule_counts_nested_defs_and_methods(ex):
-    program = ("class Acc:\n    def __init__(self):\n        self.t = 0\n\n"
-               "def f(a):\n    def inc(x):\n        return x + 1\n    acc = Acc()\n    acc.t = inc(a)\n"
-               "    return acc.t")
+    program = (
+        "class Acc:\n    def __init__(self):\n        self.t = 0\n\n"
+        "def f(a):\n    def inc(x):\n        return x + 1\n    acc = Acc()\n    acc.t = inc(a)\n"
+        "    return acc.t"
+    )
     fixed_ded, released_ded = tasks(ex, "deduction")
     assert propose(fixed_ded, program, "1").outputs == ["2"]
     assert "3 function definitions" in propose(released_ded, program, "1").error
@@ -130,8 +135,10 @@ def test_one_def_rule_counts_nested_defs_and_methods(ex):
 @pytest.mark.parametrize("compat", [FIXED, RELEASED])
 def test_parsed_inside_last_answer_and_first_block(ex, compat):
     task = build_task("deduction", ex, compat=compat)
-    text = ("plan</think><answer>```python\ndef f(a):\n    return a + 1\n```\n```python\ndef f(a):\n"
-            "    return a + 2\n```\n```input\n1\n```\n```input\n5\n```</answer>")
+    text = (
+        "plan</think><answer>```python\ndef f(a):\n    return a + 1\n```\n```python\ndef f(a):\n"
+        "    return a + 2\n```\n```input\n1\n```\n```input\n5\n```</answer>"
+    )
     prob = task.parse_proposals([text], [None], ["t"])[0]
     assert prob.outputs == ["2"]
     no_tags = P.format_code_proposal("def f(a):\n    return a", "1")
@@ -163,23 +170,29 @@ def test_input_substring_ban(ex):
     assert solve(released_abd, prob, "'input(' ", "'xy'") == [False, True]
 
 
-@pytest.mark.parametrize("program", [
-    "import os\n\ndef f(a):\n    return len(os.sep) + a",
-    "import os.path\n\ndef f(a):\n    return os.path.join('x', a)",
-    "def f(a):\n    return __import__('random').randint(a, a)",
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import os\n\ndef f(a):\n    return len(os.sep) + a",
+        "import os.path\n\ndef f(a):\n    return os.path.join('x', a)",
+        "def f(a):\n    return __import__('random').randint(a, a)",
+    ],
+)
 def test_banned_list_only_checks_imports_in_release(ex, program):
     fixed_ded, released_ded = tasks(ex, "deduction")
     assert "banned" in propose(fixed_ded, program, "1").error
     assert "banned" not in (propose(released_ded, program, "1").error or "")
 
 
-@pytest.mark.parametrize("program,inp", [
-    ("count = [0]\n\ndef f(a):\n    count[0] += 1\n    return a + count[0]", "1"),   # global counter
-    ("def f(a):\n    raise Exception('boom')", "1"),                                 # bare Exception
-    ("def f(a):\n    raise StopIteration", "1"),
-    ("class Box:\n    pass\n\ndef f(a):\n    return Box()", "1"),                     # no __eq__: a != a
-])
+@pytest.mark.parametrize(
+    "program,inp",
+    [
+        ("count = [0]\n\ndef f(a):\n    count[0] += 1\n    return a + count[0]", "1"),  # global counter
+        ("def f(a):\n    raise Exception('boom')", "1"),  # bare Exception
+        ("def f(a):\n    raise StopIteration", "1"),
+        ("class Box:\n    pass\n\ndef f(a):\n    return Box()", "1"),  # no __eq__: a != a
+    ],
+)
 def test_released_accepts_broken_programs_with_empty_output(ex, program, inp):
     fixed_ded, released_ded = tasks(ex, "deduction", one_def=False)
     theirs = propose(released_ded, program, inp)
@@ -210,8 +223,10 @@ def test_hash_order_dependence_only_caught_across_processes(ex):
 
 def test_deduction_fast_path_accepts_expressions_in_release(ex):
     fixed_ded, released_ded = tasks(ex, "deduction")
-    ours, theirs = propose(fixed_ded, "def f(a):\n    return a * 2", "3"), propose(released_ded,
-                                                                                  "def f(a):\n    return a * 2", "3")
+    ours, theirs = (
+        propose(fixed_ded, "def f(a):\n    return a * 2", "3"),
+        propose(released_ded, "def f(a):\n    return a * 2", "3"),
+    )
     assert solve(released_ded, theirs, "6", "3 + 3", "7") == [True, True, False]
     assert solve(fixed_ded, ours, "6", "3 + 3", "7") == [True, False, False]  # answers must be literals
 

@@ -63,13 +63,17 @@ def test_code_seeds_validate_and_reproduce(ex, filename):
 
     ours_ok = [p.valid for p in ours]
     same_ours = [p.valid and _same_value(p.outputs[0], r["output"]) for p, r in zip(ours, rows, strict=True)]
-    trunc_match = [p.valid and t and azr_truncate(p.outputs[0]) == r["output"]
-                   for p, r, t in zip(ours, rows, truncated, strict=True)]
+    trunc_match = [
+        p.valid and t and azr_truncate(p.outputs[0]) == r["output"]
+        for p, r, t in zip(ours, rows, truncated, strict=True)
+    ]
     same_theirs = [p.valid and p.outputs[0] == r["output"].strip() for p, r in zip(theirs, rows, strict=True)]
     reasons = Counter(_reason(p.error) for p in ours if not p.valid)
     print(f"\n{filename}: {len(rows)} seeds, {sum(truncated)} stored outputs truncated by AZR")
-    print(f"  fixed: {sum(ours_ok)} valid; {sum(same_ours)} reproduce the stored value; "
-          f"{sum(trunc_match)} more match once truncated like AZR")
+    print(
+        f"  fixed: {sum(ours_ok)} valid; {sum(same_ours)} reproduce the stored value; "
+        f"{sum(trunc_match)} more match once truncated like AZR"
+    )
     print(f"  azr-released: {sum(p.valid for p in theirs)} valid; {sum(same_theirs)} reproduce the stored text")
     print(f"  fixed rejections: {dict(reasons.most_common())}")
 
@@ -105,8 +109,11 @@ def test_induction_seeds_validate_and_reproduce(ex, filename):
     texts = [P.format_induction_proposal(r["inputs"], _clean(r["message"]), think="seed") for r in rows]
     probs = task.parse_proposals(texts, [{"program": r["snippet"]} for r in rows], ["seed"] * len(rows))
     valid = [p for p in probs if p.valid]
-    same = sum(all(_same_value(a, b) or azr_truncate(a) == b for a, b in zip(p.outputs, r["outputs"], strict=True))
-               for p, r in zip(probs, rows, strict=True) if p.valid)
+    same = sum(
+        all(_same_value(a, b) or azr_truncate(a) == b for a, b in zip(p.outputs, r["outputs"], strict=True))
+        for p, r in zip(probs, rows, strict=True)
+        if p.valid
+    )
     reasons = Counter(_reason(p.error.split("; ")[0].split(": ", 1)[-1]) for p in probs if not p.valid)
     print(f"\n{filename}: {len(rows)} ten-input seeds; fixed: {len(valid)} valid, {same} reproduce all 10 outputs")
     print(f"  fixed rejections: {dict(reasons.most_common())}")

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from populora_core.components import ExecJob, ExecResult
 
-_RUNNER = r'''
+_RUNNER = r"""
 import json, sys
 job = json.loads(sys.stdin.read())
 ns = {"__name__": "__main__"}
@@ -29,7 +29,7 @@ try:
 except BaseException as exc:
     out = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
 sys.__stdout__.write("\n@@RESULT@@" + json.dumps(out))
-'''
+"""
 
 
 class SubprocessTestExecutor:
@@ -43,9 +43,14 @@ class SubprocessTestExecutor:
     def _one(self, job: ExecJob) -> ExecResult:
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONHASHSEED": str(1000 + job.hash_variant)}
         try:
-            proc = subprocess.run([sys.executable, "-I", "-c", _RUNNER], env=env, capture_output=True,
-                                  text=True, input=json.dumps({"code": job.code, "expr": job.expr}),
-                                  timeout=job.timeout_s or self.timeout_s)
+            proc = subprocess.run(
+                [sys.executable, "-I", "-c", _RUNNER],
+                env=env,
+                capture_output=True,
+                text=True,
+                input=json.dumps({"code": job.code, "expr": job.expr}),
+                timeout=job.timeout_s or self.timeout_s,
+            )
         except subprocess.TimeoutExpired:
             return ExecResult(status="timeout")
         head, sep, tail = proc.stdout.rpartition("\n@@RESULT@@")

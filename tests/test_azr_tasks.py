@@ -60,22 +60,25 @@ def test_valid_proposal_is_renamed_measured_and_has_output(ex):
     assert {"ast_depth", "cyclomatic", "loc", "ast_nodes"} <= prob.metrics.keys() and len(prob.signature) == 16
 
 
-@pytest.mark.parametrize("program,inp,why", [
-    ("def f(a):\n    return 1 / a", "0", "ZeroDivisionError"),
-    ("def f(a):\n    raise Exception('boom')", "1", "boom"),
-    ("def f(a):\n    while True:\n        a += 1", "1", "timeout"),
-    ("from collections import deque\ndef f(a):\n    return deque(a)", "[1, 2]", "plain literal"),
-    ("def f(a):\n    a.append(1)", "[]", "None"),
-    ("def f(a):\n    return 'x' * a", "5000", "longer than"),
-    ("def f(a):\n    return {str(i) for i in range(a)}", "30", "non-deterministic"),
-    ("class P:\n    pass\n\ndef f(a):\n    return P()", "1", "non-deterministic"),  # repr has an address
-    ("class P:\n    def __repr__(self):\n        return '1'\n\ndef f(a):\n    return P()", "1", "plain literal"),
-    ("def f(a):\n    return a\n\ndef g(b):\n    return b", "1", "top-level functions"),
-    ("import random\ndef f(a):\n    return random.random()", "1", "banned"),
-    ("def f(a):\n    return a", "__import__('os').getpid()", "banned in input"),
-    ("def f(a):\n    return a", "1) or (2", "one call of f"),
-    ("def f(a):\n    return float(a)", "'nan'", "evaluate back"),
-])
+@pytest.mark.parametrize(
+    "program,inp,why",
+    [
+        ("def f(a):\n    return 1 / a", "0", "ZeroDivisionError"),
+        ("def f(a):\n    raise Exception('boom')", "1", "boom"),
+        ("def f(a):\n    while True:\n        a += 1", "1", "timeout"),
+        ("from collections import deque\ndef f(a):\n    return deque(a)", "[1, 2]", "plain literal"),
+        ("def f(a):\n    a.append(1)", "[]", "None"),
+        ("def f(a):\n    return 'x' * a", "5000", "longer than"),
+        ("def f(a):\n    return {str(i) for i in range(a)}", "30", "non-deterministic"),
+        ("class P:\n    pass\n\ndef f(a):\n    return P()", "1", "non-deterministic"),  # repr has an address
+        ("class P:\n    def __repr__(self):\n        return '1'\n\ndef f(a):\n    return P()", "1", "plain literal"),
+        ("def f(a):\n    return a\n\ndef g(b):\n    return b", "1", "top-level functions"),
+        ("import random\ndef f(a):\n    return random.random()", "1", "banned"),
+        ("def f(a):\n    return a", "__import__('os').getpid()", "banned in input"),
+        ("def f(a):\n    return a", "1) or (2", "one call of f"),
+        ("def f(a):\n    return float(a)", "'nan'", "evaluate back"),
+    ],
+)
 def test_invalid_proposals(ex, program, inp, why):
     task = build_task("deduction", ex, timeout_s=2.0)
     prob = propose(task, program, inp)
@@ -91,10 +94,12 @@ def test_global_state_mutation_is_caught_within_a_process(ex):
 
 def test_nested_defs_and_classes_are_allowed_by_default(ex):
     task = build_task("abduction", ex)
-    program = ("class Acc:\n    def __init__(self):\n        self.t = 0\n    def add(self, x):\n"
-               "        self.t += x\n        return self\n\n"
-               "def f(a):\n    def sq(x):\n        return x * x\n    acc = Acc()\n    for x in a:\n"
-               "        acc.add(sq(x))\n    return acc.t")
+    program = (
+        "class Acc:\n    def __init__(self):\n        self.t = 0\n    def add(self, x):\n"
+        "        self.t += x\n        return self\n\n"
+        "def f(a):\n    def sq(x):\n        return x * x\n    acc = Acc()\n    for x in a:\n"
+        "        acc.add(sq(x))\n    return acc.t"
+    )
     prob = propose(task, program, "[1, 2, 3]")
     assert prob.valid, prob.error
     assert prob.outputs == ["14"]
@@ -119,14 +124,21 @@ def test_deduction_grading(ex):
     task = build_task("deduction", ex)
     prob = propose(task, "def f(a):\n    return {'n': len(a), 'r': a[::-1]}", "'abc'")
     assert prob.valid, prob.error
-    grades = task.grade(prob, [
-        answer("deduction", "{'r': 'cba', 'n': 3}"),     # dict order does not matter (==)
-        answer("deduction", "{'n': 3, 'r': 'abc'}"),     # wrong
-        answer("deduction", "f('abc')"),                 # calling f is not an output literal
-        "```output\n{'n': 3, 'r': 'cba'}\n```",          # right value, no think/answer format
-    ])
+    grades = task.grade(
+        prob,
+        [
+            answer("deduction", "{'r': 'cba', 'n': 3}"),  # dict order does not matter (==)
+            answer("deduction", "{'n': 3, 'r': 'abc'}"),  # wrong
+            answer("deduction", "f('abc')"),  # calling f is not an output literal
+            "```output\n{'n': 3, 'r': 'cba'}\n```",  # right value, no think/answer format
+        ],
+    )
     assert [(g.correct, g.formatted, g.reward) for g in grades] == [
-        (True, True, 1.0), (False, True, -0.5), (False, True, -0.5), (False, False, -1.0)]
+        (True, True, 1.0),
+        (False, True, -0.5),
+        (False, True, -0.5),
+        (False, False, -1.0),
+    ]
 
 
 def test_deduction_equality_is_plain_python_eq(ex):
@@ -143,8 +155,15 @@ def test_abduction_accepts_any_input_with_the_gold_output_and_refuses_tricks(ex)
     assert prob.valid and prob.outputs == ["5"]
     # an object that adds to itself and equals everything: AZR's plain == would accept it
     cheat = "type('X', (), {'__eq__': lambda s, o: True, '__add__': lambda s, o: s})(), 0"
-    got = task.grade(prob, [answer("abduction", "1, 4"), answer("abduction", "2, 2"),
-                            answer("abduction", "1, 4) or (1"), answer("abduction", cheat)])
+    got = task.grade(
+        prob,
+        [
+            answer("abduction", "1, 4"),
+            answer("abduction", "2, 2"),
+            answer("abduction", "1, 4) or (1"),
+            answer("abduction", cheat),
+        ],
+    )
     assert [g.correct for g in got] == [True, False, False, False]
 
 
@@ -161,8 +180,14 @@ def test_induction_end_to_end(ex):
     assert shown[0][1] in prompt and hidden[0][0] not in prompt and "twice a root" in prompt
     good = "def f(a):\n    return math.isqrt(a) * 2"  # uses the gold program's import
     overfit = "def f(a):\n    return {5: 4, 10: 6, 17: 8, 26: 10, 37: 12}[a]"
-    got = task.grade(prob, [answer("induction", good), answer("induction", overfit),
-                            answer("induction", "import os\ndef f(a):\n    return os.getpid()")])
+    got = task.grade(
+        prob,
+        [
+            answer("induction", good),
+            answer("induction", overfit),
+            answer("induction", "import os\ndef f(a):\n    return os.getpid()"),
+        ],
+    )
     assert [g.correct for g in got] == [True, False, False]
 
 
@@ -186,6 +211,7 @@ def test_grading_never_evaluates_model_text_in_this_process(ex, monkeypatch):
             if caller.startswith("populora_azr"):
                 calls.append((caller, args[0]))
             return real(*args, **kwargs)
+
         return inner
 
     monkeypatch.setattr(builtins, "eval", spy(real_eval))
@@ -274,8 +300,11 @@ def test_sample_problems_recent_first(ex):
 
 def test_state_dict_round_trip_is_json(ex):
     task = build_task("induction", ex)
-    prob = task.parse_proposals([P.format_induction_proposal([str(i) for i in range(10)], "neg", think="x")],
-                                [{"program": "def f(a):\n    return -a"}], ["t"])[0]
+    prob = task.parse_proposals(
+        [P.format_induction_proposal([str(i) for i in range(10)], "neg", think="x")],
+        [{"program": "def f(a):\n    return -a"}],
+        ["t"],
+    )[0]
     task.add_to_buffer([prob])
     state = json.loads(json.dumps(task.state_dict()))
     fresh = build_task("induction", ex)
@@ -354,15 +383,18 @@ def test_released_fast_path_runs_model_text_in_the_sandbox_not_here(ex, tmp_path
     assert not grade.correct and not target.exists()
 
 
-@pytest.mark.parametrize("program,inp", [
-    ("def g(a):\n    return a", "[" * 400 + "]" * 400),               # parser nesting limit
-    ("def g(a):\n    return a", "[" * 5000 + "]" * 5000),             # over the size cap
-    ("def g(a):\n    return " + "-" * 3000 + "a", "1"),               # deep unary chain
-    ("def g(a):\n    return a\x00", "1"),                              # null byte
-    ("def g(a):\n    return '''unterminated", "1"),
-    ("def g(a):\nreturn a", "1"),                                     # bad indentation
-    ("", "1"),
-])
+@pytest.mark.parametrize(
+    "program,inp",
+    [
+        ("def g(a):\n    return a", "[" * 400 + "]" * 400),  # parser nesting limit
+        ("def g(a):\n    return a", "[" * 5000 + "]" * 5000),  # over the size cap
+        ("def g(a):\n    return " + "-" * 3000 + "a", "1"),  # deep unary chain
+        ("def g(a):\n    return a\x00", "1"),  # null byte
+        ("def g(a):\n    return '''unterminated", "1"),
+        ("def g(a):\nreturn a", "1"),  # bad indentation
+        ("", "1"),
+    ],
+)
 def test_pathological_proposals_are_invalid_not_crashes(ex, program, inp):
     task = build_task("deduction", ex, timeout_s=2.0)
     prob = propose(task, program, inp)

@@ -253,7 +253,8 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     assert all(len(r["correct"]) == 5 and sum(r["correct"]) / 5 == pytest.approx(r["accuracy"]) for r in records)
     events = [e for e in directory.read_log("events.jsonl") if e["event"] == "probe"]
     assert [{k: v for k, v in e.items() if k != "event"} for e in events] == [
-        {k: v for k, v in r.items() if k != "correct"} for r in records]  # events.jsonl does not repeat the lists
+        {k: v for k, v in r.items() if k != "correct"} for r in records
+    ]  # events.jsonl does not repeat the lists
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     with pytest.raises(Exception, match=r"bad\.jsonl:1: not a Problem record"):
@@ -275,10 +276,12 @@ def test_run_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
         for student, problem, scored in zip((s0, s1), problems, answers):
             assert {(r.member_id, r.group) for r in scored} == {(student.id, "count/solve")}
             # the fake engine's answer is in the completion tokens; graded by the task against the program
-            assert [r.info["correct"] for r in scored] == [r.completion_token_ids[0] == int(problem.program)
-                                                           for r in scored]
-            assert all(r.reward == (1.0 if r.info["correct"] else -0.5 if r.completion_token_ids[0] else -1.0)
-                       for r in scored)
+            assert [r.info["correct"] for r in scored] == [
+                r.completion_token_ids[0] == int(problem.program) for r in scored
+            ]
+            assert all(
+                r.reward == (1.0 if r.info["correct"] else -0.5 if r.completion_token_ids[0] else -1.0) for r in scored
+            )
             assert problem.signature in run.coverage[student.id]
         assert s0.counters.tokens == tokens_before + 4 * 2
         assert run.solve([], 1, "sample/solve", n=4) == []
@@ -292,7 +295,11 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
     seeds = tmp_path / "seeds.jsonl"
     done = subprocess.run(
         [POPULORA, "--plugin", FAKE, "seed", str(RECIPE), "--out", str(seeds), "--per-type", "4"],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert "round 1: count" in done.stderr
@@ -314,16 +321,32 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
 def test_seed_errors_name_what_is_missing(env, tmp_path):
     # the fake task has at most six distinct valid proposals (digits 1-6)
     done = subprocess.run(
-        [POPULORA, "--plugin", FAKE, "seed", str(RECIPE), "--out", str(tmp_path / "s.jsonl"),
-         "--per-type", "9", "--max-rounds", "3"],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+        [
+            POPULORA,
+            "--plugin",
+            FAKE,
+            "seed",
+            str(RECIPE),
+            "--out",
+            str(tmp_path / "s.jsonl"),
+            "--per-type",
+            "9",
+            "--max-rounds",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "short of 9 valid seeds: count" in done.stderr and not (tmp_path / "s.jsonl").exists()
     with pytest.raises(Exception, match=r"fake_2t2s\.yaml.*seeds\.enabled is true but seeds\.file is empty"):
         _run(_manager(), tmp_path / "run", ["seeds.enabled=true"])
     other = tmp_path / "other.jsonl"
-    other.write_text(json.dumps({"task_type": "deduction", "program": "p", "inputs": ["1"], "outputs": ["1"],
-                                 "valid": True}) + "\n")
+    other.write_text(
+        json.dumps({"task_type": "deduction", "program": "p", "inputs": ["1"], "outputs": ["1"], "valid": True}) + "\n"
+    )
     with pytest.raises(Exception, match=r"other\.jsonl: no valid problem of the recipe's task types \(count\)"):
         _run(_manager(), tmp_path / "run2", ["seeds.enabled=true", f"seeds.file={other}"])

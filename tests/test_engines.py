@@ -38,8 +38,7 @@ def _tokens(out):
 def test_mixed_batch_equals_one_adapter_at_a_time(base, adapters):
     engine = make_engine("hf", base)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
-    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None)
-            for i, p in enumerate(PROMPTS * 3)]
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None) for i, p in enumerate(PROMPTS * 3)]
     mixed = engine.generate(reqs, greedy)
     assert len(mixed) == len(reqs) and all(len(row) == 1 for row in mixed)
     for req, row in zip(reqs, mixed):
@@ -47,8 +46,9 @@ def test_mixed_batch_equals_one_adapter_at_a_time(base, adapters):
         assert alone.token_ids == row[0].token_ids
         assert alone.prompt_token_ids == row[0].prompt_token_ids
     # the adapters really act: the same prompt gives different continuations per adapter
-    same_prompt = engine.generate([GenerationRequest(PROMPTS[0], a) for a in adapters]
-                                  + [GenerationRequest(PROMPTS[0], None)], greedy)
+    same_prompt = engine.generate(
+        [GenerationRequest(PROMPTS[0], a) for a in adapters] + [GenerationRequest(PROMPTS[0], None)], greedy
+    )
     assert len({tuple(r[0].token_ids) for r in same_prompt}) == 4
 
 
@@ -85,8 +85,9 @@ def test_logprobs_match_an_independent_peft_forward(base, adapters):
     import torch
 
     engine = make_engine("hf", base)
-    out = engine.generate([GenerationRequest(PROMPTS[1], adapters[1])],
-                          SamplingParams(temperature=1.0, max_tokens=8, seed=5))[0][0]
+    out = engine.generate(
+        [GenerationRequest(PROMPTS[1], adapters[1])], SamplingParams(temperature=1.0, max_tokens=8, seed=5)
+    )[0][0]
     ref = _peft_reference(base, adapters[1])
     ids = torch.tensor([out.prompt_token_ids + out.token_ids])
     with torch.no_grad():
@@ -126,8 +127,11 @@ def test_stop_strings_and_finish_reasons(base, adapters):
     req, free = next((r, o) for r, o in zip(cands, outs) if o.finish_reason == "length")
     text = free.text
     # a stop string that first occurs mid-way in the free-running text
-    stop = next(text[i:i + 2] for i in range(3, len(text) - 1)
-                if text[i:i + 2].isprintable() and text.find(text[i:i + 2]) == i)
+    stop = next(
+        text[i : i + 2]
+        for i in range(3, len(text) - 1)
+        if text[i : i + 2].isprintable() and text.find(text[i : i + 2]) == i
+    )
     cut = engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,)))[0][0]
     assert cut.finish_reason == "stop"
     assert stop not in cut.text and text.startswith(cut.text)
@@ -189,8 +193,13 @@ def test_mixed_modes_agree_and_match_independent_peft_models(base, adapters):
                 continue
             ids = torch.tensor([tok(req.prompt)["input_ids"]])
             with torch.no_grad():
-                out = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                                   do_sample=False, pad_token_id=tok.pad_token_id)
-            expected = out[0, ids.shape[1]:].tolist()
+                out = ref.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=8,
+                    do_sample=False,
+                    pad_token_id=tok.pad_token_id,
+                )
+            expected = out[0, ids.shape[1] :].tolist()
             got = row[0].token_ids
             assert got == expected[: len(got)] and (len(got) == 8 or got[-1] == tok.eos_token_id)

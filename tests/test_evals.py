@@ -33,8 +33,9 @@ def bench(name, **params):
 # --- shipped data ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,count", [("humaneval", 164), ("mbpp", 500), ("gsm8k", 1319),
-                                        ("math500", 500), ("aime24", 30), ("aime25", 15)])
+@pytest.mark.parametrize(
+    "name,count", [("humaneval", 164), ("mbpp", 500), ("gsm8k", 1319), ("math500", 500), ("aime24", 30), ("aime25", 15)]
+)
 def test_shipped_data_counts(name, count):
     b = bench(name)
     items = b.items()
@@ -101,14 +102,21 @@ def test_missing_local_data_names_benchmark_and_fields(tmp_path):
         bench("olympiadbench", path=str(tmp_path / "nope.jsonl")).items()
 
 
-@pytest.mark.parametrize("name,content,match", [
-    ("mbpp_plus", '{"task_id": "Mbpp/2", "prompt": "x"}\n', r"mbpp_plus: .* lacks field 'entry_point'.*EvalPlus"),
-    ("humaneval_plus", "not json\n", r"humaneval_plus: cannot read .*expected EvalPlus jsonl"),
-    ("livecodebench", '{"question_id": 1}\n', r"livecodebench: .* lacks field 'question_content'.*public_test_cases"),
-    ("minerva", '{"problem": "2+2"}\n', r"minerva: .* lacks field 'answer\|final_answer\|solution'"),
-    ("amc23", "[1, 2]\n", r"amc23: .* record 1 is not a JSON object"),
-    ("amc23", "", r"amc23: .* holds no records"),
-])
+@pytest.mark.parametrize(
+    "name,content,match",
+    [
+        ("mbpp_plus", '{"task_id": "Mbpp/2", "prompt": "x"}\n', r"mbpp_plus: .* lacks field 'entry_point'.*EvalPlus"),
+        ("humaneval_plus", "not json\n", r"humaneval_plus: cannot read .*expected EvalPlus jsonl"),
+        (
+            "livecodebench",
+            '{"question_id": 1}\n',
+            r"livecodebench: .* lacks field 'question_content'.*public_test_cases",
+        ),
+        ("minerva", '{"problem": "2+2"}\n', r"minerva: .* lacks field 'answer\|final_answer\|solution'"),
+        ("amc23", "[1, 2]\n", r"amc23: .* record 1 is not a JSON object"),
+        ("amc23", "", r"amc23: .* holds no records"),
+    ],
+)
 def test_malformed_local_file_gives_clear_error(tmp_path, name, content, match):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -155,7 +163,8 @@ def test_templates():
 
     p = prompts.math_prompt("What is 1+1?", "azr")
     assert p.startswith("A conversation between User and Assistant") and p.endswith(
-        "User: What is 1+1?\nAssistant: <think>")
+        "User: What is 1+1?\nAssistant: <think>"
+    )
     assert "\\boxed{}" in prompts.math_prompt("q", "azr_boxed")
     q = prompts.math_prompt("q", "qwen-boxed")
     assert q.startswith("<|im_start|>system") and q.endswith("<|im_start|>assistant\n")
@@ -167,16 +176,19 @@ def test_templates():
         bench("aime24", template="evalplus")
 
 
-@pytest.mark.parametrize("text,template,expected", [
-    (" x </think> <answer>42</answer>", "azr", "42"),
-    (" x </think> <answer>so \\boxed{\\frac{1}{2}} done</answer>", "azr", "\\frac{1}{2}"),
-    (" x </think> <answer>7", "azr", "7"),  # stop string removed the closing tag
-    (" \\boxed{3} but no answer tag", "azr", ""),
-    ("<answer>1</answer> then <answer>2</answer>", "azr_boxed", "2"),
-    ("so \\boxed{a} and finally \\boxed{x^{2}}", "qwen-boxed", "x^{2}"),
-    ("The answer is 12.", "qwen-boxed", "12"),
-    ("we get 3, then 1,234", "qwen-boxed", "1234"),
-])
+@pytest.mark.parametrize(
+    "text,template,expected",
+    [
+        (" x </think> <answer>42</answer>", "azr", "42"),
+        (" x </think> <answer>so \\boxed{\\frac{1}{2}} done</answer>", "azr", "\\frac{1}{2}"),
+        (" x </think> <answer>7", "azr", "7"),  # stop string removed the closing tag
+        (" \\boxed{3} but no answer tag", "azr", ""),
+        ("<answer>1</answer> then <answer>2</answer>", "azr_boxed", "2"),
+        ("so \\boxed{a} and finally \\boxed{x^{2}}", "qwen-boxed", "x^{2}"),
+        ("The answer is 12.", "qwen-boxed", "12"),
+        ("we get 3, then 1,234", "qwen-boxed", "1234"),
+    ],
+)
 def test_extract_math(text, template, expected):
     from populora_evals.prompts import extract_math
 
@@ -196,8 +208,7 @@ def test_extract_code():
 def test_main_guard_is_dropped_from_function_completions():
     from populora_evals.grading import strip_main_guard
 
-    code = ("def f(x):\n    return x\n\nif __name__ == '__main__':\n    n = int(input())\n    print(f(n))\n"
-            "y = 1\n")
+    code = "def f(x):\n    return x\n\nif __name__ == '__main__':\n    n = int(input())\n    print(f(n))\ny = 1\n"
     assert strip_main_guard(code) == "def f(x):\n    return x\n\ny = 1\n"
     assert strip_main_guard("def f(:\n") == "def f(:\n"
     assert strip_main_guard("if __name__ != '__main__':\n    pass\n").startswith("if __name__ !=")
@@ -215,11 +226,20 @@ def test_assemble_body_or_full_function():
 # --- math grading ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("gold,pred,ok", [
-    ("\\frac{1}{2}", "0.5", True), ("\\frac{1}{2}", "1/2", True), ("\\frac{1}{2}", "\\frac{1}{3}", False),
-    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", True), ("18", "18.0", True), ("18", "", False),
-    ("\\$32,\\!348", "32348", True), ("\\$32,\\!348", "32349", False), ("204", "The answer is 204", True),
-])
+@pytest.mark.parametrize(
+    "gold,pred,ok",
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\frac{1}{2}", "1/2", True),
+        ("\\frac{1}{2}", "\\frac{1}{3}", False),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", True),
+        ("18", "18.0", True),
+        ("18", "", False),
+        ("\\$32,\\!348", "32348", True),
+        ("\\$32,\\!348", "32349", False),
+        ("204", "The answer is 204", True),
+    ],
+)
 def test_math_equal(gold, pred, ok):
     from populora_evals.grading import math_equal
 
@@ -229,8 +249,10 @@ def test_math_equal(gold, pred, ok):
 def test_math_benchmark_grades_only_answer_tag():
     b = bench("aime24")
     items = b.items(2)
-    comps = [[f"</think> <answer>{items[0]['answer']}</answer>", f"\\boxed{{{items[0]['answer']}}}"],
-             [f"</think> <answer>{int(items[1]['answer']) + 1}</answer>"]]
+    comps = [
+        [f"</think> <answer>{items[0]['answer']}</answer>", f"\\boxed{{{items[0]['answer']}}}"],
+        [f"</think> <answer>{int(items[1]['answer']) + 1}</answer>"],
+    ]
     assert b.grade(items, comps) == [[True, False], [False]]
 
 
@@ -269,8 +291,18 @@ def test_evaluate_loads_shipped_metric_offline(monkeypatch):
 def test_azr_averages():
     from populora_evals.runner import averages
 
-    full = {"humaneval_plus": 80.0, "mbpp_plus": 70.0, "livecodebench": 30.0, "aime24": 20.0, "aime25": 10.0,
-            "amc23": 60.0, "math500": 70.0, "minerva": 40.0, "olympiadbench": 40.0, "gsm8k": 99.0}
+    full = {
+        "humaneval_plus": 80.0,
+        "mbpp_plus": 70.0,
+        "livecodebench": 30.0,
+        "aime24": 20.0,
+        "aime25": 10.0,
+        "amc23": 60.0,
+        "math500": 70.0,
+        "minerva": 40.0,
+        "olympiadbench": 40.0,
+        "gsm8k": 99.0,
+    }
     avg = averages(full)
     assert avg["code_avg"] == pytest.approx(60.0)
     assert avg["math_avg"] == pytest.approx(40.0)  # GSM8K is not in AZR's MAvg
@@ -289,13 +321,15 @@ def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")
-    run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 3), ("s_bad", "student", 1),
-                                                    ("t0", "teacher", 2)])
+    run = F.write_run(
+        tmp_path / "run", str(base), [("s_good", "student", 3), ("s_bad", "student", 1), ("t0", "teacher", 2)]
+    )
     baseline = F.write_run(tmp_path / "baseline", str(base), [("solo", "both", 5)], seed=10)
     engine = "tests.evals_fixtures:make_oracle_engine"
     F.CALLS.clear()
-    res = run_eval(target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10,
-                   baseline=str(baseline), quiet=True)
+    res = run_eval(
+        target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10, baseline=str(baseline), quiet=True
+    )
     assert F.CALLS == [40, 40]  # base + 2 students + 1 baseline member, 10 problems, one call per benchmark
     rows = {s["label"]: s["row"] for s in res["subjects"]}
     assert set(rows) == {"base", "s_good@v3", "s_bad@v1", "baseline:solo@v5"}  # teachers skipped
@@ -321,13 +355,17 @@ def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only
     assert sample["correct"] == [True] and sample["extracted"]
     # a rerun is free: everything comes from the cache, the engine is never built
     F.CALLS.clear()
-    again = run_eval(target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10,
-                     baseline=str(baseline), quiet=True)
+    again = run_eval(
+        target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10, baseline=str(baseline), quiet=True
+    )
     assert F.CALLS == [] and again["summary"] == summary
     # a new member version is the only thing generated on the next run
     F.make_adapter(run / "adapters" / "s_bad@v2", None, seed=99)
-    (run / "members.json").write_text(json.dumps([{"id": "s_good", "role": "student", "version": 3},
-                                                  {"id": "s_bad", "role": "student", "version": 2}]))
+    (run / "members.json").write_text(
+        json.dumps(
+            [{"id": "s_good", "role": "student", "version": 3}, {"id": "s_bad", "role": "student", "version": 2}]
+        )
+    )
     run_eval(target=str(run), benchmarks="aime24", engine=engine, limit=10, baseline=str(baseline), quiet=True)
     assert F.CALLS == [10]
 
@@ -342,12 +380,24 @@ def test_eval_single_adapter_and_base_targets(tmp_path, evals_only):
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(base)
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))
-    res = run_eval(target=str(adapter), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
-                   limit=4, out=str(tmp_path / "o1"), quiet=True)
+    res = run_eval(
+        target=str(adapter),
+        benchmarks="aime24",
+        engine="tests.evals_fixtures:make_oracle_engine",
+        limit=4,
+        out=str(tmp_path / "o1"),
+        quiet=True,
+    )
     assert [s["label"] for s in res["subjects"]] == ["base", "my_good_adapter"]
     assert res["deltas"]["population mean - base"]["aime24"] == 0.0  # base gets the first 5 right
-    res = run_eval(target=str(base), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
-                   limit=10, out=str(tmp_path / "o2"), quiet=True)
+    res = run_eval(
+        target=str(base),
+        benchmarks="aime24",
+        engine="tests.evals_fixtures:make_oracle_engine",
+        limit=10,
+        out=str(tmp_path / "o2"),
+        quiet=True,
+    )
     assert [s["label"] for s in res["subjects"]] == ["base"] and res["deltas"] == {}
 
 
@@ -379,8 +429,14 @@ def test_eval_reads_the_loops_run_layout(tmp_path, evals_only):
     (run / "recipe.yaml").write_text(f"name: x\nsteps: 3\nbase_model:\n  name: {base}\n  params: {{}}\n")
     members = json.loads((run / "members.json").read_text())
     (run / "members.json").write_text(json.dumps({"members": members, "next_index": {"s": 1}}))
-    res = run_eval(target=str(run), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
-                   limit=4, quiet=True, no_base=True)
+    res = run_eval(
+        target=str(run),
+        benchmarks="aime24",
+        engine="tests.evals_fixtures:make_oracle_engine",
+        limit=4,
+        quiet=True,
+        no_base=True,
+    )
     assert [s["label"] for s in res["subjects"]] == ["s_good@v2", "both_good@v1"]
     assert res["target"]["base_model"] == str(base.resolve()) and res["deltas"] == {}
 
@@ -388,8 +444,17 @@ def test_eval_reads_the_loops_run_layout(tmp_path, evals_only):
 def test_sampling_reports_unbiased_pass_at_k(tmp_path, evals_only):
     from populora_evals.cli import run_eval
 
-    res = run_eval(target="some/hub-model", benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
-                   limit=10, n=4, temperature=0.8, ks="1,2,4", out=str(tmp_path / "o"), quiet=True)
+    res = run_eval(
+        target="some/hub-model",
+        benchmarks="aime24",
+        engine="tests.evals_fixtures:make_oracle_engine",
+        limit=10,
+        n=4,
+        temperature=0.8,
+        ks="1,2,4",
+        out=str(tmp_path / "o"),
+        quiet=True,
+    )
     details = res["subjects"][0]["details"]["aime24"]
     # the oracle's base model is right on the first 5 problems, every sample
     assert details["pass@1"] == details["pass@4"] == 0.5 and details["score"] == 50.0
@@ -403,16 +468,37 @@ def test_eval_params_reach_the_evaluators(tmp_path, evals_only):
     lcb = F.write_lcb(tmp_path / "lcb")
     params = _kv(("livecodebench.start_date=2024-01-15", "livecodebench.tests_per_job=7"), "--eval-param")
     assert params == {"livecodebench.start_date": "2024-01-15", "livecodebench.tests_per_job": 7}
-    (ev,) = build_evaluators(["livecodebench"], {"livecodebench": str(lcb)}, math_template=None,
-                             code_template=None, max_tokens=None, timeout_s=3.0, eval_params=params)
+    (ev,) = build_evaluators(
+        ["livecodebench"],
+        {"livecodebench": str(lcb)},
+        math_template=None,
+        code_template=None,
+        max_tokens=None,
+        timeout_s=3.0,
+        eval_params=params,
+    )
     assert [it["id"] for it in ev.items()] == ["lcb/1"] and ev.params.tests_per_job == 7
     assert ev.params.timeout_s == 3.0 and ev.template == "azr" and ev.max_tokens == 8096
     with pytest.raises(UserError, match=r"BENCHMARK\.KEY=VALUE"):
-        build_evaluators(["aime24"], {}, math_template=None, code_template=None, max_tokens=None,
-                         timeout_s=None, eval_params={"start_date": "x"})
+        build_evaluators(
+            ["aime24"],
+            {},
+            math_template=None,
+            code_template=None,
+            max_tokens=None,
+            timeout_s=None,
+            eval_params={"start_date": "x"},
+        )
     with pytest.raises(UserError, match="evaluator livecodebench: bad settings"):
-        build_evaluators(["livecodebench"], {"livecodebench": str(lcb)}, math_template=None, code_template=None,
-                         max_tokens=None, timeout_s=None, eval_params={"livecodebench.bogus": 1})
+        build_evaluators(
+            ["livecodebench"],
+            {"livecodebench": str(lcb)},
+            math_template=None,
+            code_template=None,
+            max_tokens=None,
+            timeout_s=None,
+            eval_params={"livecodebench.bogus": 1},
+        )
 
 
 def test_base_model_can_use_its_own_math_template(tmp_path, evals_only):
@@ -424,13 +510,20 @@ def test_base_model_can_use_its_own_math_template(tmp_path, evals_only):
     run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 1)])
     F.CALLS.clear()
     F.REQUESTS.clear()
-    res = run_eval(target=str(run), benchmarks="aime24", engine="tests.evals_fixtures:make_oracle_engine",
-                   limit=4, base_math_template="qwen-boxed", quiet=True)
+    res = run_eval(
+        target=str(run),
+        benchmarks="aime24",
+        engine="tests.evals_fixtures:make_oracle_engine",
+        limit=4,
+        base_math_template="qwen-boxed",
+        quiet=True,
+    )
     assert F.CALLS == [4, 4]  # base and members differ in prompt and stop strings: one call each
     base_reqs = [r for r in F.REQUESTS if r[0] is None]
     member_reqs = [r for r in F.REQUESTS if r[0] is not None]
-    assert all(p.startswith("<|im_start|>system") and stop == ("<|im_end|>", "<|endoftext|>")
-               for _, p, stop in base_reqs)
+    assert all(
+        p.startswith("<|im_start|>system") and stop == ("<|im_end|>", "<|endoftext|>") for _, p, stop in base_reqs
+    )
     assert all(p.startswith("A conversation") and stop == ("</answer>",) for _, p, stop in member_reqs)
     details = {s["label"]: s["details"]["aime24"] for s in res["subjects"]}
     assert details["base"]["template"] == "qwen-boxed" and details["s_good@v1"]["template"] == "azr"

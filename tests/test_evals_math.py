@@ -43,8 +43,11 @@ def test_gold_right_and_perturbed_wrong(name, count):
 
 
 def test_gold_right_in_every_template():
-    for template, wrap in (("azr", azr), ("azr_boxed", azr),
-                           ("qwen-boxed", lambda a: f"Step by step... so the result is $\\boxed{{{a}}}$.")):
+    for template, wrap in (
+        ("azr", azr),
+        ("azr_boxed", azr),
+        ("qwen-boxed", lambda a: f"Step by step... so the result is $\\boxed{{{a}}}$."),
+    ):
         from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
 
         b = BENCHMARKS["math500"](EvaluatorParams(template=template))

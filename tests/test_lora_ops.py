@@ -79,8 +79,10 @@ def test_refactor_keeps_delta_and_floors_a_rows() -> None:
 
 @pytest.mark.parametrize("name", sorted(OPERATORS))
 def test_rank_shapes_scale_dtype_preserved(name: str) -> None:
-    parents = [p.with_modules({k: LoraFactors(f.A.bfloat16(), f.B.bfloat16(), f.scale) for k, f in p.items()})
-               for p in parents_for(name)]
+    parents = [
+        p.with_modules({k: LoraFactors(f.A.bfloat16(), f.B.bfloat16(), f.scale) for k, f in p.items()})
+        for p in parents_for(name)
+    ]
     child = run(name, parents)
     assert set(child.modules) == set(parents[0].modules)
     assert child.config == parents[0].config
@@ -137,8 +139,18 @@ def test_same_seed_same_bytes(name: str, tmp_path) -> None:
     save_lora(run(name, parents, seed=7), tmp_path / "b")
     a = (tmp_path / "a" / "adapter_model.safetensors").read_bytes()
     assert a == (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
-    random_ops = {"svd_structured", "layer_gaussian", "component_mask", "gaussian", "neftune", "dare", "della",
-                  "delta_merge", "layerwise", "extrapolate"}
+    random_ops = {
+        "svd_structured",
+        "layer_gaussian",
+        "component_mask",
+        "gaussian",
+        "neftune",
+        "dare",
+        "della",
+        "delta_merge",
+        "layerwise",
+        "extrapolate",
+    }
     if name in random_ops:
         save_lora(run(name, parents, seed=8), tmp_path / "c")
         assert a != (tmp_path / "c" / "adapter_model.safetensors").read_bytes()
@@ -249,8 +261,16 @@ def test_dense_merge_at_full_density_is_the_weighted_sum(refactor: str) -> None:
     exact = run("svd", [p1, p2], weights=[0.6, 0.4])
     for name in ("dare", "ties", "delta_merge"):
         extra = {"method": "random"} if name == "delta_merge" else {}
-        child = run(name, [p1, p2], density=1.0, sign_election=False, rescale=False, weights=[0.6, 0.4],
-                    refactor=refactor, **extra)
+        child = run(
+            name,
+            [p1, p2],
+            density=1.0,
+            sign_election=False,
+            rescale=False,
+            weights=[0.6, 0.4],
+            refactor=refactor,
+            **extra,
+        )
         for k in p1.modules:
             assert rel(child.modules[k].delta(), exact.modules[k].delta()) < 1e-4, (name, k)
 
@@ -271,15 +291,16 @@ def one_parent(x_b: torch.Tensor, x_a: torch.Tensor) -> list[LoraFactors]:
     return [LoraFactors(x_a, x_b, 1.0)]
 
 
-@pytest.mark.parametrize("method,ranking", [("random", "normal"), ("magnitude", "normal"), ("magnitude", "exact"),
-                                            ("della", "normal"), ("della", "exact")])
+@pytest.mark.parametrize(
+    "method,ranking",
+    [("random", "normal"), ("magnitude", "normal"), ("magnitude", "exact"), ("della", "normal"), ("della", "exact")],
+)
 def test_sparsify_keeps_about_density(method: str, ranking: str) -> None:
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(8, 2000, generator=gen) / 2000 ** 0.5
+    a = torch.randn(8, 2000, generator=gen) / 2000**0.5
     b = torch.randn(64, 8, generator=gen)
     x = b @ a
-    p = DeltaMergeParams(method=method, density=0.3, epsilon=0.15, ranking=ranking, rescale=False,
-                         sign_election=False)
+    p = DeltaMergeParams(method=method, density=0.3, epsilon=0.15, ranking=ranking, rescale=False, sign_election=False)
     kept = dense_merge(one_parent(b, a), [1.0], p, gen)
     frac = float((kept != 0).float().mean())
     assert abs(frac - 0.3) < 0.02
@@ -294,7 +315,7 @@ def test_sparsify_keeps_about_density(method: str, ranking: str) -> None:
 def test_dare_is_unbiased_before_refactoring() -> None:
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(20, 500, generator=gen)
-    b = torch.randn(200, 20, generator=gen) / 20 ** 0.5
+    b = torch.randn(200, 20, generator=gen) / 20**0.5
     p = DeltaMergeParams(method="random", density=0.3, sign_election=False)
     mean = sum(dense_merge(one_parent(b, a), [1.0], p, gen) for _ in range(200)) / 200
     assert rel(mean, b @ a) < 0.15  # std of the mean ~ sqrt((1-p)/p/200) = 0.108
@@ -401,8 +422,9 @@ def _uniform24(seed: int, n: int, start: int) -> torch.Tensor:
     return torch.from_numpy((x >> np.uint32(8)).astype(np.int64))
 
 
-def reference_merge(fs: list[LoraFactors], weights: list[float], p: DeltaMergeParams,
-                    gen: torch.Generator) -> torch.Tensor:
+def reference_merge(
+    fs: list[LoraFactors], weights: list[float], p: DeltaMergeParams, gen: torch.Generator
+) -> torch.Tensor:
     """DARE / TIES / DELLA on dense delta W in eager torch, combined with PEFT's merge_utils."""
     from peft.utils.merge_utils import calculate_majority_sign_mask, disjoint_merge
 
@@ -436,13 +458,16 @@ def reference_merge(fs: list[LoraFactors], weights: list[float], p: DeltaMergePa
     return stack.sum(0)
 
 
-@pytest.mark.parametrize("params", [
-    DeltaMergeParams(method="random", density=0.3, sign_election=False),
-    DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
-    DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
-    DeltaMergeParams(method="della"),
-    DeltaMergeParams(method="della", ranking="exact", sign_election=False),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        DeltaMergeParams(method="random", density=0.3, sign_election=False),
+        DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
+        DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
+        DeltaMergeParams(method="della"),
+        DeltaMergeParams(method="della", ranking="exact", sign_election=False),
+    ],
+)
 def test_compiled_merge_matches_eager_reference(params: DeltaMergeParams) -> None:
     ps = [adapter(1), adapter(2), adapter(5)]
     k = "base_model.model.model.layers.0.mlp.down_proj"

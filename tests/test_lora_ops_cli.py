@@ -47,8 +47,10 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("operator,extra", [("svd", ["--set", "weights=[0.7, 0.3]"]), ("della", []),
-                                            ("svd_structured", []), ("layerwise", [])])
+@pytest.mark.parametrize(
+    "operator,extra",
+    [("svd", ["--set", "weights=[0.7, 0.3]"]), ("della", []), ("svd_structured", []), ("layerwise", [])],
+)
 def test_child_loads_in_peft_and_equals_hand_merge(operator, extra, peft_parents, tiny_model_dir, tmp_path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -77,8 +79,19 @@ def test_child_loads_in_peft_and_equals_hand_merge(operator, extra, peft_parents
 def test_lineage_record_and_reproducible_bytes(peft_parents, tmp_path) -> None:
     p1, p2 = peft_parents
     for out in ("a", "b"):
-        res = evolve("dare", "--parent", str(p1), "--parent", str(p2), "--out", str(tmp_path / out),
-                     "--seed", "11", "--set", "density=0.5")
+        res = evolve(
+            "dare",
+            "--parent",
+            str(p1),
+            "--parent",
+            str(p2),
+            "--out",
+            str(tmp_path / out),
+            "--seed",
+            "11",
+            "--set",
+            "density=0.5",
+        )
         assert res.exit_code == 0, res.output
     a = (tmp_path / "a" / "adapter_model.safetensors").read_bytes()
     assert a == (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
@@ -90,8 +103,19 @@ def test_lineage_record_and_reproducible_bytes(peft_parents, tmp_path) -> None:
     assert record["hash"] == adapter_hash(tmp_path / "a")
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8
-    res = evolve("dare", "--parent", str(p1), "--parent", str(p2), "--out", str(tmp_path / "c"), "--seed", "12",
-                 "--set", "density=0.5")
+    res = evolve(
+        "dare",
+        "--parent",
+        str(p1),
+        "--parent",
+        str(p2),
+        "--out",
+        str(tmp_path / "c"),
+        "--seed",
+        "12",
+        "--set",
+        "density=0.5",
+    )
     assert (tmp_path / "c" / "adapter_model.safetensors").read_bytes() != a
 
 
@@ -99,8 +123,12 @@ def test_lineage_record_and_reproducible_bytes(peft_parents, tmp_path) -> None:
 def small_parents(tmp_path) -> dict[str, Path]:
     shapes = {f"base_model.model.model.layers.0.self_attn.{m}": (16, 16) for m in ("q_proj", "v_proj")}
     dirs = {}
-    for key, (seed, rank, alpha) in {"p1": (1, 4, 8.0), "p2": (2, 4, 8.0), "r2": (3, 2, 4.0),
-                                      "a16": (4, 4, 16.0)}.items():
+    for key, (seed, rank, alpha) in {
+        "p1": (1, 4, 8.0),
+        "p2": (2, 4, 8.0),
+        "r2": (3, 2, 4.0),
+        "a16": (4, 4, 16.0),
+    }.items():
         save_lora(trained_like(shapes, rank, alpha, seed), tmp_path / key)
         dirs[key] = tmp_path / key
     other = trained_like(shapes, 4, 8.0, 5)
@@ -114,24 +142,33 @@ def small_parents(tmp_path) -> dict[str, Path]:
     return dirs
 
 
-@pytest.mark.parametrize("case,args,message", [
-    ("missing dir", ["svd", "--parent", "{p1}", "--parent", "{tmp}/nope"], "adapter directory not found"),
-    ("not an adapter", ["svd", "--parent", "{p1}", "--parent", "{empty}"], "not a PEFT adapter directory"),
-    ("rank mismatch", ["svd", "--parent", "{p1}", "--parent", "{r2}"], "differ in r"),
-    ("alpha mismatch", ["svd", "--parent", "{p1}", "--parent", "{a16}"], "differ in lora_alpha"),
-    ("shape mismatch", ["svd", "--parent", "{p1}", "--parent", "{shape}"], "differ in shape"),
-    ("unknown operator", ["crossbreed", "--parent", "{p1}"], "unknown operator 'crossbreed'"),
-    ("unknown param", ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "densty=0.3"],
-     "densty: unknown key"),
-    ("bad value", ["gaussian", "--parent", "{p1}", "--set", "eps=lots"], "eps:"),
-    ("out of range", ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "density=2"], "density:"),
-    ("not key=value", ["gaussian", "--parent", "{p1}", "--set", "eps"], "expected key=value"),
-    ("parent count", ["gaussian", "--parent", "{p1}", "--parent", "{p2}"], "exactly 1 --parent"),
-    ("too few parents", ["svd", "--parent", "{p1}"], "two or more --parent"),
-    ("weights length", ["svd", "--parent", "{p1}", "--parent", "{p2}", "--set", "weights=[1, 2, 3]"],
-     "weights has 3 entries"),
-    ("out exists", ["clone", "--parent", "{p1}", "--out", "{p2}"], "exists"),
-])
+@pytest.mark.parametrize(
+    "case,args,message",
+    [
+        ("missing dir", ["svd", "--parent", "{p1}", "--parent", "{tmp}/nope"], "adapter directory not found"),
+        ("not an adapter", ["svd", "--parent", "{p1}", "--parent", "{empty}"], "not a PEFT adapter directory"),
+        ("rank mismatch", ["svd", "--parent", "{p1}", "--parent", "{r2}"], "differ in r"),
+        ("alpha mismatch", ["svd", "--parent", "{p1}", "--parent", "{a16}"], "differ in lora_alpha"),
+        ("shape mismatch", ["svd", "--parent", "{p1}", "--parent", "{shape}"], "differ in shape"),
+        ("unknown operator", ["crossbreed", "--parent", "{p1}"], "unknown operator 'crossbreed'"),
+        (
+            "unknown param",
+            ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "densty=0.3"],
+            "densty: unknown key",
+        ),
+        ("bad value", ["gaussian", "--parent", "{p1}", "--set", "eps=lots"], "eps:"),
+        ("out of range", ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "density=2"], "density:"),
+        ("not key=value", ["gaussian", "--parent", "{p1}", "--set", "eps"], "expected key=value"),
+        ("parent count", ["gaussian", "--parent", "{p1}", "--parent", "{p2}"], "exactly 1 --parent"),
+        ("too few parents", ["svd", "--parent", "{p1}"], "two or more --parent"),
+        (
+            "weights length",
+            ["svd", "--parent", "{p1}", "--parent", "{p2}", "--set", "weights=[1, 2, 3]"],
+            "weights has 3 entries",
+        ),
+        ("out exists", ["clone", "--parent", "{p1}", "--out", "{p2}"], "exists"),
+    ],
+)
 def test_bad_input_exits_2_with_a_message(case, args, message, small_parents, tmp_path) -> None:
     fmt = {k: str(v) for k, v in small_parents.items()} | {"tmp": str(tmp_path)}
     argv = [a.format(**fmt) for a in args]
@@ -145,6 +182,7 @@ def test_bad_input_exits_2_with_a_message(case, args, message, small_parents, tm
 
 
 def test_missing_seed_is_a_usage_error(small_parents, tmp_path) -> None:
-    res = CliRunner().invoke(cli, ["evolve", "clone", "--parent", str(small_parents["p1"]),
-                                   "--out", str(tmp_path / "c")])
+    res = CliRunner().invoke(
+        cli, ["evolve", "clone", "--parent", str(small_parents["p1"]), "--out", str(tmp_path / "c")]
+    )
     assert res.exit_code == 2 and "--seed" in res.output

@@ -27,16 +27,35 @@ def installed(tmp_path_factory) -> Path:
     src = root / "src"
     shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return target
 
 
 def _run(target: Path, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
-        [str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep), **(extra_env or {})}
-    return subprocess.run([POPULORA, *args], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=TESTS.parent)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        **(extra_env or {}),
+    }
+    return subprocess.run([POPULORA, *args], capture_output=True, text=True, env=env, timeout=600, cwd=TESTS.parent)
 
 
 @pytest.mark.slow
@@ -52,8 +71,19 @@ def test_thirdparty_operator_is_listed_and_evolves(installed, tmp_path) -> None:
     shapes = {f"base_model.model.model.layers.{i}.self_attn.q_proj": (16, 16) for i in range(2)}
     parent = trained_like(shapes, 4, 8.0, seed=1)
     save_lora(parent, tmp_path / "p")
-    res = _run(installed, "evolve", "scale_delta", "--parent", str(tmp_path / "p"), "--out", str(tmp_path / "c"),
-               "--seed", "0", "--set", "factor=0.25")
+    res = _run(
+        installed,
+        "evolve",
+        "scale_delta",
+        "--parent",
+        str(tmp_path / "p"),
+        "--out",
+        str(tmp_path / "c"),
+        "--seed",
+        "0",
+        "--set",
+        "factor=0.25",
+    )
     assert res.returncode == 0, res.stderr
     child = load_lora(tmp_path / "c")
     for name, f in parent.items():
@@ -62,21 +92,49 @@ def test_thirdparty_operator_is_listed_and_evolves(installed, tmp_path) -> None:
     assert record["operator"] == "scale_delta" and record["plugin"] == "example_operator"
     assert record["params"] == {"factor": 0.25, "jitter": 0.0}
 
-    res = _run(installed, "evolve", "scale_delta", "--parent", str(tmp_path / "p"), "--out", str(tmp_path / "d"),
-               "--seed", "0", "--set", "factor=-1")
+    res = _run(
+        installed,
+        "evolve",
+        "scale_delta",
+        "--parent",
+        str(tmp_path / "p"),
+        "--out",
+        str(tmp_path / "d"),
+        "--seed",
+        "0",
+        "--set",
+        "factor=-1",
+    )
     assert res.returncode == 2 and "factor" in res.stderr and "Traceback" not in res.stderr
 
-    res = _run(installed.parent / "not-installed", "evolve", "scale_delta", "--parent", str(tmp_path / "p"),
-               "--out", str(tmp_path / "e"), "--seed", "0")
+    res = _run(
+        installed.parent / "not-installed",
+        "evolve",
+        "scale_delta",
+        "--parent",
+        str(tmp_path / "p"),
+        "--out",
+        str(tmp_path / "e"),
+        "--seed",
+        "0",
+    )
     assert res.returncode == 2 and "unknown operator 'scale_delta'" in res.stderr
 
 
 @pytest.mark.slow
 def test_recipe_uses_thirdparty_operator(installed, tiny_model_dir, tmp_path) -> None:
     """The core loop's fake stack runs a recipe whose evolution mix is only the third-party operator."""
-    res = _run(installed, "--plugin", str(TESTS / "fake_stack.py"), "run", str(TESTS / "recipes" / "fake_2t2s.yaml"),
-               "evolution.operators=[{name: scale_delta, weight: 1.0, params: {factor: 0.5}}]",
-               "--run-dir", str(tmp_path / "run"), extra_env={"POPULORA_TEST_MODEL": str(tiny_model_dir)})
+    res = _run(
+        installed,
+        "--plugin",
+        str(TESTS / "fake_stack.py"),
+        "run",
+        str(TESTS / "recipes" / "fake_2t2s.yaml"),
+        "evolution.operators=[{name: scale_delta, weight: 1.0, params: {factor: 0.5}}]",
+        "--run-dir",
+        str(tmp_path / "run"),
+        extra_env={"POPULORA_TEST_MODEL": str(tiny_model_dir)},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     events = [json.loads(line) for line in (tmp_path / "run" / "lineage.jsonl").read_text().splitlines()]
     children = [e for e in events if e["operator"] != "init"]

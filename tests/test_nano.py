@@ -79,8 +79,10 @@ def test_nano_generates_through_the_hf_engine(nano, tasks):
     problem = next(p for p in load_probe() if p.task_type == "deduction")
     engine = _engine("hf", nano)
     try:
-        out = engine.generate([GenerationRequest(tasks["deduction"].solver_prompt(problem))],
-                              SamplingParams(n=2, temperature=0.0, max_tokens=24))
+        out = engine.generate(
+            [GenerationRequest(tasks["deduction"].solver_prompt(problem))],
+            SamplingParams(n=2, temperature=0.0, max_tokens=24),
+        )
     finally:
         engine.close()
     assert len(out) == 1 and len(out[0]) == 2
@@ -148,7 +150,9 @@ def test_corpus_programs_are_valid_in_the_sandbox(executor, tasks):
         assert [p.outputs[0] for p in parsed] == expected
     ind = tasks["induction"].parse_proposals(
         [P.format_induction_proposal(p.inputs[:10], p.message) for p in programs],
-        [{"program": p.code} for p in programs], "corpus")
+        [{"program": p.code} for p in programs],
+        "corpus",
+    )
     assert [p.error for p in ind] == [None] * len(ind)
     assert [p.outputs for p in ind] == [p.outputs[:10] for p in programs]
 
@@ -166,8 +170,14 @@ def test_rendered_examples_use_the_compact_builders():
     from populora_azr import prompts as P
     from populora_nano import corpus as C
 
-    prog = C.Program("def f(n):\n    return n + 3", ("int",), "add a number", 1,
-                     inputs=[str(i) for i in range(10)], outputs=[str(i + 3) for i in range(10)])
+    prog = C.Program(
+        "def f(n):\n    return n + 3",
+        ("int",),
+        "add a number",
+        1,
+        inputs=[str(i) for i in range(10)],
+        outputs=[str(i + 3) for i in range(10)],
+    )
     examples = C.render_examples([prog], random.Random(0))
     kinds = {e.kind for e in examples}
     assert {"deduction/solve", "abduction/solve", "induction/solve"} <= kinds
@@ -187,9 +197,17 @@ def test_rendered_examples_use_the_compact_builders():
 def test_induction_proposal_rate_sets_how_many_programs_teach_message_writing():
     from populora_nano import corpus as C
 
-    progs = [C.Program(f"def f(n):\n    return n + {k}", ("int",), "add a number", 1,
-                       inputs=[str(i) for i in range(10)], outputs=[str(i + k) for i in range(10)])
-             for k in range(20)]
+    progs = [
+        C.Program(
+            f"def f(n):\n    return n + {k}",
+            ("int",),
+            "add a number",
+            1,
+            inputs=[str(i) for i in range(10)],
+            outputs=[str(i + k) for i in range(10)],
+        )
+        for k in range(20)
+    ]
 
     def proposals(rate: float) -> list[str]:
         examples = C.render_examples(progs, random.Random(0), induction_propose_rate=rate)
@@ -201,10 +219,13 @@ def test_induction_proposal_rate_sets_how_many_programs_teach_message_writing():
     assert 0 < len(proposals(0.3)) < len(progs)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--induction-proposals", "1.5"], "--induction-proposals: 1.5 is not a share between 0 and 1"),
-    (["--hidden", "160", "--heads", "4"], "head_dim 40"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--induction-proposals", "1.5"], "--induction-proposals: 1.5 is not a share between 0 and 1"),
+        (["--hidden", "160", "--heads", "4"], "head_dim 40"),
+    ],
+)
 def test_make_model_rejects_bad_flags_before_any_work(args, message, tmp_path, capsys):
     from populora_nano.make_model import main
 
@@ -225,15 +246,24 @@ def test_probe_file_loads_into_problems_the_tasks_grade(tasks):
     problems = load_probe()
     counts = {t: sum(p.task_type == t for p in problems) for t in tasks}
     assert counts == {"deduction": 50, "abduction": 50, "induction": 50}
-    gold_field = {"deduction": lambda p: p.outputs[0], "abduction": lambda p: p.inputs[0],
-                  "induction": lambda p: p.program}
+    gold_field = {
+        "deduction": lambda p: p.outputs[0],
+        "abduction": lambda p: p.inputs[0],
+        "induction": lambda p: p.program,
+    }
     for name, task in tasks.items():
         sample = [p for p in problems if p.task_type == name][:6]
         for p in sample:
             assert p.valid and task.solver_prompt(p).startswith(f"[{name}:solve]")
             good = P.format_solver_answer(name, gold_field[name](p))
-            wrong = P.format_solver_answer(name, {"deduction": "'not it'", "abduction": "None, None, None",
-                                                  "induction": "def f(a, k=0):\n    return -1"}[name])
+            wrong = P.format_solver_answer(
+                name,
+                {
+                    "deduction": "'not it'",
+                    "abduction": "None, None, None",
+                    "induction": "def f(a, k=0):\n    return -1",
+                }[name],
+            )
             grades = task.grade(p, [good, wrong])
             assert [g.correct for g in grades] == [True, False], p.program
     ind = next(p for p in problems if p.task_type == "induction")
@@ -264,8 +294,9 @@ def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, t
 
     from tests.tiny_model import fresh_adapter
 
-    problems = [p for t in ("deduction", "abduction", "induction")
-                for p in [q for q in load_probe() if q.task_type == t][:3]]
+    problems = [
+        p for t in ("deduction", "abduction", "induction") for p in [q for q in load_probe() if q.task_type == t][:3]
+    ]
     adapter = fresh_adapter(nano, "s0@v0", LORA, seed=7, out_dir=tmp_path / "s0_v0")
     assert isinstance(adapter, AdapterRef)
     engine = _engine("hf", nano)

@@ -55,8 +55,9 @@ def runs(tiny_model_dir, tmp_path_factory):
         pm.load_file(str(TESTS / "fake_stack.py"))
         pop = _record(pm, root / "pop", ["steps=4"])
         single = _record(
-            pm, root / "single", ["steps=4", "population.mode=single_agent", "population.teachers=1",
-                                  "population.students=1"]
+            pm,
+            root / "single",
+            ["steps=4", "population.mode=single_agent", "population.teachers=1", "population.students=1"],
         )
         bare = _record(pm, root / "bare", ["steps=2", "evolution.every=0"])
     alive = {m["id"] for m in json.loads((pop / "members.json").read_text())["members"] if m["role"] == "student"}

@@ -185,13 +185,16 @@ def test_hash_variants_reorder_sets(executor):
 
 def test_no_trace_between_programs(executor):
     """Whatever one program leaves in its work dir or the private tmpfs, the next ones do not see."""
-    leave = ("open('/tmp/note', 'w').write('x')\nopen('/dev/shm/note', 'w').write('x')\n"
-             "open('note', 'w').write('x')")
+    leave = "open('/tmp/note', 'w').write('x')\nopen('/dev/shm/note', 'w').write('x')\nopen('note', 'w').write('x')"
     # no new inode, same mode in the end: caught by the dir's ctime
-    chmod_only = ("import os\nos.chmod('.', 0o755)\ntry:\n    os.setxattr('.', 'user.note', b'x')\n"
-                  "except OSError:\n    pass\nos.chmod('.', 0o700)")
-    look = ("import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'), os.listdir('/tmp'), "
-            "os.listdir('/dev/shm'), os.listxattr('.'))")
+    chmod_only = (
+        "import os\nos.chmod('.', 0o755)\ntry:\n    os.setxattr('.', 'user.note', b'x')\n"
+        "except OSError:\n    pass\nos.chmod('.', 0o700)"
+    )
+    look = (
+        "import os\nprint(oct(os.stat('.').st_mode & 0o777), os.listdir('.'), os.listdir('/tmp'), "
+        "os.listdir('/dev/shm'), os.listxattr('.'))"
+    )
     res = executor.run_batch([ExecJob(leave), ExecJob(chmod_only)] + [ExecJob(look)] * 4)
     assert [r.status for r in res[:2]] == ["ok", "ok"], res
     if executor.isolation["mount_namespace"]:
@@ -207,21 +210,27 @@ def test_random_differs_between_programs(executor):
 
 
 def test_fork_bomb_contained(executor):
-    res = _run(executor, """
+    res = _run(
+        executor,
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-        """, timeout_s=1.0)
+        """,
+        timeout_s=1.0,
+    )
     assert res.status == "timeout"
     _assert_clean(executor)
     _healthy(executor)
 
 
 def test_double_forked_daemon_is_killed(executor):
-    res = _run(executor, """
+    res = _run(
+        executor,
+        """
         import os, time
         if os.fork() == 0:
             os.setsid()
@@ -229,7 +238,9 @@ def test_double_forked_daemon_is_killed(executor):
                 time.sleep(1000)
             os._exit(0)
         os.wait()
-        """, "'parent done'")
+        """,
+        "'parent done'",
+    )
     assert res.status == "ok" and res.value == "'parent done'"
     _assert_clean(executor)
 
@@ -245,7 +256,9 @@ def test_memory_bombs(executor):
 
 def test_memory_bomb_spread_over_processes(executor):
     """RLIMIT_AS is per process: eight children of 100 MB each must still count as 800 MB."""
-    res = _run(executor, """
+    res = _run(
+        executor,
+        """
         import os, time
         for _ in range(8):
             if os.fork() == 0:
@@ -253,7 +266,10 @@ def test_memory_bomb_spread_over_processes(executor):
                 time.sleep(30)
                 os._exit(0)
         time.sleep(30)
-        """, memory_mb=256, timeout_s=20.0)
+        """,
+        memory_mb=256,
+        timeout_s=20.0,
+    )
     if executor.isolation["pid_namespace"]:
         assert res.status == "memory" and "together" in res.error, res
     _assert_clean(executor)
@@ -261,8 +277,9 @@ def test_memory_bomb_spread_over_processes(executor):
 
 
 def test_infinite_loop_and_sleep_time_out(executor):
-    res = executor.run_batch([ExecJob("while True:\n    pass", timeout_s=1.0),
-                              ExecJob("import time\ntime.sleep(100)", timeout_s=1.0)])
+    res = executor.run_batch(
+        [ExecJob("while True:\n    pass", timeout_s=1.0), ExecJob("import time\ntime.sleep(100)", timeout_s=1.0)]
+    )
     assert [r.status for r in res] == ["timeout", "timeout"]
     assert all(r.wall_s >= 1.0 for r in res)
     _assert_clean(executor)
@@ -274,22 +291,33 @@ def test_deep_recursion_is_an_error(executor):
 
 
 def test_setrecursionlimit_abuse_contained(executor):
-    res = _run(executor, """
+    res = _run(
+        executor,
+        """
         import sys
         sys.setrecursionlimit(10 ** 8)
         def r(n):
             return [r(n + 1)]
         r(0)
-        """, timeout_s=5.0, memory_mb=256)
+        """,
+        timeout_s=5.0,
+        memory_mb=256,
+    )
     assert res.status in ("memory", "killed", "error", "timeout"), res
     assert res.status != "ok"
-    nested = _run(executor, """
+    nested = _run(
+        executor,
+        """
         import sys
         sys.setrecursionlimit(10 ** 8)
         x = []
         for _ in range(300_000):
             x = [x]
-        """, "x", memory_mb=256, timeout_s=20.0)  # repr of a 300k-deep list recurses in C
+        """,
+        "x",
+        memory_mb=256,
+        timeout_s=20.0,
+    )  # repr of a 300k-deep list recurses in C
     assert nested.status in ("memory", "killed", "error"), nested
     _assert_clean(executor)
     _healthy(executor)
@@ -300,20 +328,26 @@ def test_huge_output(executor):
     big_value = _run(executor, "pass", "'x' * (10 ** 7)")
     assert loud.status == "output_too_large" and len(loud.stdout) <= 65536
     assert big_value.status == "output_too_large" and big_value.value is None
-    swallowed = _run(executor, """
+    swallowed = _run(
+        executor,
+        """
         try:
             while True:
                 print('y' * 1000)
         except BaseException:
             pass
-        """, "'fine'")
+        """,
+        "'fine'",
+    )
     assert swallowed.status == "output_too_large"  # catching the abort does not help
     _healthy(executor)
 
 
 def test_writing_outside_the_work_dir(executor, tmp_path):
     marker = f"populora_escape_{os.getpid()}"
-    res = _run(executor, f"""
+    res = _run(
+        executor,
+        f"""
         import os
         results = {{}}
         for path in ['/etc/{marker}', '/{marker}', '/usr/{marker}', '/root/{marker}',
@@ -328,7 +362,8 @@ def test_writing_outside_the_work_dir(executor, tmp_path):
             fh.write('ok')
         print(results)
         print(os.getcwd(), os.listdir('.'))
-        """)
+        """,
+    )
     assert res.status == "ok", res
     written = eval(res.stdout.splitlines()[0])
     outside_tmp = {k: v for k, v in written.items() if not k.startswith(("/tmp/", "/dev/shm/"))}
@@ -340,7 +375,9 @@ def test_writing_outside_the_work_dir(executor, tmp_path):
 
 
 def test_inode_flood_is_bounded(executor):
-    res = _run(executor, """
+    res = _run(
+        executor,
+        """
         made = 0
         try:
             for i in range(100_000):
@@ -348,7 +385,8 @@ def test_inode_flood_is_bounded(executor):
                 made += 1
         except OSError as exc:
             print(type(exc).__name__, made)
-        """)
+        """,
+    )
     assert res.status == "ok" and res.stdout.startswith("OSError"), res  # ENOSPC: out of inodes
     if executor.isolation["mount_namespace"]:
         assert int(res.stdout.split()[-1]) < 4096
@@ -366,7 +404,9 @@ def test_reading_the_parents_environment_and_files(executor, tmp_path):
     secret_file = tmp_path / "secret.txt"
     secret_file.write_text(SECRET)
     repo_file = Path(__file__).resolve()
-    res = _run(executor, f"""
+    res = _run(
+        executor,
+        f"""
         import os
         seen = [str(dict(os.environ))]
         for pid in os.listdir('/proc'):
@@ -385,11 +425,13 @@ def test_reading_the_parents_environment_and_files(executor, tmp_path):
                 seen.append(type(exc).__name__)
         print(len(os.listdir('/proc')), os.getppid())
         print(repr(seen)[:50000])
-        """)
+        """,
+    )
     assert res.status == "ok", res
     assert SECRET not in res.stdout and "PROXY" not in res.stdout.upper()
-    assert eval(res.stdout.splitlines()[1])[0] == str({"PATH": "/usr/bin:/bin", "HOME": "/tmp/job",
-                                                        "TMPDIR": "/tmp/job", "LANG": "C.UTF-8"})
+    assert eval(res.stdout.splitlines()[1])[0] == str(
+        {"PATH": "/usr/bin:/bin", "HOME": "/tmp/job", "TMPDIR": "/tmp/job", "LANG": "C.UTF-8"}
+    )
     assert "test_sandbox" not in res.stdout  # this file (the trainer's code) is hidden
     if executor.isolation["pid_namespace"]:
         assert res.stdout.split()[1] == "1"  # the parent it sees is the namespace's init
@@ -403,7 +445,9 @@ def test_no_network(tmp_path):
     server.listen(1)
     port = server.getsockname()[1]
     with SandboxExecutor(_params(workers=1, extra_modules=["socket"])) as ex:
-        res = _run(ex, f"""
+        res = _run(
+            ex,
+            f"""
             import socket
             out = []
             for host in ['127.0.0.1', '1.1.1.1', '10.0.0.1']:
@@ -420,7 +464,8 @@ def test_no_network(tmp_path):
             except OSError as exc:
                 out.append(type(exc).__name__)
             print(out)
-            """)
+            """,
+        )
         assert res.status == "ok", res
         assert "connected" not in res.stdout and "resolved" not in res.stdout, res.stdout
         _assert_clean(ex)
@@ -429,7 +474,9 @@ def test_no_network(tmp_path):
 
 def test_signalling_and_killing_the_parent(executor):
     me = os.getpid()
-    res = _run(executor, f"""
+    res = _run(
+        executor,
+        f"""
         import os
         out = []
         for pid in [{me}, 1, os.getppid(), -1]:
@@ -440,7 +487,9 @@ def test_signalling_and_killing_the_parent(executor):
                 except OSError as exc:
                     out.append(type(exc).__name__)
         print(out)
-        """, "'survived'")
+        """,
+        "'survived'",
+    )
     # kill(-1) reaches only the program itself: it dies, or everything else was refused
     assert res.status in ("ok", "killed"), res
     _healthy(executor)
@@ -449,9 +498,14 @@ def test_signalling_and_killing_the_parent(executor):
 
 
 def test_os_exit_and_kill_self(executor):
-    res = executor.run_batch([ExecJob("import os\nos._exit(0)"), ExecJob("import os", "os._exit(7)"),
-                              ExecJob("import os\nos.kill(os.getpid(), 9)"),
-                              ExecJob("import os\nos.kill(os.getpid(), 11)")])
+    res = executor.run_batch(
+        [
+            ExecJob("import os\nos._exit(0)"),
+            ExecJob("import os", "os._exit(7)"),
+            ExecJob("import os\nos.kill(os.getpid(), 9)"),
+            ExecJob("import os\nos.kill(os.getpid(), 11)"),
+        ]
+    )
     assert [r.status for r in res] == ["error", "error", "killed", "killed"]
     assert "without a result" in res[0].error and "code 7" in res[1].error
     assert "SIGKILL" in res[2].error and "SIGSEGV" in res[3].error
@@ -459,11 +513,13 @@ def test_os_exit_and_kill_self(executor):
 
 
 def test_spawning_a_subprocess(executor):
-    res = executor.run_batch([
-        ExecJob("import subprocess"),
-        ExecJob("import os\nif os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '1000'])", "'spawned'"),
-        ExecJob("import os\npid = os.posix_spawn('/bin/sleep', ['sleep', '1000'], {})", "pid > 0"),
-    ])
+    res = executor.run_batch(
+        [
+            ExecJob("import subprocess"),
+            ExecJob("import os\nif os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '1000'])", "'spawned'"),
+            ExecJob("import os\npid = os.posix_spawn('/bin/sleep', ['sleep', '1000'], {})", "pid > 0"),
+        ]
+    )
     assert res[0].status == "error" and res[0].error.startswith("ModuleNotFoundError")
     assert res[1].status == "ok" and res[2].status == "ok" and res[2].value == "True"
     _assert_clean(executor)
@@ -471,14 +527,18 @@ def test_spawning_a_subprocess(executor):
 
 
 def test_closing_and_redirecting_the_workers_pipes(executor):
-    res = executor.run_batch([
-        ExecJob("import os\nos.closerange(0, 1024)", "'closed'"),
-        ExecJob("import os\nfd = os.open('/dev/null', os.O_WRONLY)\nfor i in range(10):\n    os.dup2(fd, i)"),
-        ExecJob("import os\nos.write(3, b'garbage that is not json')\nos.write(4, b'x')"),
-        ExecJob("import sys, os\nsys.stdout = sys.__stderr__\nos.dup2(2, 1)\nprint('lost')"),
-        ExecJob("import os\nfor fd in range(3, 64):\n    try:\n        os.read(fd, 100)\n    except OSError:\n"
-                "        pass"),
-    ])
+    res = executor.run_batch(
+        [
+            ExecJob("import os\nos.closerange(0, 1024)", "'closed'"),
+            ExecJob("import os\nfd = os.open('/dev/null', os.O_WRONLY)\nfor i in range(10):\n    os.dup2(fd, i)"),
+            ExecJob("import os\nos.write(3, b'garbage that is not json')\nos.write(4, b'x')"),
+            ExecJob("import sys, os\nsys.stdout = sys.__stderr__\nos.dup2(2, 1)\nprint('lost')"),
+            ExecJob(
+                "import os\nfor fd in range(3, 64):\n    try:\n        os.read(fd, 100)\n    except OSError:\n"
+                "        pass"
+            ),
+        ]
+    )
     for r in res:
         assert r.status in ("ok", "error"), r
     assert res[0].status == "error" and res[1].status == "error"  # the result had nowhere to go
@@ -488,11 +548,16 @@ def test_closing_and_redirecting_the_workers_pipes(executor):
 
 
 def test_threads_that_outlive_the_call(executor):
-    res = _run(executor, """
+    res = _run(
+        executor,
+        """
         import threading, time, _thread
         threading.Thread(target=time.sleep, args=(1000,)).start()
         _thread.start_new_thread(time.sleep, (1000,))
-        """, "threading.active_count()", timeout_s=3.0)
+        """,
+        "threading.active_count()",
+        timeout_s=3.0,
+    )
     assert res.status == "ok" and res.value == "2"
     _assert_clean(executor)
 
@@ -500,9 +565,15 @@ def test_threads_that_outlive_the_call(executor):
 def test_many_hostile_programs_in_one_batch(executor):
     """A mixed batch: each hostile program gets its own status; the honest ones are unaffected."""
     honest = ExecJob("def f(x):\n    return x * 2", "f(21)")
-    jobs = [honest, ExecJob("while True:\n    pass", timeout_s=1.0), honest,
-            ExecJob("x = bytearray(8 * 1024 ** 3)", memory_mb=256), honest,
-            ExecJob("import os\nos._exit(1)"), honest]
+    jobs = [
+        honest,
+        ExecJob("while True:\n    pass", timeout_s=1.0),
+        honest,
+        ExecJob("x = bytearray(8 * 1024 ** 3)", memory_mb=256),
+        honest,
+        ExecJob("import os\nos._exit(1)"),
+        honest,
+    ]
     res = executor.run_batch(jobs)
     assert [r.status for r in res] == ["ok", "timeout", "ok", "memory", "ok", "error", "ok"]
     assert {r.value for r in res[::2]} == {"42"}
@@ -551,8 +622,9 @@ ex.run_batch([ExecJob("import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "fallback"])
 def test_killing_the_parent_leaves_nothing(namespaces):
-    proc = subprocess.Popen([sys.executable, "-c", _OWNER, "1" if namespaces else "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, "1" if namespaces else "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         info = json.loads(proc.stdout.readline())
         uids = info["uids"]
@@ -596,12 +668,14 @@ def test_fallback_without_namespaces():
     with SandboxExecutor(_params(workers=1, namespaces=False)) as ex:
         assert not ex.isolation["pid_namespace"] and ex.isolation["fallback_reason"]
         tmp = ex._pool[0][0].fallback_tmp
-        res = ex.run_batch([
-            ExecJob("def f(x):\n    return x + 1", "f(1)"),
-            ExecJob("while True:\n    pass", timeout_s=1.0),
-            ExecJob("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1000)", "'ok'"),
-            ExecJob("open('f.txt', 'w').write('x')", "'wrote'"),
-        ])
+        res = ex.run_batch(
+            [
+                ExecJob("def f(x):\n    return x + 1", "f(1)"),
+                ExecJob("while True:\n    pass", timeout_s=1.0),
+                ExecJob("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1000)", "'ok'"),
+                ExecJob("open('f.txt', 'w').write('x')", "'wrote'"),
+            ]
+        )
         assert [r.status for r in res] == ["ok", "timeout", "ok", "ok"]
         assert res[0].value == "2"
         if os.getuid() == 0:

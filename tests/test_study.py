@@ -15,8 +15,15 @@ def _write_probe(run_dir, records):
 
 
 def _record(step, member, task_type, correct, with_outcomes=True):
-    rec = {"step": step, "member": member, "version": member, "role": "student", "task_type": task_type,
-           "accuracy": sum(correct) / len(correct), "n": len(correct)}
+    rec = {
+        "step": step,
+        "member": member,
+        "version": member,
+        "role": "student",
+        "task_type": task_type,
+        "accuracy": sum(correct) / len(correct),
+        "n": len(correct),
+    }
     if with_outcomes:
         rec["correct"] = correct
     return rec

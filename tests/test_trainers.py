@@ -39,8 +39,16 @@ def _rollouts(member, n=6, seed=0, groups=("deduction/solve", "abduction/propose
     for i in range(n):
         prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(3, 9))]
         comp = [rng.randrange(3, 300) for _ in range(rng.randrange(1, 7))]
-        out.append(Rollout(member, groups[i % len(groups)], prompt, comp, [0.0] * len(comp),
-                           reward=float(rng.random() < 0.5) + 0.1 * i))
+        out.append(
+            Rollout(
+                member,
+                groups[i % len(groups)],
+                prompt,
+                comp,
+                [0.0] * len(comp),
+                reward=float(rng.random() < 0.5) + 0.1 * i,
+            )
+        )
     return out
 
 
@@ -63,9 +71,14 @@ def test_advantages_equal_hand_computed_reference():
     from populora_trl.trr import trr_advantages
 
     g1, g2 = "deduction/solve", "induction/propose"
-    rs = [Rollout("m", g1, [1], [5, 6], [], 1.0), Rollout("m", g1, [1], [5], [], 0.0),
-          Rollout("m", g2, [1], [5, 6, 7], [], 0.3), Rollout("m", g1, [1], [5, 6, 7], [], 1.0),
-          Rollout("m", g2, [1], [5], [], 0.9), Rollout("m", g1, [1], [], [], 5.0)]
+    rs = [
+        Rollout("m", g1, [1], [5, 6], [], 1.0),
+        Rollout("m", g1, [1], [5], [], 0.0),
+        Rollout("m", g2, [1], [5, 6, 7], [], 0.3),
+        Rollout("m", g1, [1], [5, 6, 7], [], 1.0),
+        Rollout("m", g2, [1], [5], [], 0.9),
+        Rollout("m", g1, [1], [], [], 5.0),
+    ]
     adv = trr_advantages(rs, "token")
     # g1 tokens: 1,1 | 0 | 1,1,1 -> mean 5/6, unbiased var (5*(1/6)^2 + (5/6)^2) / 5 = 1/6
     s1 = math.sqrt(1 / 6 + 1e-8)
@@ -78,8 +91,13 @@ def test_advantages_equal_hand_computed_reference():
     assert seq[0] == pytest.approx((1 - m) / math.sqrt(v + 1e-8))
     assert trr_advantages(rs, "none")[:2] == [1.0, 0.0]
     # a group whose rewards are all equal gets zero advantages; a lone token is not a nan
-    flat = trr_advantages([Rollout("m", "a", [1], [2, 3], [], 0.5), Rollout("m", "a", [1], [2], [], 0.5),
-                           Rollout("m", "b", [1], [2], [], 1.0)])
+    flat = trr_advantages(
+        [
+            Rollout("m", "a", [1], [2, 3], [], 0.5),
+            Rollout("m", "a", [1], [2], [], 0.5),
+            Rollout("m", "b", [1], [2], [], 1.0),
+        ]
+    )
     assert flat == [0.0, 0.0, 0.0]
 
 
@@ -87,17 +105,22 @@ def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
     from populora_trl.trr import prompt_centred_rewards, trr_advantages
 
     solve, propose, other = "deduction/solve", "deduction/propose", "abduction/solve"
-    rs = [Rollout("m", solve, [1], [5, 6], [], 1.0), Rollout("m", solve, [1], [5], [], 1.0),
-          Rollout("m", solve, [1], [7, 8, 9], [], -0.5),   # problem 1: two of three solved
-          Rollout("m", solve, [2], [5], [], -0.5), Rollout("m", solve, [2], [6, 6], [], -0.5),  # all failed
-          Rollout("m", propose, [1], [5, 5], [], 0.7),      # same prompt ids, other group: alone
-          Rollout("m", other, [2], [5], [], 1.0)]           # alone with its prompt: keeps its reward
+    rs = [
+        Rollout("m", solve, [1], [5, 6], [], 1.0),
+        Rollout("m", solve, [1], [5], [], 1.0),
+        Rollout("m", solve, [1], [7, 8, 9], [], -0.5),  # problem 1: two of three solved
+        Rollout("m", solve, [2], [5], [], -0.5),
+        Rollout("m", solve, [2], [6, 6], [], -0.5),  # all failed
+        Rollout("m", propose, [1], [5, 5], [], 0.7),  # same prompt ids, other group: alone
+        Rollout("m", other, [2], [5], [], 1.0),
+    ]  # alone with its prompt: keeps its reward
     centred = [0.5, 0.5, -1.0, 0.0, 0.0, 0.7, 1.0]
     assert prompt_centred_rewards(rs) == pytest.approx(centred)
     assert trr_advantages(rs, "none", baseline="prompt") == pytest.approx(centred)
     # then whitened per group exactly as if those had been the rewards
-    shifted = [Rollout(r.member_id, r.group, r.prompt_token_ids, r.completion_token_ids, [], c)
-               for r, c in zip(rs, centred)]
+    shifted = [
+        Rollout(r.member_id, r.group, r.prompt_token_ids, r.completion_token_ids, [], c) for r, c in zip(rs, centred)
+    ]
     assert trr_advantages(rs, "token", baseline="prompt") == pytest.approx(trr_advantages(shifted, "token"))
     assert trr_advantages(rs, "token") != pytest.approx(trr_advantages(shifted, "token"))
     with pytest.raises(UserError, match=r"trainer\.baseline"):
@@ -107,13 +130,18 @@ def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
 def test_trainer_baseline_param_reaches_the_update(base, adapters, tmp_path):
     """Problem A: every sample wrong; problem B: every sample right. Task whitening pushes A's answers down
     and B's up; centred per prompt neither carries any gradient and the adapter is unchanged."""
-    rollouts = [Rollout("m0", "deduction/solve", [9, 10 + p], [20 + j, 21], [0.0, 0.0], (-0.5, 1.0)[p])
-                for p in range(2) for j in range(3)]
+    rollouts = [
+        Rollout("m0", "deduction/solve", [9, 10 + p], [20 + j, 21], [0.0, 0.0], (-0.5, 1.0)[p])
+        for p in range(2)
+        for j in range(3)
+    ]
     task = make("trainer", "trr++", base, lr=1e-2, entropy_coef=0.0).update(
-        "m0", adapters[0], rollouts, tmp_path / "task")
+        "m0", adapters[0], rollouts, tmp_path / "task"
+    )
     assert task.grad_norm > 0
     prompt = make("trainer", "trr++", base, lr=1e-2, entropy_coef=0.0, baseline="prompt").update(
-        "m0", adapters[0], rollouts, tmp_path / "prompt")
+        "m0", adapters[0], rollouts, tmp_path / "prompt"
+    )
     assert prompt.grad_norm == 0.0 and _same(_tensors(tmp_path / "prompt"), _tensors(adapters[0].path))
 
 
@@ -142,8 +170,11 @@ def test_advantages_match_verl_masked_whitening():
 
 def _base_weights(host):
     """The base model's own parameters, named as before PEFT wrapped its linears (``base_layer``)."""
-    return {n.replace(".base_layer", ""): p.detach().clone() for n, p in host.base_model.named_parameters()
-            if ".lora_" not in n}
+    return {
+        n.replace(".base_layer", ""): p.detach().clone()
+        for n, p in host.base_model.named_parameters()
+        if ".lora_" not in n
+    }
 
 
 def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
@@ -154,8 +185,9 @@ def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     host = get_host(base)
     engine = make("engine", "hf", base)
     engine.generate([GenerationRequest("def f", a) for a in adapters], SamplingParams(temperature=0, max_tokens=2))
-    loaded = {a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()}
-              for a in adapters}
+    loaded = {
+        a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()} for a in adapters
+    }
     base_before = _base_weights(host)
     files = {a.name: _tensors(a.path) for a in adapters}
 
@@ -165,14 +197,18 @@ def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
 
     new = _tensors(tmp_path / "m1_v1")
     assert not _same(new, files["m1@v0"])
-    changed = [k for k in new if not torch.equal(new[k][0], files["m1@v0"][k][0])
-               or not torch.equal(new[k][1], files["m1@v0"][k][1])]
+    changed = [
+        k
+        for k in new
+        if not torch.equal(new[k][0], files["m1@v0"][k][0]) or not torch.equal(new[k][1], files["m1@v0"][k][1])
+    ]
     assert len(changed) == len(new)  # every module of the target moved
     for a in adapters:  # no version on disk or in memory changed
         assert _same(_tensors(a.path), files[a.name])
         now = host.version(host.ensure(a))
-        assert all(torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1])
-                   for k in now)
+        assert all(
+            torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1]) for k in now
+        )
     base_after = _base_weights(host)
     assert base_after.keys() == base_before.keys()
     for n, p in base_after.items():
@@ -222,8 +258,10 @@ def test_low_var_kl_is_schulmans_k3():
 
 def test_kl_coef_pulls_the_adapter_back_towards_the_base(base, adapters, tmp_path):
     """Equal rewards leave only the KL term: successive updates lower the measured KL to the base."""
-    rollouts = [Rollout("m1", r.group, r.prompt_token_ids, r.completion_token_ids, r.logprobs, 1.0)
-                for r in _rollouts("m1", n=8, seed=6)]
+    rollouts = [
+        Rollout("m1", r.group, r.prompt_token_ids, r.completion_token_ids, r.logprobs, 1.0)
+        for r in _rollouts("m1", n=8, seed=6)
+    ]
     trainer = make("trainer", "trr++", base, lr=3e-3, kl_coef=1.0)
     adapter, kls = adapters[1], []
     for step in range(3):
@@ -277,8 +315,17 @@ def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters
     def lr_used(member):
         return trainer._states[member]["optimizer"]["param_groups"][0]["lr"]
 
-    trainer = make("trainer", "trr++", base, lr=1e-3, lr_decay_steps=2, lr_min_ratio=0.25,
-                   betas=[0.8, 0.95], eps=1e-6, weight_decay=0.05)
+    trainer = make(
+        "trainer",
+        "trr++",
+        base,
+        lr=1e-3,
+        lr_decay_steps=2,
+        lr_min_ratio=0.25,
+        betas=[0.8, 0.95],
+        eps=1e-6,
+        weight_decay=0.05,
+    )
     adapter, used = adapters[0], []
     for step in range(3):
         trainer.update("m0", adapter, _rollouts("m0", seed=step), tmp_path / f"m0_v{step + 1}")
@@ -352,11 +399,22 @@ def test_repeated_updates_raise_a_toy_reward(peaky_base, tmp_path):
     mass0 = _target_mass(base, adapter, prompts, target)
     rewards = []
     for step in range(10):
-        out = engine.generate([GenerationRequest(p, adapter) for p in prompts],
-                              SamplingParams(n=8, temperature=1.0, max_tokens=4, seed=step))
-        rollouts = [Rollout("toy", "solve", c.prompt_token_ids, c.token_ids, c.logprobs,
-                            sum(t in target for t in c.token_ids) / max(1, len(c.token_ids)))
-                    for row in out for c in row]
+        out = engine.generate(
+            [GenerationRequest(p, adapter) for p in prompts],
+            SamplingParams(n=8, temperature=1.0, max_tokens=4, seed=step),
+        )
+        rollouts = [
+            Rollout(
+                "toy",
+                "solve",
+                c.prompt_token_ids,
+                c.token_ids,
+                c.logprobs,
+                sum(t in target for t in c.token_ids) / max(1, len(c.token_ids)),
+            )
+            for row in out
+            for c in row
+        ]
         rewards.append(sum(r.reward for r in rollouts) / len(rollouts))
         stats = trainer.update("toy", adapter, rollouts, tmp_path / f"toy_v{step + 1}")
         assert math.isfinite(stats.loss)
@@ -390,8 +448,9 @@ def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_
 
     host = get_host(base)
     files = {a.name: _tensors(a.path) for a in adapters}
-    loaded = {a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()}
-              for a in adapters}
+    loaded = {
+        a.name: {k: (x.clone(), y.clone()) for k, (x, y) in host.version(host.ensure(a)).items()} for a in adapters
+    }
     trainer = make("trainer", "grpo", base, lr=1e-2, loss_type=loss_type, micro_batch_size=3)
     stats = trainer.update("m2", adapters[2], _grpo_rollouts("m2"), tmp_path / "m2_v1")
     assert trainer._trl is not None and type(trainer._trl).__name__ == "GRPOTrainer"
@@ -401,8 +460,9 @@ def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_
     for a in adapters:
         assert _same(_tensors(a.path), files[a.name])
         now = host.version(host.ensure(a))
-        assert all(torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1])
-                   for k in now)
+        assert all(
+            torch.equal(now[k][0], loaded[a.name][k][0]) and torch.equal(now[k][1], loaded[a.name][k][1]) for k in now
+        )
 
 
 def test_grpo_micro_batches_match_one_batch_and_advantages_follow_trl(base, adapters, tmp_path):
@@ -429,8 +489,9 @@ def test_grpo_with_kl_to_a_reference_adapter(base, adapters, tmp_path):
 
     trainer = make("trainer", "grpo", base, lr=1e-2, beta=0.1, reference="initial", loss_type="grpo")
     trainer.update("m1", adapters[1], _grpo_rollouts("m1"), tmp_path / "m1_v1")
-    stats = trainer.update("m1", AdapterRef("m1@v1", str(tmp_path / "m1_v1")), _grpo_rollouts("m1", seed=1),
-                           tmp_path / "m1_v2")
+    stats = trainer.update(
+        "m1", AdapterRef("m1@v1", str(tmp_path / "m1_v1")), _grpo_rollouts("m1", seed=1), tmp_path / "m1_v2"
+    )
     assert stats.extra["kl"] > 0  # the second step is measured against m1@v0
     trainer.save_state(tmp_path / "ckpt")
     other = make("trainer", "grpo", base, beta=0.1, reference="initial")

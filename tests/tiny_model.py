@@ -74,7 +74,14 @@ def fresh_adapter(base: Any, name: str, lora: Any, *, seed: int, out_dir: str | 
     from populora_core.adapters import init_lora, save_lora
     from populora_core.components import AdapterRef
 
-    weights = init_lora(base.path, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
-                        dropout=lora.dropout, seed=seed, init_std=lora.init_std)
+    weights = init_lora(
+        base.path,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=lora.target_modules,
+        dropout=lora.dropout,
+        seed=seed,
+        init_std=lora.init_std,
+    )
     save_lora(weights, out_dir)
     return AdapterRef(name, str(out_dir))

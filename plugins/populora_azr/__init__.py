@@ -19,38 +19,53 @@ class AZRTaskParams(Params):
     """Settings shared by the three AZR tasks; defaults are AZR's where we do not fix a bug."""
 
     style: Literal["azr", "compact"] = Field(
-        "azr", description="prompt style: AZR's R1-style structure, or short prompts for a tiny model")
+        "azr", description="prompt style: AZR's R1-style structure, or short prompts for a tiny model"
+    )
     compat: Literal["fixed", "azr-released"] = Field(
-        "fixed", description="'azr-released' reproduces AZR's released quirks (see README)")
+        "fixed", description="'azr-released' reproduces AZR's released quirks (see README)"
+    )
     one_def: bool = Field(
-        True, description="reject programs with more than one function (AZR reject_multiple_functions); "
-        "fixed counts top-level functions, azr-released counts every def, nested and methods too")
+        True,
+        description="reject programs with more than one function (AZR reject_multiple_functions); "
+        "fixed counts top-level functions, azr-released counts every def, nested and methods too",
+    )
     banned: tuple[str, ...] | None = Field(
-        None, description="banned modules/names; None: AZR's 16 (azr-released) or those plus os, sys, ... (fixed)")
+        None, description="banned modules/names; None: AZR's 16 (azr-released) or those plus os, sys, ... (fixed)"
+    )
     banned_builtins: tuple[str, ...] = Field(
-        DEFAULT_BANNED_BUILTINS, description="builtins a program may not use (fixed only)")
+        DEFAULT_BANNED_BUILTINS, description="builtins a program may not use (fixed only)"
+    )
     banned_attributes: tuple[str, ...] = Field(
-        DEFAULT_BANNED_ATTRIBUTES, description="interpreter internals a program may not touch (fixed only)")
+        DEFAULT_BANNED_ATTRIBUTES, description="interpreter internals a program may not touch (fixed only)"
+    )
     buffer_cap: int = Field(16384, ge=1, description="most problems a buffer holds (AZR max_programs)")
     eviction: Literal["oldest", "reject_new"] | None = Field(
-        None, description="when full: evict the oldest non-seed ('oldest', fixed default) or drop new "
-        "problems ('reject_new', AZR released)")
+        None,
+        description="when full: evict the oldest non-seed ('oldest', fixed default) or drop new "
+        "problems ('reject_new', AZR released)",
+    )
     max_output_chars: int = Field(
-        1000, ge=16, description="largest accepted repr of an output (and input text); fixed rejects larger, "
-        "azr-released truncates to 400 instead")
+        1000,
+        ge=16,
+        description="largest accepted repr of an output (and input text); fixed rejects larger, "
+        "azr-released truncates to 400 instead",
+    )
     max_program_chars: int = Field(6000, ge=16, description="largest accepted program text")
     allow_none_output: bool | None = Field(
-        None, description="accept programs returning None; None: no (fixed) / yes (azr-released)")
+        None, description="accept programs returning None; None: no (fixed) / yes (azr-released)"
+    )
     timeout_s: float = Field(10.0, gt=0, description="per-program time limit (AZR execute_max_timeout)")
     memory_mb: int | None = Field(None, ge=16, description="per-program memory limit; None: executor default")
     solver_correct: float = 1.0
     solver_wrong: float = -0.5
     solver_format: float = Field(-1.0, description="solver reward when the answer format is broken")
     extreme_reward: float = Field(
-        -0.5, description="proposer reward when the solve rate is 0 or 1 (AZR released; the paper says 0)")
+        -0.5, description="proposer reward when the solve rate is 0 or 1 (AZR released; the paper says 0)"
+    )
     invalid_reward: float = Field(-1.0, description="proposer reward for an invalid or unformatted proposal")
     compact_max_chars: int = Field(
-        600, ge=200, description="compact prompts drop references/pairs beyond this many characters")
+        600, ge=200, description="compact prompts drop references/pairs beyond this many characters"
+    )
     compute_metrics: bool = Field(True, description="AST depth, cyclomatic complexity, LOC, shape signature")
 
 

@@ -111,9 +111,14 @@ class ProblemBuffer:
         return picked
 
     def state_dict(self) -> dict[str, Any]:
-        return {"items": [problem_to_dict(p) for p in self.items], "generations": list(self.generations),
-                "seed_count": self.seed_count, "generation": self.generation, "cap": self.cap,
-                "eviction": self.eviction}
+        return {
+            "items": [problem_to_dict(p) for p in self.items],
+            "generations": list(self.generations),
+            "seed_count": self.seed_count,
+            "generation": self.generation,
+            "cap": self.cap,
+            "eviction": self.eviction,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         items = [problem_from_dict(d) for d in state["items"]]

@@ -14,23 +14,94 @@ import tokenize
 from collections.abc import Iterable, Sequence
 
 #: AZR's released banned-word list (yaml ``banned_words``; ``datetime`` appears twice there).
-AZR_BANNED = ("logging", "random", "multiprocessing", "pebble", "subprocess", "threading", "datetime",
-              "time", "hashlib", "hmac", "bcrypt", "os.sys", "os.path", "sys.exit", "os.environ", "calendar")
+AZR_BANNED = (
+    "logging",
+    "random",
+    "multiprocessing",
+    "pebble",
+    "subprocess",
+    "threading",
+    "datetime",
+    "time",
+    "hashlib",
+    "hmac",
+    "bcrypt",
+    "os.sys",
+    "os.path",
+    "sys.exit",
+    "os.environ",
+    "calendar",
+)
 
 #: What we add by default: the paper's text ("os.sys, sys, shutil"), ways out of the process, and
 #: introspection that reaches the interpreter's internals. The sandbox contains them anyway; banning
 #: them keeps proposals about computation rather than about the machine.
-EXTRA_BANNED = ("os", "sys", "shutil", "socket", "builtins", "importlib", "ctypes", "gc", "inspect",
-                "signal", "pathlib", "tempfile", "glob", "urllib", "http", "asyncio", "concurrent", "sched",
-                "uuid", "secrets", "resource", "pickle", "marshal", "code", "codeop", "pty", "select")
+EXTRA_BANNED = (
+    "os",
+    "sys",
+    "shutil",
+    "socket",
+    "builtins",
+    "importlib",
+    "ctypes",
+    "gc",
+    "inspect",
+    "signal",
+    "pathlib",
+    "tempfile",
+    "glob",
+    "urllib",
+    "http",
+    "asyncio",
+    "concurrent",
+    "sched",
+    "uuid",
+    "secrets",
+    "resource",
+    "pickle",
+    "marshal",
+    "code",
+    "codeop",
+    "pty",
+    "select",
+)
 
-DEFAULT_BANNED_BUILTINS = ("__import__", "eval", "exec", "compile", "open", "input", "breakpoint",
-                           "globals", "locals", "vars", "exit", "quit", "help")
+DEFAULT_BANNED_BUILTINS = (
+    "__import__",
+    "eval",
+    "exec",
+    "compile",
+    "open",
+    "input",
+    "breakpoint",
+    "globals",
+    "locals",
+    "vars",
+    "exit",
+    "quit",
+    "help",
+)
 
-DEFAULT_BANNED_ATTRIBUTES = ("__globals__", "__builtins__", "__subclasses__", "__code__", "__closure__",
-                             "__bases__", "__base__", "__mro__", "__loader__", "__spec__", "__import__",
-                             "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "cr_frame",
-                             "tb_frame")
+DEFAULT_BANNED_ATTRIBUTES = (
+    "__globals__",
+    "__builtins__",
+    "__subclasses__",
+    "__code__",
+    "__closure__",
+    "__bases__",
+    "__base__",
+    "__mro__",
+    "__loader__",
+    "__spec__",
+    "__import__",
+    "f_globals",
+    "f_locals",
+    "f_back",
+    "f_builtins",
+    "gi_frame",
+    "cr_frame",
+    "tb_frame",
+)
 
 _GETATTR_LIKE = {"getattr", "setattr", "delattr", "hasattr"}
 
@@ -71,8 +142,12 @@ def _bound_names(tree: ast.AST) -> set[str]:
     return bound
 
 
-def banned_violations(tree: ast.AST, banned: Sequence[str], builtins: Sequence[str] = DEFAULT_BANNED_BUILTINS,
-                      attributes: Sequence[str] = DEFAULT_BANNED_ATTRIBUTES) -> list[str]:
+def banned_violations(
+    tree: ast.AST,
+    banned: Sequence[str],
+    builtins: Sequence[str] = DEFAULT_BANNED_BUILTINS,
+    attributes: Sequence[str] = DEFAULT_BANNED_ATTRIBUTES,
+) -> list[str]:
     """Our check: banned modules on imports *and* attribute chains, banned builtins, internals.
 
     ``import os as o; o.environ`` is resolved through the alias; ``from os import path`` is ``os.path``.

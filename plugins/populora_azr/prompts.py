@@ -124,33 +124,50 @@ def _azr_references(refs: Sequence[Reference]) -> str:
         return ""
     parts = ["\n### Reference Code Snippets:"]
     for i, (program, inp, out) in enumerate(refs):
-        parts.append(f"<snippet_{i}>\n{fence('python', program)}\n{fence('input', inp)}\n"
-                     f"{fence('output', out)}\n</snippet_{i}>")
+        parts.append(
+            f"<snippet_{i}>\n{fence('python', program)}\n{fence('input', inp)}\n{fence('output', out)}\n</snippet_{i}>"
+        )
     return "\n".join(parts)
 
 
 def _azr_code_proposer(kind: str, refs: Sequence[Reference], banned: Sequence[str]) -> str:
     if kind == "abduction":
-        header = ("## Task: write a Python snippet and one input for it. Someone else will see only the "
-                  "snippet and its output and must find an input that produces that output. Treat it as a "
-                  "puzzle that tests reasoning. You may define custom classes at the top of the snippet.")
+        header = (
+            "## Task: write a Python snippet and one input for it. Someone else will see only the "
+            "snippet and its output and must find an input that produces that output. Treat it as a "
+            "puzzle that tests reasoning. You may define custom classes at the top of the snippet."
+        )
         # AZR swaps the "difficulty" bullet between the two proposer prompts; we keep that quirk.
         difficulty = "- Difficulty: predicting the output from the input should take real thought."
     else:
-        header = ("## Task: write a Python snippet and one input for it. Someone else will see the snippet "
-                  "and the input and must work out the output. Treat it as a puzzle that tests reasoning. "
-                  "You may define custom classes at the top of the snippet.")
+        header = (
+            "## Task: write a Python snippet and one input for it. Someone else will see the snippet "
+            "and the input and must work out the output. Treat it as a puzzle that tests reasoning. "
+            "You may define custom classes at the top of the snippet."
+        )
         difficulty = "- Difficulty: recovering an input from the output should take real thought."
     banned_line = ("- Forbidden anywhere, even in comments: " + ", ".join(banned)) if banned else ""
-    criteria = "\n".join(x for x in (
-        "### Evaluation criteria:",
-        "- Executability: the code runs without errors.",
-        difficulty,
-        "- Creativity: clearly different from the reference snippets.",
-        banned_line,
-    ) if x)
-    body = "\n\n".join([header, _AZR_CODE_RULES, _AZR_INPUT_RULES, _AZR_FORMAT_EXAMPLE, criteria,
-                        "First make a plan, then write the snippet and the input."])
+    criteria = "\n".join(
+        x
+        for x in (
+            "### Evaluation criteria:",
+            "- Executability: the code runs without errors.",
+            difficulty,
+            "- Creativity: clearly different from the reference snippets.",
+            banned_line,
+        )
+        if x
+    )
+    body = "\n\n".join(
+        [
+            header,
+            _AZR_CODE_RULES,
+            _AZR_INPUT_RULES,
+            _AZR_FORMAT_EXAMPLE,
+            criteria,
+            "First make a plan, then write the snippet and the input.",
+        ]
+    )
     return r1_wrap(body + _azr_references(refs))
 
 
@@ -162,8 +179,9 @@ def _compact_refs_fit(head: str, tail: str, refs: Sequence[Reference], max_chars
     blocks: list[str] = []
     size = len(head) + len(tail) + 2
     for program, inp, out in refs:
-        block = (f"Reference {len(blocks) + 1}:\n{fence('python', program)}\n{fence('input', inp)}\n"
-                 f"{fence('output', out)}")
+        block = (
+            f"Reference {len(blocks) + 1}:\n{fence('python', program)}\n{fence('input', inp)}\n{fence('output', out)}"
+        )
         if size + len(block) + 1 > max_chars:
             continue
         blocks.append(block)
@@ -174,15 +192,21 @@ def _compact_refs_fit(head: str, tail: str, refs: Sequence[Reference], max_chars
 # --- public prompt builders -------------------------------------------------------------------------------
 
 
-def code_proposer_prompt(task_type: str, references: Sequence[Reference], *, style: str = "compact",
-                         banned: Sequence[str] = (), max_chars: int = COMPACT_MAX_CHARS) -> str:
+def code_proposer_prompt(
+    task_type: str,
+    references: Sequence[Reference],
+    *,
+    style: str = "compact",
+    banned: Sequence[str] = (),
+    max_chars: int = COMPACT_MAX_CHARS,
+) -> str:
     """Proposer prompt for ``deduction`` or ``abduction``: write ``f`` plus one input, given references."""
     _check_style(style)
     if task_type not in ("deduction", "abduction"):
         raise ValueError(f"code_proposer_prompt is for deduction/abduction, not {task_type!r}")
     if style == "azr":
         return _azr_code_proposer(task_type, references, banned)
-    head = (f"[{task_type}:propose]\nWrite a new deterministic Python function f and one input for it.")
+    head = f"[{task_type}:propose]\nWrite a new deterministic Python function f and one input for it."
     tail = "Reply with a ```python block and an ```input block.\nAnswer:\n"
     return _compact_refs_fit(head, tail, references, max_chars)
 
@@ -191,24 +215,32 @@ def induction_proposer_prompt(program: str, *, n_inputs: int = 10, style: str = 
     """Proposer prompt for ``induction``: ``n_inputs`` inputs for a given program, plus a message."""
     _check_style(style)
     if style == "compact":
-        return (f"[induction:propose]\nWrite {n_inputs} different inputs for f, each in its own ```input "
-                f"block, and a ```message block hinting what f does.\n{fence('python', program)}\nAnswer:\n")
-    body = "\n\n".join([
-        f"## Task: write {n_inputs} inputs for the Python function below that together give varied, "
-        "revealing outputs, plus a message. A test subject will see some of the inputs with their outputs "
-        "and your message, and must reconstruct the function.",
-        "Requirements for the inputs:\n- Put each input in its own input block.\n"
-        "- Each input is the arguments of `f`, comma-separated, strings quoted.",
-        "Requirements for the message:\n- Put it in a message block; any form is fine (a hint, a "
-        "riddle, a description) but it must not contain the code.",
-        "Formatting, for example:\n" + fence("input", "'abc', 2") + "\n" + fence("input", "'xyz', 0")
-        + "\n" + fence("message", "Think about how each letter moves."),
-        "### Evaluation criteria:\n- Executability: every input runs without errors.\n"
-        "- Coverage: the inputs exercise different behaviours.\n- Creativity: inputs are varied.\n"
-        "- Challenging but not impossible to infer.",
-        "First make a plan, then write the inputs and the message.",
-        "### The function:\n" + fence("python", program + "\n\nf(<one of your inputs goes here>)"),
-    ])
+        return (
+            f"[induction:propose]\nWrite {n_inputs} different inputs for f, each in its own ```input "
+            f"block, and a ```message block hinting what f does.\n{fence('python', program)}\nAnswer:\n"
+        )
+    body = "\n\n".join(
+        [
+            f"## Task: write {n_inputs} inputs for the Python function below that together give varied, "
+            "revealing outputs, plus a message. A test subject will see some of the inputs with their outputs "
+            "and your message, and must reconstruct the function.",
+            "Requirements for the inputs:\n- Put each input in its own input block.\n"
+            "- Each input is the arguments of `f`, comma-separated, strings quoted.",
+            "Requirements for the message:\n- Put it in a message block; any form is fine (a hint, a "
+            "riddle, a description) but it must not contain the code.",
+            "Formatting, for example:\n"
+            + fence("input", "'abc', 2")
+            + "\n"
+            + fence("input", "'xyz', 0")
+            + "\n"
+            + fence("message", "Think about how each letter moves."),
+            "### Evaluation criteria:\n- Executability: every input runs without errors.\n"
+            "- Coverage: the inputs exercise different behaviours.\n- Creativity: inputs are varied.\n"
+            "- Challenging but not impossible to infer.",
+            "First make a plan, then write the inputs and the message.",
+            "### The function:\n" + fence("python", program + "\n\nf(<one of your inputs goes here>)"),
+        ]
+    )
     return r1_wrap(body)
 
 
@@ -216,15 +248,19 @@ def deduction_solver_prompt(program: str, input_text: str, *, style: str = "comp
     """Solver prompt: given the program and the input, predict the output."""
     _check_style(style)
     if style == "compact":
-        return (f"[deduction:solve]\nPredict the output of f for the input.\n{fence('python', program)}\n"
-                f"{fence('input', input_text)}\nReply with an ```output block.\nAnswer:\n")
-    body = "\n\n".join([
-        "## Task: work out the output of the code below for the given input. Put the output in an output "
-        "block; quote strings and write several returned values as a tuple.",
-        "### Code:\n" + fence("python", program),
-        "### Input:\n" + fence("input", input_text),
-        "### Example answer:\n" + fence("output", "{'total': 3, 'items': ['a', 'b']}"),
-    ])
+        return (
+            f"[deduction:solve]\nPredict the output of f for the input.\n{fence('python', program)}\n"
+            f"{fence('input', input_text)}\nReply with an ```output block.\nAnswer:\n"
+        )
+    body = "\n\n".join(
+        [
+            "## Task: work out the output of the code below for the given input. Put the output in an output "
+            "block; quote strings and write several returned values as a tuple.",
+            "### Code:\n" + fence("python", program),
+            "### Input:\n" + fence("input", input_text),
+            "### Example answer:\n" + fence("output", "{'total': 3, 'items': ['a', 'b']}"),
+        ]
+    )
     return r1_wrap(body)
 
 
@@ -232,22 +268,27 @@ def abduction_solver_prompt(program: str, output_text: str, *, style: str = "com
     """Solver prompt: given the program and an output, give one input that produces it."""
     _check_style(style)
     if style == "compact":
-        return (f"[abduction:solve]\nGive an input for which f returns the output.\n"
-                f"{fence('python', program)}\n{fence('output', output_text)}\n"
-                "Reply with an ```input block.\nAnswer:\n")
-    body = "\n\n".join([
-        "## Task: give one input for which the code below returns the given output. Put it in an input "
-        "block: the arguments of `f`, comma-separated, strings quoted.",
-        "### Code:\n" + fence("python", program),
-        "### Output:\n" + fence("output", output_text),
-        "### Answer format:\n" + fence("input", "arg1, arg2, ..."),
-        "### Example answer:\n" + fence("input", "'hello', [1, 2]"),
-    ])
+        return (
+            f"[abduction:solve]\nGive an input for which f returns the output.\n"
+            f"{fence('python', program)}\n{fence('output', output_text)}\n"
+            "Reply with an ```input block.\nAnswer:\n"
+        )
+    body = "\n\n".join(
+        [
+            "## Task: give one input for which the code below returns the given output. Put it in an input "
+            "block: the arguments of `f`, comma-separated, strings quoted.",
+            "### Code:\n" + fence("python", program),
+            "### Output:\n" + fence("output", output_text),
+            "### Answer format:\n" + fence("input", "arg1, arg2, ..."),
+            "### Example answer:\n" + fence("input", "'hello', [1, 2]"),
+        ]
+    )
     return r1_wrap(body)
 
 
-def induction_solver_prompt(pairs: Sequence[tuple[str, str]], message: str, *, style: str = "compact",
-                            max_chars: int = COMPACT_MAX_CHARS) -> str:
+def induction_solver_prompt(
+    pairs: Sequence[tuple[str, str]], message: str, *, style: str = "compact", max_chars: int = COMPACT_MAX_CHARS
+) -> str:
     """Solver prompt: from example input/output pairs and the message, write ``f``.
 
     In the compact style, pairs that would push the prompt over ``max_chars`` are left out (at least
@@ -266,18 +307,19 @@ def induction_solver_prompt(pairs: Sequence[tuple[str, str]], message: str, *, s
             blocks.append(block)
             size += len(block) + 1
         return "\n".join([head, *blocks, tail])
-    shown = "\n".join(f"{fence(f'input_{i}', inp)}\n{fence(f'output_{i}', out)}"
-                      for i, (inp, out) in enumerate(pairs))
-    body = "\n\n".join([
-        "## Task: write a Python function that reproduces the hidden outputs of a secret function. You "
-        "see some of its inputs with their outputs and a message from its author. Put your final code in "
-        "a python block, and check it against every pair.",
-        _AZR_CODE_RULES,
-        "### Input and Output Pairs:\n" + shown,
-        "### Message:\n" + fence("message", message),
-        "### Example answer:\n" + fence("python", "def f(a):\n    return a"),
-        "Remember: the function must be named `f`.",
-    ])
+    shown = "\n".join(f"{fence(f'input_{i}', inp)}\n{fence(f'output_{i}', out)}" for i, (inp, out) in enumerate(pairs))
+    body = "\n\n".join(
+        [
+            "## Task: write a Python function that reproduces the hidden outputs of a secret function. You "
+            "see some of its inputs with their outputs and a message from its author. Put your final code in "
+            "a python block, and check it against every pair.",
+            _AZR_CODE_RULES,
+            "### Input and Output Pairs:\n" + shown,
+            "### Message:\n" + fence("message", message),
+            "### Example answer:\n" + fence("python", "def f(a):\n    return a"),
+            "Remember: the function must be named `f`.",
+        ]
+    )
     return r1_wrap(body)
 
 
@@ -331,8 +373,8 @@ def extract_answer(completion: str, style: str = "compact") -> str:
         if style == "azr":
             return ""
         end_think = completion.rfind("</think>")
-        return completion[end_think + len("</think>"):] if end_think >= 0 else completion
-    body = completion[start + len("<answer>"):]
+        return completion[end_think + len("</think>") :] if end_think >= 0 else completion
+    body = completion[start + len("<answer>") :]
     end = body.find("</answer>")
     return body if end < 0 else body[:end]
 
@@ -364,8 +406,7 @@ _MSG_TAG_RE = re.compile(r"<message>(.*?)</message>", re.DOTALL)
 _MSG_LINE_RE = re.compile(r"^\s*#\s*Message:\s*(.+)$", re.MULTILINE | re.IGNORECASE)
 
 
-def parse_induction_proposal(completion: str, n_inputs: int = 10,
-                             style: str = "compact") -> tuple[list[str], str]:
+def parse_induction_proposal(completion: str, n_inputs: int = 10, style: str = "compact") -> tuple[list[str], str]:
     """The last ``n_inputs`` input blocks and the message (message block, ``<message>`` or ``# Message:``)."""
     answer = extract_answer(completion, style)
     blocks = fences(answer)

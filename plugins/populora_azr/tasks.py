@@ -36,7 +36,7 @@ from .buffer import ProblemBuffer, as_random
 
 #: Our helpers. The real builtins are captured as default arguments when the helpers are defined, so
 #: neither the program's globals (``int = MyInt``) nor side effects of the answer change what they check.
-FIXED_HELPERS = '''
+FIXED_HELPERS = """
 import ast as _populora_ast
 import builtins as _populora_b
 
@@ -84,10 +84,10 @@ def _populora_value(thunk, _B=_populora_b, _plain=_populora_plain, _lit=_populor
 
 def _populora_eq(gold_text, value, _plain=_populora_plain, _lit=_populora_ast.literal_eval):
     return _plain(value) and _lit(gold_text) == value
-'''
+"""
 
 #: AZR's released determinism template, reconstructed: two calls in one process compared with ``!=``.
-COMPAT_HELPERS = '''
+COMPAT_HELPERS = """
 
 def _azr_twice(thunk):
     first = thunk()
@@ -95,7 +95,7 @@ def _azr_twice(thunk):
     if first != second:
         raise Exception("Non-deterministic code")
     return first
-'''
+"""
 
 COMPAT_TRUNCATE = 400
 
@@ -176,8 +176,13 @@ class _AZRTask:
     # --- execution helpers -------------------------------------------------------------------------------
 
     def _job(self, code: str, expr: str, hash_variant: int = 0) -> ExecJob:
-        return ExecJob(code=code, expr=expr, timeout_s=self.params.timeout_s, memory_mb=self.params.memory_mb,
-                       hash_variant=hash_variant)
+        return ExecJob(
+            code=code,
+            expr=expr,
+            timeout_s=self.params.timeout_s,
+            memory_mb=self.params.memory_mb,
+            hash_variant=hash_variant,
+        )
 
     def _run(self, prepared: Sequence[_Prepared]) -> list[list[ExecResult]]:
         """Run every prepared item's jobs in one batch; results grouped per item."""
@@ -186,13 +191,15 @@ class _AZRTask:
         runnable = [j for i, j in enumerate(jobs) if i not in refused]
         ran = iter(self.executor.run_batch(runnable) if runnable else [])
         # AZR's executor refuses any code containing the substring "input(" (answers and checks too)
-        results = [ExecResult(status="error", error="RuntimeError: input( is not allowed") if i in refused
-                   else next(ran) for i in range(len(jobs))]
+        results = [
+            ExecResult(status="error", error="RuntimeError: input( is not allowed") if i in refused else next(ran)
+            for i in range(len(jobs))
+        ]
         if next(ran, None) is not None:
             raise RuntimeError(f"executor returned more results than the {len(runnable)} jobs it was given")
         out, i = [], 0
         for p in prepared:
-            out.append(list(results[i:i + len(p.jobs)]))
+            out.append(list(results[i : i + len(p.jobs)]))
             i += len(p.jobs)
         return out
 
@@ -246,8 +253,9 @@ class _AZRTask:
             call = ast.unparse(tree)
         except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
             return f"input: {exc}", ""
-        bad = checks.banned_violations(tree, self.banned, self.params.banned_builtins,
-                                       self.params.banned_attributes) + _reserved_names(tree)
+        bad = checks.banned_violations(
+            tree, self.banned, self.params.banned_builtins, self.params.banned_attributes
+        ) + _reserved_names(tree)
         if bad:
             return "banned in input: " + "; ".join(bad), ""
         return None, call
@@ -300,8 +308,10 @@ class _AZRTask:
         distinct = sorted({x for x in parsed if x is not None})
         prepared = [self.answer_jobs(problem, x) for x in distinct]
         results = self._run(prepared)
-        verdict = {x: (prep.error is None and self.answer_correct(prep, res))
-                   for x, prep, res in zip(distinct, prepared, results, strict=True)}
+        verdict = {
+            x: (prep.error is None and self.answer_correct(prep, res))
+            for x, prep, res in zip(distinct, prepared, results, strict=True)
+        }
         grades = []
         for ok_format, x in zip(formatted, parsed, strict=True):
             correct = ok_format and x is not None and verdict[x]
@@ -347,8 +357,9 @@ class _AZRTask:
             raise ValueError(f"state of task {state.get('task')!r} loaded into task {self.name!r}")
         self.buffer.load_state_dict(state["buffer"])
 
-    def _run_proposals(self, problems: Sequence[Problem], prepared: Sequence[_Prepared],
-                       completions: Sequence[str]) -> list[list[ExecResult]]:
+    def _run_proposals(
+        self, problems: Sequence[Problem], prepared: Sequence[_Prepared], completions: Sequence[str]
+    ) -> list[list[ExecResult]]:
         """Run the validation jobs; program metrics are computed meanwhile in a thread (the batch mostly
         waits on the sandbox), so they stay off the hot path."""
         for prob, text in zip(problems, completions, strict=True):
@@ -385,10 +396,17 @@ def _reserved_names(tree: ast.AST) -> list[str]:
     """Model code may not touch the names of our in-sandbox helpers."""
     found = set()
     for node in ast.walk(tree):
-        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
-                else node.arg if isinstance(node, ast.arg)
-                else node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                else None)
+        name = (
+            node.id
+            if isinstance(node, ast.Name)
+            else node.attr
+            if isinstance(node, ast.Attribute)
+            else node.arg
+            if isinstance(node, ast.arg)
+            else node.name
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            else None
+        )
         if name and name.startswith("_populora"):
             found.add(f"reserved name {name}")
         if isinstance(node, ast.Attribute) and node.attr in ("__defaults__", "__kwdefaults__"):
@@ -411,8 +429,7 @@ class CodeIOTask(_AZRTask):
 
     def seeds(self) -> list[Problem]:
         """AZR's zero triplet: the identity function on ``'Hello world'``."""
-        return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True,
-                        proposer="seed")]
+        return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")]
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
         r = self._rng(rng)
@@ -420,13 +437,15 @@ class CodeIOTask(_AZRTask):
         for _ in range(count):
             refs = self.buffer.sample(self.params.references, r)
             triples = [(p.program, p.inputs[0], p.outputs[0]) for p in refs]
-            prompt = prompts.code_proposer_prompt(self.name, triples, style=self.style, banned=self.banned,
-                                                  max_chars=self.params.compact_max_chars)
+            prompt = prompts.code_proposer_prompt(
+                self.name, triples, style=self.style, banned=self.banned, max_chars=self.params.compact_max_chars
+            )
             out.append((prompt, {"references": [list(t) for t in triples]}))
         return out
 
-    def parse_proposals(self, completions: Sequence[str], contexts: Sequence[Any],
-                        proposer: Sequence[str]) -> list[Problem]:
+    def parse_proposals(
+        self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
+    ) -> list[Problem]:
         problems: list[Problem] = []
         prepared: list[_Prepared] = []
         for text, who in zip(completions, _names(proposer, len(completions)), strict=True):
@@ -510,10 +529,22 @@ class AbductionTask(CodeIOTask):
 # --- induction ---------------------------------------------------------------------------------------------------
 
 #: The zero induction entry: identity on six varied inputs (as AZR's, with our wording and real reprs).
-ZERO_INDUCTION_INPUTS = ["'Hello world'", "1", "dict(a=1, b=2)", "(1.1, 1.2, 1.3)",
-                         "'[[1, 0, 0], [0, 0, 0], [0, 0, 0]]'", "1001101100010001"]
-ZERO_INDUCTION_OUTPUTS = ["'Hello world'", "1", "{'a': 1, 'b': 2}", "(1.1, 1.2, 1.3)",
-                          "'[[1, 0, 0], [0, 0, 0], [0, 0, 0]]'", "1001101100010001"]
+ZERO_INDUCTION_INPUTS = [
+    "'Hello world'",
+    "1",
+    "dict(a=1, b=2)",
+    "(1.1, 1.2, 1.3)",
+    "'[[1, 0, 0], [0, 0, 0], [0, 0, 0]]'",
+    "1001101100010001",
+]
+ZERO_INDUCTION_OUTPUTS = [
+    "'Hello world'",
+    "1",
+    "{'a': 1, 'b': 2}",
+    "(1.1, 1.2, 1.3)",
+    "'[[1, 0, 0], [0, 0, 0], [0, 0, 0]]'",
+    "1001101100010001",
+]
 ZERO_INDUCTION_MESSAGE = "The function gives back exactly what it is given."
 
 
@@ -530,11 +561,22 @@ class InductionTask(_AZRTask):
         #: Programs handed to :meth:`add_to_buffer` as deduction/abduction problems (used with the peers').
         self.programs = ProblemBuffer(
             [Problem("deduction", IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")],
-            cap=params.buffer_cap, eviction=self.buffer.eviction)
+            cap=params.buffer_cap,
+            eviction=self.buffer.eviction,
+        )
 
     def seeds(self) -> list[Problem]:
-        return [Problem(self.name, IDENTITY, list(ZERO_INDUCTION_INPUTS), list(ZERO_INDUCTION_OUTPUTS),
-                        message=ZERO_INDUCTION_MESSAGE, valid=True, proposer="seed")]
+        return [
+            Problem(
+                self.name,
+                IDENTITY,
+                list(ZERO_INDUCTION_INPUTS),
+                list(ZERO_INDUCTION_OUTPUTS),
+                message=ZERO_INDUCTION_MESSAGE,
+                valid=True,
+                proposer="seed",
+            )
+        ]
 
     def program_pool(self) -> list[Problem]:
         """The union AZR samples from: every live deduction/abduction buffer of this run (seeds included
@@ -545,7 +587,7 @@ class InductionTask(_AZRTask):
         if not pool:
             pool = list(self.programs.items)
         elif len(self.programs) > self.programs.seed_count:
-            pool.extend(self.programs.items[self.programs.seed_count:])
+            pool.extend(self.programs.items[self.programs.seed_count :])
         return pool
 
     def add_to_buffer(self, problems: Sequence[Problem]) -> None:
@@ -559,13 +601,13 @@ class InductionTask(_AZRTask):
         out = []
         for _ in range(count):
             source = pool[r.randrange(len(pool))]
-            prompt = prompts.induction_proposer_prompt(source.program, n_inputs=self.params.n_inputs,
-                                                       style=self.style)
+            prompt = prompts.induction_proposer_prompt(source.program, n_inputs=self.params.n_inputs, style=self.style)
             out.append((prompt, {"program": source.program}))
         return out
 
-    def parse_proposals(self, completions: Sequence[str], contexts: Sequence[Any],
-                        proposer: Sequence[str]) -> list[Problem]:
+    def parse_proposals(
+        self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
+    ) -> list[Problem]:
         if len(contexts) != len(completions):
             raise ValueError("induction needs one context (the program) per completion")
         problems: list[Problem] = []
@@ -580,7 +622,7 @@ class InductionTask(_AZRTask):
             if prep.error is None:
                 outputs, errors = [], []
                 for k in range(len(prob.inputs)):
-                    err, out = self.output_from(res[k * prep.payload:(k + 1) * prep.payload])
+                    err, out = self.output_from(res[k * prep.payload : (k + 1) * prep.payload])
                     outputs.append(out)
                     if err:
                         errors.append(f"input {k + 1}: {err}")
@@ -618,8 +660,9 @@ class InductionTask(_AZRTask):
 
     def solver_prompt(self, problem: Problem) -> str:
         shown, _ = self.split(problem)
-        return prompts.induction_solver_prompt(shown, problem.message, style=self.style,
-                                               max_chars=self.params.compact_max_chars)
+        return prompts.induction_solver_prompt(
+            shown, problem.message, style=self.style, max_chars=self.params.compact_max_chars
+        )
 
     def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
         _, hidden = self.split(problem)
@@ -633,8 +676,9 @@ class InductionTask(_AZRTask):
             tree = ast.parse(answer)
         except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
             return _Prepared(error=f"syntax: {exc}")
-        bad = checks.banned_violations(tree, self.banned, self.params.banned_builtins,
-                                       self.params.banned_attributes) + _reserved_names(tree)
+        bad = checks.banned_violations(
+            tree, self.banned, self.params.banned_builtins, self.params.banned_attributes
+        ) + _reserved_names(tree)
         if bad:
             return _Prepared(error="banned: " + "; ".join(bad))
         code = (imports + "\n" if imports else "") + answer + "\n" + FIXED_HELPERS

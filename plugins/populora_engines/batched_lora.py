@@ -68,8 +68,11 @@ def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Itera
                         b_all[slot, : a.shape[0], :] = b.t()
                     hook = _bmm_hook(a_all[index].to(dtype), b_all[index].to(dtype))
                 else:
-                    groups = [((index == slot).nonzero().flatten(), a.t().to(dtype), b.t().to(dtype))
-                              for slot, a, b in entries if bool((index == slot).any())]
+                    groups = [
+                        ((index == slot).nonzero().flatten(), a.t().to(dtype), b.t().to(dtype))
+                        for slot, a, b in entries
+                        if bool((index == slot).any())
+                    ]
                     hook = _loop_hook(groups)
                 handles.append(linear.register_forward_hook(hook))
         disable = host.peft.disable_adapter() if host.peft is not None else nullcontext()

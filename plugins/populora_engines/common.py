@@ -25,8 +25,9 @@ def encode_prompts(tokenizer: Any, requests: Sequence[GenerationRequest], chat_t
     out = []
     for req in requests:
         if chat_template:
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": req.prompt}],
-                                                add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": req.prompt}], add_generation_prompt=True, tokenize=True
+            )
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             out.append([int(i) for i in ids])
@@ -37,8 +38,9 @@ def encode_prompts(tokenizer: Any, requests: Sequence[GenerationRequest], chat_t
     return out
 
 
-def cut_completion(tokenizer: Any, tokens: list[int], eos_ids: set[int], stop: Sequence[str],
-                   max_tokens: int) -> tuple[list[int], str, str]:
+def cut_completion(
+    tokenizer: Any, tokens: list[int], eos_ids: set[int], stop: Sequence[str], max_tokens: int
+) -> tuple[list[int], str, str]:
     """(kept token ids, text, finish_reason), vLLM's convention.
 
     EOS ends a completion and stays in the ids (not in the text); a stop string ends it at the token

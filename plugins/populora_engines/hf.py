@@ -63,8 +63,10 @@ class HFEngine:
         for r in order:
             plen = len(prompts[rows[r][0]])
             new_longest = max(longest, plen)
-            if current and ((len(current) + 1) * (new_longest + max_tokens) > self.params.token_budget
-                            or len(current) >= self.params.max_batch_size):
+            if current and (
+                (len(current) + 1) * (new_longest + max_tokens) > self.params.token_budget
+                or len(current) >= self.params.max_batch_size
+            ):
                 batches.append(current)
                 current, new_longest = [], plen
             current.append(r)
@@ -96,14 +98,17 @@ class HFEngine:
             results: list[list[Completion | None]] = [[None] * sampling.n for _ in requests]
             for b, batch in enumerate(self._batches(rows, prompts, sampling.max_tokens)):
                 batch_rows = [rows[r] for r in batch]
-                outs = self._run([prompts[i] for i, _ in batch_rows], [keys[i] for i, _ in batch_rows],
-                                 sampling, _derive_seed(seed, b))
+                outs = self._run(
+                    [prompts[i] for i, _ in batch_rows],
+                    [keys[i] for i, _ in batch_rows],
+                    sampling,
+                    _derive_seed(seed, b),
+                )
                 for (i, j), comp in zip(batch_rows, outs):
                     results[i][j] = comp
         return [[c for c in row if c is not None] for row in results]
 
-    def _run(self, prompts: list[list[int]], keys: list[str], sampling: SamplingParams,
-             seed: int) -> list[Completion]:
+    def _run(self, prompts: list[list[int]], keys: list[str], sampling: SamplingParams, seed: int) -> list[Completion]:
         import torch
         from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -114,8 +119,8 @@ class HFEngine:
         input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for r, p in enumerate(prompts):
-            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention[r, width - len(p):] = 1
+            input_ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention[r, width - len(p) :] = 1
         eos_ids = host.eos_token_ids()
 
         class Recorder(LogitsProcessor):
@@ -134,8 +139,13 @@ class HFEngine:
         recorder = Recorder()
         do_sample = sampling.temperature > 0
         config_kwargs: dict[str, Any] = dict(
-            max_new_tokens=sampling.max_tokens, do_sample=do_sample, num_beams=1,
-            eos_token_id=eos_ids, pad_token_id=pad, return_dict_in_generate=True)
+            max_new_tokens=sampling.max_tokens,
+            do_sample=do_sample,
+            num_beams=1,
+            eos_token_id=eos_ids,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+        )
         if do_sample:
             config_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         if sampling.stop:
@@ -150,9 +160,13 @@ class HFEngine:
         devices = [torch.cuda.current_device()] if host.device.startswith("cuda") else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices), context:
             torch.manual_seed(seed)
-            out = model.generate(input_ids=input_ids.to(host.device), attention_mask=attention.to(host.device),
-                                 generation_config=gen_config, logits_processor=LogitsProcessorList([recorder]),
-                                 **kwargs)
+            out = model.generate(
+                input_ids=input_ids.to(host.device),
+                attention_mask=attention.to(host.device),
+                generation_config=gen_config,
+                logits_processor=LogitsProcessorList([recorder]),
+                **kwargs,
+            )
         seqs = out.sequences[:, width:].cpu()
         if recorder.prev is not None and seqs.shape[1] > 0:
             recorder.steps.append(recorder.prev.gather(1, seqs[:, -1:].to(recorder.prev.device)).squeeze(1))
@@ -162,8 +176,15 @@ class HFEngine:
         for r, p in enumerate(prompts):
             raw = seqs[r].tolist()
             ids, text, reason = cut_completion(tok, raw, eos_set, sampling.stop, sampling.max_tokens)
-            completions.append(Completion(text=text, token_ids=ids, logprobs=logps[r, : len(ids)].tolist(),
-                                          prompt_token_ids=list(p), finish_reason=reason))
+            completions.append(
+                Completion(
+                    text=text,
+                    token_ids=ids,
+                    logprobs=logps[r, : len(ids)].tolist(),
+                    prompt_token_ids=list(p),
+                    finish_reason=reason,
+                )
+            )
         return completions
 
     def _mode(self, keys: list[str]) -> str:

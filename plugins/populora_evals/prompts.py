@@ -18,16 +18,19 @@ R1_PREFIX = (
     "The assistant first thinks about the reasoning process in the mind and then provides the user with "
     "the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> "
     "</answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here "
-    "</answer>.")
+    "</answer>."
+)
 BOXED_NOTE = " The final answer will be extracted from \\boxed{} inside the answer tags."
 
 MATH_TEMPLATES = ("azr", "azr_boxed", "qwen-boxed")
 CODE_TEMPLATES = ("evalplus", "azr")
 
-EVALPLUS_INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem "
-                        "in a markdown code block:")
-EVALPLUS_RESPONSE = ("Below is a Python script with a self-contained function that solves the problem "
-                     "and passes corresponding tests:")
+EVALPLUS_INSTRUCTION = (
+    "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
+)
+EVALPLUS_RESPONSE = (
+    "Below is a Python script with a self-contained function that solves the problem and passes corresponding tests:"
+)
 
 
 def wrap_r1(text: str, boxed: bool = False) -> str:
@@ -40,36 +43,45 @@ def math_prompt(question: str, template: str) -> str:
     if template == "azr_boxed":
         return wrap_r1(question, boxed=True)
     if template == "qwen-boxed":
-        return ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                f"<|im_start|>user\n{question}\nPlease reason step by step, and put your final answer "
-                "within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n")
+        return (
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+            f"<|im_start|>user\n{question}\nPlease reason step by step, and put your final answer "
+            "within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+        )
     raise ValueError(f"unknown math template {template!r} (known: {', '.join(MATH_TEMPLATES)})")
 
 
 def function_prompt(task_prompt: str, template: str) -> str:
     """HumanEval(+)/MBPP(+) prompt: a function signature/description to complete."""
     if template == "evalplus":
-        return (f"{EVALPLUS_INSTRUCTION}\n```\n{task_prompt.strip()}\n```\n\n"
-                f"{EVALPLUS_RESPONSE}\n```python\n")
+        return f"{EVALPLUS_INSTRUCTION}\n```\n{task_prompt.strip()}\n```\n\n{EVALPLUS_RESPONSE}\n```python\n"
     if template == "azr":
-        return wrap_r1(f"{EVALPLUS_INSTRUCTION}\n```python\n{task_prompt.strip()}\n```\n"
-                       "Write the complete program in a ```python code block inside the answer tags.")
+        return wrap_r1(
+            f"{EVALPLUS_INSTRUCTION}\n```python\n{task_prompt.strip()}\n```\n"
+            "Write the complete program in a ```python code block inside the answer tags."
+        )
     raise ValueError(f"unknown code template {template!r} (known: {', '.join(CODE_TEMPLATES)})")
 
 
 def lcb_prompt(question: str, starter_code: str, template: str) -> str:
     """LiveCodeBench generation prompt (AZR's LMStyle.AZR structure; evalplus = no R1 wrapper)."""
-    task = ("You will be given a question (problem specification) and will generate a correct Python "
-            "program that matches the specification and passes all tests. Put the program in a "
-            "```python code block.\n\n"
-            f"### Question:\n{question.strip()}\n\n")
+    task = (
+        "You will be given a question (problem specification) and will generate a correct Python "
+        "program that matches the specification and passes all tests. Put the program in a "
+        "```python code block.\n\n"
+        f"### Question:\n{question.strip()}\n\n"
+    )
     if starter_code.strip():
-        task += ("### Format: Use the following starter code to write the solution and enclose your "
-                 f"code within delimiters.\n```python\n{starter_code.rstrip()}\n```\n\n")
+        task += (
+            "### Format: Use the following starter code to write the solution and enclose your "
+            f"code within delimiters.\n```python\n{starter_code.rstrip()}\n```\n\n"
+        )
     else:
-        task += ("### Format: Read the inputs from stdin, solve the problem and write the answer to "
-                 "stdout (do not test directly on the sample inputs). Enclose your code within "
-                 "delimiters as follows.\n```python\n# YOUR CODE HERE\n```\n\n")
+        task += (
+            "### Format: Read the inputs from stdin, solve the problem and write the answer to "
+            "stdout (do not test directly on the sample inputs). Enclose your code within "
+            "delimiters as follows.\n```python\n# YOUR CODE HERE\n```\n\n"
+        )
     task += "### Answer: (use the provided format with backticks)\n"
     if template == "azr":
         return wrap_r1(task)

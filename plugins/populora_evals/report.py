@@ -7,10 +7,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-HEADERS = {"humaneval_plus": "HE+", "mbpp_plus": "MBPP+", "livecodebench": "LCB", "aime24": "AIME24",
-           "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500", "minerva": "Minerva",
-           "gsm8k": "GSM8K", "olympiadbench": "Olympiad", "humaneval": "HE", "mbpp": "MBPP",
-           "code_avg": "CAvg", "math_avg": "MAvg", "overall": "AVG"}
+HEADERS = {
+    "humaneval_plus": "HE+",
+    "mbpp_plus": "MBPP+",
+    "livecodebench": "LCB",
+    "aime24": "AIME24",
+    "aime25": "AIME25",
+    "amc23": "AMC23",
+    "math500": "MATH500",
+    "minerva": "Minerva",
+    "gsm8k": "GSM8K",
+    "olympiadbench": "Olympiad",
+    "humaneval": "HE",
+    "mbpp": "MBPP",
+    "code_avg": "CAvg",
+    "math_avg": "MAvg",
+    "overall": "AVG",
+}
 
 
 def table_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, float | None]]]:
@@ -29,22 +42,24 @@ def _fmt(value: float | None, delta: bool = False) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     cols = results["columns"]
-    lines = ["| model | " + " | ".join(HEADERS.get(c, c) for c in cols) + " |",
-             "|---|" + "---|" * len(cols)]
+    lines = ["| model | " + " | ".join(HEADERS.get(c, c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for label, row in table_rows(results):
         delta = label.startswith("Δ")
         lines.append(f"| {label} | " + " | ".join(_fmt(row.get(c), delta) for c in cols) + " |")
     avg = results["averages_of"]
     n = results["settings"]["n"]
-    foot = [f"Scores in % (pass@1{'' if n == 1 else f' unbiased, n={n}'}). "
-            f"CAvg = mean of {', '.join(avg['code_avg']) or 'none'}; "
-            f"MAvg = mean of {', '.join(avg['math_avg']) or 'none'}; AVG = (CAvg + MAvg) / 2 (AZR)."]
+    foot = [
+        f"Scores in % (pass@1{'' if n == 1 else f' unbiased, n={n}'}). "
+        f"CAvg = mean of {', '.join(avg['code_avg']) or 'none'}; "
+        f"MAvg = mean of {', '.join(avg['math_avg']) or 'none'}; AVG = (CAvg + MAvg) / 2 (AZR)."
+    ]
     if results.get("best_member"):
         foot.append(f"Best member: {results['best_member']}; weakest: {results['weakest_member']}.")
     for name, info in results["benchmarks"].items():
         files = ", ".join(f"{Path(p).name} sha256:{h[:12]}" for p, h in info["data_files"].items())
-        foot.append(f"{name}: {info['n_items']} problems, template {info['template']}, "
-                    f"max_tokens {info['max_tokens']}, {files}")
+        foot.append(
+            f"{name}: {info['n_items']} problems, template {info['template']}, max_tokens {info['max_tokens']}, {files}"
+        )
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {f}" for f in foot) + "\n"
 
 
@@ -86,8 +101,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         lo = [max(0.0, y - (worst.get(c) or 0.0)) for y, c in zip(ys, cols)]
         hi = [max(0.0, (best.get(c) or 0.0) - y) for y, c in zip(ys, cols)]
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="none", ecolor="black", capsize=2, linewidth=0.8)
-    top = max([0.0] + [row.get(c) or 0.0 for _, row in series for c in cols]
-              + [results["summary"].get("population best", {}).get(c) or 0.0 for c in cols])
+    top = max(
+        [0.0]
+        + [row.get(c) or 0.0 for _, row in series for c in cols]
+        + [results["summary"].get("population best", {}).get(c) or 0.0 for c in cols]
+    )
     ax.set_ylim(0.0, min(100.0, max(1.0, top * 1.15)) if top <= 100.0 else top * 1.05)
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([HEADERS.get(c, c) for c in cols], rotation=30, ha="right")
@@ -101,8 +119,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def write_all(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md",
-             "csv": out_dir / "results.csv", "png": out_dir / "results.png"}
+    paths = {
+        "json": out_dir / "results.json",
+        "markdown": out_dir / "results.md",
+        "csv": out_dir / "results.csv",
+        "png": out_dir / "results.png",
+    }
     paths["json"].write_text(json.dumps(results, indent=1, default=str))
     paths["markdown"].write_text(markdown(results))
     write_csv(results, paths["csv"])

@@ -64,12 +64,23 @@ def make_executor(name: str = "sandbox", params: dict[str, Any] | None = None) -
 
 
 def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Settings) -> str:
-    spec = {"v": EVAL_VERSION, "subject": subject.identity(), "base": target.base_fingerprint,
-            "benchmark": bench.name, "dataset": bench.dataset_hash(), "template": bench.template,
-            "max_tokens": bench.max_tokens, "params": bench.params.model_dump(exclude={"path"}),
-            "limit": settings.limit, "n": settings.n, "temperature": settings.temperature,
-            "top_p": settings.top_p, "seed": settings.seed, "engine": settings.engine,
-            "dtype": target.base_model.dtype}
+    spec = {
+        "v": EVAL_VERSION,
+        "subject": subject.identity(),
+        "base": target.base_fingerprint,
+        "benchmark": bench.name,
+        "dataset": bench.dataset_hash(),
+        "template": bench.template,
+        "max_tokens": bench.max_tokens,
+        "params": bench.params.model_dump(exclude={"path"}),
+        "limit": settings.limit,
+        "n": settings.n,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "seed": settings.seed,
+        "engine": settings.engine,
+        "dtype": target.base_model.dtype,
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -83,10 +94,16 @@ def _write_json(path: Path, obj: Any) -> None:
 class Evaluation:
     """Runs the evaluation of a target; engine and executor are created only if something is new."""
 
-    def __init__(self, target: Target, benches: list[Benchmark], settings: Settings, out_dir: Path,
-                 make_engine: Callable[[], Any] | None = None,
-                 make_executor: Callable[[], Any] | None = None,
-                 base_benches: dict[str, Benchmark] | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        benches: list[Benchmark],
+        settings: Settings,
+        out_dir: Path,
+        make_engine: Callable[[], Any] | None = None,
+        make_executor: Callable[[], Any] | None = None,
+        base_benches: dict[str, Benchmark] | None = None,
+    ) -> None:
         self.target, self.benches, self.settings, self.out = target, benches, settings, out_dir
         self.base_benches = base_benches or {}
         self._make_engine = make_engine or self._registry_engine
@@ -102,8 +119,9 @@ class Evaluation:
 
         comp = get_manager().registry.get("engine", self.settings.engine)
         params = comp.parse_params(self.settings.engine_params)
-        return comp.factory(params, base_model=self.target.base_model, lora=self.target.lora_settings(),
-                            seed=self.settings.seed)
+        return comp.factory(
+            params, base_model=self.target.base_model, lora=self.target.lora_settings(), seed=self.settings.seed
+        )
 
     def _registry_executor(self) -> Any:
         return make_executor(self.settings.executor, self.settings.executor_params)
@@ -134,9 +152,12 @@ class Evaluation:
         try:
             for bench in self.benches:
                 items = bench.items(self.settings.limit)
-                bench_info[bench.name] = {**bench.describe(), "n_items": len(items),
-                                          "data_files": bench.data_files(),
-                                          "dataset_sha256": bench.dataset_hash()}
+                bench_info[bench.name] = {
+                    **bench.describe(),
+                    "n_items": len(items),
+                    "data_files": bench.data_files(),
+                    "dataset_sha256": bench.dataset_hash(),
+                }
                 if bench.name in self.base_benches:
                     bench_info[bench.name]["base_model_template"] = self.base_benches[bench.name].template
                 for label, entry in self._bench(bench, items).items():
@@ -165,21 +186,28 @@ class Evaluation:
         timing = self.timings.setdefault(bench.name, {"generate_s": 0.0, "grade_s": 0.0})
         todo_count = sum(len(todo) for _, todo in groups.values())
         if todo_count:
-            _log(f"{bench.name}: {len(items)} problems x {todo_count} model(s) "
-                 f"({len(self.target.subjects) - todo_count} cached)")
+            _log(
+                f"{bench.name}: {len(items)} problems x {todo_count} model(s) "
+                f"({len(self.target.subjects) - todo_count} cached)"
+            )
         for ev, todo in groups.values():
             results.update(self._generate_and_grade(ev, items, todo, timing))
         for subject in self.target.subjects:
-            _write_samples(self.out / "samples" / _safe(subject.label) / f"{bench.name}.jsonl",
-                           results[subject.label])
+            _write_samples(self.out / "samples" / _safe(subject.label) / f"{bench.name}.jsonl", results[subject.label])
         return {label: {k: v for k, v in e.items() if k != "samples"} for label, e in results.items()}
 
-    def _generate_and_grade(self, bench: Benchmark, items: list[dict[str, Any]], todo: list[tuple[Subject, Path]],
-                            timing: dict[str, float]) -> dict[str, dict[str, Any]]:
+    def _generate_and_grade(
+        self, bench: Benchmark, items: list[dict[str, Any]], todo: list[tuple[Subject, Path]], timing: dict[str, float]
+    ) -> dict[str, dict[str, Any]]:
         """One generate call for every subject in ``todo`` (mixed adapters), then one grading batch."""
-        sampling = SamplingParams(n=self.settings.n, temperature=self.settings.temperature,
-                                  top_p=self.settings.top_p, max_tokens=bench.max_tokens,
-                                  stop=bench.stop(), seed=self.settings.seed)
+        sampling = SamplingParams(
+            n=self.settings.n,
+            temperature=self.settings.temperature,
+            top_p=self.settings.top_p,
+            max_tokens=bench.max_tokens,
+            stop=bench.stop(),
+            seed=self.settings.seed,
+        )
         prompts = [bench.prompt(item) for item in items]
         requests = [GenerationRequest(prompt=p, adapter=s.adapter) for s, _ in todo for p in prompts]
         t = time.perf_counter()
@@ -200,8 +228,14 @@ class Evaluation:
         results = {}
         for j, (subject, path) in enumerate(todo):
             rows = slice(j * len(items), (j + 1) * len(items))
-            entry = _entry(bench, items, texts[rows], correct[rows],
-                           base_ok[rows] if base_ok is not None else None, self.settings.ks)
+            entry = _entry(
+                bench,
+                items,
+                texts[rows],
+                correct[rows],
+                base_ok[rows] if base_ok is not None else None,
+                self.settings.ks,
+            )
             entry["tokens"] = sum(len(c.token_ids) for out in outputs[rows] for c in out)
             entry["template"] = bench.template
             _write_json(path, entry)
@@ -215,13 +249,17 @@ def _safe(label: str) -> str:
 
 def _entry(bench: Benchmark, items, texts, correct, base_ok, ks) -> dict[str, Any]:
     summary = summarize(correct, ks)
-    entry: dict[str, Any] = {"score": 100.0 * summary.get("pass@1", summary["accuracy"]),
-                             "n_items": len(items), **summary}
+    entry: dict[str, Any] = {
+        "score": 100.0 * summary.get("pass@1", summary["accuracy"]),
+        "n_items": len(items),
+        **summary,
+    }
     if base_ok is not None:
         entry["base_tests_score"] = 100.0 * summarize(base_ok, (1,))["pass@1"]
-    entry["samples"] = [{"id": item["id"], "completions": comps, "correct": ok,
-                         "extracted": [bench.extract(c) for c in comps]}
-                        for item, comps, ok in zip(items, texts, correct)]
+    entry["samples"] = [
+        {"id": item["id"], "completions": comps, "correct": ok, "extracted": [bench.extract(c) for c in comps]}
+        for item, comps, ok in zip(items, texts, correct)
+    ]
     return entry
 
 
@@ -255,8 +293,9 @@ def averages(bench_scores: dict[str, float]) -> dict[str, float | None]:
 
 
 def average_members(benches: list[str]) -> dict[str, list[str]]:
-    code = [n if n in benches else CODE_STAND_INS[n] for n in AZR_CODE
-            if n in benches or CODE_STAND_INS.get(n) in benches]
+    code = [
+        n if n in benches else CODE_STAND_INS[n] for n in AZR_CODE if n in benches or CODE_STAND_INS.get(n) in benches
+    ]
     return {"code_avg": code, "math_avg": [n for n in AZR_MATH if n in benches]}
 
 
@@ -279,9 +318,14 @@ def _mean(vals: list[float]) -> float:
     return sum(vals) / len(vals)
 
 
-def aggregate(target: Target, benches: list[Benchmark], scores: dict[str, dict[str, dict[str, Any]]],
-              bench_info: dict[str, Any], settings: Settings,
-              timings: dict[str, dict[str, float]]) -> dict[str, Any]:
+def aggregate(
+    target: Target,
+    benches: list[Benchmark],
+    scores: dict[str, dict[str, dict[str, Any]]],
+    bench_info: dict[str, Any],
+    settings: Settings,
+    timings: dict[str, dict[str, float]],
+) -> dict[str, Any]:
     names = [b.name for b in benches]
     columns = [*names, *COLUMNS_AVG]
     subjects = []
@@ -289,9 +333,17 @@ def aggregate(target: Target, benches: list[Benchmark], scores: dict[str, dict[s
     for s in target.subjects:
         row = _row({b: scores[s.label][b]["score"] for b in names})
         rows[s.label] = row
-        subjects.append({"label": s.label, "group": s.group, "member": s.member or None,
-                         "adapter_path": s.adapter.path if s.adapter else None,
-                         "adapter_hash": s.adapter_hash, "row": row, "details": scores[s.label]})
+        subjects.append(
+            {
+                "label": s.label,
+                "group": s.group,
+                "member": s.member or None,
+                "adapter_path": s.adapter.path if s.adapter else None,
+                "adapter_hash": s.adapter_hash,
+                "row": row,
+                "details": scores[s.label],
+            }
+        )
     summary: dict[str, dict[str, float | None]] = {}
     pop = [rows[s.label] for s in target.subjects if s.group in ("population", "adapter")]
     pop_labels = [s.label for s in target.subjects if s.group in ("population", "adapter")]
@@ -300,7 +352,7 @@ def aggregate(target: Target, benches: list[Benchmark], scores: dict[str, dict[s
         summary["population mean"] = _stat(pop, columns, _mean)
         summary["population best"] = _stat(pop, columns, max)
         summary["population weakest"] = _stat(pop, columns, min)
-        ranked = sorted(zip(pop_labels, pop), key=lambda lr: (lr[1]["overall"] or 0.0))
+        ranked = sorted(zip(pop_labels, pop), key=lambda lr: lr[1]["overall"] or 0.0)
         out["best_member"], out["weakest_member"] = ranked[-1][0], ranked[0][0]
     base_rows = [rows[s.label] for s in target.subjects if s.group == "baseline"]
     if base_rows:
@@ -312,19 +364,43 @@ def aggregate(target: Target, benches: list[Benchmark], scores: dict[str, dict[s
         for name in ("population mean", "population best", "population weakest"):
             if name in summary:
                 deltas[f"{name} - {reference_name}"] = {
-                    c: (summary[name][c] - reference[c]  # type: ignore[operator]
-                        if summary[name].get(c) is not None and reference.get(c) is not None else None)
-                    for c in columns}
-    out.update({
-        "target": {"kind": target.kind, "run_dir": str(target.run_dir) if target.run_dir else None,
-                   "base_model": target.base_model.path, "base_fingerprint": target.base_fingerprint,
-                   "dtype": target.base_model.dtype},
-        "settings": {"limit": settings.limit, "n": settings.n, "temperature": settings.temperature,
-                     "top_p": settings.top_p, "seed": settings.seed, "ks": list(settings.ks),
-                     "engine": settings.engine, "engine_params": settings.engine_params,
-                     "executor": settings.executor, "eval_version": EVAL_VERSION},
-        "benchmarks": bench_info, "columns": columns, "averages_of": average_members(names),
-        "subjects": subjects, "summary": summary, "deltas": deltas, "delta_reference": reference_name,
-        "timings": timings, "notes": target.notes,
-    })
+                    c: (
+                        summary[name][c] - reference[c]  # type: ignore[operator]
+                        if summary[name].get(c) is not None and reference.get(c) is not None
+                        else None
+                    )
+                    for c in columns
+                }
+    out.update(
+        {
+            "target": {
+                "kind": target.kind,
+                "run_dir": str(target.run_dir) if target.run_dir else None,
+                "base_model": target.base_model.path,
+                "base_fingerprint": target.base_fingerprint,
+                "dtype": target.base_model.dtype,
+            },
+            "settings": {
+                "limit": settings.limit,
+                "n": settings.n,
+                "temperature": settings.temperature,
+                "top_p": settings.top_p,
+                "seed": settings.seed,
+                "ks": list(settings.ks),
+                "engine": settings.engine,
+                "engine_params": settings.engine_params,
+                "executor": settings.executor,
+                "eval_version": EVAL_VERSION,
+            },
+            "benchmarks": bench_info,
+            "columns": columns,
+            "averages_of": average_members(names),
+            "subjects": subjects,
+            "summary": summary,
+            "deltas": deltas,
+            "delta_reference": reference_name,
+            "timings": timings,
+            "notes": target.notes,
+        }
+    )
     return out

@@ -40,8 +40,7 @@ class Target:
 
     def lora_settings(self) -> LoraSettings:
         """Largest rank and all target modules over the adapters (what an engine must accept)."""
-        configs = [json.loads((Path(s.adapter.path) / CONFIG_FILE).read_text())
-                   for s in self.subjects if s.adapter]
+        configs = [json.loads((Path(s.adapter.path) / CONFIG_FILE).read_text()) for s in self.subjects if s.adapter]
         if not configs:
             return LoraSettings()
         rank = max(int(c.get("r", 16)) for c in configs)
@@ -49,7 +48,7 @@ class Target:
         modules: list[str] = []
         for c in configs:
             tm = c.get("target_modules") or []
-            for m in ([tm] if isinstance(tm, str) else tm):
+            for m in [tm] if isinstance(tm, str) else tm:
                 if m not in modules:
                     modules.append(m)
         return LoraSettings(rank=rank, alpha=alpha, target_modules=tuple(sorted(modules)))
@@ -124,8 +123,7 @@ def read_members(run_dir: Path) -> list[dict[str, Any]]:
     return members
 
 
-ROLE_FILTERS = {"students": ("student", "both"), "teachers": ("teacher", "both"),
-                "all": ("teacher", "student", "both")}
+ROLE_FILTERS = {"students": ("student", "both"), "teachers": ("teacher", "both"), "all": ("teacher", "student", "both")}
 
 
 def run_subjects(run_dir: Path, roles: str, group: str, prefix: str = "") -> tuple[list[Subject], list[str]]:
@@ -142,13 +140,27 @@ def run_subjects(run_dir: Path, roles: str, group: str, prefix: str = "") -> tup
         path = run_dir / "adapters" / name
         if not is_adapter_dir(path):
             raise UserError(f"{run_dir}: member {m['id']} version {m['version']} has no adapter at {path}")
-        subjects.append(Subject(label=f"{prefix}{name}", group=group, adapter=AdapterRef(f"{prefix}{name}",
-                                str(path.resolve())), adapter_hash=adapter_hash(path), member=dict(m)))
+        subjects.append(
+            Subject(
+                label=f"{prefix}{name}",
+                group=group,
+                adapter=AdapterRef(f"{prefix}{name}", str(path.resolve())),
+                adapter_hash=adapter_hash(path),
+                member=dict(m),
+            )
+        )
     return subjects, notes
 
 
-def resolve_target(target: str, *, base_model: str | None = None, roles: str = "students",
-                   baseline: str | None = None, dtype: str = "auto", include_base: bool = True) -> Target:
+def resolve_target(
+    target: str,
+    *,
+    base_model: str | None = None,
+    roles: str = "students",
+    baseline: str | None = None,
+    dtype: str = "auto",
+    include_base: bool = True,
+) -> Target:
     path = Path(target).expanduser()
     notes: list[str] = []
     if path.is_dir() and (path / "members.json").is_file():
@@ -167,8 +179,10 @@ def resolve_target(target: str, *, base_model: str | None = None, roles: str = "
             raise UserError(f"{path}: adapter_config.json has no base_model_name_or_path; pass --base-model")
         model = resolve_base_model(spec, relative_to=path, dtype=dtype)
         name = path.resolve().name
-        subjects = [Subject("base", "base"),
-                    Subject(name, "adapter", AdapterRef(name, str(path.resolve())), adapter_hash(path))]
+        subjects = [
+            Subject("base", "base"),
+            Subject(name, "adapter", AdapterRef(name, str(path.resolve())), adapter_hash(path)),
+        ]
         kind, run_dir, recipe = "adapter", None, {}
     elif path.is_dir() and (path / "adapter_config.json").is_file():
         raise UserError(f"{path}: adapter_config.json present but no adapter_model.safetensors")
@@ -185,8 +199,10 @@ def resolve_target(target: str, *, base_model: str | None = None, roles: str = "
         if bspec is not None and base_model is None:
             bmodel = resolve_base_model(bspec, relative_to=bpath, dtype=dtype)
             if model_fingerprint(bmodel.path) != model_fingerprint(model.path):
-                raise UserError(f"--baseline {bpath} uses base model {bmodel.path}, the target uses "
-                                f"{model.path}: a comparison needs one base model")
+                raise UserError(
+                    f"--baseline {bpath} uses base model {bmodel.path}, the target uses "
+                    f"{model.path}: a comparison needs one base model"
+                )
         bsubjects, bnotes = run_subjects(bpath, roles, "baseline", prefix="baseline:")
         subjects += bsubjects
         notes += bnotes

@@ -21,18 +21,27 @@ from populora_core import Params, hookimpl
 class LowRankParams(Params):
     """Settings shared by every operator that rewrites factors from the canonical SVD form."""
 
-    a_floor: float = Field(0.1, ge=0.0, description=(
-        "Refactoring puts sqrt(S) on each side, but never lets an A row fall below this fraction of "
-        "the parents' RMS A-row norm, so components with S ~ 0 stay trainable (B col 0, A row kept)."))
+    a_floor: float = Field(
+        0.1,
+        ge=0.0,
+        description=(
+            "Refactoring puts sqrt(S) on each side, but never lets an A row fall below this fraction of "
+            "the parents' RMS A-row norm, so components with S ~ 0 stay trainable (B col 0, A row kept)."
+        ),
+    )
 
 
 class MutationParams(LowRankParams):
     """Settings shared by mutations: what to do with untrained modules (B = 0, delta W = 0)."""
 
-    zero_delta: Literal["floor", "warn"] = Field("floor", description=(
-        "B = 0 modules (fresh PEFT adapters) make noise scaled by std(delta W) and SVD edits no-ops. "
-        "'floor': first give B Gaussian noise so delta W entries have std floor_std, then mutate; "
-        "'warn': leave them unchanged and emit a ZeroDeltaWarning."))
+    zero_delta: Literal["floor", "warn"] = Field(
+        "floor",
+        description=(
+            "B = 0 modules (fresh PEFT adapters) make noise scaled by std(delta W) and SVD edits no-ops. "
+            "'floor': first give B Gaussian noise so delta W entries have std floor_std, then mutate; "
+            "'warn': leave them unchanged and emit a ZeroDeltaWarning."
+        ),
+    )
     floor_std: float = Field(1e-4, gt=0.0, description="Entry std of delta W given to B = 0 modules.")
 
 
@@ -86,7 +95,8 @@ class LayerwiseParams(Params):
 
     p: float = Field(0.5, gt=0.0, lt=1.0, description="Probability of parent 1 (two parents).")
     granularity: Literal["module", "layer"] = Field(
-        "module", description="'layer' takes all modules of one decoder layer from the same parent.")
+        "module", description="'layer' takes all modules of one decoder layer from the same parent."
+    )
 
 
 class SvdSubspaceParams(LowRankParams):
@@ -113,7 +123,8 @@ class XesParams(LowRankParams):
 
     step: float = Field(0.5, ge=0.0, description="1.0 with two parents gives back the fitter one.")
     fitness: list[float] | None = Field(
-        None, description="One value per parent; default: parents are ordered best first (rank fitness).")
+        None, description="One value per parent; default: parents are ordered best first (rank fitness)."
+    )
 
 
 class CloneParams(Params):
@@ -123,27 +134,42 @@ class CloneParams(Params):
 class DeltaMergeParams(LowRankParams):
     """One dense delta-W merge: sparsify each parent's delta W, combine, refactor to rank r."""
 
-    method: Literal["random", "magnitude", "della"] = Field("della", description=(
-        "'random': keep each entry with p = density (DARE); 'magnitude': keep the top density fraction "
-        "of each row (TIES trim); 'della': keep-probability linear in the in-row magnitude rank, in "
-        "[density - epsilon, density + epsilon]."))
+    method: Literal["random", "magnitude", "della"] = Field(
+        "della",
+        description=(
+            "'random': keep each entry with p = density (DARE); 'magnitude': keep the top density fraction "
+            "of each row (TIES trim); 'della': keep-probability linear in the in-row magnitude rank, in "
+            "[density - epsilon, density + epsilon]."
+        ),
+    )
     density: float = Field(0.3, gt=0.0, le=1.0)
     epsilon: float = Field(0.15, ge=0.0, description="DELLA's spread of keep-probabilities.")
     rescale: bool = Field(True, description="Divide kept entries by their keep-probability (unbiased).")
     sign_election: bool = Field(True, description="TIES sign election + disjoint mean of agreeing entries.")
     majority_sign_method: Literal["total", "frequency"] = "total"
     weights: list[float] | None = Field(
-        None, description="Per parent; default 1 with sign election (disjoint mean), else 1/k.")
-    ranking: Literal["normal", "exact"] = Field("normal", description=(
-        "In-row magnitude rank / top-k threshold: 'exact' sorts each row (slow at 7B); 'normal' uses "
-        "the Gaussian CDF of the row's RMS (rows of a low-rank delta W are close to Gaussian)."))
+        None, description="Per parent; default 1 with sign election (disjoint mean), else 1/k."
+    )
+    ranking: Literal["normal", "exact"] = Field(
+        "normal",
+        description=(
+            "In-row magnitude rank / top-k threshold: 'exact' sorts each row (slow at 7B); 'normal' uses "
+            "the Gaussian CDF of the row's RMS (rows of a low-rank delta W are close to Gaussian)."
+        ),
+    )
     refactor: Literal["randomized", "exact"] = Field(
-        "randomized", description="Rank-r refactoring: randomized SVD (seeded) or a dense exact SVD.")
+        "randomized", description="Rank-r refactoring: randomized SVD (seeded) or a dense exact SVD."
+    )
     oversample: int = Field(8, ge=0, description="Extra random probe columns of the randomized SVD.")
-    niter: int = Field(0, ge=0, description=(
-        "Power iterations of the randomized SVD. 0 suffices: its probe includes the parents' row space, "
-        "which holds the merge's expected delta W exactly; iterations only re-rank drop-noise directions "
-        "(measured at 7B shapes: residual within 0.07% of the optimum with 0, 1 or 2)."))
+    niter: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Power iterations of the randomized SVD. 0 suffices: its probe includes the parents' row space, "
+            "which holds the merge's expected delta W exactly; iterations only re-rank drop-noise directions "
+            "(measured at 7B shapes: residual within 0.07% of the optimum with 0, 1 or 2)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _eps(self) -> DeltaMergeParams:

@@ -43,9 +43,18 @@ def uniform24(seed, index):  # pragma: no cover - compiled
 def _erf_pos(z):  # pragma: no cover - compiled
     """erf(z) for z >= 0, Abramowitz & Stegun 7.1.28 (|error| < 3e-7), branch-free so it vectorizes."""
     z = min(z, np.float32(6.0))
-    t = np.float32(1.0) + z * (np.float32(0.0705230784) + z * (np.float32(0.0422820123) + z * (
-        np.float32(0.0092705272) + z * (np.float32(0.0001520143) + z * (
-            np.float32(0.0002765672) + z * np.float32(0.0000430638))))))
+    t = np.float32(1.0) + z * (
+        np.float32(0.0705230784)
+        + z
+        * (
+            np.float32(0.0422820123)
+            + z
+            * (
+                np.float32(0.0092705272)
+                + z * (np.float32(0.0001520143) + z * (np.float32(0.0002765672) + z * np.float32(0.0000430638)))
+            )
+        )
+    )
     t2 = t * t
     t4 = t2 * t2
     t8 = t4 * t4
@@ -99,8 +108,9 @@ def _sparsify_row(xr, frac, method, thr, seed, base, density, epsilon, rescale, 
 
 
 @numba.njit(parallel=True, fastmath=True, nogil=True, cache=True, error_model="numpy")
-def merge_rows(as_, bs, thr, seeds, out, method, density, epsilon, rescale, sign_election, frequency,
-               exact):  # pragma: no cover - compiled
+def merge_rows(
+    as_, bs, thr, seeds, out, method, density, epsilon, rescale, sign_election, frequency, exact
+):  # pragma: no cover - compiled
     """out = combine_p sparsify(bs[p] @ as_[p]), row by row.
 
     as_ (k, r, d_in) and bs (k, d_out, r): each parent's factors, B already scaled and weighted;

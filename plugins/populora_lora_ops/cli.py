@@ -49,8 +49,9 @@ def _check_count(name: str, wanted: Any, got: int) -> None:
         raise UserError(f"operator {name!r} takes {need} --parent, got {got}")
 
 
-def evolve(registry: Any, operator: str, parents: Sequence[str], out: str, sets: Sequence[str],
-           seed: int) -> dict[str, Any]:
+def evolve(
+    registry: Any, operator: str, parents: Sequence[str], out: str, sets: Sequence[str], seed: int
+) -> dict[str, Any]:
     """Run one operator end to end; returns the lineage record (also written as ``lineage.json``)."""
     from pydantic import ValidationError
 
@@ -61,8 +62,7 @@ def evolve(registry: Any, operator: str, parents: Sequence[str], out: str, sets:
     try:
         params = comp.parse_params(parse_sets(sets))
     except ValidationError as exc:
-        raise UserError(f"operator {operator!r}: bad --set: "
-                        f"{format_validation_error(exc)}") from None
+        raise UserError(f"operator {operator!r}: bad --set: {format_validation_error(exc)}") from None
     _check_count(operator, comp.meta.get("parents"), len(parents))
     dest = Path(out)
     if dest.exists():
@@ -117,15 +117,23 @@ def add_evolve_command(cli: Any) -> None:
 
     @cli.command("evolve")
     @click.argument("operator")
-    @click.option("--parent", "parents", multiple=True, required=True, metavar="DIR",
-                  help="Parent PEFT adapter directory (repeat for crossovers; best first).")
+    @click.option(
+        "--parent",
+        "parents",
+        multiple=True,
+        required=True,
+        metavar="DIR",
+        help="Parent PEFT adapter directory (repeat for crossovers; best first).",
+    )
     @click.option("--out", required=True, metavar="DIR", help="New adapter directory (must not exist).")
-    @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                  help="Operator parameter, value read as YAML (repeatable).")
+    @click.option(
+        "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Operator parameter, value read as YAML (repeatable)."
+    )
     @click.option("--seed", type=int, required=True, help="Seed of the operator's torch.Generator.")
     @click.pass_obj
-    def evolve_cmd(manager: Any, operator: str, parents: tuple[str, ...], out: str,
-                   sets: tuple[str, ...], seed: int) -> None:
+    def evolve_cmd(
+        manager: Any, operator: str, parents: tuple[str, ...], out: str, sets: tuple[str, ...], seed: int
+    ) -> None:
         """Make one child adapter from parent PEFT dirs with a LoRA weight-space operator."""
         record = evolve(manager.registry, operator, parents, out, sets, seed)
         click.echo(f"{out}: {operator} of {len(parents)} parent(s), seed {seed}, hash {record['hash'][:12]}")

@@ -40,8 +40,9 @@ def _copy(f: LoraFactors) -> LoraFactors:
     return LoraFactors(f.A.clone(), f.B.clone(), f.scale)
 
 
-def _refactored(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, like: LoraFactors,
-                parent_as: list[torch.Tensor], params: Any) -> LoraFactors:
+def _refactored(
+    u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, like: LoraFactors, parent_as: list[torch.Tensor], params: Any
+) -> LoraFactors:
     a_floor = params.a_floor * la.rms_row_norm(parent_as)
     a, b = la.refactor(u, s, vh, like.scale, like.A.shape[0], a_floor=a_floor, dtype=like.A.dtype)
     return LoraFactors(a, b.to(like.B.dtype), like.scale)
@@ -50,6 +51,10 @@ def _refactored(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, like: LoraFa
 def _warn_zero_crossover(parents: list[LoraWeights], op: str) -> None:
     zero = [n for n in parents[0].modules if all(_is_zero(p.modules[n]) for p in parents)]
     if zero:
-        warnings.warn(f"{op}: {len(zero)} of {len(parents[0].modules)} modules have B = 0 in every parent "
-                      "(untrained adapters): the child's delta W is 0 there too; mutate it (zero_delta=floor) "
-                      "or train the parents first", ZeroDeltaWarning, stacklevel=3)
+        warnings.warn(
+            f"{op}: {len(zero)} of {len(parents[0].modules)} modules have B = 0 in every parent "
+            "(untrained adapters): the child's delta W is 0 there too; mutate it (zero_delta=floor) "
+            "or train the parents first",
+            ZeroDeltaWarning,
+            stacklevel=3,
+        )

@@ -18,8 +18,8 @@ def best_rank(bs: torch.Tensor, as_: torch.Tensor, rank: int | None = None) -> S
     bs and as_ are stacked (already weighted and scaled) factors of one or more adapters.
     """
     bs, as_ = bs.float(), as_.float()
-    qb, rb = torch.linalg.qr(bs)            # d_out x p, p x m
-    qa, ra = torch.linalg.qr(as_.T)         # d_in x q, q x m
+    qb, rb = torch.linalg.qr(bs)  # d_out x p, p x m
+    qa, ra = torch.linalg.qr(as_.T)  # d_in x q, q x m
     uc, s, vch = torch.linalg.svd(rb @ ra.T, full_matrices=False)
     u, vh = qb @ uc, vch @ qa.T
     if rank is not None:
@@ -32,8 +32,7 @@ def canonical(a: torch.Tensor, b: torch.Tensor, scale: float) -> Svd:
     return best_rank(scale * b.float(), a.float())
 
 
-def weighted_best_rank(factors: list[tuple[torch.Tensor, torch.Tensor, float]], weights: list[float],
-                       rank: int) -> Svd:
+def weighted_best_rank(factors: list[tuple[torch.Tensor, torch.Tensor, float]], weights: list[float], rank: int) -> Svd:
     """Exact best rank-``rank`` approximation of sum_i w_i s_i B_i A_i (Eckart-Young on the stack)."""
     bs = torch.cat([w * s * b.float() for (a, b, s), w in zip(factors, weights)], dim=1)
     as_ = torch.cat([a.float() for a, _, _ in factors], dim=0)
@@ -47,8 +46,15 @@ def rms_row_norm(as_: list[torch.Tensor]) -> float:
     return (total / max(rows, 1)) ** 0.5
 
 
-def refactor(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, scale: float, rank: int,
-             a_floor: float = 0.0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def refactor(
+    u: torch.Tensor,
+    s: torch.Tensor,
+    vh: torch.Tensor,
+    scale: float,
+    rank: int,
+    a_floor: float = 0.0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) of rank ``rank`` with scale * B @ A == U diag(S) Vh exactly.
 
     Component i gets A row n_i * Vh_i and B column U_i * S_i / (scale * n_i) with
@@ -82,7 +88,7 @@ def rotate(basis: torch.Tensor, eps: float, generator: torch.Generator) -> torch
     Each column turns by about ``eps`` radians towards a random direction (in or out of the span).
     """
     d = basis.shape[0]
-    noisy = basis + eps * torch.randn(basis.shape, generator=generator) / d ** 0.5
+    noisy = basis + eps * torch.randn(basis.shape, generator=generator) / d**0.5
     return _sign_fixed_q(noisy)
 
 
@@ -93,8 +99,15 @@ def _sign_fixed_q(x: torch.Tensor) -> torch.Tensor:
     return q * torch.where(diag < 0, -torch.ones_like(diag), torch.ones_like(diag))[None, :]
 
 
-def randomized_svd(m: torch.Tensor, rank: int, generator: torch.Generator, *, probe: torch.Tensor | None = None,
-                   oversample: int = 8, niter: int = 1) -> Svd:
+def randomized_svd(
+    m: torch.Tensor,
+    rank: int,
+    generator: torch.Generator,
+    *,
+    probe: torch.Tensor | None = None,
+    oversample: int = 8,
+    niter: int = 1,
+) -> Svd:
     """Top-``rank`` SVD of a dense m (Halko et al.), seeded by ``generator``.
 
     ``probe`` (d_in x p) are extra probe directions (for a merge, the parents' row space: the signal
@@ -109,8 +122,9 @@ def randomized_svd(m: torch.Tensor, rank: int, generator: torch.Generator, *, pr
     return (q @ ub)[:, :rank], s[:rank], vh[:rank]
 
 
-def probe_matrix(d_in: int, rank: int, generator: torch.Generator, *, probe: torch.Tensor | None,
-                 oversample: int, limit: int) -> torch.Tensor:
+def probe_matrix(
+    d_in: int, rank: int, generator: torch.Generator, *, probe: torch.Tensor | None, oversample: int, limit: int
+) -> torch.Tensor:
     """Probe columns of a randomized range finder: the given directions plus Gaussian ones."""
     n_probe = 0 if probe is None else probe.shape[1]
     n_rand = max(rank + oversample - n_probe, oversample, 1)

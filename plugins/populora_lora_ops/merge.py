@@ -40,8 +40,9 @@ def _row_thresholds(p: Any, as_: list[torch.Tensor], bs: list[torch.Tensor]) -> 
     return sigma * quantile
 
 
-def dense_merge(fs: list[LoraFactors], weights: list[float], p: Any, generator: torch.Generator,
-                buffer: torch.Tensor | None = None) -> torch.Tensor:
+def dense_merge(
+    fs: list[LoraFactors], weights: list[float], p: Any, generator: torch.Generator, buffer: torch.Tensor | None = None
+) -> torch.Tensor:
     """The merged dense delta W of one module (sparsified, weighted, combined), before refactoring.
 
     ``buffer`` (flat fp32, at least d_out * d_in) is reused across modules: a fresh 271 MB buffer per
@@ -56,11 +57,20 @@ def dense_merge(fs: list[LoraFactors], weights: list[float], p: Any, generator: 
     shape = (bs[0].shape[0], as_[0].shape[1])
     out = torch.empty(shape) if buffer is None else buffer[: shape[0] * shape[1]].view(shape)
     with _numba_threads(torch.get_num_threads()):
-        kernel.merge_rows(torch.stack(as_).numpy(), torch.stack(bs).numpy(), thr.float().contiguous().numpy(),
-                          seeds.numpy().astype("uint64"), out.numpy(),
-                          {"random": kernel.RANDOM, "magnitude": kernel.MAGNITUDE, "della": kernel.DELLA}[p.method],
-                          float(p.density), float(p.epsilon), bool(p.rescale), bool(p.sign_election),
-                          p.majority_sign_method == "frequency", p.ranking == "exact")
+        kernel.merge_rows(
+            torch.stack(as_).numpy(),
+            torch.stack(bs).numpy(),
+            thr.float().contiguous().numpy(),
+            seeds.numpy().astype("uint64"),
+            out.numpy(),
+            {"random": kernel.RANDOM, "magnitude": kernel.MAGNITUDE, "della": kernel.DELLA}[p.method],
+            float(p.density),
+            float(p.epsilon),
+            bool(p.rescale),
+            bool(p.sign_election),
+            p.majority_sign_method == "frequency",
+            p.ranking == "exact",
+        )
     return out
 
 
@@ -80,8 +90,9 @@ class _numba_threads:
         self.numba.set_num_threads(self.before)
 
 
-def _merge_module(fs: list[LoraFactors], weights: list[float], p: Any, gen: torch.Generator,
-                  buffer: torch.Tensor) -> LoraFactors:
+def _merge_module(
+    fs: list[LoraFactors], weights: list[float], p: Any, gen: torch.Generator, buffer: torch.Tensor
+) -> LoraFactors:
     rank = fs[0].A.shape[0]
     merged = dense_merge(fs, weights, p, gen, buffer)
     if p.refactor == "exact":

@@ -22,12 +22,26 @@ from . import linalg as la
 from .common import ZeroDeltaWarning, _copy, _is_zero, _refactored, _warn_zero_crossover, check_parents
 from .merge import delta_merge
 
-__all__ = ["ZeroDeltaWarning", "clone", "component_mask", "delta_merge", "extrapolate", "gaussian",
-           "layer_gaussian", "layerwise", "neftune", "svd_crossover", "svd_structured", "svd_subspace", "xes"]
+__all__ = [
+    "ZeroDeltaWarning",
+    "clone",
+    "component_mask",
+    "delta_merge",
+    "extrapolate",
+    "gaussian",
+    "layer_gaussian",
+    "layerwise",
+    "neftune",
+    "svd_crossover",
+    "svd_structured",
+    "svd_subspace",
+    "xes",
+]
 
 
-def _mutation_input(parents: list[LoraWeights], params: Any, gen: torch.Generator,
-                    op: str) -> tuple[LoraWeights, set[str]]:
+def _mutation_input(
+    parents: list[LoraWeights], params: Any, gen: torch.Generator, op: str
+) -> tuple[LoraWeights, set[str]]:
     """The parent, with B = 0 modules given a noise floor (``floor``) or listed to skip (``warn``)."""
     check_parents(parents, 1, op)
     parent = parents[0]
@@ -35,9 +49,13 @@ def _mutation_input(parents: list[LoraWeights], params: Any, gen: torch.Generato
     if not zero:
         return parent, set()
     if params.zero_delta == "warn":
-        warnings.warn(f"{op}: {len(zero)} of {len(parent.modules)} modules have B = 0 (an untrained "
-                      "adapter), so this mutation leaves them unchanged; zero_delta=floor adds a noise "
-                      "floor first", ZeroDeltaWarning, stacklevel=3)
+        warnings.warn(
+            f"{op}: {len(zero)} of {len(parent.modules)} modules have B = 0 (an untrained "
+            "adapter), so this mutation leaves them unchanged; zero_delta=floor adds a noise "
+            "floor first",
+            ZeroDeltaWarning,
+            stacklevel=3,
+        )
         return parent, set(zero)
     modules = dict(parent.modules)
     for name in zero:
@@ -56,7 +74,7 @@ def _delta_std(f: LoraFactors) -> float:
     """std of the entries of s * B @ A, from r x r Gram matrices (no dense delta W)."""
     a, b = f.A.float(), f.B.float()
     n = b.shape[0] * a.shape[1]
-    sumsq = f.scale ** 2 * float(((b.T @ b) * (a @ a.T)).sum())
+    sumsq = f.scale**2 * float(((b.T @ b) * (a @ a.T)).sum())
     mean = f.scale * float(b.sum(0) @ a.sum(1)) / n
     return max(sumsq / n - mean * mean, 0.0) ** 0.5
 
@@ -71,24 +89,34 @@ def _with_lowrank_noise(f: LoraFactors, eps: float, gen: torch.Generator, params
     sigma = eps * _delta_std(f) / math.sqrt(r)
     g1 = torch.randn(f.B.shape[0], r, generator=gen)
     g2 = torch.randn(r, f.A.shape[1], generator=gen)
-    u, s, vh = la.best_rank(torch.cat([f.scale * f.B.float(), sigma * g1], dim=1),
-                            torch.cat([f.A.float(), g2], dim=0), r)
+    u, s, vh = la.best_rank(
+        torch.cat([f.scale * f.B.float(), sigma * g1], dim=1), torch.cat([f.A.float(), g2], dim=0), r
+    )
     return _refactored(u, s, vh, f, [f.A], params)
 
 
 # --- mutations ----------------------------------------------------------------------------------
 
 
-def _mutate_modules(parents: list[LoraWeights], params: Any, generator: torch.Generator, op: str,
-                    mutate: Callable[[LoraFactors], LoraFactors], only: set[str] | None = None) -> LoraWeights:
+def _mutate_modules(
+    parents: list[LoraWeights],
+    params: Any,
+    generator: torch.Generator,
+    op: str,
+    mutate: Callable[[LoraFactors], LoraFactors],
+    only: set[str] | None = None,
+) -> LoraWeights:
     """``mutate`` every module of the one parent (or those in ``only``); the rest are copied.
 
     B = 0 modules get the noise floor first, or are copied unchanged under ``zero_delta: warn``.
     """
     parent, skip = _mutation_input(parents, params, generator, op)
-    return parent.with_modules({
-        name: mutate(f) if name not in skip and (only is None or name in only) else _copy(f)
-        for name, f in parent.items()})
+    return parent.with_modules(
+        {
+            name: mutate(f) if name not in skip and (only is None or name in only) else _copy(f)
+            for name, f in parent.items()
+        }
+    )
 
 
 def svd_structured(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
@@ -110,14 +138,21 @@ def layer_gaussian(parents: list[LoraWeights], params: Any, generator: torch.Gen
     names = list(parents[0].modules)
     m = max(1, round(params.fraction * len(names)))
     chosen = {names[int(i)] for i in torch.randperm(len(names), generator=generator)[:m]}
-    return _mutate_modules(parents, params, generator, "layer_gaussian",
-                           lambda f: _with_lowrank_noise(f, params.eps, generator, params), chosen)
+    return _mutate_modules(
+        parents,
+        params,
+        generator,
+        "layer_gaussian",
+        lambda f: _with_lowrank_noise(f, params.eps, generator, params),
+        chosen,
+    )
 
 
 def gaussian(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M4: low-rank Gaussian noise of std eps * std(delta W) on every module."""
-    return _mutate_modules(parents, params, generator, "gaussian",
-                           lambda f: _with_lowrank_noise(f, params.eps, generator, params))
+    return _mutate_modules(
+        parents, params, generator, "gaussian", lambda f: _with_lowrank_noise(f, params.eps, generator, params)
+    )
 
 
 def component_mask(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
@@ -248,9 +283,9 @@ def layerwise(parents: list[LoraWeights], params: Any, generator: torch.Generato
         donors = [i for i in range(n) if int(counts[choice[i]]) > 1]
         choice[donors[int(torch.randint(0, len(donors), (1,), generator=generator))]] = j
     pick = {u: int(c) for u, c in zip(units, choice)}
-    return parents[0].with_modules({
-        name: _copy(parents[pick[_unit(name, params.granularity)]].modules[name])
-        for name in parents[0].modules})
+    return parents[0].with_modules(
+        {name: _copy(parents[pick[_unit(name, params.granularity)]].modules[name]) for name in parents[0].modules}
+    )
 
 
 def clone(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:

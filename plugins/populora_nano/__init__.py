@@ -27,12 +27,18 @@ def nano_base_model(params: NanoParams | None = None) -> Any:
     from populora_core.errors import UserError
 
     if not (MODEL_DIR / "config.json").is_file():
-        raise UserError(f"base_model nano: the model files are missing from {MODEL_DIR} "
-                        "(rebuild with: python -m populora_nano.make_model --out plugins/populora_nano)")
+        raise UserError(
+            f"base_model nano: the model files are missing from {MODEL_DIR} "
+            "(rebuild with: python -m populora_nano.make_model --out plugins/populora_nano)"
+        )
     return BaseModel(path=str(MODEL_DIR), name="nano", dtype="float32", probe_path=str(PROBE_FILE))
 
 
 @hookimpl
 def register_base_models(register: Any) -> None:
-    register("nano", nano_base_model, params=NanoParams,
-             description="tiny Llama (code tasks, compact prompts) shipped with PopuLoRA")
+    register(
+        "nano",
+        nano_base_model,
+        params=NanoParams,
+        description="tiny Llama (code tasks, compact prompts) shipped with PopuLoRA",
+    )

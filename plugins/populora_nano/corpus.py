@@ -39,8 +39,7 @@ class Op:
     loop: bool = False
 
 
-def _expr(template: str, consts: Callable[[random.Random], dict[str, Any]] | None = None,
-          k_slot: str | None = None):
+def _expr(template: str, consts: Callable[[random.Random], dict[str, Any]] | None = None, k_slot: str | None = None):
     """An expression op: ``template`` with ``{x}`` the input variable and named random constants.
 
     ``k_slot`` names the integer constant that the second argument ``k`` may replace.
@@ -55,8 +54,9 @@ def _expr(template: str, consts: Callable[[random.Random], dict[str, Any]] | Non
     return render
 
 
-def _loop(body: str, result: str, consts: Callable[[random.Random], dict[str, Any]] | None = None,
-          k_slot: str | None = None):
+def _loop(
+    body: str, result: str, consts: Callable[[random.Random], dict[str, Any]] | None = None, k_slot: str | None = None
+):
     """A statement op: ``body`` lines (``{x}`` input, ``{r}`` the result variable ``result``)."""
 
     def render(x: str, dst: str, rng: random.Random, use_k: bool) -> tuple[list[str], str]:
@@ -110,10 +110,20 @@ OPS: list[Op] = [
     Op("int", "int", "clip from below", E("max({x}, {c})", _c(0, 6), "c")),
     Op("int", "int", "clip from above", E("min({x}, {c})", _c(3, 12), "c")),
     Op("int", "int", "branch on the size", E("{x} * 2 if {x} > {c} else {x} + 1", _c(0, 8), "c")),
-    Op("int", "int", "sum the digits", L("{r} = 0\nm = abs({x})\nwhile m > 0:\n    {r} += m % 10\n    m //= 10",
-                                           "total"), loop=True),
-    Op("int", "int", "count up with a step", L("{r} = 0\nfor i in range({x} % 7):\n    {r} += i * {c}",
-                                                 "total", _c(1, 3), "c"), loop=True),
+    Op(
+        "int",
+        "int",
+        "sum the digits",
+        L("{r} = 0\nm = abs({x})\nwhile m > 0:\n    {r} += m % 10\n    m //= 10", "total"),
+        loop=True,
+    ),
+    Op(
+        "int",
+        "int",
+        "count up with a step",
+        L("{r} = 0\nfor i in range({x} % 7):\n    {r} += i * {c}", "total", _c(1, 3), "c"),
+        loop=True,
+    ),
     # int -> str
     Op("int", "str", "write it as text", E("str({x})")),
     Op("int", "str", "repeat a letter", E("'{a}' * ({x} % 5)", _letter("a"))),
@@ -138,20 +148,37 @@ OPS: list[Op] = [
     Op("str", "str", "join the letters with dashes", E("'-'.join({x})")),
     Op("str", "str", "keep every other letter", E("{x}[::2]")),
     Op("str", "str", "remove a letter", E("{x}.replace('{a}', '')", _letter("a"))),
-    Op("str", "str", "upper-case some letters",
-       L("{r} = ''\nfor ch in {x}:\n    if ch in '{a}{b}':\n        {r} += ch.upper()\n    else:\n        {r} += ch",
-         "out", _letter("a", "b")), loop=True),
-    Op("str", "str", "double some letters",
-       L("{r} = ''\nfor ch in {x}:\n    {r} += ch * 2 if ch < '{a}' else ch", "out", _letter("a")), loop=True),
+    Op(
+        "str",
+        "str",
+        "upper-case some letters",
+        L(
+            "{r} = ''\nfor ch in {x}:\n    if ch in '{a}{b}':\n        {r} += ch.upper()\n    else:\n        {r} += ch",
+            "out",
+            _letter("a", "b"),
+        ),
+        loop=True,
+    ),
+    Op(
+        "str",
+        "str",
+        "double some letters",
+        L("{r} = ''\nfor ch in {x}:\n    {r} += ch * 2 if ch < '{a}' else ch", "out", _letter("a")),
+        loop=True,
+    ),
     # str -> int
     Op("str", "int", "take the length", E("len({x})")),
     Op("str", "int", "count a letter", E("{x}.count('{a}')", _letter("a"))),
     Op("str", "int", "find a letter", E("{x}.find('{a}')", _letter("a"))),
     Op("str", "int", "count distinct letters", E("len(set({x}))")),
     Op("str", "int", "add the letter positions", E("sum(ord(ch) - 96 for ch in {x})")),
-    Op("str", "int", "sum the positions of a letter",
-       L("{r} = 0\nfor i, ch in enumerate({x}):\n    if ch == '{a}':\n        {r} += i", "total", _letter("a")),
-       loop=True),
+    Op(
+        "str",
+        "int",
+        "sum the positions of a letter",
+        L("{r} = 0\nfor i, ch in enumerate({x}):\n    if ch == '{a}':\n        {r} += i", "total", _letter("a")),
+        loop=True,
+    ),
     # str -> list
     Op("str", "list", "list the letter positions", E("[ord(ch) - 96 for ch in {x}]")),
     Op("str", "list", "split on a letter", E("{x}.split('{a}')", _letter("a"))),
@@ -173,11 +200,24 @@ OPS: list[Op] = [
     Op("list", "list", "keep the first items", E("{x}[:{c}]", _c(1, 3), "c")),
     Op("list", "list", "take remainders", E("[v % {c} for v in {x}]", _c(2, 5), "c")),
     Op("list", "list", "add neighbours", E("[{x}[i] + {x}[i - 1] for i in range(1, len({x}))]")),
-    Op("list", "list", "halve evens and grow odds",
-       L("{r} = []\nfor v in {x}:\n    if v % 2 == 0:\n        {r}.append(v // 2)\n"
-         "    else:\n        {r}.append(v * 3 + 1)", "res"), loop=True),
-    Op("list", "list", "running total",
-       L("{r} = []\nacc = 0\nfor v in {x}:\n    acc += v\n    {r}.append(acc)", "res"), loop=True),
+    Op(
+        "list",
+        "list",
+        "halve evens and grow odds",
+        L(
+            "{r} = []\nfor v in {x}:\n    if v % 2 == 0:\n        {r}.append(v // 2)\n"
+            "    else:\n        {r}.append(v * 3 + 1)",
+            "res",
+        ),
+        loop=True,
+    ),
+    Op(
+        "list",
+        "list",
+        "running total",
+        L("{r} = []\nacc = 0\nfor v in {x}:\n    acc += v\n    {r}.append(acc)", "res"),
+        loop=True,
+    ),
     # list -> int
     Op("list", "int", "sum", E("sum({x})")),
     Op("list", "int", "count the items", E("len({x})")),
@@ -186,9 +226,18 @@ OPS: list[Op] = [
     Op("list", "int", "count a number", E("{x}.count({c})", _c(0, 9), "c")),
     Op("list", "int", "sum the squares", E("sum(v * v for v in {x})")),
     Op("list", "int", "count the large ones", E("len([v for v in {x} if v > {c}])", _c(0, 6), "c")),
-    Op("list", "int", "score the items",
-       L("{r} = 0\nfor v in {x}:\n    if v > {c}:\n        {r} += v\n    else:\n        {r} -= 1", "total",
-         _c(0, 6), "c"), loop=True),
+    Op(
+        "list",
+        "int",
+        "score the items",
+        L(
+            "{r} = 0\nfor v in {x}:\n    if v > {c}:\n        {r} += v\n    else:\n        {r} -= 1",
+            "total",
+            _c(0, 6),
+            "c",
+        ),
+        loop=True,
+    ),
     # list -> str
     Op("list", "str", "join the digits", E("''.join(str(v) for v in {x})")),
     Op("list", "str", "join with dashes", E("'-'.join(str(v) for v in {x})")),
@@ -196,8 +245,13 @@ OPS: list[Op] = [
     # list -> dict
     Op("list", "dict", "map each to a multiple", E("{{v: v * {c} for v in {x}}}", _c(2, 4))),
     Op("list", "dict", "index the items", E("{{str(i): v for i, v in enumerate({x})}}")),
-    Op("list", "dict", "count remainders",
-       L("{r} = {{}}\nfor v in {x}:\n    {r}[v % {c}] = {r}.get(v % {c}, 0) + 1", "counts", _c(2, 4)), loop=True),
+    Op(
+        "list",
+        "dict",
+        "count remainders",
+        L("{r} = {{}}\nfor v in {x}:\n    {r}[v % {c}] = {r}.get(v % {c}, 0) + 1", "counts", _c(2, 4)),
+        loop=True,
+    ),
     # dict -> int
     Op("dict", "int", "sum the values", E("sum({x}.values())")),
     Op("dict", "int", "count the keys", E("len({x})")),
@@ -302,7 +356,7 @@ def random_input(types: Sequence[str], rng: random.Random) -> str:
 # --- running in the sandbox -----------------------------------------------------------------------------
 
 #: Evaluates every input of one program in one sandbox process through the AZR value check.
-_ALL_HELPER = '''
+_ALL_HELPER = """
 
 def _populora_nano_all(thunks):
     out = []
@@ -312,11 +366,17 @@ def _populora_nano_all(thunks):
         except Exception:
             out.append(None)
     return out
-'''
+"""
 
 
-def execute(programs: Sequence[Program], candidates: Sequence[Sequence[str]], executor: Any,
-            *, max_output_chars: int = 80, timeout_s: float = 5.0) -> None:
+def execute(
+    programs: Sequence[Program],
+    candidates: Sequence[Sequence[str]],
+    executor: Any,
+    *,
+    max_output_chars: int = 80,
+    timeout_s: float = 5.0,
+) -> None:
     """Fill ``program.inputs``/``outputs`` with the candidates that run cleanly and deterministically.
 
     Each program runs in two fresh processes of different hash-seed families (``hash_variant`` 0 and
@@ -348,8 +408,16 @@ def execute(programs: Sequence[Program], candidates: Sequence[Sequence[str]], ex
             prog.outputs.append(val)
 
 
-def generate_programs(count: int, rng: random.Random, executor: Any, *, candidates: int = 14,
-                      min_inputs: int = 10, exclude: set[str] = frozenset(), chunk: int = 500) -> list[Program]:
+def generate_programs(
+    count: int,
+    rng: random.Random,
+    executor: Any,
+    *,
+    candidates: int = 14,
+    min_inputs: int = 10,
+    exclude: set[str] = frozenset(),
+    chunk: int = 500,
+) -> list[Program]:
     """``count`` distinct programs (code not in ``exclude``) with at least ``min_inputs`` valid inputs."""
     out: list[Program] = []
     seen = set(exclude)
@@ -392,9 +460,13 @@ def pick_inputs(prog: Program, n: int, rng: random.Random) -> list[int]:
     return (first + rest)[:n]
 
 
-def render_examples(programs: Sequence[Program], rng: random.Random, *,
-                    induction_sizes: Sequence[int] = (4, 6, 8, 10),
-                    induction_propose_rate: float = 0.3) -> list[Example]:
+def render_examples(
+    programs: Sequence[Program],
+    rng: random.Random,
+    *,
+    induction_sizes: Sequence[int] = (4, 6, 8, 10),
+    induction_propose_rate: float = 0.3,
+) -> list[Example]:
     """Solver- and proposer-side examples for all three task types, in the compact style.
 
     ``induction_propose_rate`` is the share of programs that also get an induction proposal (inputs and
@@ -405,19 +477,39 @@ def render_examples(programs: Sequence[Program], rng: random.Random, *,
     out: list[Example] = []
     for prog in programs:
         for i in pick_inputs(prog, 2, rng):
-            out.append(Example("deduction/solve", P.deduction_solver_prompt(prog.code, prog.inputs[i]),
-                               P.format_solver_answer("deduction", prog.outputs[i])))
+            out.append(
+                Example(
+                    "deduction/solve",
+                    P.deduction_solver_prompt(prog.code, prog.inputs[i]),
+                    P.format_solver_answer("deduction", prog.outputs[i]),
+                )
+            )
         for i in pick_inputs(prog, 2, rng):
-            out.append(Example("abduction/solve", P.abduction_solver_prompt(prog.code, prog.outputs[i]),
-                               P.format_solver_answer("abduction", prog.inputs[i])))
+            out.append(
+                Example(
+                    "abduction/solve",
+                    P.abduction_solver_prompt(prog.code, prog.outputs[i]),
+                    P.format_solver_answer("abduction", prog.inputs[i]),
+                )
+            )
         n = rng.choice([s for s in induction_sizes if s <= len(prog.inputs)])
         chosen = pick_inputs(prog, n, rng)
         pairs = [(prog.inputs[i], prog.outputs[i]) for i in chosen]
-        out.append(Example("induction/solve", P.induction_solver_prompt(pairs[: n // 2], prog.message),
-                           P.format_solver_answer("induction", prog.code)))
+        out.append(
+            Example(
+                "induction/solve",
+                P.induction_solver_prompt(pairs[: n // 2], prog.message),
+                P.format_solver_answer("induction", prog.code),
+            )
+        )
         if rng.random() < induction_propose_rate:
-            out.append(Example("induction/propose", P.induction_proposer_prompt(prog.code, n_inputs=n),
-                               P.format_induction_proposal([prog.inputs[i] for i in chosen], prog.message)))
+            out.append(
+                Example(
+                    "induction/propose",
+                    P.induction_proposer_prompt(prog.code, n_inputs=n),
+                    P.format_induction_proposal([prog.inputs[i] for i in chosen], prog.message),
+                )
+            )
         if rng.random() < 0.4:
             kind = rng.choice(("deduction", "abduction"))
             refs = [IDENTITY_SEED] if rng.random() < 0.2 else []
@@ -427,14 +519,20 @@ def render_examples(programs: Sequence[Program], rng: random.Random, *,
             if not refs:
                 refs = [IDENTITY_SEED]
             i = rng.randrange(len(prog.inputs))
-            out.append(Example(f"{kind}/propose", P.code_proposer_prompt(kind, refs),
-                               P.format_code_proposal(prog.code, prog.inputs[i])))
+            out.append(
+                Example(
+                    f"{kind}/propose",
+                    P.code_proposer_prompt(kind, refs),
+                    P.format_code_proposal(prog.code, prog.inputs[i]),
+                )
+            )
     rng.shuffle(out)
     return out
 
 
-def probe_records(programs: Sequence[Program], per_type: int, rng: random.Random,
-                  n_inputs: int = 10) -> list[dict[str, Any]]:
+def probe_records(
+    programs: Sequence[Program], per_type: int, rng: random.Random, n_inputs: int = 10
+) -> list[dict[str, Any]]:
     """Held-out problems as :class:`~populora_core.components.Problem` fields, ``per_type`` per task.
 
     Deduction/abduction: one input and its output. Induction: ``n_inputs`` pairs (the task shows the
@@ -444,13 +542,27 @@ def probe_records(programs: Sequence[Program], per_type: int, rng: random.Random
         raise ValueError(f"need {3 * per_type} probe programs, got {len(programs)}")
     recs = []
     for t, task in enumerate(("deduction", "abduction", "induction")):
-        for prog in programs[t * per_type:(t + 1) * per_type]:
+        for prog in programs[t * per_type : (t + 1) * per_type]:
             if task == "induction":
                 idx = pick_inputs(prog, n_inputs, rng)
-                recs.append({"task_type": task, "program": prog.code, "inputs": [prog.inputs[i] for i in idx],
-                             "outputs": [prog.outputs[i] for i in idx], "message": prog.message})
+                recs.append(
+                    {
+                        "task_type": task,
+                        "program": prog.code,
+                        "inputs": [prog.inputs[i] for i in idx],
+                        "outputs": [prog.outputs[i] for i in idx],
+                        "message": prog.message,
+                    }
+                )
             else:
                 i = rng.randrange(len(prog.inputs))
-                recs.append({"task_type": task, "program": prog.code, "inputs": [prog.inputs[i]],
-                             "outputs": [prog.outputs[i]], "message": ""})
+                recs.append(
+                    {
+                        "task_type": task,
+                        "program": prog.code,
+                        "inputs": [prog.inputs[i]],
+                        "outputs": [prog.outputs[i]],
+                        "message": "",
+                    }
+                )
     return recs

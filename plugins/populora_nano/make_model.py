@@ -75,11 +75,22 @@ def train_tokenizer(texts: list[str], vocab: int) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIALS,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   padding_side="left", model_max_length=4096)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        padding_side="left",
+        model_max_length=4096,
+    )
 
 
 def encode(tokenizer: Any, examples: list[Any], max_len: int) -> list[tuple[list[int], int]]:
@@ -101,7 +112,7 @@ def batches(data: list[tuple[list[int], int]], token_budget: int, rng: random.Ra
     out: list[list[int]] = []
     window = 2048
     for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: len(data[i][0]))
+        chunk = sorted(order[start : start + window], key=lambda i: len(data[i][0]))
         cur: list[int] = []
         longest = 0
         for i in chunk:
@@ -117,8 +128,18 @@ def batches(data: list[tuple[list[int], int]], token_budget: int, rng: random.Ra
     return out
 
 
-def pretrain(model: Any, data: list[tuple[list[int], int]], *, seed: int, minutes: float, steps: int | None,
-             lr: float, token_budget: int, prompt_weight: float, pad_id: int) -> dict[str, Any]:
+def pretrain(
+    model: Any,
+    data: list[tuple[list[int], int]],
+    *,
+    seed: int,
+    minutes: float,
+    steps: int | None,
+    lr: float,
+    token_budget: int,
+    prompt_weight: float,
+    pad_id: int,
+) -> dict[str, Any]:
     """AdamW, linear warmup then cosine decay to 10%: over ``steps`` if given, else over the wall-clock budget."""
     import torch
 
@@ -141,9 +162,9 @@ def pretrain(model: Any, data: list[tuple[list[int], int]], *, seed: int, minute
         weight = torch.zeros((len(idx), width))
         for r, i in enumerate(idx):
             seq, plen = data[i]
-            ids[r, :len(seq)] = torch.tensor(seq)
+            ids[r, : len(seq)] = torch.tensor(seq)
             weight[r, 1:plen] = prompt_weight
-            weight[r, plen:len(seq)] = 1.0
+            weight[r, plen : len(seq)] = 1.0
         if step < warmup:
             cur_lr = lr * (step + 1) / warmup
         else:
@@ -157,8 +178,9 @@ def pretrain(model: Any, data: list[tuple[list[int], int]], *, seed: int, minute
         logits = model(input_ids=ids).logits[:, :-1].float()
         target = ids[:, 1:]
         w = weight[:, 1:]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
-                                                reduction="none").view_as(w)
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
+        ).view_as(w)
         loss = (nll * w).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -170,16 +192,22 @@ def pretrain(model: Any, data: list[tuple[list[int], int]], *, seed: int, minute
         losses.append(comp_loss)
         elapsed = time.time() - start
         if step % 50 == 0:
-            log(f"step {step} epoch {epoch} lr {cur_lr:.2e} completion loss "
-                f"{sum(losses[-50:]) / len(losses[-50:]):.3f} ({elapsed:.0f}s)")
+            log(
+                f"step {step} epoch {epoch} lr {cur_lr:.2e} completion loss "
+                f"{sum(losses[-50:]) / len(losses[-50:]):.3f} ({elapsed:.0f}s)"
+            )
         if steps is not None and step >= steps:
             break
         if steps is None and elapsed > budget_s:
             log(f"time budget reached at step {step}")
             break
     model.eval()
-    return {"steps": step, "epochs": epoch, "train_seconds": round(time.time() - start, 1),
-            "final_completion_loss": round(sum(losses[-100:]) / len(losses[-100:]), 4)}
+    return {
+        "steps": step,
+        "epochs": epoch,
+        "train_seconds": round(time.time() - start, 1),
+        "final_completion_loss": round(sum(losses[-100:]) / len(losses[-100:]), 4),
+    }
 
 
 def check_round_trip(model_dir: Path, texts: list[str], tokenizer: Any) -> None:
@@ -210,8 +238,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=None, help="exact number of steps (overrides --minutes)")
     ap.add_argument("--programs", type=int, default=3000)
     ap.add_argument("--probe-per-type", type=int, default=50)
-    ap.add_argument("--induction-proposals", type=_fraction, default=0.3,
-                    help="share of programs with an induction proposal example (inputs + message)")
+    ap.add_argument(
+        "--induction-proposals",
+        type=_fraction,
+        default=0.3,
+        help="share of programs with an induction proposal example (inputs + message)",
+    )
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=160)
     ap.add_argument("--layers", type=int, default=4)
@@ -220,14 +252,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--lr", type=float, default=2.5e-3)
     ap.add_argument("--token-budget", type=int, default=2048, help="padded tokens per batch")
     ap.add_argument("--prompt-weight", type=float, default=0.25, help="loss weight of prompt tokens")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1 is ~10x faster than 2 on an oversubscribed 2-core box)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is ~10x faster than 2 on an oversubscribed 2-core box)"
+    )
     args = ap.parse_args(argv)
 
     head_dim, rest = divmod(args.hidden, args.heads)
     if rest or head_dim not in VLLM_CPU_HEAD_DIMS:
-        ap.error(f"--hidden/--heads gives head_dim {args.hidden / args.heads:g}; the vllm CPU attention "
-                 f"supports {VLLM_CPU_HEAD_DIMS}")
+        ap.error(
+            f"--hidden/--heads gives head_dim {args.hidden / args.heads:g}; the vllm CPU attention "
+            f"supports {VLLM_CPU_HEAD_DIMS}"
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -238,17 +273,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     executor = _executor(2)
     try:
-        probe_programs = C.generate_programs(3 * args.probe_per_type, random.Random(args.probe_seed), executor,
-                                             chunk=200)
+        probe_programs = C.generate_programs(
+            3 * args.probe_per_type, random.Random(args.probe_seed), executor, chunk=200
+        )
         probe = C.probe_records(probe_programs, args.probe_per_type, random.Random(args.probe_seed + 1))
         check_probe(probe, executor)
-        programs = C.generate_programs(args.programs, random.Random(args.seed), executor,
-                                       exclude={p.code for p in probe_programs})
+        programs = C.generate_programs(
+            args.programs, random.Random(args.seed), executor, exclude={p.code for p in probe_programs}
+        )
     finally:
         executor.close()
     t_corpus = time.time() - t0
-    examples = C.render_examples(programs, random.Random(args.seed + 3),
-                                 induction_propose_rate=args.induction_proposals)
+    examples = C.render_examples(
+        programs, random.Random(args.seed + 3), induction_propose_rate=args.induction_proposals
+    )
     kinds: dict[str, int] = {}
     for e in examples:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
@@ -262,18 +300,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(args.seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.heads, head_dim=args.hidden // args.heads,
-                         max_position_embeddings=args.context, rope_theta=10000.0,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=args.context,
+        rope_theta=10000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config).to(torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters")
-    stats = pretrain(model, data, seed=args.seed, minutes=args.minutes, steps=args.steps, lr=args.lr,
-                     token_budget=args.token_budget, prompt_weight=args.prompt_weight,
-                     pad_id=tokenizer.pad_token_id)
+    stats = pretrain(
+        model,
+        data,
+        seed=args.seed,
+        minutes=args.minutes,
+        steps=args.steps,
+        lr=args.lr,
+        token_budget=args.token_budget,
+        prompt_weight=args.prompt_weight,
+        pad_id=tokenizer.pad_token_id,
+    )
 
     model_dir = args.out / "model"
     if model_dir.exists():
@@ -290,10 +345,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fh.write(json.dumps(rec) + "\n")
     size = sum(f.stat().st_size for f in model_dir.iterdir())
     report = {
-        "seed": args.seed, "probe_seed": args.probe_seed, "settings": {k: str(v) for k, v in vars(args).items()},
-        "programs": len(programs), "examples": kinds, "sequences": len(data), "tokens": n_tokens,
-        "vocab": len(tokenizer), "parameters": n_params, "model_bytes": size, "corpus_seconds": round(t_corpus, 1),
-        **stats, "total_seconds": round(time.time() - t0, 1), "threads": args.threads,
+        "seed": args.seed,
+        "probe_seed": args.probe_seed,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "programs": len(programs),
+        "examples": kinds,
+        "sequences": len(data),
+        "tokens": n_tokens,
+        "vocab": len(tokenizer),
+        "parameters": n_params,
+        "model_bytes": size,
+        "corpus_seconds": round(t_corpus, 1),
+        **stats,
+        "total_seconds": round(time.time() - t0, 1),
+        "threads": args.threads,
     }
     (args.out / "make_model.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"done: {json.dumps(report)}")

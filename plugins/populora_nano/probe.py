@@ -59,9 +59,16 @@ def seed_buffers(tasks: Mapping[str, Any], problems: Sequence[Problem]) -> None:
         task.add_to_buffer([p for p in problems if p.task_type in ("deduction", "abduction")])
 
 
-def evaluate_probe(engine: Any, adapters: Mapping[str, AdapterRef | None], tasks: Mapping[str, Any],
-                   problems: Sequence[Problem], *, proposals: int = 0, proposal_temperature: float = 1.0,
-                   seed: int = 0) -> dict[str, dict[str, Any]]:
+def evaluate_probe(
+    engine: Any,
+    adapters: Mapping[str, AdapterRef | None],
+    tasks: Mapping[str, Any],
+    problems: Sequence[Problem],
+    *,
+    proposals: int = 0,
+    proposal_temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
     """Per adapter (``None`` = the base model): greedy solver accuracy per task type, and with
     ``proposals > 0`` the proposal validity rate per task type.
 
@@ -69,8 +76,7 @@ def evaluate_probe(engine: Any, adapters: Mapping[str, AdapterRef | None], tasks
     "n": {task: count}, "proposal_validity": {task: rate}}}``; task types without problems (or without
     a task in ``tasks``) are left out. One ``engine.generate`` call per task type serves every adapter.
     """
-    out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}}
-                                      for name in adapters}
+    out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}} for name in adapters}
     names = list(adapters)
     for task_type in TASK_TYPES:
         task = tasks.get(task_type)
@@ -82,7 +88,7 @@ def evaluate_probe(engine: Any, adapters: Mapping[str, AdapterRef | None], tasks
         sampling = SamplingParams(n=1, temperature=0.0, max_tokens=SOLVER_MAX_TOKENS[task_type])
         completions = engine.generate(requests, sampling)
         for k, name in enumerate(names):
-            rows = completions[k * len(probs):(k + 1) * len(probs)]
+            rows = completions[k * len(probs) : (k + 1) * len(probs)]
             grades = [task.grade(p, [row[0].text])[0] for p, row in zip(probs, rows, strict=True)]
             out[name]["solver_accuracy"][task_type] = sum(g.correct for g in grades) / len(grades)
             out[name]["formatted"][task_type] = sum(g.formatted for g in grades) / len(grades)
@@ -100,11 +106,12 @@ def evaluate_probe(engine: Any, adapters: Mapping[str, AdapterRef | None], tasks
                 continue
             pairs = task.proposer_prompts(proposals, random.Random(seed * 1000 + t))
             requests = [GenerationRequest(prompt, adapters[name]) for name in names for prompt, _ in pairs]
-            sampling = SamplingParams(n=1, temperature=proposal_temperature, max_tokens=PROPOSER_MAX_TOKENS,
-                                      seed=seed + t)
+            sampling = SamplingParams(
+                n=1, temperature=proposal_temperature, max_tokens=PROPOSER_MAX_TOKENS, seed=seed + t
+            )
             completions = engine.generate(requests, sampling)
             for k, name in enumerate(names):
-                rows = completions[k * len(pairs):(k + 1) * len(pairs)]
+                rows = completions[k * len(pairs) : (k + 1) * len(pairs)]
                 parsed = task.parse_proposals([r[0].text for r in rows], [c for _, c in pairs], name)
                 out[name]["proposal_validity"][task_type] = sum(p.valid for p in parsed) / len(parsed)
     return out
@@ -140,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = comp.factory(comp.parse_params({}))
     problems = load_probe(args.probe)
     if args.limit is not None:
-        problems = [p for t in TASK_TYPES for p in [q for q in problems if q.task_type == t][:args.limit]]
+        problems = [p for t in TASK_TYPES for p in [q for q in problems if q.task_type == t][: args.limit]]
     ex_comp = reg.get("executor", "sandbox")
     executor = ex_comp.factory(ex_comp.parse_params({}))
     try:

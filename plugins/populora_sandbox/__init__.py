@@ -24,8 +24,12 @@ def make_executor(params: SandboxParams) -> Any:
 
 @hookimpl
 def register_executors(register: Any) -> None:
-    register("sandbox", make_executor, params=SandboxParams,
-             description="Process per program from warm zygotes: namespaces, unprivileged uid, rlimits")
+    register(
+        "sandbox",
+        make_executor,
+        params=SandboxParams,
+        description="Process per program from warm zygotes: namespaces, unprivileged uid, rlimits",
+    )
 
 
 @hookimpl

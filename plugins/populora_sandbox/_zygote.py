@@ -98,11 +98,20 @@ def _prctl(option: int, arg: int = 0) -> None:
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_LIBC.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                       data.encode() if data else None), f"mount {target}")
+    _check(
+        _LIBC.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
 
 
 # --- framing ----------------------------------------------------------------------------------------
+
 
 def _read_exact(fd: int, size: int) -> bytes | None:
     buf = bytearray()
@@ -129,10 +138,11 @@ def _send(fd: int, obj: dict) -> None:
     data = json.dumps(obj).encode()
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # --- the program child --------------------------------------------------------------------------------
+
 
 class _OutputTooLarge(BaseException):
     """Raised inside the child when the program prints more than the cap (BaseException: hard to swallow)."""
@@ -163,7 +173,7 @@ class _CappedWriter:
 
     def text(self) -> str:
         out = "".join(self.parts)
-        return out[-self.cap:] if len(out) > self.cap else out
+        return out[-self.cap :] if len(out) > self.cap else out
 
 
 class _NullWriter(_CappedWriter):
@@ -184,10 +194,14 @@ def _child(job: dict, cfg: dict, workdir: str, uid: int, in_namespace: bool) -> 
     timeout = float(job["timeout_s"])
     cpu = int(timeout) + 1
     mem = int(job["memory_mb"]) * 1024 * 1024
-    limits = [(resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu),
-              (resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) * 1024 * 1024),
-              (resource.RLIMIT_NOFILE, int(cfg["max_open_files"])), (resource.RLIMIT_CORE, 0),
-              (resource.RLIMIT_NPROC, int(cfg["max_processes"]))]
+    limits = [
+        (resource.RLIMIT_AS, mem),
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) * 1024 * 1024),
+        (resource.RLIMIT_NOFILE, int(cfg["max_open_files"])),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NPROC, int(cfg["max_processes"])),
+    ]
     for which, limit in limits:
         hard = limit + 1 if which == resource.RLIMIT_CPU else limit
         resource.setrlimit(which, (limit, hard))
@@ -235,7 +249,7 @@ def _child(job: dict, cfg: dict, workdir: str, uid: int, in_namespace: bool) -> 
     try:
         view = memoryview(data)
         while view:
-            view = view[write(CHILD_RESULT_FD, view):]
+            view = view[write(CHILD_RESULT_FD, view) :]
     except BaseException:
         exit_(71)
     exit_(0)
@@ -305,8 +319,11 @@ class Server:
             try:
                 result = self.run(job)
             except Exception as exc:  # an internal failure: report it, keep serving
-                result = {"status": "killed", "error": f"SandboxError: {_describe(exc)}",
-                          "trace": traceback.format_exc(limit=4)}
+                result = {
+                    "status": "killed",
+                    "error": f"SandboxError: {_describe(exc)}",
+                    "trace": traceback.format_exc(limit=4),
+                }
             _send(RESULT_FD, result)
 
     def _tmpfs_marks(self) -> list[int] | None:
@@ -420,8 +437,13 @@ class Server:
             if self._clean_marks is None:
                 self._wipe()  # fallback mode: no private tmpfs to check, wipe every time
         if over_memory:
-            return {"status": "memory", "value": None, "stdout": "", "wall_s": wall,
-                    "error": f"MemoryError: the program's processes used more than {job['memory_mb']} MB together"}
+            return {
+                "status": "memory",
+                "value": None,
+                "stdout": "",
+                "wall_s": wall,
+                "error": f"MemoryError: the program's processes used more than {job['memory_mb']} MB together",
+            }
         return self._classify(job, status_code, bytes(data), timed_out, too_big, wall)
 
     @staticmethod
@@ -452,8 +474,7 @@ class Server:
         finally:
             os._exit(0)
 
-    def _classify(self, job: dict, code: int, data: bytes, timed_out: bool, too_big: bool,
-                  wall: float) -> dict:
+    def _classify(self, job: dict, code: int, data: bytes, timed_out: bool, too_big: bool, wall: float) -> dict:
         res: dict = {"status": "ok", "value": None, "stdout": "", "error": None, "wall_s": wall}
         if too_big:
             res.update(status="output_too_large", error="OutputTooLarge: result exceeds max_output_bytes")
@@ -467,16 +488,14 @@ class Server:
                 parsed = json.loads(data)
             except ValueError:
                 parsed = None
-        if isinstance(parsed, dict) and parsed.get("status") in (
-                "ok", "error", "memory", "output_too_large"):
+        if isinstance(parsed, dict) and parsed.get("status") in ("ok", "error", "memory", "output_too_large"):
             cap = int(job["max_output_bytes"])
             value, stdout, error = parsed.get("value"), parsed.get("stdout") or "", parsed.get("error")
             res["status"] = parsed["status"]
             res["stdout"] = stdout[-cap:] if isinstance(stdout, str) else ""
             res["error"] = error if isinstance(error, str) or error is None else str(error)
             if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > cap:
-                res.update(status="output_too_large",
-                           error="OutputTooLarge: value repr exceeds max_output_bytes")
+                res.update(status="output_too_large", error="OutputTooLarge: value repr exceeds max_output_bytes")
             elif res["status"] == "ok":
                 res["value"] = value if isinstance(value, str) or value is None else None
             if res["status"] == "output_too_large" and not res["error"]:
@@ -597,6 +616,7 @@ def _kill_tree(pid: int) -> None:
 
 # --- startup ---------------------------------------------------------------------------------------
 
+
 def _setup_mounts(cfg: dict) -> None:
     """In I's fresh mount namespace: private propagation, own /proc, tmpfs over writable/secret dirs."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
@@ -604,8 +624,13 @@ def _setup_mounts(cfg: dict) -> None:
     size = int(cfg["tmpfs_mb"])
     for directory in cfg["tmp_dirs"]:
         if os.path.isdir(directory):
-            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"size={size}m,nr_inodes={int(cfg['tmpfs_inodes'])},mode=1777")
+            _mount(
+                "tmpfs",
+                directory,
+                "tmpfs",
+                MS_NOSUID | MS_NODEV,
+                f"size={size}m,nr_inodes={int(cfg['tmpfs_inodes'])},mode=1777",
+            )
     visible = set(cfg["visible_top_level"]) | set(cfg["tmp_dirs"])
     hidden = [p for p in (os.path.join("/", e) for e in sorted(os.listdir("/"))) if p not in visible]
     for path in hidden + list(cfg["hide_paths"]):
@@ -630,9 +655,16 @@ def main() -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != expected_parent:
         os._exit(0)  # the parent died before we armed the death signal
-    isolation: dict = {"root": os.getuid() == 0, "uid": None, "net_namespace": False, "pid_namespace": False,
-                 "mount_namespace": False, "fallback_reason": None, "import_failures": _IMPORT_FAILURES,
-                 "hash_seed": os.environ.get("PYTHONHASHSEED")}
+    isolation: dict = {
+        "root": os.getuid() == 0,
+        "uid": None,
+        "net_namespace": False,
+        "pid_namespace": False,
+        "mount_namespace": False,
+        "fallback_reason": None,
+        "import_failures": _IMPORT_FAILURES,
+        "hash_seed": os.environ.get("PYTHONHASHSEED"),
+    }
     if cfg["namespaces"]:
         if os.getuid() == 0:
             try:

@@ -46,8 +46,12 @@ def add_commands(cli: Any) -> None:
             raise UserError(f"bad sandbox option: {format_validation_error(exc)}") from None
         with SandboxExecutor(params) as executor:
             result = executor.run_batch([ExecJob(code, expr)])[0]
-        out = {"status": result.status, "stdout": result.stdout, "error": result.error,
-               "wall_s": round(result.wall_s, 4)}
+        out = {
+            "status": result.status,
+            "stdout": result.stdout,
+            "error": result.error,
+            "wall_s": round(result.wall_s, 4),
+        }
         if expr is not None:
             out["value"] = result.value
         click.echo(json.dumps(out))

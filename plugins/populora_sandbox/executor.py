@@ -131,8 +131,9 @@ class SandboxExecutor:
             raise RuntimeError("SandboxExecutor is closed")
         for job in jobs:
             if not 0 <= job.hash_variant < self.params.max_hash_variants:
-                raise ValueError(f"ExecJob.hash_variant must be in [0, {self.params.max_hash_variants}), "
-                                 f"got {job.hash_variant}")
+                raise ValueError(
+                    f"ExecJob.hash_variant must be in [0, {self.params.max_hash_variants}), got {job.hash_variant}"
+                )
         with self._lock:
             return self._run_locked(list(jobs))
 
@@ -192,8 +193,11 @@ class SandboxExecutor:
                         if reply is None:  # the zygote died under this job: retry it once elsewhere
                             retried[index] = retried.get(index, 0) + 1
                             if retried[index] > 1:
-                                results[index] = ExecResult("killed", error="SandboxError: worker died",
-                                                            wall_s=time.monotonic() - worker.head_started)
+                                results[index] = ExecResult(
+                                    "killed",
+                                    error="SandboxError: worker died",
+                                    wall_s=time.monotonic() - worker.head_started,
+                                )
                                 pending -= 1
                             else:
                                 worker.inflight.appendleft((index, _timeout))
@@ -207,8 +211,9 @@ class SandboxExecutor:
                 for worker in list(active.values()):
                     if worker.inflight and now > worker.deadline:  # hung: should have answered long ago
                         index, _timeout = worker.inflight.popleft()
-                        results[index] = ExecResult("killed", error="SandboxError: worker hung, replaced",
-                                                    wall_s=now - worker.head_started)
+                        results[index] = ExecResult(
+                            "killed", error="SandboxError: worker hung, replaced", wall_s=now - worker.head_started
+                        )
                         pending -= 1
                         fresh = self._retire(worker, queues, sel, active)
                         self._feed_idle(fresh.variant, queues, jobs, sel, active)
@@ -221,15 +226,28 @@ class SandboxExecutor:
             sel.close()
         return [r if r is not None else ExecResult("killed", error="SandboxError: not run") for r in results]
 
-    def _feed_idle(self, variant: int, queues: dict[int, deque[int]], jobs: list[ExecJob],
-                   sel: selectors.BaseSelector, active: dict[int, _Worker]) -> None:
+    def _feed_idle(
+        self,
+        variant: int,
+        queues: dict[int, deque[int]],
+        jobs: list[ExecJob],
+        sel: selectors.BaseSelector,
+        active: dict[int, _Worker],
+    ) -> None:
         """Give every idle zygote of ``variant`` a job before any gets a second one (load balance)."""
         for depth in range(1, _DEPTH + 1):
             for worker in self._pool[variant]:
                 self._feed(worker, queues, jobs, sel, active, depth)
 
-    def _feed(self, worker: _Worker, queues: dict[int, deque[int]], jobs: list[ExecJob],
-              sel: selectors.BaseSelector, active: dict[int, _Worker], depth: int = _DEPTH) -> None:
+    def _feed(
+        self,
+        worker: _Worker,
+        queues: dict[int, deque[int]],
+        jobs: list[ExecJob],
+        sel: selectors.BaseSelector,
+        active: dict[int, _Worker],
+        depth: int = _DEPTH,
+    ) -> None:
         """Keep up to ``depth`` jobs queued in a zygote so it never waits for this process."""
         queue = queues.get(worker.variant)
         while queue and len(worker.inflight) < depth:
@@ -241,8 +259,9 @@ class SandboxExecutor:
             sel.unregister(worker.fd)
             del active[worker.fd]
 
-    def _retire(self, worker: _Worker, queues: dict[int, deque[int]], sel: selectors.BaseSelector,
-                active: dict[int, _Worker]) -> _Worker:
+    def _retire(
+        self, worker: _Worker, queues: dict[int, deque[int]], sel: selectors.BaseSelector, active: dict[int, _Worker]
+    ) -> _Worker:
         """Replace a dead or hung zygote; jobs it had queued but not started go back to the queue."""
         if worker.fd in active:
             sel.unregister(worker.fd)
@@ -256,9 +275,13 @@ class SandboxExecutor:
     def _send_job(self, worker: _Worker, index: int, jobs: list[ExecJob]) -> None:
         job = jobs[index]
         timeout = float(job.timeout_s if job.timeout_s is not None else self.params.timeout_s)
-        message = {"code": job.code, "expr": job.expr, "timeout_s": timeout,
-                   "memory_mb": int(job.memory_mb if job.memory_mb is not None else self.params.memory_mb),
-                   "max_output_bytes": int(self.params.max_output_bytes)}
+        message = {
+            "code": job.code,
+            "expr": job.expr,
+            "timeout_s": timeout,
+            "memory_mb": int(job.memory_mb if job.memory_mb is not None else self.params.memory_mb),
+            "max_output_bytes": int(self.params.max_output_bytes),
+        }
         data = json.dumps(message).encode()
         if not worker.inflight:
             worker.head_started = time.monotonic()
@@ -286,8 +309,8 @@ class SandboxExecutor:
         if not self._buffered(worker):
             return False
         size = struct.unpack(">I", worker.buf[:4])[0]
-        body = bytes(worker.buf[4:4 + size])
-        del worker.buf[:4 + size]
+        body = bytes(worker.buf[4 : 4 + size])
+        del worker.buf[: 4 + size]
         try:
             reply = json.loads(body)
         except ValueError:
@@ -344,13 +367,24 @@ class SandboxExecutor:
         # Created by the zygote only in fallback mode (with namespaces everything lives in its tmpfs).
         fallback_tmp = str(self._tmp_root / f"{_FALLBACK_PREFIX}{os.getpid()}-{next(_COUNTER)}")
         cfg = self._config(variant, slot, fallback_tmp)
-        env = {"PYTHONHASHSEED": str(self._hash_seed(variant)), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "PYTHONHASHSEED": str(self._hash_seed(variant)),
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         debug = os.environ.get("POPULORA_SANDBOX_DEBUG")
         proc = subprocess.Popen(
             [sys.executable, "-S", "-B", _ZYGOTE, f"populora-sandbox:{os.getpid()}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None if debug else subprocess.DEVNULL,
-            env=env, cwd="/", start_new_session=True, close_fds=True, bufsize=0)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if debug else subprocess.DEVNULL,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+            bufsize=0,
+        )
         blob = marshal.dumps(cfg)
         try:
             assert proc.stdin is not None
@@ -359,10 +393,10 @@ class SandboxExecutor:
             pass  # it died at once: _await_ready reports it
         return variant, slot, fallback_tmp, proc, time.monotonic() + self.params.startup_timeout_s
 
-    def _await_ready(self, variant: int, slot: int, fallback_tmp: str, proc: subprocess.Popen,
-                     deadline: float) -> _Worker:
-        worker = _Worker(variant, slot, self._uid(variant, slot), proc, {}, fallback_tmp,
-                         self.params.hang_grace_s)
+    def _await_ready(
+        self, variant: int, slot: int, fallback_tmp: str, proc: subprocess.Popen, deadline: float
+    ) -> _Worker:
+        worker = _Worker(variant, slot, self._uid(variant, slot), proc, {}, fallback_tmp, self.params.hang_grace_s)
         sel = selectors.DefaultSelector()
         sel.register(worker.fd, selectors.EVENT_READ)
         try:
@@ -381,8 +415,10 @@ class SandboxExecutor:
                 worker.isolation = reply["isolation"]
                 if self.params.require_isolation and not worker.isolation.get("pid_namespace"):
                     self._stop(worker)
-                    raise SandboxStartError("namespaces are required (require_isolation: true) but "
-                                            f"unavailable: {worker.isolation.get('fallback_reason')}")
+                    raise SandboxStartError(
+                        "namespaces are required (require_isolation: true) but "
+                        f"unavailable: {worker.isolation.get('fallback_reason')}"
+                    )
                 return worker
         finally:
             sel.close()
@@ -438,7 +474,7 @@ class SandboxExecutor:
         except OSError:
             return
         for entry in entries:
-            pid = entry.name[len(_FALLBACK_PREFIX):].split("-")[0]
+            pid = entry.name[len(_FALLBACK_PREFIX) :].split("-")[0]
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
                 shutil.rmtree(entry, ignore_errors=True)
 
@@ -446,8 +482,14 @@ class SandboxExecutor:
 #: Imported lazily by the standard library (str.encode, socket.getaddrinfo, datetime.strptime): they
 #: could not be loaded once the zygote dropped root, so they are always pre-imported.
 _SUPPORT_MODULES: tuple[str, ...] = (
-    "encodings.idna", "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32",
-    "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.cp1252",
+    "encodings.idna",
+    "encodings.ascii",
+    "encodings.latin_1",
+    "encodings.utf_16",
+    "encodings.utf_32",
+    "encodings.unicode_escape",
+    "encodings.raw_unicode_escape",
+    "encodings.cp1252",
 )
 
 
@@ -462,5 +504,10 @@ def _to_result(reply: dict[str, Any]) -> ExecResult:
     status = reply.get("status")
     if status not in _STATUSES:
         return ExecResult("killed", error=f"SandboxError: bad status {status!r}")
-    return ExecResult(status=status, value=reply.get("value"), stdout=reply.get("stdout") or "",
-                      error=reply.get("error"), wall_s=float(reply.get("wall_s") or 0.0))
+    return ExecResult(
+        status=status,
+        value=reply.get("value"),
+        stdout=reply.get("stdout") or "",
+        error=reply.get("error"),
+        wall_s=float(reply.get("wall_s") or 0.0),
+    )

@@ -19,11 +19,18 @@ class _Common(Params):
     device: str = "auto"  # auto: cuda when available, else cpu
     lr: float = 1e-5  # AZR's 1e-6 is for full fine-tuning; LoRA needs ~10x more
     lr_decay_steps: int | None = Field(
-        None, ge=1, description="cosine decay of lr to lr_min_ratio x lr over a member's first N optimizer steps "
-        "(a child continues its parent's count, with its AdamW moments); None: constant lr (AZR)")
+        None,
+        ge=1,
+        description="cosine decay of lr to lr_min_ratio x lr over a member's first N optimizer steps "
+        "(a child continues its parent's count, with its AdamW moments); None: constant lr (AZR)",
+    )
     lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="the decayed lr's floor, as a fraction of lr")
-    lr_ratio_b: float = Field(1.0, gt=0.0, description="LoRA+ (PEFT's loraplus_lr_ratio): the B factors' lr is "
-                              "this times lr (the paper suggests 16); 1: one lr for A and B")
+    lr_ratio_b: float = Field(
+        1.0,
+        gt=0.0,
+        description="LoRA+ (PEFT's loraplus_lr_ratio): the B factors' lr is "
+        "this times lr (the paper suggests 16); 1: one lr for A and B",
+    )
     weight_decay: float = 0.0  # AZR master 0.0 (paper branch 0.01)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -38,15 +45,25 @@ class TRRParams(_Common):
     entropy_coef: float = 0.001  # AZR paper branch (master: 0.0)
     normalize: Literal["token", "sequence", "none"] = "token"  # token: veRL's token-weighted whitening
     baseline: Literal["task", "prompt"] = Field(
-        "task", description="[choice] task: the per task x role whitening is the only baseline (AZR); prompt: "
+        "task",
+        description="[choice] task: the per task x role whitening is the only baseline (AZR); prompt: "
         "first subtract the mean reward of the samples that share a prompt (a student's n answers to one problem), "
-        "so problems all samples solve or all fail carry no gradient; single rollouts keep their reward")
+        "so problems all samples solve or all fail carry no gradient; single rollouts keep their reward",
+    )
     adv_eps: float = 1e-8
-    epochs: int = Field(1, ge=1, description="optimizer steps per update over the same rollouts (veRL's ppo_epochs; "
-                        "AZR: 1); from the second on the ratio to the sampling policy is PPO-clipped at clip_eps")
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="optimizer steps per update over the same rollouts (veRL's ppo_epochs; "
+        "AZR: 1); from the second on the ratio to the sampling policy is PPO-clipped at clip_eps",
+    )
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range of the ratio (veRL's clip_ratio, AZR 0.2)")
-    kl_coef: float = Field(0.0, ge=0, description="veRL's kl_loss_coef (AZR: no KL loss): adds kl_coef x token-mean "
-                           "low_var_kl to the base model (adapters off) over the update's response tokens")
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="veRL's kl_loss_coef (AZR: no KL loss): adds kl_coef x token-mean "
+        "low_var_kl to the base model (adapters off) over the update's response tokens",
+    )
 
 
 class GRPOParams(_Common):
@@ -69,7 +86,15 @@ def register_trainers(register):
     from .grpo import GRPOLoraTrainer
     from .trr import TRRTrainer
 
-    register("trr++", TRRTrainer.factory, params=TRRParams,
-             description="AZR Task-Relative REINFORCE++ (per task x role whitening, token-mean loss)")
-    register("grpo", GRPOLoraTrainer.factory, params=GRPOParams,
-             description="TRL GRPO loss family on toolkit rollouts, one adapter per member")
+    register(
+        "trr++",
+        TRRTrainer.factory,
+        params=TRRParams,
+        description="AZR Task-Relative REINFORCE++ (per task x role whitening, token-mean loss)",
+    )
+    register(
+        "grpo",
+        GRPOLoraTrainer.factory,
+        params=GRPOParams,
+        description="TRL GRPO loss family on toolkit rollouts, one adapter per member",
+    )

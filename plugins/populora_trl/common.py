@@ -89,14 +89,18 @@ class LoraTrainerBase:
         # layout of optimizer states saved before the option existed, so their checkpoints still resume.
         groups = [list(params.values())]
         if p.lr_ratio_b != 1.0:
-            groups = [[t for name, t in params.items() if "lora_B" not in name],
-                      [t for name, t in params.items() if "lora_B" in name]]
+            groups = [
+                [t for name, t in params.items() if "lora_B" not in name],
+                [t for name, t in params.items() if "lora_B" in name],
+            ]
         opt = torch.optim.AdamW([{"params": group} for group in groups])
         saved = self._states.get(member_id)
         if saved is not None:
             if saved.get("names") != list(params):
-                raise UserError(f"optimizer state of member {member_id!r} belongs to a differently shaped "
-                                "adapter; call forget() first")
+                raise UserError(
+                    f"optimizer state of member {member_id!r} belongs to a differently shaped "
+                    "adapter; call forget() first"
+                )
             opt.load_state_dict(copy.deepcopy(saved["optimizer"]))
         done = int(next(iter(opt.state.values()))["step"]) if opt.state else 0
         lr = scheduled_lr(p.lr, done, p.lr_decay_steps, p.lr_min_ratio)
@@ -137,8 +141,13 @@ class LoraTrainerBase:
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        payload = {"format": 1, "algorithm": self.algorithm, "updates": self._updates,
-                   "members": self._states, "extra": self._extra_state()}
+        payload = {
+            "format": 1,
+            "algorithm": self.algorithm,
+            "updates": self._updates,
+            "members": self._states,
+            "extra": self._extra_state(),
+        }
         fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=directory)
         os.close(fd)
         try:
@@ -181,17 +190,22 @@ def pack(rows: Sequence[Rollout], pad_id: int, device: str) -> dict[str, Any]:
     comp_mask = torch.zeros((n, lmax), dtype=torch.long)
     for i, r in enumerate(rows):
         p, c = r.prompt_token_ids, r.completion_token_ids
-        prompt_ids[i, pmax - len(p):] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[i, pmax - len(p):] = 1
+        prompt_ids[i, pmax - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_mask[i, pmax - len(p) :] = 1
         if c:
             comp_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             comp_mask[i, : len(c)] = 1
-    return {k: v.to(device) for k, v in dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                                             completion_ids=comp_ids, completion_mask=comp_mask).items()}
+    return {
+        k: v.to(device)
+        for k, v in dict(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=comp_ids, completion_mask=comp_mask
+        ).items()
+    }
 
 
-def token_logprobs(model: Any, batch: dict[str, Any], temperature: float = 1.0,
-                   entropy: bool = False) -> tuple[Any, Any]:
+def token_logprobs(
+    model: Any, batch: dict[str, Any], temperature: float = 1.0, entropy: bool = False
+) -> tuple[Any, Any]:
     """Per completion token log-prob (and entropy) under ``model``; shape (rows, completion width).
 
     Position ids come from the attention mask, so a left-padded prompt sees the same positions as in

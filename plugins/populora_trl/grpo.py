@@ -78,20 +78,38 @@ class GRPOLoraTrainer(LoraTrainerBase):
 
         p = self.params
         args = GRPOConfig(
-            output_dir=self._tmp.name, per_device_train_batch_size=2, num_generations=2,
-            max_completion_length=p.max_completion_length, learning_rate=p.lr, loss_type=p.loss_type,
-            beta=0.0, epsilon=p.epsilon, epsilon_high=p.epsilon_high if p.epsilon_high is not None else p.epsilon,
-            scale_rewards=p.scale_rewards, importance_sampling_level=p.importance_sampling_level,
-            temperature=p.temperature, bf16=False, fp16=False, use_cpu=self.host.device == "cpu",
-            gradient_checkpointing=False, report_to=[], save_strategy="no", seed=self.seed,
-            disable_dropout=False)
+            output_dir=self._tmp.name,
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_completion_length=p.max_completion_length,
+            learning_rate=p.lr,
+            loss_type=p.loss_type,
+            beta=0.0,
+            epsilon=p.epsilon,
+            epsilon_high=p.epsilon_high if p.epsilon_high is not None else p.epsilon,
+            scale_rewards=p.scale_rewards,
+            importance_sampling_level=p.importance_sampling_level,
+            temperature=p.temperature,
+            bf16=False,
+            fp16=False,
+            use_cpu=self.host.device == "cpu",
+            gradient_checkpointing=False,
+            report_to=[],
+            save_strategy="no",
+            seed=self.seed,
+            disable_dropout=False,
+        )
 
         def unused_reward(prompts: Any, completions: Any, **kwargs: Any) -> list[float]:
             raise RuntimeError("the grpo plugin scores rollouts itself; TRL's reward path is not used")
 
-        trainer = GRPOTrainer(model=self.host.peft, reward_funcs=[unused_reward], args=args,
-                              train_dataset=Dataset.from_dict({"prompt": ["unused", "unused"]}),
-                              processing_class=self.host.tokenizer)
+        trainer = GRPOTrainer(
+            model=self.host.peft,
+            reward_funcs=[unused_reward],
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["unused", "unused"]}),
+            processing_class=self.host.tokenizer,
+        )
         trainer.beta = float(p.beta)  # the documented workaround: set after construction
         self._trl = trainer
         return trainer
@@ -118,8 +136,7 @@ class GRPOLoraTrainer(LoraTrainerBase):
                 out.append(logps.detach())
         return out
 
-    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout],
-               out_dir: Path) -> UpdateStats:
+    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
         import torch
 
         start = time.perf_counter()
@@ -132,8 +149,11 @@ class GRPOLoraTrainer(LoraTrainerBase):
         rows.sort(key=lambda ra: len(ra[0].prompt_token_ids))
         groups: list[list[tuple[Rollout, float]]] = []
         for r, a in rows:
-            if (groups and len(groups[-1]) < max(1, p.micro_batch_size)
-                    and len(groups[-1][0][0].prompt_token_ids) == len(r.prompt_token_ids)):
+            if (
+                groups
+                and len(groups[-1]) < max(1, p.micro_batch_size)
+                and len(groups[-1][0][0].prompt_token_ids) == len(r.prompt_token_ids)
+            ):
                 groups[-1].append((r, a))
             else:
                 groups.append([(r, a)])
@@ -165,8 +185,10 @@ class GRPOLoraTrainer(LoraTrainerBase):
                         old = torch.zeros_like(batch["completion_ids"], dtype=torch.float32)
                         for i, (r, _) in enumerate(g):
                             if len(r.logprobs) != len(r.completion_token_ids):
-                                raise UserError(f"update of {member_id!r}: use_rollout_logprobs needs one "
-                                                "log-prob per completion token")
+                                raise UserError(
+                                    f"update of {member_id!r}: use_rollout_logprobs needs one "
+                                    "log-prob per completion token"
+                                )
                             old[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
                         inputs["old_per_token_logps"] = old
                     # normalisers that make the sum over micro-batches equal the whole batch's loss
@@ -192,13 +214,22 @@ class GRPOLoraTrainer(LoraTrainerBase):
                 trainer._metrics["train"].clear()
             self._finish(adapter, config, out_dir)
         self._updates += 1
-        extra = {"reward_mean": sum(float(r.reward) for r in rollouts) / len(rollouts),
-                 "sequences": float(n_seq), "lr": float(p.lr)}
+        extra = {
+            "reward_mean": sum(float(r.reward) for r in rollouts) / len(rollouts),
+            "sequences": float(n_seq),
+            "lr": float(p.lr),
+        }
         for key in ("kl", "clip_ratio/region_mean"):
             if metrics.get(key):
                 extra[key] = float(sum(metrics[key]) / len(metrics[key]))
-        return UpdateStats(loss=loss_sum, grad_norm=float(grad_norm), entropy=ent_sum / total, tokens=total,
-                           seconds=time.perf_counter() - start, extra=extra)
+        return UpdateStats(
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            entropy=ent_sum / total,
+            tokens=total,
+            seconds=time.perf_counter() - start,
+            extra=extra,
+        )
 
     @staticmethod
     def _last_entropy(trainer: Any) -> float:

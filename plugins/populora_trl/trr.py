@@ -47,8 +47,9 @@ def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
     return out
 
 
-def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8,
-                   baseline: str = "task") -> list[float]:
+def trr_advantages(
+    rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8, baseline: str = "task"
+) -> list[float]:
     """One advantage per rollout (the same for all its tokens), whitened per ``Rollout.group``.
 
     ``token``: every response token counts once (veRL's masked whitening, AZR); ``sequence``: every
@@ -70,8 +71,7 @@ def trr_advantages(rollouts: Sequence[Rollout], normalize: str = "token", eps: f
             groups[r.group].append(i)
     adv = [0.0] * len(rollouts)
     for members in groups.values():
-        weights = [float(len(rollouts[i].completion_token_ids)) if normalize == "token" else 1.0
-                   for i in members]
+        weights = [float(len(rollouts[i].completion_token_ids)) if normalize == "token" else 1.0 for i in members]
         values = [rewards[i] for i in members]
         n = sum(weights)
         mean = sum(w * v for w, v in zip(weights, values)) / n
@@ -96,16 +96,17 @@ class TRRTrainer(LoraTrainerBase):
 
     algorithm = "trr++"
 
-    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout],
-               out_dir: Path) -> UpdateStats:
+    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
         import torch
 
         start = time.perf_counter()
         out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
         advantages = trr_advantages(rollouts, p.normalize, p.adv_eps, p.baseline)
-        rows = sorted(((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
-                      key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids))
+        rows = sorted(
+            ((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
+            key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids),
+        )
         total = sum(len(r.completion_token_ids) for r, _ in rows)
         host = self.host
         with host.lock:
@@ -116,7 +117,7 @@ class TRRTrainer(LoraTrainerBase):
             try:
                 pad = int(host.tokenizer.pad_token_id)
                 mbs = max(1, p.micro_batch_size)
-                chunks = [rows[s: s + mbs] for s in range(0, len(rows), mbs)]
+                chunks = [rows[s : s + mbs] for s in range(0, len(rows), mbs)]
                 old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
                 ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
                 for _ in range(p.epochs):
@@ -157,13 +158,22 @@ class TRRTrainer(LoraTrainerBase):
         self._updates += 1
         rewards = [float(r.reward) for r in rollouts]
         used = [a for r, a in zip(rollouts, advantages) if r.completion_token_ids]
-        return UpdateStats(loss=loss_sum, grad_norm=float(grad_norm), entropy=ent_sum, tokens=total,
-                           seconds=time.perf_counter() - start,
-                           extra={"reward_mean": sum(rewards) / len(rewards),
-                                  "adv_abs_mean": sum(abs(a) for a in used) / max(1, len(used)),
-                                  "sequences": float(len(rows)), "groups": float(len({r.group for r in rollouts})),
-                                  "lr": float(p.lr), "clip_fraction": clipped / max(1, total),
-                                  **({"kl": kl_sum} if p.kl_coef else {})})
+        return UpdateStats(
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            entropy=ent_sum,
+            tokens=total,
+            seconds=time.perf_counter() - start,
+            extra={
+                "reward_mean": sum(rewards) / len(rewards),
+                "adv_abs_mean": sum(abs(a) for a in used) / max(1, len(used)),
+                "sequences": float(len(rows)),
+                "groups": float(len({r.group for r in rollouts})),
+                "lr": float(p.lr),
+                "clip_fraction": clipped / max(1, total),
+                **({"kl": kl_sum} if p.kl_coef else {}),
+            },
+        )
 
     def _extra_state(self) -> dict[str, Any]:
         return {}

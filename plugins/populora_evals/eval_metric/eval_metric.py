@@ -50,10 +50,12 @@ class EvalMetric(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({
-                "predictions": datasets.Value("int64"),
-                "references": datasets.Value("int64"),
-            }),
+            features=datasets.Features(
+                {
+                    "predictions": datasets.Value("int64"),
+                    "references": datasets.Value("int64"),
+                }
+            ),
         )
 
     def _compute(self, predictions, references, k=None):
