@@ -1,14 +1,42 @@
 """PopuLoRA core: population, matchmaking and the training loop as pluggy hooks.
 
-The public API plugins may use is what this package and its documented modules export:
-``hookimpl``, ``Params``, the data and Protocols in ``populora_core.components``, LoRA I/O in
-``populora_core.adapters``, and ``populora_core.population``. Nothing here imports torch.
+What plugins may import (``tests/test_import_rules.py`` enforces it): this package's names below and the
+modules in :data:`PUBLIC_MODULES`. Nothing here imports torch.
 """
 
 from .errors import PluginError, PopuloraError, RecipeError, UserError
 from .hookspecs import hookimpl
-from .registry import NoParams, Params
+from .plugins import get_registry
+from .registry import Component, NoParams, Params, Registry, format_validation_error
 
 __version__ = "0.1.0"
 
-__all__ = ["NoParams", "Params", "PluginError", "PopuloraError", "RecipeError", "UserError", "__version__", "hookimpl"]
+#: The core modules a plugin may import, and what each is for. Everything else in the core is private.
+PUBLIC_MODULES = {
+    "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components",
+    "populora_core.components": "the Protocols each component kind implements and the data passed between them",
+    "populora_core.adapters": "LoRA factors <-> PEFT directories, compatibility checks, fresh adapters",
+    "populora_core.population": "members, ratings, lineage, compute counters",
+    "populora_core.problems": "files of Problem records",
+    "populora_core.errors": "UserError, RecipeError, PluginError",
+    "populora_core.rng": "seeds derived from (seed, step, phase)",
+    "populora_core.modelhost": "the process-wide shared base model that engines and trainers add adapters to",
+    "populora_core.probe": "greedy probe accuracy of adapters on a set of problems",
+    "populora_core.evolution": "operator arity and apply_operator, the checked way to make one child",
+}
+
+__all__ = [
+    "PUBLIC_MODULES",
+    "Component",
+    "NoParams",
+    "Params",
+    "PluginError",
+    "PopuloraError",
+    "RecipeError",
+    "Registry",
+    "UserError",
+    "__version__",
+    "format_validation_error",
+    "get_registry",
+    "hookimpl",
+]

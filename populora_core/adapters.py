@@ -23,6 +23,8 @@ from .errors import UserError
 if TYPE_CHECKING:
     import torch
 
+    from .components import LoraSettings
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _A_SUFFIX = ".lora_A.weight"
@@ -63,6 +65,13 @@ class LoraWeights:
     def with_modules(self, modules: dict[str, LoraFactors]) -> LoraWeights:
         return replace(self, modules=modules, config=dict(self.config))
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The factors under PEFT's key names (what ``adapter_model.safetensors`` holds)."""
+        out = {}
+        for name, f in self.modules.items():
+            out[name + _A_SUFFIX], out[name + _B_SUFFIX] = f.A, f.B
+        return out
+
 
 def lora_scale(config: dict[str, Any]) -> float:
     """PEFT's scaling: alpha / r, or alpha / sqrt(r) with rsLoRA."""
@@ -76,10 +85,8 @@ def is_adapter_dir(path: str | os.PathLike[str]) -> bool:
     return (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
 
 
-def load_lora(path: str | os.PathLike[str]) -> LoraWeights:
-    """Read a PEFT LoRA directory into plain tensors (fp32 copies are the caller's choice)."""
-    from safetensors.torch import load_file
-
+def read_adapter_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``adapter_config.json`` of a PEFT LoRA directory, after checking the directory is one."""
     p = Path(path)
     if not p.is_dir():
         raise UserError(f"adapter directory not found: {p}")
@@ -88,18 +95,30 @@ def load_lora(path: str | os.PathLike[str]) -> LoraWeights:
     config = json.loads((p / CONFIG_FILE).read_text())
     if config.get("peft_type", "LORA") != "LORA":
         raise UserError(f"{p}: peft_type {config.get('peft_type')!r} is not LORA")
+    return dict(config)
+
+
+def load_lora(path: str | os.PathLike[str]) -> LoraWeights:
+    """Read a PEFT LoRA directory into plain tensors (fp32 copies are the caller's choice)."""
+    from safetensors.torch import load_file
+
+    config = read_adapter_config(path)
+    return from_state_dict(load_file(str(Path(path) / WEIGHTS_FILE)), config, where=str(path))
+
+
+def from_state_dict(tensors: dict[str, torch.Tensor], config: dict[str, Any], where: str = "") -> LoraWeights:
+    """LoRA factors from tensors under PEFT's key names (``<module>.lora_A.weight`` / ``.lora_B.weight``)."""
     scale = lora_scale(config)
-    tensors = load_file(str(p / WEIGHTS_FILE))
     modules: dict[str, LoraFactors] = {}
     for key, a in tensors.items():
         if key.endswith(_A_SUFFIX):
             name = key[: -len(_A_SUFFIX)]
             b = tensors.get(name + _B_SUFFIX)
             if b is None:
-                raise UserError(f"{p}: {name} has lora_A but no lora_B")
+                raise UserError(f"{where}: {name} has lora_A but no lora_B")
             modules[name] = LoraFactors(a, b, scale)
     if not modules:
-        raise UserError(f"{p}: no LoRA tensors found in {WEIGHTS_FILE}")
+        raise UserError(f"{where}: no LoRA tensors found in {WEIGHTS_FILE}")
     return LoraWeights(modules, config)
 
 
@@ -113,13 +132,7 @@ def save_lora(weights: LoraWeights, path: str | os.PathLike[str], *, dtype: Any 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        tensors = {}
-        for name, f in weights.modules.items():
-            a, b = f.A, f.B
-            if dtype is not None:
-                a, b = a.to(dtype), b.to(dtype)
-            tensors[name + _A_SUFFIX] = a.contiguous()
-            tensors[name + _B_SUFFIX] = b.contiguous()
+        tensors = {k: (v if dtype is None else v.to(dtype)).contiguous() for k, v in weights.state_dict().items()}
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         config = dict(weights.config)
         config.setdefault("peft_type", "LORA")
@@ -216,3 +229,16 @@ def init_lora(
         b = torch.randn(d_out, r, generator=gen) * init_std if init_std > 0 else torch.zeros(d_out, r)
         modules[name] = LoraFactors(a, b, scale)
     return LoraWeights(modules, peft_config)
+
+
+def fresh_lora(base_model_path: str, settings: LoraSettings, *, seed: int) -> LoraWeights:
+    """:func:`init_lora` with a population's :class:`~populora_core.components.LoraSettings`."""
+    return init_lora(
+        base_model_path,
+        rank=settings.rank,
+        alpha=settings.alpha,
+        target_modules=settings.target_modules,
+        seed=seed,
+        init_std=settings.init_std,
+        dropout=settings.dropout,
+    )

@@ -125,12 +125,13 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
 @click.pass_obj
 def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None) -> None:
     """Run a recipe: populora run RECIPE [key.sub=value ...]."""
-    from .loop import execute, start_run
+    from .loop import start_run
+    from .progress import execute_with_progress
     from .run import RunDir
 
     model, resolved = _load_recipe(manager, recipe, overrides)
     directory = RunDir(run_dir or f"runs/{model.name}")
-    execute(start_run(model, resolved, directory, manager), progress=progress)
+    execute_with_progress(start_run(model, resolved, directory, manager), progress=progress)
     click.echo(f"run complete: {directory.path}")
 
 
@@ -149,8 +150,9 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     import tempfile
 
     from .loop import Run
+    from .problems import write_problems
     from .run import RunDir
-    from .seeding import make_seeds, write_problems
+    from .seeding import make_seeds
 
     model, _ = _load_recipe(manager, recipe, overrides)
 
@@ -172,13 +174,14 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 @click.option("--progress/--no-progress", default=None)
 @click.pass_obj
 def resume(manager: Any, run_dir: str, progress: bool | None) -> None:
-    """Continue a run from its last complete checkpoint."""
-    from .loop import execute, resume_run
+    """Continue a run from its last complete checkpoint (one killed before its first starts over)."""
+    from .loop import resume_run
+    from .progress import execute_with_progress
     from .run import RunDir
 
     run_obj = resume_run(RunDir(run_dir), manager)
     click.echo(f"resuming {run_dir} at step {run_obj.step}", err=True)
-    execute(run_obj, progress=progress)
+    execute_with_progress(run_obj, progress=progress)
     click.echo(f"run complete: {run_dir}")
 
 

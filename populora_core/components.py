@@ -25,6 +25,10 @@ class BaseModel:
     probe_path: str = ""  # a held-out probe set (JSONL of Problem records) shipped with the model, if any
 
 
+#: Every attention and MLP projection of a Llama/Qwen-style decoder: the recipe's ``lora.target_modules`` default.
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass(frozen=True)
 class LoraSettings:
     """Shape of every adapter in a population (kept equal so operators stay consistent)."""
@@ -32,7 +36,7 @@ class LoraSettings:
     rank: int = 16
     alpha: float = 32.0
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
     init_std: float = 0.0  # >0: B starts with this noise instead of zeros (PEFT's B = 0 default)
 
 
@@ -200,34 +204,6 @@ class Problem:
     signature: str = ""  # normalised shape hash for problem-space coverage
 
 
-def load_problems(path: str | Path) -> list[Problem]:
-    """Problems from a JSONL file of Problem records (a probe set, a curriculum); file:line in every error."""
-    import dataclasses
-    import json
-
-    from .errors import UserError
-
-    file = Path(path)
-    try:
-        lines = file.read_text().splitlines()
-    except OSError as exc:
-        raise UserError(f"problem file {file}: {exc}") from None
-    names = {f.name for f in dataclasses.fields(Problem)}
-    out = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            problem = Problem(**{k: v for k, v in record.items() if k in names})
-        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
-            raise UserError(f"{file}:{i}: not a Problem record ({exc})") from None
-        if not problem.inputs or len(problem.inputs) != len(problem.outputs):
-            raise UserError(f"{file}:{i}: a problem needs as many outputs as inputs, at least one")
-        out.append(problem)
-    return out
-
-
 @dataclass
 class Grade:
     reward: float
@@ -296,6 +272,14 @@ class Matchmaker(Protocol):
 
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
         """Update ``member.rating`` of the members involved from the match outcomes."""
+        ...
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint must keep beyond the members' ratings (``None``: nothing)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (called only when it was not ``None``)."""
         ...
 
 

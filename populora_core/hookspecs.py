@@ -6,7 +6,8 @@ Two families, as in simonw/llm and datasette:
   callback bound to the calling plugin: ``register(name, factory, params=ParamsModel,
   description="", **meta)``. The core records the name, the providing plugin and its version, and
   refuses a name two plugins claim. What ``factory`` must be depends on the kind and is stated on each
-  hook.
+  hook; ``Component.build(raw_params, **context)`` hands a factory only the context arguments it names
+  (or all, with ``**kwargs``), so context can grow without breaking older factories.
 * lifecycle hooks — called by the training loop for observers and extensions. Their return value is
   ignored unless stated. Hook signatures are a contract: arguments may be added, never renamed or
   removed; a hookimpl may declare any subset of the arguments.
@@ -31,7 +32,8 @@ hookimpl = pluggy.HookimplMarker("populora")
 def register_tasks(register: Any) -> None:
     """Register task types (AZR's deduction, abduction, induction, ...).
 
-    ``factory(params, *, executor, rng) -> components.Task``.
+    ``factory(params, *, executor, rng, tasks) -> components.Task``. ``tasks`` is the run's tasks by name in
+    recipe order (complete before any task method is called): induction reads its peers' buffers through it.
     """
 
 
@@ -75,8 +77,10 @@ def register_operators(register: Any) -> None:
 
     ``factory`` is the operator itself, a pure function
     ``op(parents: list[adapters.LoraWeights], params, generator: torch.Generator) -> LoraWeights``.
-    Pass ``parents=N`` as meta (``register("svd", fn, params=P, parents=2)``); ``parents=0`` means
-    "two or more".
+    Declare the arity as meta: ``register("svd", fn, params=P, min_parents=2, max_parents=None)``
+    (``max_parents=None``: no upper bound; a mutation is ``min_parents=1, max_parents=1``). The loop and
+    ``populora evolve`` make children through :func:`populora_core.evolution.apply_operator`, which checks
+    the parents' count and refuses a child that changes rank, alpha, target modules or shapes.
     """
 
 

@@ -10,20 +10,18 @@ write each new version to a new directory. torch, transformers and peft are impo
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, LoraFactors, LoraWeights, lora_scale, save_lora
+from .adapters import LoraWeights, from_state_dict, load_lora, save_lora
 from .components import AdapterRef, BaseModel
 from .errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
-BASE = "__base__"  # PEFT's name for "no adapter" rows of a mixed batch
 _LORA_KEYS = ("r", "lora_alpha", "use_rslora", "lora_dropout")
 
 
@@ -53,16 +51,6 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in table:
         raise UserError(f"base_model.dtype: unknown dtype {dtype!r} (known: auto, {', '.join(table)})")
     return table[dtype]
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    file = path / CONFIG_FILE
-    if not (file.is_file() and (path / WEIGHTS_FILE).is_file()):
-        raise UserError(f"not a PEFT adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}): {path}")
-    config = json.loads(file.read_text())
-    if config.get("peft_type", "LORA") != "LORA":
-        raise UserError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
-    return config
 
 
 def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -147,11 +135,10 @@ class ModelHost:
             if f".{key}." in name:
                 p.requires_grad_(False)
 
-    def _load_weights(self, key: str, path: Path) -> None:
+    def _load_weights(self, key: str, weights: LoraWeights, path: Path) -> None:
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
-        tensors = load_file(str(path / WEIGHTS_FILE))
+        tensors = weights.state_dict()
         result = set_peft_model_state_dict(self.peft, tensors, adapter_name=key)
         unexpected = [k for k in getattr(result, "unexpected_keys", []) if ".lora_" in k]
         if unexpected:
@@ -197,22 +184,13 @@ class ModelHost:
         return self._linear_cache
 
     def _read_version(self, path: Path) -> dict[str, tuple[Any, Any]]:
-        from safetensors.torch import load_file
-
-        config = _read_config(path)
-        if config.get("use_dora") or config.get("lora_bias"):
+        weights = load_lora(path)
+        if weights.config.get("use_dora") or weights.config.get("lora_bias"):
             raise UserError(f"{path}: DoRA / LoRA bias adapters are not supported for serving")
-        scale = lora_scale(config)
-        tensors = load_file(str(path / WEIGHTS_FILE))
         linears = self._linears()
         out: dict[str, tuple[Any, Any]] = {}
-        for key, a in tensors.items():
-            if not key.endswith(".lora_A.weight"):
-                continue
-            name = key[: -len(".lora_A.weight")]
-            b = tensors.get(name + ".lora_B.weight")
-            if b is None:
-                raise UserError(f"{path}: {name} has lora_A but no lora_B")
+        for name, f in weights.items():
+            a, b = f.A, f.B
             module_path = name[len("base_model.model.") :] if name.startswith("base_model.model.") else name
             linear = linears.get(module_path)
             if (
@@ -224,9 +202,10 @@ class ModelHost:
                 raise UserError(f"{path}: adapter does not fit base model {self.base.path!r} (at {module_path})")
             dev = linear.weight.device
             # copies: load_file's tensors may share one buffer; a view kept alive would keep it all
-            out[module_path] = (a.to(dev, self._torch.float32, copy=True), (b.to(self._torch.float32) * scale).to(dev))
-        if not out:
-            raise UserError(f"{path}: no LoRA tensors found in {WEIGHTS_FILE}")
+            out[module_path] = (
+                a.to(dev, self._torch.float32, copy=True),
+                (b.to(self._torch.float32) * f.scale).to(dev),
+            )
         return out
 
     def version(self, key: str) -> dict[str, tuple[Any, Any]]:
@@ -275,10 +254,10 @@ class ModelHost:
         """Copy version ``ref`` into slot ``key`` (created or reshaped as needed); returns its config."""
         with self.lock:
             path = Path(ref.path)
-            config = _read_config(path)
-            self.slot(key, config)
-            self._load_weights(key, path)
-            return config
+            weights = load_lora(path)
+            self.slot(key, weights.config)
+            self._load_weights(key, weights, path)
+            return weights.config
 
     def params(self, key: str) -> dict[str, Any]:
         """``{peft-independent name: Parameter}`` of one adapter, sorted, the key stripped from names."""
@@ -299,14 +278,8 @@ class ModelHost:
         with self.lock:
             config = dict(config if config is not None else self._configs[key])
             config["inference_mode"] = True
-            scale = lora_scale(config)
             tensors = {k: v.detach().to("cpu", self._torch.float32).clone() for k, v in self.state_dict(key).items()}
-            modules = {}
-            for k, a in tensors.items():
-                if k.endswith(".lora_A.weight"):
-                    name = k[: -len(".lora_A.weight")]
-                    modules[name] = LoraFactors(a, tensors[name + ".lora_B.weight"], scale)
-            return save_lora(LoraWeights(modules, config), out_dir)
+            return save_lora(from_state_dict(tensors, config, where=f"adapter slot {key}"), out_dir)
 
 
 _HOSTS: dict[tuple[str, str, str], ModelHost] = {}
@@ -323,9 +296,3 @@ def get_host(base: BaseModel, device: str = "auto") -> ModelHost:
             host = ModelHost(base, dev)
             _HOSTS[key] = host
         return host
-
-
-def release_hosts() -> None:
-    """Drop every host (tests and benchmarks that measure memory)."""
-    with _HOSTS_LOCK:
-        _HOSTS.clear()

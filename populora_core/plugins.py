@@ -76,6 +76,7 @@ class PluginManager:
                 self._failed(ep.name, source, version, f"import failed: {type(exc).__name__}: {exc}")
                 continue
             self.add_plugin(module, ep.name, source=source, version=version)
+        self._disable_missing_requirements()
 
     def load_file(self, path: str | os.PathLike[str]) -> None:
         """Load a local, unpackaged plugin file (``--plugin path.py``) for this process."""
@@ -121,6 +122,24 @@ class PluginManager:
                 if impl.plugin_name == name:
                     impl.function(register=self.registry.bind(kind, name, version))
 
+    def _disable_missing_requirements(self) -> None:
+        """A plugin whose ``PLUGIN_REQUIRES`` names a package that no loaded plugin provides is disabled."""
+        changed = True
+        while changed:  # disabling one may strand another that needs it
+            changed = False
+            loaded = {getattr(self.pm.get_plugin(n), "__name__", n) for n, i in self.plugins.items() if not i.error}
+            for name, info in list(self.plugins.items()):
+                module = self.pm.get_plugin(name)
+                missing = [r for r in getattr(module, "PLUGIN_REQUIRES", ()) if r not in loaded]
+                if info.error or not missing:
+                    continue
+                self.pm.unregister(name=name)
+                self.registry.remove_plugin(name)
+                self._failed(
+                    name, info.source, info.version, f"needs plugin package(s) {', '.join(missing)}, not loaded"
+                )
+                changed = True
+
     def _failed(self, name: str, source: str, version: str, error: str) -> None:
         if os.environ.get("POPULORA_STRICT_PLUGINS") == "1":
             raise PluginError(f"plugin {name} ({source}): {error}")
@@ -161,3 +180,11 @@ def reset_manager() -> None:
     _manager = None
     for mod in [m for m in sys.modules if m.startswith("populora_local_plugin_")]:
         del sys.modules[mod]
+
+
+def get_registry(plugin_files: tuple[str, ...] | list[str] = ()) -> Registry:
+    """The components of every installed plugin (and ``plugin_files``): the one public way to look one up.
+
+    ``get_registry().get("engine", "hf").build({"device": "cpu"}, base_model=..., lora=..., seed=0)``.
+    """
+    return get_manager(plugin_files).registry

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import RecipeError, UserError
+from .components import DEFAULT_TARGET_MODULES
+from .errors import PluginError, RecipeError, UserError
 from .registry import Params, Registry, format_validation_error
 
 Role = Literal["teacher", "student", "both"]
@@ -44,9 +45,7 @@ class LoraSection(_Strict):
     rank: int = Field(16, ge=1)
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
     init_std: float = Field(
         0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0"
     )
@@ -161,11 +160,6 @@ class Recipe(_Strict):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
 
-    @field_validator("base_model", mode="before")
-    @classmethod
-    def _base_model_string(cls, value: Any) -> Any:
-        return {"name": value} if isinstance(value, str) else value
-
     def component_refs(self) -> list[tuple[str, str, ComponentRef]]:
         """(yaml path, kind, ref) of every component the recipe names."""
         refs: list[tuple[str, str, ComponentRef]] = [
@@ -272,18 +266,17 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
                 plugin=component.plugin,
             ) from None
         if kind == "operator":
-            _check_operator(component.meta, ref.name, recipe, path)
+            _check_operator(component, ref.name, recipe, path)
     return checked
 
 
-def _check_operator(meta: dict[str, Any], name: str, recipe: str, path: str) -> None:
-    if "parents" not in meta:
-        raise RecipeError(
-            "operator does not declare how many parents it takes",
-            recipe=recipe,
-            path=path,
-            component=f"operator {name!r}",
-        )
+def _check_operator(component: Any, name: str, recipe: str, path: str) -> None:
+    from .evolution import operator_arity
+
+    try:
+        operator_arity(component)
+    except PluginError as exc:
+        raise RecipeError(str(exc), recipe=recipe, path=path, component=f"operator {name!r}") from None
 
 
 def load_recipe(

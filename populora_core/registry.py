@@ -8,12 +8,15 @@ provenance (the simonw/llm pattern).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from . import components
 from .errors import PluginError, UserError
 
 #: Component kinds, their ``register_*`` hook and what the registered factory is called with.
@@ -57,6 +60,23 @@ class Component:
     def parse_params(self, raw: dict[str, Any] | None) -> Params:
         """Validate ``raw`` against this component's params model (raises pydantic's error)."""
         return self.params_model.model_validate(raw or {})
+
+    def build(self, raw_params: dict[str, Any] | Params | None = None, **context: Any) -> Any:
+        """Validate the params and call the factory with the context arguments it declares.
+
+        The core only ever adds context arguments (a task factory receives ``tasks`` since it was added);
+        a factory that does not name one, and takes no ``**kwargs``, is not handed it.
+        """
+        if isinstance(raw_params, Params):
+            params = raw_params
+        else:
+            try:
+                params = self.parse_params(raw_params)
+            except ValidationError as err:
+                raise UserError(
+                    f"{self.kind} {self.name!r} (plugin {self.plugin}): {format_validation_error(err)}"
+                ) from None
+        return self.factory(params, **_accepted(self.factory, context))
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -129,9 +149,36 @@ class Registry:
     def names(self, kind: str) -> list[str]:
         return sorted(self._items[kind])
 
+    def base_model(self, name: str, params: dict[str, Any] | None = None) -> components.BaseModel:
+        """A registered short name (``nano``) through its plugin; else a local model directory or a hub id."""
+        registered = self._items["base_model"].get(name)
+        if registered is not None:
+            model = registered.build(params)
+            if not isinstance(model, components.BaseModel):
+                raise PluginError(f"base model {name!r} (plugin {registered.plugin}) must return components.BaseModel")
+            return model
+        if params:
+            raise UserError(f"base model {name!r}: params are only accepted for a registered base model")
+        path = Path(name).expanduser()
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise UserError(f"base model directory {path} has no config.json")
+        return components.BaseModel(path=str(path) if path.exists() else name, name=name)
+
     def __iter__(self) -> Iterator[Component]:
         for kind in KINDS:
             yield from (self._items[kind][n] for n in sorted(self._items[kind]))
+
+
+def _accepted(factory: Callable[..., Any], context: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``context`` that ``factory``'s signature takes (all of it with ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature: hand everything over
+        return context
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return context
+    names = {p.name for p in parameters}
+    return {k: v for k, v in context.items() if k in names}
 
 
 def _first_line(doc: str | None) -> str:

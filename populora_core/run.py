@@ -151,6 +151,15 @@ class RunDir:
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
         return json.loads((path / "state.json").read_text())
 
+    def clear(self) -> None:
+        """Undo everything a run wrote after its recipe (a run killed before its first checkpoint starts over)."""
+        self.rollback_to({"log_sizes": dict.fromkeys(LOGS, 0), "adapters": []})
+        for entry in self.checkpoints.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink()
+
     def rollback_to(self, state: dict[str, Any]) -> None:
         """Undo everything written after a checkpoint: truncate logs, delete newer adapter versions."""
         for log, size in state["log_sizes"].items():

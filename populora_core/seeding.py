@@ -11,14 +11,12 @@ abduction-style seeds into both buffers), and programs are not stripped of comme
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .components import GenerationRequest, Problem
 from .errors import UserError
+from .rng import derived_rng
 
 
 def make_seeds(
@@ -30,8 +28,6 @@ def make_seeds(
     on_round: Callable[[int, dict[str, int]], None] | None = None,
 ) -> list[Problem]:
     """Valid, distinct base-model proposals: ``per_type`` of every task type of ``run`` (a ``Run``)."""
-    from .loop import derived_rng
-
     if per_type < 1:
         raise UserError(f"seeding: per-type count must be at least 1, got {per_type}")
     found: dict[str, list[Problem]] = {name: [] for name in run.tasks}
@@ -76,13 +72,3 @@ def make_seeds(
             + " (raise --max-rounds or lower --per-type)"
         )
     return [p for problems in found.values() for p in problems]
-
-
-def write_problems(problems: list[Problem], path: str | Path) -> Path:
-    """JSONL of Problem records (what ``load_problems`` reads), written whole or not at all."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(dataclasses.asdict(p), sort_keys=True) + "\n" for p in problems))
-    tmp.replace(out)
-    return out

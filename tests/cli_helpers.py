@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +23,21 @@ def run_cli(
     )
 
 
-def pip_install_target(package_dir: Path, target: Path) -> None:
+def run_recipe(recipe: str | Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """``populora run RECIPE OVERRIDES`` into ``run_dir`` as end-to-end tests run it: one thread, no progress bar."""
+    return run_cli(
+        "run",
+        str(recipe),
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
+
+
+def pip_install_target(package_dir: Path, target: Path, timeout: float | None = None) -> None:
     """Install a plugin package into ``target`` (put on PYTHONPATH): a real entry point, no venv pollution."""
     subprocess.run(
         [
@@ -39,4 +55,26 @@ def pip_install_target(package_dir: Path, target: Path) -> None:
         check=True,
         capture_output=True,
         text=True,
+        timeout=timeout,
     )
+
+
+PAUSE_PLUGIN = str(Path(__file__).resolve().parent / "pause_plugin.py")
+
+
+def kill_inside_step(args: list[str], env: dict[str, str], step: int, marker: Path, timeout: float = 600) -> None:
+    """Run ``populora --plugin pause_plugin.py ARGS`` and SIGKILL it inside ``step``, after its matchmaking."""
+    pause = {**env, "POPULORA_TEST_PAUSE_STEP": str(step), "POPULORA_TEST_PAUSE_MARKER": str(marker)}
+    proc = subprocess.Popen(
+        [POPULORA, "--plugin", PAUSE_PLUGIN, *args],
+        env=pause,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + timeout
+    while time.time() < deadline and not marker.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists() and marker.read_text() == str(step), "the run never reached the pause point"

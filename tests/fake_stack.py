@@ -233,5 +233,5 @@ def b_blend(parents: list[Any], params: BlendParams, generator: Any) -> Any:
 
 @hookimpl
 def register_operators(register):
-    register("test_noise", noise_mutation, params=NoiseParams, parents=1)
-    register("test_blend", b_blend, params=BlendParams, parents=2)
+    register("test_noise", noise_mutation, params=NoiseParams, min_parents=1, max_parents=1)
+    register("test_blend", b_blend, params=BlendParams, min_parents=2, max_parents=2)

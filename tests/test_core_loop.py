@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from populora_core import hookimpl
-from populora_core.loop import execute, resume_run, start_run
+from populora_core import PluginError, hookimpl
+from populora_core.adapters import LoraFactors, LoraWeights
+from populora_core.loop import execute, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
-from tests.cli_helpers import POPULORA, REPO
+from populora_core.solving import solve
+from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
 
 TESTS = Path(__file__).parent
 FAKE = str(TESTS / "fake_stack.py")
@@ -85,7 +86,7 @@ class Recorder:
 def _run(pm: PluginManager, run_dir: Path, overrides: list[str] | None = None) -> RunDir:
     recipe, resolved = load_recipe(RECIPE, overrides or [], pm.registry)
     directory = RunDir(run_dir)
-    execute(start_run(recipe, resolved, directory, pm), progress=False)
+    execute(start_run(recipe, resolved, directory, pm))
     return directory
 
 
@@ -177,57 +178,77 @@ def _adapters(directory: Path) -> dict[str, dict]:
     return {p.name: load_file(str(p / "adapter_model.safetensors")) for p in sorted((directory / "adapters").iterdir())}
 
 
-def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
-    args = ["--plugin", FAKE, "run", str(RECIPE), "steps=6", "--no-progress"]
-    reference = tmp_path / "reference"
-    subprocess.run(
-        [POPULORA, *args, "--run-dir", str(reference)], env=env, cwd=REPO, check=True, capture_output=True, timeout=300
-    )
+ARGS = ["--plugin", FAKE, "run", str(RECIPE), "steps=6", "--no-progress"]
 
-    killed, marker = tmp_path / "killed", tmp_path / "paused"
-    pause = {**env, "POPULORA_TEST_PAUSE_STEP": "4", "POPULORA_TEST_PAUSE_MARKER": str(marker)}
-    proc = subprocess.Popen(
-        [POPULORA, "--plugin", str(TESTS / "pause_plugin.py"), *args, "--run-dir", str(killed)],
-        env=pause,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 240
-    while time.time() < deadline and not marker.exists():
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)  # inside step 4, after its matchmaking
-    proc.wait()
-    assert int((killed / "checkpoints" / "LATEST").read_text()) == 3
-    resumed = subprocess.run(
-        [POPULORA, "--plugin", FAKE, "resume", str(killed), "--no-progress"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+def _reference_run(env, directory: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([POPULORA, *ARGS, "--run-dir", str(directory)], env=env, cwd=REPO, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def _resume(env, directory: Path) -> None:
+    resumed = run_cli("--plugin", FAKE, "resume", str(directory), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
 
-    ref_adapters, got_adapters = _adapters(reference), _adapters(killed)
+
+def _assert_same_run(reference: Path, resumed: Path) -> None:
+    """Adapters bit for bit, every log record but timings, and the final members."""
+    ref_adapters, got_adapters = _adapters(reference), _adapters(resumed)
     assert ref_adapters.keys() == got_adapters.keys()
     for name, tensors in ref_adapters.items():
         for key, value in tensors.items():
             assert (got_adapters[name][key] == value).all(), f"{name} {key} differs"
     for log in ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl"):
         ref = [json.loads(x) for x in (reference / log).read_text().splitlines()]
-        got = [json.loads(x) for x in (killed / log).read_text().splitlines()]
+        got = [json.loads(x) for x in (resumed / log).read_text().splitlines()]
         strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
         assert strip(got) == strip(ref), f"{log} differs after resume"
-    assert json.loads((killed / "members.json").read_text()) == json.loads((reference / "members.json").read_text())
+    assert json.loads((resumed / "members.json").read_text()) == json.loads((reference / "members.json").read_text())
 
 
-def test_resume_without_checkpoint_is_a_clear_error(env, tmp_path):
-    directory = tmp_path / "empty"
-    directory.mkdir()
-    (directory / "recipe.yaml").write_text(yaml.safe_dump(yaml.safe_load(RECIPE.read_text())))
-    with pytest.raises(Exception, match="no complete checkpoint"):
-        resume_run(RunDir(directory), _manager())
+def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    _reference_run(env, reference)
+    kill_inside_step([*ARGS, "--run-dir", str(killed)], env, 4, tmp_path / "paused")
+    assert int((killed / "checkpoints" / "LATEST").read_text()) == 3
+    _resume(env, killed)
+    _assert_same_run(reference, killed)
+
+
+def test_sigkill_before_the_first_checkpoint_then_resume_starts_over_to_the_same_run(env, tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    _reference_run(env, reference)
+    kill_inside_step([*ARGS, "--run-dir", str(killed)], env, 1, tmp_path / "paused")
+    assert not (killed / "checkpoints" / "LATEST").exists() and (killed / "adapters" / "s0@v0").is_dir()
+    _resume(env, killed)
+    _assert_same_run(reference, killed)
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_instant_then_resume_equals_uninterrupted_run(env, tmp_path):
+    """Kills at instants spread over the whole run (start-up and initialisation included), no pause points."""
+    reference = tmp_path / "reference"
+    duration = _reference_run(env, reference)
+    resumed = []
+    for k, fraction in enumerate((0.15, 0.3, 0.5, 0.7, 0.9)):
+        killed = tmp_path / f"killed{k}"
+        proc = subprocess.Popen(
+            [POPULORA, *ARGS, "--run-dir", str(killed)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(fraction * duration)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if not (killed / "recipe.yaml").exists():  # killed before the run existed: there is nothing to resume
+            continue
+        _resume(env, killed)
+        _assert_same_run(reference, killed)
+        resumed.append(fraction)
+    assert len(resumed) >= 3, f"too few kills landed inside the run: {resumed}"
 
 
 def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
@@ -261,7 +282,7 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
         _run(_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])
 
 
-def test_run_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
+def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
     pm = _manager()
     recipe, resolved = load_recipe(RECIPE, [], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
@@ -271,7 +292,7 @@ def test_run_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
         s0, s1 = run.population.students[:2]
         problems = [Problem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
         tokens_before = s0.counters.tokens
-        answers = run.solve([("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
+        answers = solve(run, [("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
         assert [len(a) for a in answers] == [4, 4]
         for student, problem, scored in zip((s0, s1), problems, answers):
             assert {(r.member_id, r.group) for r in scored} == {(student.id, "count/solve")}
@@ -284,7 +305,7 @@ def test_run_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
             )
             assert problem.signature in run.coverage[student.id]
         assert s0.counters.tokens == tokens_before + 4 * 2
-        assert run.solve([], 1, "sample/solve", n=4) == []
+        assert solve(run, [], 1, "sample/solve", n=4) == []
     finally:
         run.close()
 
@@ -293,14 +314,7 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
     """`populora seed` (AZR's seeding stage, base model only) writes N distinct valid problems per task;
     `seeds.enabled` puts them in each task's buffer before step 1 and logs how many."""
     seeds = tmp_path / "seeds.jsonl"
-    done = subprocess.run(
-        [POPULORA, "--plugin", FAKE, "seed", str(RECIPE), "--out", str(seeds), "--per-type", "4"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    done = run_cli("--plugin", FAKE, "seed", str(RECIPE), "--out", str(seeds), "--per-type", "4", env=env)
     assert done.returncode == 0, done.stderr
     assert "round 1: count" in done.stderr
     records = [json.loads(line) for line in seeds.read_text().splitlines()]
@@ -320,26 +334,8 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
 
 def test_seed_errors_name_what_is_missing(env, tmp_path):
     # the fake task has at most six distinct valid proposals (digits 1-6)
-    done = subprocess.run(
-        [
-            POPULORA,
-            "--plugin",
-            FAKE,
-            "seed",
-            str(RECIPE),
-            "--out",
-            str(tmp_path / "s.jsonl"),
-            "--per-type",
-            "9",
-            "--max-rounds",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    seed_args = ["seed", str(RECIPE), "--out", str(tmp_path / "s.jsonl"), "--per-type", "9", "--max-rounds", "3"]
+    done = run_cli("--plugin", FAKE, *seed_args, env=env)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "short of 9 valid seeds: count" in done.stderr and not (tmp_path / "s.jsonl").exists()
     with pytest.raises(Exception, match=r"fake_2t2s\.yaml.*seeds\.enabled is true but seeds\.file is empty"):
@@ -350,3 +346,28 @@ def test_seed_errors_name_what_is_missing(env, tmp_path):
     )
     with pytest.raises(Exception, match=r"other\.jsonl: no valid problem of the recipe's task types \(count\)"):
         _run(_manager(), tmp_path / "run2", ["seeds.enabled=true", f"seeds.file={other}"])
+
+
+class RankChangingOperator:
+    """A third-party operator whose children have another rank than their parents."""
+
+    @hookimpl
+    def register_operators(self, register):
+        def halve_rank(parents, params, generator):
+            (p,) = parents
+            return LoraWeights(
+                {n: LoraFactors(f.A[:2].clone(), f.B[:, :2].clone(), f.scale) for n, f in p.modules.items()},
+                {**p.config, "r": 2},
+            )
+
+        register("halve_rank", halve_rank, min_parents=1, max_parents=1)
+
+
+def test_the_loop_refuses_a_third_party_child_before_saving_it(env, tmp_path):
+    operators = "evolution.operators=[{name: halve_rank, weight: 1.0}]"
+    with pytest.raises(PluginError, match=r"operator 'halve_rank' .*changed the adapter config's r"):
+        _run(_manager(RankChangingOperator()), tmp_path / "run", [operators])
+    saved = sorted(p.name for p in (tmp_path / "run" / "adapters").iterdir())
+    assert saved and all(name.endswith(("@v0", "@v1", "@v2")) for name in saved)
+    born = [e for e in (tmp_path / "run" / "lineage.jsonl").read_text().splitlines() if '"init"' not in e]
+    assert born == []

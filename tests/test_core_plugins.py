@@ -73,6 +73,15 @@ def test_load_and_disable_env_vars_select_entry_points(plugin_site):
     assert "broken_example" not in names and "matchmaking" not in names and "example_sink" in names
 
 
+def test_a_plugin_whose_declared_requirement_is_not_loaded_is_disabled_with_a_row():
+    result = run_cli("plugins", "--json", env={"POPULORA_DISABLE_PLUGINS": "azr"})
+    assert result.returncode == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert rows["nano"]["error"] == "needs plugin package(s) populora_azr, not loaded"
+    assert rows["nano"]["components"] == [] and rows["engines"]["error"] is None
+    assert "plugin nano (populora-toolkit) disabled" in result.stderr
+
+
 def test_cli_startup_does_not_import_torch():
     code = (
         "import sys; from populora_core.plugins import get_manager; get_manager(); "
@@ -183,7 +192,7 @@ class EveryKind:
             """Identity."""
             return parents[0]
 
-        register("k_operator", k_operator, parents=1)
+        register("k_operator", k_operator, min_parents=1, max_parents=1)
 
     @hookimpl
     def register_evaluators(self, register):
@@ -206,7 +215,7 @@ def test_every_register_hook_records_name_plugin_version_and_params():
     for kind in KINDS:
         comp = pm.registry.get(kind, f"k_{kind}")
         assert (comp.plugin, comp.version, comp.params_model) == ("every-kind", "9.9", NoParams)
-    assert pm.registry.get("operator", "k_operator").meta == {"parents": 1}
+    assert pm.registry.get("operator", "k_operator").meta == {"min_parents": 1, "max_parents": 1}
     assert pm.registry.get("operator", "k_operator").description == "Identity."
     assert pm.registry.get("evaluator", "k_evaluator").description == "an evaluator"
     assert len(pm.plugins["every-kind"].hooks) == len(KINDS)

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import POPULORA, REPO
+from tests.cli_helpers import POPULORA, REPO, kill_inside_step
 
 pytestmark = pytest.mark.slow
 RECIPE = str(Path(__file__).parent / "recipes" / "tiny_real_2t2s.yaml")
-PAUSE = str(Path(__file__).parent / "pause_plugin.py")
 
 
 @pytest.fixture(scope="module")
@@ -89,32 +86,9 @@ def test_single_agent_baseline_recipe_runs_through_the_same_loop(env, tmp_path):
 
 
 def test_sigkill_mid_step_then_resume_matches_the_uninterrupted_run(env, reference_run, tmp_path):
-    run_dir, marker = tmp_path / "killed", tmp_path / "paused"
-    pause = {**env, "POPULORA_TEST_PAUSE_STEP": "3", "POPULORA_TEST_PAUSE_MARKER": str(marker)}
-    proc = subprocess.Popen(
-        [
-            POPULORA,
-            "--plugin",
-            PAUSE,
-            "run",
-            RECIPE,
-            f"base_model={env['MODEL']}",
-            "steps=3",
-            "--run-dir",
-            str(run_dir),
-            "--no-progress",
-        ],
-        env=pause,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 600
-    while time.time() < deadline and not marker.exists():
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)  # inside step 3: matched, nothing generated or trained yet
-    proc.wait()
-    assert marker.read_text() == "3"
+    run_dir = tmp_path / "killed"
+    args = ["run", RECIPE, f"base_model={env['MODEL']}", "steps=3", "--run-dir", str(run_dir), "--no-progress"]
+    kill_inside_step(args, env, 3, tmp_path / "paused")  # inside step 3: matched, nothing generated or trained yet
     assert (run_dir / "checkpoints" / "LATEST").read_text().strip() == "00000002"
     _populora(env, "resume", str(run_dir), "--no-progress")
     ref = sorted(p.name for p in (reference_run / "adapters").iterdir())

@@ -1,0 +1,66 @@
+"""A run's state: the seed buffers it starts from, and the atomic checkpoints it resumes from."""
+
+from __future__ import annotations
+
+import pickle
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import UserError
+from .population import Population
+from .problems import load_problems
+
+if TYPE_CHECKING:
+    from .loop import Run
+
+
+def seed_buffers(run: Run) -> None:
+    """Fill each task's buffer with the seed problems of its type (recipe ``seeds``), before step 1."""
+    cfg = run.recipe.seeds
+    if not cfg.enabled:
+        return
+    problems = load_problems(cfg.file)
+    counts = {}
+    for name, task in run.tasks.items():
+        own = [p for p in problems if p.task_type == name and p.valid]
+        task.add_to_buffer(own)
+        counts[name] = len(own)
+    if not any(counts.values()):
+        kinds = ", ".join(run.tasks)
+        raise UserError(f"seeds file {cfg.file}: no valid problem of the recipe's task types ({kinds})")
+    run.emit([{"event": "seeds", "step": 0, "file": cfg.file, **{f"seeds/{k}": v for k, v in counts.items()}}])
+
+
+def restore(run: Run) -> None:
+    """Roll the run directory and every component back to the latest complete checkpoint."""
+    path = run.dir.latest_checkpoint()
+    assert path is not None, "resume_run starts over a run that has no checkpoint"
+    state = run.dir.read_checkpoint(path)
+    run.dir.rollback_to(state)
+    run.step = state["step"]
+    run.population = Population.from_dict(state["population"])
+    run.coverage = defaultdict(set, {k: set(v) for k, v in state["coverage"].items()})
+    for name, task in run.tasks.items():
+        task.load_state_dict(pickle.loads((path / "tasks" / f"{name}.pkl").read_bytes()))
+    if state.get("matchmaker") is not None:
+        run.matchmaker.load_state_dict(state["matchmaker"])
+    run.trainer.load_state(path / "trainer")
+
+
+def checkpoint(run: Run) -> Path:
+    """Write a complete checkpoint of the run atomically (population, coverage, tasks, matchmaker, trainer)."""
+
+    def write_tasks(directory: Path) -> None:
+        for name, task in run.tasks.items():
+            (directory / f"{name}.pkl").write_bytes(pickle.dumps(task.state_dict()))
+
+    state = {
+        "population": run.population.to_dict(),
+        "coverage": {k: sorted(v) for k, v in run.coverage.items()},
+        "matchmaker": run.matchmaker.state_dict(),
+    }
+    extra = {"tasks": write_tasks, "trainer": run.trainer.save_state}
+    path = run.dir.write_checkpoint(run.step, state, extra, keep=run.recipe.checkpoint.keep)
+    run.hook.on_checkpoint(run=run, step=run.step, path=str(path))
+    return path

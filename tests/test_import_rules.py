@@ -1,0 +1,88 @@
+"""Plugins import only the core's public modules and the plugins they declare in ``PLUGIN_REQUIRES``."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import populora_core
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def imported_modules(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import; ``from pkg import sub`` counts ``pkg.sub`` when it is a module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            subs = [f"{node.module}.{alias.name}" for alias in node.names]
+            found += [(node.lineno, sub) for sub in subs if _is_module(sub)]
+    return found
+
+
+def violations(package: Path, plugins_dir: Path = PLUGINS) -> list[str]:
+    """Imports in one plugin package of a private core module or of a plugin it does not declare."""
+    own = package.name
+    declared = set(getattr(importlib.import_module(own), "PLUGIN_REQUIRES", ()))
+    plugins = {p.name for p in plugins_dir.iterdir() if (p / "__init__.py").is_file()}
+    bad = []
+    for file in sorted(package.rglob("*.py")):
+        for line, name in imported_modules(file.read_text()):
+            top, where = name.split(".")[0], f"{file.relative_to(plugins_dir)}:{line}"
+            if top == "populora_core" and name not in populora_core.PUBLIC_MODULES:
+                bad.append(f"{where}: {name} is not a public core module")
+            elif top in plugins and top not in (own, *declared):
+                bad.append(f"{where}: {name} belongs to plugin {top}, which {own}.PLUGIN_REQUIRES does not declare")
+    return bad
+
+
+@pytest.mark.parametrize("package", sorted(p for p in PLUGINS.iterdir() if (p / "__init__.py").is_file()), ids=str)
+def test_plugin_imports_only_public_core_modules_and_declared_plugins(package):
+    assert violations(package) == []
+
+
+def test_public_modules_exist_and_nothing_private_is_listed():
+    for name in populora_core.PUBLIC_MODULES:
+        assert _is_module(name), name
+    assert "populora_core.loop" not in populora_core.PUBLIC_MODULES
+
+
+def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monkeypatch):
+    plugins = tmp_path / "plugins"
+    for name, source in {
+        "populora_rogue": (
+            "from populora_core import hookimpl, Params\n"
+            "from populora_core.components import Problem\n"
+            "from populora_core.loop import Run\n"
+            "import populora_core.registry\n"
+            "from populora_core import run\n"
+            "from populora_helper import thing\n"
+        ),
+        "populora_polite": "PLUGIN_REQUIRES = ('populora_helper',)\nfrom populora_helper import thing\n",
+        "populora_helper": "thing = 1\n",
+    }.items():
+        (plugins / name).mkdir(parents=True)
+        (plugins / name / "__init__.py").write_text(source)
+    monkeypatch.syspath_prepend(str(plugins))
+    assert violations(plugins / "populora_rogue", plugins) == [
+        "populora_rogue/__init__.py:3: populora_core.loop is not a public core module",
+        "populora_rogue/__init__.py:4: populora_core.registry is not a public core module",
+        "populora_rogue/__init__.py:5: populora_core.run is not a public core module",
+        "populora_rogue/__init__.py:6: populora_helper belongs to plugin populora_helper, "
+        "which populora_rogue.PLUGIN_REQUIRES does not declare",
+    ]
+    assert violations(plugins / "populora_polite", plugins) == []
