@@ -92,16 +92,23 @@ def make_test_executor():
         except UserError:
             comp = None
         if comp is not None:
-            return comp.factory(comp.parse_params({"timeout_s": 5.0}))
+            return comp.build({"timeout_s": 5.0})
     return SubprocessTestExecutor(timeout_s=5.0)
 
 
-def build_task(name: str, executor, rng=0, **params):
-    """A task through the registry, exactly as a recipe builds it."""
-    from populora_core.plugins import get_manager
+def build_task(name: str, executor, rng=0, tasks=None, **params):
+    """A task through the registry, exactly as a recipe builds it (``tasks``: the run's tasks by name)."""
+    from populora_core import get_registry
 
-    comp = get_manager().registry.get("task", name)
-    return comp.factory(comp.parse_params(params), executor=executor, rng=rng)
+    return get_registry().get("task", name).build(params, executor=executor, rng=rng, tasks=tasks)
+
+
+def build_tasks(names, executor, rng=0, **params) -> dict:
+    """Tasks meant to work together, as a run builds them: one mapping, filled in order, given to each."""
+    tasks: dict = {}
+    for name in names:
+        tasks[name] = build_task(name, executor, rng, tasks=tasks, **params)
+    return tasks
 
 
 def seeds_dir():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from populora_azr import prompts as P
 
-from tests.test_azr_support import load_seeds
+from tests.azr_support import load_seeds
 
 REFS = [
     ("def f(a):\n    return a", "'Hello world'", "'Hello world'"),

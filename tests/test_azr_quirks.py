@@ -6,7 +6,6 @@ which reproduces AZR's released code, with every execution still inside the sand
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
@@ -14,7 +13,7 @@ from populora_azr import prompts as P
 from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
 
 from populora_core.components import Problem
-from tests.test_azr_support import build_task, shared_executor
+from tests.azr_support import build_task, build_tasks, shared_executor
 
 FIXED, RELEASED = "fixed", "azr-released"
 
@@ -286,9 +285,7 @@ def test_banned_list_defaults():
 
 
 def test_seeds_appear_once_per_code_buffer_in_the_induction_union(ex):
-    gc.collect()
-    ded, abd, ind = (build_task(n, ex) for n in ("deduction", "abduction", "induction"))
+    ind = build_tasks(("deduction", "abduction", "induction"), ex)["induction"]
     pool = [p.program for p in ind.program_pool()]
     assert pool.count("def f(a):\n    return a") == 2 and len(pool) == 2
     assert ind.proposer_prompts(1, random.Random(0))[0][1]["program"] == "def f(a):\n    return a"
-    del ded, abd

@@ -14,7 +14,7 @@ import pytest
 from populora_azr import prompts as P
 from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
 
-from tests.test_azr_support import build_task, load_seeds, shared_executor
+from tests.azr_support import build_task, load_seeds, shared_executor
 
 
 @pytest.fixture

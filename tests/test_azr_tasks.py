@@ -11,7 +11,7 @@ import pytest
 from populora_azr import prompts as P
 
 from populora_core.components import Problem, Task
-from tests.test_azr_support import build_task, shared_executor
+from tests.azr_support import build_task, build_tasks, shared_executor
 
 
 @pytest.fixture
@@ -246,19 +246,6 @@ def test_solver_reward_settings(ex):
 # --- buffers ------------------------------------------------------------------------------------------------
 
 
-class ForwardingExecutor:
-    """Another executor object over the same sandbox: the tasks built with it form another run."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def run_batch(self, jobs):
-        return self.inner.run_batch(jobs)
-
-    def close(self):
-        pass
-
-
 def _valid(task_type: str, k: int) -> Problem:
     return Problem(task_type, f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True, proposer="t")
 
@@ -317,41 +304,55 @@ def test_state_dict_round_trip_is_json(ex):
 
 
 def test_induction_samples_programs_from_the_union_of_code_buffers(ex):
-    import gc
-
-    gc.collect()  # tasks of earlier tests leave the run's peer set
-    ded = build_task("deduction", ex)
-    abd = build_task("abduction", ex)
-    ind = build_task("induction", ex)
-    ded.add_to_buffer([_valid("deduction", 1)])
-    abd.add_to_buffer([_valid("abduction", 2)])
-    pool = {p.program for p in ind.program_pool()}
+    run = build_tasks(("deduction", "abduction", "induction"), ex)
+    run["deduction"].add_to_buffer([_valid("deduction", 1)])
+    run["abduction"].add_to_buffer([_valid("abduction", 2)])
+    pool = {p.program for p in run["induction"].program_pool()}
     assert {_valid("deduction", 1).program, _valid("abduction", 2).program} <= pool
-    drawn = {ctx["program"] for _, ctx in ind.proposer_prompts(200, random.Random(0))}
+    drawn = {ctx["program"] for _, ctx in run["induction"].proposer_prompts(200, random.Random(0))}
     assert _valid("deduction", 1).program in drawn and _valid("abduction", 2).program in drawn
 
 
-def test_induction_pool_follows_task_creation_order_not_addresses(ex):
-    """The pool's order picks the programs a seeded rng draws: it must not follow the WeakSet's
-    address order, which differs from process to process (a seeded run's induction proposals did)."""
-    import gc
+def test_induction_pool_follows_the_order_of_the_tasks_mapping(ex):
+    """The pool's order picks the programs a seeded rng draws: it follows the run's mapping (recipe
+    order), the same for every process, wherever induction stands in it."""
+    for kinds in [("deduction", "abduction", "induction"), ("induction", "abduction", "deduction")]:
+        run = build_tasks(kinds, ex)
+        code = [t for t in run.values() if t.name != "induction"]
+        for i, task in enumerate(code):
+            task.add_to_buffer([_valid(task.name, 10 + i)])
+        pool = [p.program for p in run["induction"].program_pool()]
+        seed = "def f(a):\n    return a"
+        assert pool == [x for i, t in enumerate(code) for x in (seed, _valid(t.name, 10 + i).program)], kinds
 
-    gc.collect()
-    for k in range(12):  # 12 runs with differently placed tasks; creation order alternates
-        run_ex = ForwardingExecutor(ex)  # one executor per simulated run: peers are per executor
-        kinds = ("deduction", "abduction") if k % 2 else ("abduction", "deduction")
-        ballast = [object() for _ in range(k * 7)]  # shifts the tasks' addresses between runs
-        tasks = [build_task(kind, run_ex) for kind in kinds]
-        for i, task in enumerate(tasks):
-            task.add_to_buffer([_valid(task.name, 10 * k + i)])
-        ind = build_task("induction", run_ex)
-        pool = [p.program for p in ind.program_pool() if p.proposer != "seed"]
-        assert pool == [_valid(t.name, 10 * k + i).program for i, t in enumerate(tasks)], (k, kinds)
-        del ballast
+
+def test_induction_draws_only_from_its_own_runs_tasks_with_a_shared_executor(ex):
+    """Two runs built with one executor object: each induction task sees its own run's buffers only
+    (the old module-global registry keyed on the executor mixed them), and nothing stays in the module."""
+    import itertools
+    import weakref
+
+    from populora_azr import tasks as tasks_module
+
+    first = build_tasks(("deduction", "abduction", "induction"), ex)
+    second = build_tasks(("deduction", "abduction", "induction"), ex)
+    alone = build_task("induction", ex)
+    first["deduction"].add_to_buffer([_valid("deduction", 1)])
+    first["abduction"].add_to_buffer([_valid("abduction", 2)])
+    second["deduction"].add_to_buffer([_valid("deduction", 3)])
+    ours = {_valid("deduction", 1).program, _valid("abduction", 2).program}
+    drawn = {ctx["program"] for _, ctx in first["induction"].proposer_prompts(300, random.Random(0))}
+    assert drawn == ours | {"def f(a):\n    return a"}
+    assert _valid("deduction", 3).program in {p.program for p in second["induction"].program_pool()}
+    assert not ours & {p.program for p in second["induction"].program_pool()}
+    assert [p.program for p in alone.program_pool()] == ["def f(a):\n    return a"]
+    stateful = (dict, set, weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet, itertools.count)
+    assert not [n for n, v in vars(tasks_module).items() if not n.startswith("__") and isinstance(v, stateful)]
+    assert not [n for n in vars(tasks_module) if "PEER" in n.upper()]
 
 
 def test_induction_alone_uses_problems_handed_to_it(ex):
-    ind = build_task("induction", ForwardingExecutor(ex))  # a different run: no peers
+    ind = build_task("induction", ex)  # no tasks mapping: its own program list only
     assert [p.program for p in ind.program_pool()] == ["def f(a):\n    return a"]
     ind.add_to_buffer([_valid("deduction", 3)])
     assert _valid("deduction", 3).program in {p.program for p in ind.program_pool()}

@@ -12,10 +12,9 @@ PROMPTS = ["def f(x):\n    return", "The quick brown", "def f(a, b):", "0123"]
 
 
 def make_engine(name, base, **params):
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    comp = get_manager().registry.get("engine", name)
-    return comp.factory(comp.parse_params(params), base_model=base, lora=LORA, seed=0)
+    return get_registry().get("engine", name).build(params, base_model=base, lora=LORA, seed=0)
 
 
 @pytest.fixture(scope="module")

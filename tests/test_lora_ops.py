@@ -37,8 +37,8 @@ def run(name: str, parents: list[LoraWeights], seed: int = 0, **params: object) 
 
 
 def parents_for(name: str) -> list[LoraWeights]:
-    n = OPERATORS[name][2]
-    return [adapter(1)] if n == 1 else [adapter(1), adapter(2)]
+    fewest, _ = OPERATORS[name][2]
+    return [adapter(1)] if fewest == 1 else [adapter(1), adapter(2)]
 
 
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:

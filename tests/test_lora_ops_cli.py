@@ -78,20 +78,13 @@ def test_child_loads_in_peft_and_equals_hand_merge(operator, extra, peft_parents
 
 def test_lineage_record_and_reproducible_bytes(peft_parents, tmp_path) -> None:
     p1, p2 = peft_parents
+
+    def dare_child(out: str, seed: str):
+        parents = ["--parent", str(p1), "--parent", str(p2)]
+        return evolve("dare", *parents, "--out", str(tmp_path / out), "--seed", seed, "--set", "density=0.5")
+
     for out in ("a", "b"):
-        res = evolve(
-            "dare",
-            "--parent",
-            str(p1),
-            "--parent",
-            str(p2),
-            "--out",
-            str(tmp_path / out),
-            "--seed",
-            "11",
-            "--set",
-            "density=0.5",
-        )
+        res = dare_child(out, "11")
         assert res.exit_code == 0, res.output
     a = (tmp_path / "a" / "adapter_model.safetensors").read_bytes()
     assert a == (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
@@ -103,19 +96,7 @@ def test_lineage_record_and_reproducible_bytes(peft_parents, tmp_path) -> None:
     assert record["hash"] == adapter_hash(tmp_path / "a")
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8
-    res = evolve(
-        "dare",
-        "--parent",
-        str(p1),
-        "--parent",
-        str(p2),
-        "--out",
-        str(tmp_path / "c"),
-        "--seed",
-        "12",
-        "--set",
-        "density=0.5",
-    )
+    dare_child("c", "12")
     assert (tmp_path / "c" / "adapter_model.safetensors").read_bytes() != a
 
 
@@ -159,8 +140,8 @@ def small_parents(tmp_path) -> dict[str, Path]:
         ("bad value", ["gaussian", "--parent", "{p1}", "--set", "eps=lots"], "eps:"),
         ("out of range", ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "density=2"], "density:"),
         ("not key=value", ["gaussian", "--parent", "{p1}", "--set", "eps"], "expected key=value"),
-        ("parent count", ["gaussian", "--parent", "{p1}", "--parent", "{p2}"], "exactly 1 --parent"),
-        ("too few parents", ["svd", "--parent", "{p1}"], "two or more --parent"),
+        ("parent count", ["gaussian", "--parent", "{p1}", "--parent", "{p2}"], "takes exactly 1 parent(s), got 2"),
+        ("too few parents", ["svd", "--parent", "{p1}"], "takes 2 or more parent(s), got 1"),
         (
             "weights length",
             ["svd", "--parent", "{p1}", "--parent", "{p2}", "--set", "weights=[1, 2, 3]"],

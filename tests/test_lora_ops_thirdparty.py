@@ -7,17 +7,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from populora_lora_ops.synthetic import trained_like
 
 from populora_core.adapters import load_lora, save_lora
+from tests.cli_helpers import pip_install_target, run_cli
 
 PACKAGE = Path(__file__).parent / "thirdparty_operator"
 TESTS = Path(__file__).parent
-POPULORA = shutil.which("populora", path=str(Path(sys.executable).parent)) or "populora"
 
 
 @pytest.fixture(scope="module")
@@ -27,35 +26,18 @@ def installed(tmp_path_factory) -> Path:
     src = root / "src"
     shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = root / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    pip_install_target(src, target, timeout=300)
     return target
 
 
 def _run(target: Path, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        **(extra_env or {}),
-    }
-    return subprocess.run([POPULORA, *args], capture_output=True, text=True, env=env, timeout=600, cwd=TESTS.parent)
+    pythonpath = os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return run_cli(*args, env={"PYTHONPATH": pythonpath, **(extra_env or {})}, timeout=600)
+
+
+def _scale_delta(target: Path, parent: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``populora evolve scale_delta`` with the third-party package at ``target`` on the path."""
+    return _run(target, "evolve", "scale_delta", "--parent", str(parent), "--out", str(out), "--seed", "0", *options)
 
 
 @pytest.mark.slow
@@ -71,19 +53,7 @@ def test_thirdparty_operator_is_listed_and_evolves(installed, tmp_path) -> None:
     shapes = {f"base_model.model.model.layers.{i}.self_attn.q_proj": (16, 16) for i in range(2)}
     parent = trained_like(shapes, 4, 8.0, seed=1)
     save_lora(parent, tmp_path / "p")
-    res = _run(
-        installed,
-        "evolve",
-        "scale_delta",
-        "--parent",
-        str(tmp_path / "p"),
-        "--out",
-        str(tmp_path / "c"),
-        "--seed",
-        "0",
-        "--set",
-        "factor=0.25",
-    )
+    res = _scale_delta(installed, tmp_path / "p", tmp_path / "c", "--set", "factor=0.25")
     assert res.returncode == 0, res.stderr
     child = load_lora(tmp_path / "c")
     for name, f in parent.items():
@@ -92,32 +62,10 @@ def test_thirdparty_operator_is_listed_and_evolves(installed, tmp_path) -> None:
     assert record["operator"] == "scale_delta" and record["plugin"] == "example_operator"
     assert record["params"] == {"factor": 0.25, "jitter": 0.0}
 
-    res = _run(
-        installed,
-        "evolve",
-        "scale_delta",
-        "--parent",
-        str(tmp_path / "p"),
-        "--out",
-        str(tmp_path / "d"),
-        "--seed",
-        "0",
-        "--set",
-        "factor=-1",
-    )
+    res = _scale_delta(installed, tmp_path / "p", tmp_path / "d", "--set", "factor=-1")
     assert res.returncode == 2 and "factor" in res.stderr and "Traceback" not in res.stderr
 
-    res = _run(
-        installed.parent / "not-installed",
-        "evolve",
-        "scale_delta",
-        "--parent",
-        str(tmp_path / "p"),
-        "--out",
-        str(tmp_path / "e"),
-        "--seed",
-        "0",
-    )
+    res = _scale_delta(installed.parent / "not-installed", tmp_path / "p", tmp_path / "e")
     assert res.returncode == 2 and "unknown operator 'scale_delta'" in res.stderr
 
 

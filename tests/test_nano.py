@@ -15,21 +15,19 @@ LORA = LoraSettings(rank=4, alpha=8.0, init_std=0.3)
 
 
 def _registry():
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    return get_manager().registry
+    return get_registry()
 
 
 @pytest.fixture(scope="module")
 def nano() -> BaseModel:
-    comp = _registry().get("base_model", "nano")
-    return comp.factory(comp.parse_params({}))
+    return _registry().base_model("nano")
 
 
 @pytest.fixture(scope="module")
 def executor():
-    comp = _registry().get("executor", "sandbox")
-    ex = comp.factory(comp.parse_params({"workers": 2}))
+    ex = _registry().get("executor", "sandbox").build({"workers": 2})
     yield ex
     ex.close()
 
@@ -39,14 +37,12 @@ def tasks(executor):
     reg = _registry()
     out = {}
     for name in ("deduction", "abduction", "induction"):
-        comp = reg.get("task", name)
-        out[name] = comp.factory(comp.parse_params({"style": "compact"}), executor=executor, rng=0)
+        out[name] = reg.get("task", name).build({"style": "compact"}, executor=executor, rng=0, tasks=out)
     return out
 
 
 def _engine(name: str, base: BaseModel, **params):
-    comp = _registry().get("engine", name)
-    return comp.factory(comp.parse_params(params), base_model=base, lora=LORA, seed=0)
+    return _registry().get("engine", name).build(params, base_model=base, lora=LORA, seed=0)
 
 
 # --- the model ------------------------------------------------------------------------------------------

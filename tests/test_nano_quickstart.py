@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, run_cli
+from tests.cli_helpers import REPO, run_cli, run_recipe
 
 pytestmark = pytest.mark.slow
 SHORT = [
@@ -23,16 +23,7 @@ SHORT = [
 @pytest.mark.parametrize("recipe", ["nano.yaml", "nano_single_agent.yaml"])
 def test_shortened_nano_run_completes_with_probe_and_report(recipe, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
-        "run",
-        str(REPO / "recipes" / recipe),
-        *SHORT,
-        "--run-dir",
-        str(run_dir),
-        "--no-progress",
-        env={"OMP_NUM_THREADS": "1"},
-        timeout=900,
-    )
+    result = run_recipe(REPO / "recipes" / recipe, run_dir, *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2/2" in result.stderr  # progress lines when not a TTY
     probe = [json.loads(x) for x in (run_dir / "probe.jsonl").read_text().splitlines()]

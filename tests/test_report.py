@@ -32,7 +32,7 @@ PNGS = ("solve_rates.png", "complexity.png", "coverage.png", "ratings.png", "lin
 
 def _record(pm: PluginManager, run_dir: Path, overrides: list[str]) -> Path:
     recipe, resolved = load_recipe(RECIPE, overrides, pm.registry)
-    execute(start_run(recipe, resolved, RunDir(run_dir), pm), progress=False)
+    execute(start_run(recipe, resolved, RunDir(run_dir), pm))
     return run_dir
 
 

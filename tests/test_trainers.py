@@ -13,10 +13,9 @@ LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.05)
 
 
 def make(kind, name, base, **params):
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    comp = get_manager().registry.get(kind, name)
-    return comp.factory(comp.parse_params(params), base_model=base, lora=LORA, seed=0)
+    return get_registry().get(kind, name).build(params, base_model=base, lora=LORA, seed=0)
 
 
 @pytest.fixture(scope="module")

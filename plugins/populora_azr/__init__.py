@@ -81,25 +81,26 @@ class InductionParams(AZRTaskParams):
     n_inputs: int = Field(10, ge=2, description="inputs per proposal; the first half is shown, the rest hidden")
 
 
-def _deduction(params: CodeIOParams, *, executor, rng):
+def _deduction(params: CodeIOParams, *, executor, rng, tasks=None):
     """AZR deduction (code_o): predict the output of a program on an input."""
     from .tasks import DeductionTask
 
     return DeductionTask(params, executor=executor, rng=rng)
 
 
-def _abduction(params: CodeIOParams, *, executor, rng):
+def _abduction(params: CodeIOParams, *, executor, rng, tasks=None):
     """AZR abduction (code_i): give an input that makes a program return a given output."""
     from .tasks import AbductionTask
 
     return AbductionTask(params, executor=executor, rng=rng)
 
 
-def _induction(params: InductionParams, *, executor, rng):
-    """AZR induction (code_f): write the program from input/output pairs and a message."""
+def _induction(params: InductionParams, *, executor, rng, tasks=None):
+    """AZR induction (code_f): write the program from input/output pairs and a message; it draws programs
+    from the deduction/abduction tasks in ``tasks`` (the run's tasks by name)."""
     from .tasks import InductionTask
 
-    return InductionTask(params, executor=executor, rng=rng)
+    return InductionTask(params, executor=executor, rng=rng, tasks=tasks)
 
 
 @hookimpl

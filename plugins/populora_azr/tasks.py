@@ -20,10 +20,8 @@ Two behaviours, chosen by ``compat``:
 from __future__ import annotations
 
 import ast
-import itertools
 import tokenize
-import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,27 +125,6 @@ class _Prepared:
     error: str | None = None
     jobs: list[ExecJob] = field(default_factory=list)
     payload: Any = None
-
-
-#: Live deduction/abduction tasks per executor: tasks built with one executor form one run, and the
-#: induction task of that run draws programs from their union (AZR's ``input`` + ``output`` snippets).
-_PEERS: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
-
-
-#: Creation order of deduction/abduction tasks: a WeakSet iterates in address order, which differs between
-#: processes, so the induction pool is ordered by this to keep a seeded run reproducible.
-_PEER_ORDER = itertools.count()
-
-
-def _peers_of(executor: Any) -> weakref.WeakSet[Any]:
-    try:
-        peers = _PEERS.get(executor)
-        if peers is None:
-            peers = weakref.WeakSet()
-            _PEERS[executor] = peers
-        return peers
-    except TypeError:  # an executor that cannot be weakly referenced: no sharing
-        return weakref.WeakSet()
 
 
 class _AZRTask:
@@ -422,11 +399,6 @@ IDENTITY = "def f(a):\n    return a"
 class CodeIOTask(_AZRTask):
     """Deduction and abduction: a program plus one input, proposed with K references."""
 
-    def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
-        super().__init__(params, executor=executor, rng=rng)
-        self.peer_order = next(_PEER_ORDER)
-        _peers_of(executor).add(self)
-
     def seeds(self) -> list[Problem]:
         """AZR's zero triplet: the identity function on ``'Hello world'``."""
         return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")]
@@ -551,14 +523,17 @@ ZERO_INDUCTION_MESSAGE = "The function gives back exactly what it is given."
 class InductionTask(_AZRTask):
     """Induction (AZR ``code_f``): the proposer writes inputs and a message for a program from the
     deduction/abduction buffers; the solver sees half of the pairs and must write a program passing
-    the hidden half."""
+    the hidden half.
+
+    ``tasks`` is the run's tasks by name (the factory context's mapping, read when the pool is needed):
+    its deduction/abduction tasks supply the programs. Without it the task uses its own program list."""
 
     name = "induction"
 
-    def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
+    def __init__(self, params: Any, *, executor: Any, rng: Any, tasks: Mapping[str, Any] | None = None) -> None:
         super().__init__(params, executor=executor, rng=rng)
-        self._peers = _peers_of(executor)
-        #: Programs handed to :meth:`add_to_buffer` as deduction/abduction problems (used with the peers').
+        self._tasks = tasks
+        #: Programs handed to :meth:`add_to_buffer` as deduction/abduction problems (after the run's tasks').
         self.programs = ProblemBuffer(
             [Problem("deduction", IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")],
             cap=params.buffer_cap,
@@ -579,11 +554,13 @@ class InductionTask(_AZRTask):
         ]
 
     def program_pool(self) -> list[Problem]:
-        """The union AZR samples from: every live deduction/abduction buffer of this run (seeds included
-        once per buffer, as in AZR), or this task's own program list when it runs alone."""
+        """The union AZR samples from: the buffers of the run's deduction/abduction tasks in the order of
+        ``tasks`` (seeds included once per buffer, as in AZR), then the programs handed to this task; only
+        this task's own program list when there are no such tasks."""
         pool: list[Problem] = []
-        for peer in sorted(self._peers, key=lambda peer: peer.peer_order):
-            pool.extend(peer.buffer.items)
+        for task in (self._tasks or {}).values():
+            if isinstance(task, CodeIOTask):
+                pool.extend(task.buffer.items)
         if not pool:
             pool = list(self.programs.items)
         elif len(self.programs) > self.programs.seed_count:

@@ -10,6 +10,8 @@ import click
 
 from populora_core import UserError
 
+from .prompts import CODE_TEMPLATES, MATH_TEMPLATES
+
 
 def _kv(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
     import yaml
@@ -53,9 +55,9 @@ def build_evaluators(
     eval_params: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Evaluators from the registry (so a plugin may replace or add one) with the CLI's settings."""
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    registry = get_manager().registry
+    registry = get_registry()
     per_bench: dict[str, dict[str, Any]] = {}
     for key, value in (eval_params or {}).items():
         bench_name, dot, field = key.partition(".")
@@ -95,11 +97,7 @@ def build_evaluators(
         if timeout_s is not None and category == "code":
             raw["timeout_s"] = timeout_s
         raw.update(per_bench.get(name, {}))
-        try:
-            params = comp.parse_params(raw)
-        except Exception as exc:
-            raise UserError(f"evaluator {name}: bad settings {raw}: {exc}") from None
-        evaluator = comp.factory(params)
+        evaluator = comp.build(raw)
         evaluator.items()  # load and check the data now: a bad file fails before any generation
         evaluators.append(evaluator)
     return evaluators
@@ -128,19 +126,19 @@ def register(cli: Any) -> None:
     @click.option("--max-tokens", type=int, default=None, help="Override AZR's per-benchmark budgets.")
     @click.option(
         "--math-template",
-        type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]),
+        type=click.Choice(MATH_TEMPLATES),
         default=None,
         help="Math prompt template (default azr; qwen-boxed for non-AZR base models).",
     )
     @click.option(
         "--base-math-template",
-        type=click.Choice(["azr", "azr_boxed", "qwen-boxed"]),
+        type=click.Choice(MATH_TEMPLATES),
         default=None,
         help="Math template for the bare base model only (AZR evaluates non-AZR bases with qwen-boxed).",
     )
     @click.option(
         "--code-template",
-        type=click.Choice(["evalplus", "azr"]),
+        type=click.Choice(CODE_TEMPLATES),
         default=None,
         help="Code prompt template (default: evalplus for HumanEval/MBPP, azr for LCB).",
     )

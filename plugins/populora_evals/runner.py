@@ -53,14 +53,14 @@ def make_executor(name: str = "sandbox", params: dict[str, Any] | None = None) -
     harness can give every test its own SIGALRM timer, which also interrupts blocking calls such as
     ``time.sleep`` (without it the harness falls back to a watchdog thread).
     """
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    comp = get_manager().registry.get("executor", name)
+    comp = get_registry().get("executor", name)
     raw = dict(params or {})
     if "extra_modules" in comp.params_model.model_fields:
         extra = raw.get("extra_modules") or []
         raw["extra_modules"] = [*([extra] if isinstance(extra, str) else extra), "signal"]
-    return comp.factory(comp.parse_params(raw))
+    return comp.build(raw)
 
 
 def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Settings) -> str:
@@ -115,12 +115,17 @@ class Evaluation:
     # --- components from the registry ------------------------------------------------------------
 
     def _registry_engine(self) -> Any:
-        from populora_core.plugins import get_manager
+        from populora_core import get_registry
 
-        comp = get_manager().registry.get("engine", self.settings.engine)
-        params = comp.parse_params(self.settings.engine_params)
-        return comp.factory(
-            params, base_model=self.target.base_model, lora=self.target.lora_settings(), seed=self.settings.seed
+        return (
+            get_registry()
+            .get("engine", self.settings.engine)
+            .build(
+                self.settings.engine_params,
+                base_model=self.target.base_model,
+                lora=self.target.lora_settings(),
+                seed=self.settings.seed,
+            )
         )
 
     def _registry_executor(self) -> Any:

@@ -69,30 +69,21 @@ def model_fingerprint(path: str) -> str:
 
 
 def resolve_base_model(spec: Any, *, relative_to: Path | None = None, dtype: str = "auto") -> BaseModel:
-    """A recipe ``base_model`` (registered name, local path or hub id; str or {name/path, params})."""
+    """A recipe's ``base_model`` (str or {name, params}) through the core; a relative path may be the run's."""
+    from dataclasses import replace
+
+    from populora_core import get_registry
+
     params: dict[str, Any] = {}
     if isinstance(spec, dict):
         params = dict(spec.get("params") or {})
         spec = spec.get("name") or spec.get("path")
     if not isinstance(spec, str) or not spec:
         raise UserError(f"base_model must name a model (registered name, path or hub id), not {spec!r}")
-    from populora_core.plugins import get_manager
-
-    registry = get_manager().registry
-    if spec in registry.names("base_model"):
-        comp = registry.get("base_model", spec)
-        model = comp.factory(comp.parse_params(params))
-        if dtype != "auto":
-            model = BaseModel(model.path, model.name or spec, dtype, model.chat_template)
-        return model
-    path = Path(spec).expanduser()
-    if not path.exists() and relative_to is not None and (relative_to / spec).exists():
-        path = relative_to / spec
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise UserError(f"base model directory {path} has no config.json")
-        return BaseModel(str(path.resolve()), name=path.name, dtype=dtype)
-    return BaseModel(spec, name=spec, dtype=dtype)  # a hub id, for machines with a hub
+    if relative_to is not None and not Path(spec).expanduser().exists() and (relative_to / spec).exists():
+        spec = str(relative_to / spec)
+    model = get_registry().base_model(spec, params)
+    return model if dtype == "auto" else replace(model, dtype=dtype)
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:

@@ -201,23 +201,24 @@ class DellaParams(DeltaMergeParams):
     method: Literal["della"] = "della"
 
 
-#: name -> (function name in .ops, params model, number of parents (0 = two or more)).
-OPERATORS: dict[str, tuple[str, type[Params], int]] = {
-    "svd_structured": ("svd_structured", SvdStructuredParams, 1),
-    "layer_gaussian": ("layer_gaussian", LayerGaussianParams, 1),
-    "component_mask": ("component_mask", ComponentMaskParams, 1),
-    "gaussian": ("gaussian", GaussianParams, 1),
-    "neftune": ("neftune", NeftuneParams, 1),
-    "svd": ("svd_crossover", SvdCrossoverParams, 0),
-    "della": ("delta_merge", DellaParams, 0),
-    "dare": ("delta_merge", DareParams, 0),
-    "ties": ("delta_merge", TiesParams, 0),
-    "delta_merge": ("delta_merge", DeltaMergeParams, 0),
-    "layerwise": ("layerwise", LayerwiseParams, 0),
-    "svd_subspace": ("svd_subspace", SvdSubspaceParams, 2),
-    "extrapolate": ("extrapolate", ExtrapolateParams, 2),
-    "xes": ("xes", XesParams, 0),
-    "clone": ("clone", CloneParams, 1),
+#: name -> (function name in .ops, params model, (fewest, most) parents; None = no upper bound).
+MUTATION, TWO, TWO_OR_MORE = (1, 1), (2, 2), (2, None)
+OPERATORS: dict[str, tuple[str, type[Params], tuple[int, int | None]]] = {
+    "svd_structured": ("svd_structured", SvdStructuredParams, MUTATION),
+    "layer_gaussian": ("layer_gaussian", LayerGaussianParams, MUTATION),
+    "component_mask": ("component_mask", ComponentMaskParams, MUTATION),
+    "gaussian": ("gaussian", GaussianParams, MUTATION),
+    "neftune": ("neftune", NeftuneParams, MUTATION),
+    "svd": ("svd_crossover", SvdCrossoverParams, TWO_OR_MORE),
+    "della": ("delta_merge", DellaParams, TWO_OR_MORE),
+    "dare": ("delta_merge", DareParams, TWO_OR_MORE),
+    "ties": ("delta_merge", TiesParams, TWO_OR_MORE),
+    "delta_merge": ("delta_merge", DeltaMergeParams, TWO_OR_MORE),
+    "layerwise": ("layerwise", LayerwiseParams, TWO_OR_MORE),
+    "svd_subspace": ("svd_subspace", SvdSubspaceParams, TWO),
+    "extrapolate": ("extrapolate", ExtrapolateParams, TWO),
+    "xes": ("xes", XesParams, TWO_OR_MORE),
+    "clone": ("clone", CloneParams, MUTATION),
 }
 
 
@@ -236,10 +237,12 @@ def _lazy(fn_name: str, doc: str):  # type: ignore[no-untyped-def]
 
 @hookimpl
 def register_operators(register):  # type: ignore[no-untyped-def]
-    for name, (fn_name, params, parents) in OPERATORS.items():
+    for name, (fn_name, params, (fewest, most)) in OPERATORS.items():
         doc = (params.__doc__ or "").strip().splitlines()[0]
-        kind = "mutation" if parents == 1 and name != "clone" else "crossover"
-        register(name, _lazy(fn_name, doc), params=params, description=doc, parents=parents, kind=kind)
+        kind = "mutation" if most == 1 and name != "clone" else "crossover"
+        register(
+            name, _lazy(fn_name, doc), params=params, description=doc, min_parents=fewest, max_parents=most, kind=kind
+        )
 
 
 @hookimpl

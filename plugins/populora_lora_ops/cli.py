@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from populora_core.errors import PluginError, UserError
+from populora_core.errors import UserError
 
 LINEAGE_FILE = "lineage.json"
 
@@ -38,44 +38,25 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
     return raw
 
 
-def _check_count(name: str, wanted: Any, got: int) -> None:
-    if wanted in (None, "any"):
-        ok, need = got >= 1, "one or more"
-    elif int(wanted) == 0:
-        ok, need = got >= 2, "two or more"
-    else:
-        ok, need = got == int(wanted), f"exactly {int(wanted)}"
-    if not ok:
-        raise UserError(f"operator {name!r} takes {need} --parent, got {got}")
-
-
 def evolve(
     registry: Any, operator: str, parents: Sequence[str], out: str, sets: Sequence[str], seed: int
 ) -> dict[str, Any]:
     """Run one operator end to end; returns the lineage record (also written as ``lineage.json``)."""
     from pydantic import ValidationError
 
-    from populora_core.adapters import LoraWeights, adapter_hash, check_compatible, load_lora, save_lora
-    from populora_core.registry import format_validation_error
+    from populora_core import format_validation_error
+    from populora_core.adapters import adapter_hash, load_lora, save_lora
+    from populora_core.evolution import apply_operator
 
     comp = registry.get("operator", operator)
     try:
         params = comp.parse_params(parse_sets(sets))
     except ValidationError as exc:
         raise UserError(f"operator {operator!r}: bad --set: {format_validation_error(exc)}") from None
-    _check_count(operator, comp.meta.get("parents"), len(parents))
     dest = Path(out)
     if dest.exists():
         raise UserError(f"--out {dest} exists (adapter versions are never overwritten)")
-    loaded = [load_lora(p) for p in parents]
-    if len(loaded) > 1:
-        check_compatible(loaded)
-
-    import torch
-
-    generator = torch.Generator().manual_seed(int(seed))
-    child = comp.factory(loaded, params, generator)
-    _check_child(operator, loaded[0], child, LoraWeights)
+    child = apply_operator(comp, params, [load_lora(p) for p in parents], int(seed))
 
     record = {
         "operator": operator,
@@ -98,18 +79,6 @@ def evolve(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
-
-
-def _check_child(operator: str, parent: Any, child: Any, weights_type: type) -> None:
-    """A third-party operator must hand back the parents' modules and shapes (one rank, one alpha)."""
-    if not isinstance(child, weights_type):
-        raise PluginError(f"operator {operator!r} returned {type(child).__name__}, not LoraWeights")
-    if set(child.modules) != set(parent.modules):
-        raise PluginError(f"operator {operator!r} changed the set of target modules")
-    for name, f in parent.modules.items():
-        g = child.modules[name]
-        if tuple(g.A.shape) != tuple(f.A.shape) or tuple(g.B.shape) != tuple(f.B.shape):
-            raise PluginError(f"operator {operator!r} changed the shape of {name}")
 
 
 def add_evolve_command(cli: Any) -> None:

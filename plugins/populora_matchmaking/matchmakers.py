@@ -36,6 +36,12 @@ class _RatedMatchmaker:
     def expected(self, student: Any, teacher: Any) -> float:
         return expected_solve_rate(student, teacher, self.beta)
 
+    def state_dict(self) -> dict[str, Any] | None:
+        return None  # ratings live on the members; only a matchmaker with its own counters has state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
         margin = getattr(self.params, "draw_margin", 0.0)
         for o in outcomes:

@@ -12,6 +12,9 @@ from typing import Any
 
 from populora_core import Params, hookimpl
 
+#: Plugins this one imports (its corpus and probe use AZR's prompt builders); the import-rule test checks it.
+PLUGIN_REQUIRES = ("populora_azr",)
+
 #: Where the shipped model and probe set live.
 MODEL_DIR = Path(__file__).resolve().parent / "model"
 PROBE_FILE = Path(__file__).resolve().parent / "probe.jsonl"

@@ -39,22 +39,20 @@ def log(msg: str) -> None:
 
 
 def _executor(workers: int) -> Any:
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    comp = get_manager().registry.get("executor", "sandbox")
-    return comp.factory(comp.parse_params({"workers": workers}))
+    return get_registry().get("executor", "sandbox").build({"workers": workers})
 
 
 def check_probe(records: list[dict[str, Any]], executor: Any) -> None:
     """Re-validate every probe problem through the AZR tasks themselves (their gold outputs must agree)."""
     from populora_azr import prompts as P
 
-    from populora_core.plugins import get_manager
+    from populora_core import get_registry
 
-    reg = get_manager().registry
+    reg = get_registry()
     for name in ("deduction", "abduction", "induction"):
-        comp = reg.get("task", name)
-        task = comp.factory(comp.parse_params({"style": "compact"}), executor=executor, rng=0)
+        task = reg.get("task", name).build({"style": "compact"}, executor=executor, rng=0)
         recs = [r for r in records if r["task_type"] == name]
         if name == "induction":
             texts = [P.format_induction_proposal(r["inputs"], r["message"]) for r in recs]

@@ -41,8 +41,8 @@ PROPOSER_MAX_TOKENS = 256
 
 def load_probe(path: str | Path | None = None) -> list[Problem]:
     """The probe problems as valid :class:`Problem` objects (JSON lines of Problem fields)."""
-    from populora_core.components import load_problems
     from populora_core.errors import UserError
+    from populora_core.problems import load_problems
 
     path = Path(path) if path is not None else PROBE_FILE
     problems = load_problems(path)
@@ -74,25 +74,21 @@ def evaluate_probe(
 
     Returns ``{name: {"solver_accuracy": {task: acc, "mean": macro-average}, "formatted": {task: rate},
     "n": {task: count}, "proposal_validity": {task: rate}}}``; task types without problems (or without
-    a task in ``tasks``) are left out. One ``engine.generate`` call per task type serves every adapter.
+    a task in ``tasks``) are left out. One ``engine.generate`` call per answer budget serves every adapter.
     """
-    out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}} for name in adapters}
+    from populora_core.probe import greedy_grades
+
     names = list(adapters)
-    for task_type in TASK_TYPES:
-        task = tasks.get(task_type)
-        probs = [p for p in problems if p.task_type == task_type]
-        if task is None or not probs:
-            continue
-        prompts = [task.solver_prompt(p) for p in probs]
-        requests = [GenerationRequest(prompt, adapters[name]) for name in names for prompt in prompts]
-        sampling = SamplingParams(n=1, temperature=0.0, max_tokens=SOLVER_MAX_TOKENS[task_type])
-        completions = engine.generate(requests, sampling)
-        for k, name in enumerate(names):
-            rows = completions[k * len(probs) : (k + 1) * len(probs)]
-            grades = [task.grade(p, [row[0].text])[0] for p, row in zip(probs, rows, strict=True)]
-            out[name]["solver_accuracy"][task_type] = sum(g.correct for g in grades) / len(grades)
-            out[name]["formatted"][task_type] = sum(g.formatted for g in grades) / len(grades)
-            out[name]["n"][task_type] = len(grades)
+    out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}} for name in names}
+    by_type = {t: [p for p in problems if p.task_type == t] for t in TASK_TYPES if t in tasks}
+    graded = greedy_grades(engine, tasks, by_type, [adapters[name] for name in names], SOLVER_MAX_TOKENS)
+    for name, per_type in zip(names, graded):
+        for task_type in TASK_TYPES:
+            grades = per_type.get(task_type)
+            if grades:
+                out[name]["solver_accuracy"][task_type] = sum(g.correct for g in grades) / len(grades)
+                out[name]["formatted"][task_type] = sum(g.formatted for g in grades) / len(grades)
+                out[name]["n"][task_type] = len(grades)
     for name in names:
         accs = out[name]["solver_accuracy"]
         if accs:
@@ -136,28 +132,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from populora_core import get_registry
     from populora_core.components import BaseModel, LoraSettings
-    from populora_core.plugins import get_manager
 
-    reg = get_manager().registry
+    reg = get_registry()
     if args.model_dir is not None:
         base = BaseModel(path=str(args.model_dir), name=args.model_dir.name, dtype="float32")
     else:
-        comp = reg.get("base_model", args.base_model)
-        base = comp.factory(comp.parse_params({}))
+        base = reg.base_model(args.base_model)
     problems = load_probe(args.probe)
     if args.limit is not None:
         problems = [p for t in TASK_TYPES for p in [q for q in problems if q.task_type == t][: args.limit]]
-    ex_comp = reg.get("executor", "sandbox")
-    executor = ex_comp.factory(ex_comp.parse_params({}))
+    executor = reg.get("executor", "sandbox").build()
     try:
         tasks = {}
         for name in TASK_TYPES:
-            comp = reg.get("task", name)
-            tasks[name] = comp.factory(comp.parse_params({"style": "compact"}), executor=executor, rng=args.seed)
+            tasks[name] = reg.get("task", name).build(
+                {"style": "compact"}, executor=executor, rng=args.seed, tasks=tasks
+            )
         seed_buffers(tasks, problems)
-        eng = reg.get("engine", "hf")
-        engine = eng.factory(eng.parse_params({}), base_model=base, lora=LoraSettings(), seed=args.seed)
+        engine = reg.get("engine", "hf").build(base_model=base, lora=LoraSettings(), seed=args.seed)
         adapters: dict[str, AdapterRef | None] = {"base": None}
         for path in args.adapter:
             adapters[_adapter_name(path)] = AdapterRef(_adapter_name(path), str(path))

@@ -103,10 +103,6 @@ def _plot_members(ax: Any, run: RunData, members: list[str], metric: str, colors
     return drawn
 
 
-def _no_steps(run: RunData) -> str:
-    return "no step records" if not run.steps else ""
-
-
 # --- figures --------------------------------------------------------------------------------------
 
 

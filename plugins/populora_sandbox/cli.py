@@ -41,7 +41,7 @@ def add_commands(cli: Any) -> None:
         try:
             params = SandboxParams(**overrides)
         except ValidationError as exc:
-            from populora_core.registry import format_validation_error
+            from populora_core import format_validation_error
 
             raise UserError(f"bad sandbox option: {format_validation_error(exc)}") from None
         with SandboxExecutor(params) as executor:

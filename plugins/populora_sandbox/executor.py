@@ -69,6 +69,16 @@ class _Worker:
         return self.proc.stdout.fileno()
 
 
+@dataclass
+class _Batch:
+    """The scheduling state of one ``run_batch`` call, which every feed and retire step works on."""
+
+    jobs: list[ExecJob]
+    queues: dict[int, deque[int]]  # hash variant -> indices of the jobs not sent yet
+    sel: selectors.BaseSelector
+    active: dict[int, _Worker] = field(default_factory=dict)  # fd -> worker with jobs in flight
+
+
 class SandboxExecutor:
     """Runs untrusted Python programs, each in its own isolated process; see the package README."""
 
@@ -168,8 +178,7 @@ class SandboxExecutor:
             queues.setdefault(job.hash_variant, deque()).append(i)
         for variant in queues:
             self._ensure_variant(variant)
-        sel = selectors.DefaultSelector()
-        active: dict[int, _Worker] = {}  # fd -> worker with jobs in flight
+        batch = _Batch(jobs, queues, selectors.DefaultSelector())
         retried: dict[int, int] = {}
         pending = len(jobs)
         try:
@@ -177,11 +186,11 @@ class SandboxExecutor:
                 for worker in list(self._pool[variant]):
                     if worker.proc.poll() is not None:  # died while idle (killed from outside)
                         self._replace(worker)
-                self._feed_idle(variant, queues, jobs, sel, active)
+                self._feed_idle(variant, batch)
             while pending:
                 now = time.monotonic()
-                wait = max(0.0, min(w.deadline for w in active.values()) - now) if active else 0.0
-                for key, _ in sel.select(timeout=wait):
+                wait = max(0.0, min(w.deadline for w in batch.active.values()) - now) if batch.active else 0.0
+                for key, _ in batch.sel.select(timeout=wait):
                     worker = key.data
                     fill = True
                     while worker.inflight:  # one read may bring several replies
@@ -201,72 +210,55 @@ class SandboxExecutor:
                                 pending -= 1
                             else:
                                 worker.inflight.appendleft((index, _timeout))
-                            worker = self._retire(worker, queues, sel, active)
+                            worker = self._retire(worker, batch)
                             break
                         results[index] = _to_result(reply)
                         pending -= 1
                         worker.head_started = time.monotonic()
-                    self._feed_idle(worker.variant, queues, jobs, sel, active)
+                    self._feed_idle(worker.variant, batch)
                 now = time.monotonic()
-                for worker in list(active.values()):
+                for worker in list(batch.active.values()):
                     if worker.inflight and now > worker.deadline:  # hung: should have answered long ago
                         index, _timeout = worker.inflight.popleft()
                         results[index] = ExecResult(
                             "killed", error="SandboxError: worker hung, replaced", wall_s=now - worker.head_started
                         )
                         pending -= 1
-                        fresh = self._retire(worker, queues, sel, active)
-                        self._feed_idle(fresh.variant, queues, jobs, sel, active)
+                        fresh = self._retire(worker, batch)
+                        self._feed_idle(fresh.variant, batch)
         except BaseException:
             # KeyboardInterrupt or a bug here: zygotes mid-job are in an unknown state, replace them.
-            for worker in list(active.values()):
-                self._retire(worker, queues, sel, active)
+            for worker in list(batch.active.values()):
+                self._retire(worker, batch)
             raise
         finally:
-            sel.close()
+            batch.sel.close()
         return [r if r is not None else ExecResult("killed", error="SandboxError: not run") for r in results]
 
-    def _feed_idle(
-        self,
-        variant: int,
-        queues: dict[int, deque[int]],
-        jobs: list[ExecJob],
-        sel: selectors.BaseSelector,
-        active: dict[int, _Worker],
-    ) -> None:
+    def _feed_idle(self, variant: int, batch: _Batch) -> None:
         """Give every idle zygote of ``variant`` a job before any gets a second one (load balance)."""
         for depth in range(1, _DEPTH + 1):
             for worker in self._pool[variant]:
-                self._feed(worker, queues, jobs, sel, active, depth)
+                self._feed(worker, batch, depth)
 
-    def _feed(
-        self,
-        worker: _Worker,
-        queues: dict[int, deque[int]],
-        jobs: list[ExecJob],
-        sel: selectors.BaseSelector,
-        active: dict[int, _Worker],
-        depth: int = _DEPTH,
-    ) -> None:
+    def _feed(self, worker: _Worker, batch: _Batch, depth: int = _DEPTH) -> None:
         """Keep up to ``depth`` jobs queued in a zygote so it never waits for this process."""
-        queue = queues.get(worker.variant)
+        queue = batch.queues.get(worker.variant)
         while queue and len(worker.inflight) < depth:
-            self._send_job(worker, queue.popleft(), jobs)
-        if worker.inflight and worker.fd not in active:
-            sel.register(worker.fd, selectors.EVENT_READ, worker)
-            active[worker.fd] = worker
-        elif not worker.inflight and worker.fd in active:
-            sel.unregister(worker.fd)
-            del active[worker.fd]
+            self._send_job(worker, queue.popleft(), batch.jobs)
+        if worker.inflight and worker.fd not in batch.active:
+            batch.sel.register(worker.fd, selectors.EVENT_READ, worker)
+            batch.active[worker.fd] = worker
+        elif not worker.inflight and worker.fd in batch.active:
+            batch.sel.unregister(worker.fd)
+            del batch.active[worker.fd]
 
-    def _retire(
-        self, worker: _Worker, queues: dict[int, deque[int]], sel: selectors.BaseSelector, active: dict[int, _Worker]
-    ) -> _Worker:
+    def _retire(self, worker: _Worker, batch: _Batch) -> _Worker:
         """Replace a dead or hung zygote; jobs it had queued but not started go back to the queue."""
-        if worker.fd in active:
-            sel.unregister(worker.fd)
-            del active[worker.fd]
-        queue = queues.setdefault(worker.variant, deque())
+        if worker.fd in batch.active:
+            batch.sel.unregister(worker.fd)
+            del batch.active[worker.fd]
+        queue = batch.queues.setdefault(worker.variant, deque())
         for index, _timeout in reversed(worker.inflight):
             queue.appendleft(index)
         worker.inflight.clear()

@@ -109,6 +109,16 @@ class LoraTrainerBase:
             group.update(lr=lr * ratio, betas=tuple(p.betas), eps=p.eps, weight_decay=p.weight_decay)
         return opt
 
+    def _step(self, member_id: str, opt: Any, params: dict[str, Any]) -> Any:
+        """Clip the gradient to ``grad_clip`` and step; a non-finite norm aborts the update (nothing is saved)."""
+        import torch
+
+        grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), self.params.grad_clip)
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"update of {member_id!r}: non-finite gradient norm {grad_norm}")
+        opt.step()
+        return grad_norm
+
     def _keep(self, member_id: str, opt: Any, params: dict[str, Any]) -> None:
         state = opt.state_dict()
         self._states[member_id] = {"names": list(params), "optimizer": copy.deepcopy(state)}

@@ -202,10 +202,7 @@ class GRPOLoraTrainer(LoraTrainerBase):
                     loss.backward()
                     loss_sum += float(loss.detach())
                     ent_sum += float(self._last_entropy(trainer)) * tokens_mb
-                grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), p.grad_clip)
-                if not torch.isfinite(grad_norm):
-                    raise FloatingPointError(f"update of {member_id!r}: non-finite gradient norm {grad_norm}")
-                opt.step()
+                grad_norm = self._step(member_id, opt, params)
                 self._keep(member_id, opt, params)
                 opt.zero_grad(set_to_none=True)
             finally:

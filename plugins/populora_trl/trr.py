@@ -146,10 +146,7 @@ class TRRTrainer(LoraTrainerBase):
                         loss_sum += float(loss.detach())
                         ent_sum += float(ent_mean.detach())
                         clipped += float((((ratio - 1).abs() > p.clip_eps).to(logp.dtype) * mask).sum())
-                    grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), p.grad_clip)
-                    if not torch.isfinite(grad_norm):
-                        raise FloatingPointError(f"update of {member_id!r}: non-finite gradient norm {grad_norm}")
-                    opt.step()
+                    grad_norm = self._step(member_id, opt, params)
                 self._keep(member_id, opt, params)
                 opt.zero_grad(set_to_none=True)
             finally:
