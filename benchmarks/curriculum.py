@@ -2,6 +2,7 @@
 
     python -m benchmarks.curriculum                            # recipes/nano.yaml, seeds 0 1, 32 steps
     python -m benchmarks.curriculum --seeds 0 --steps 8 --quick
+    python -m benchmarks.curriculum --smoke                    # seed 0, 1 step, tiny probe and rollouts (CI)
     python -m benchmarks.curriculum trainer.params.lr=1e-3     # recipe overrides, as `populora run` takes
 
 Why: the quickstart's probe gain mixes two things, what teachers propose and what one student update
@@ -46,10 +47,12 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
 def run_seed(
     recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int, pool_size: int, work: Path
 ) -> dict[str, Any]:
-    from populora_core.loop import derived_rng, start_run
+    from populora_core.loop import start_run
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
+    from populora_core.rng import derived_rng
     from populora_core.run import RunDir
+    from populora_core.solving import solve
 
     manager = get_manager()
     recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"], manager.registry)
@@ -75,7 +78,7 @@ def run_seed(
                     pool[name], cfg.proposals_per_teacher
                 )
             ]
-            answers = run.solve(attempts, step, "sample/solve", n=cfg.solver_samples)
+            answers = solve(run, attempts, step, "sample/solve", n=cfg.solver_samples)
             rollouts = [r for scored in answers for r in scored]
             rates: dict[str, list[float]] = {}
             for (name, _, _), scored in zip(attempts, answers):
@@ -105,18 +108,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--probe-every", type=int, default=8)
     parser.add_argument("--pool", type=int, default=200, help="curriculum problems per task type")
     parser.add_argument("--quick", action="store_true", help="3 steps, a 10-problem probe per type")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seed 0, 1 step, a 3-problem probe per type, 2 x 2 rollouts per type: checks it runs, not the gain",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value recipe overrides")
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
-    steps, probe_every = args.steps, args.probe_every
-    if args.quick:
+    steps, probe_every, seeds, pool = args.steps, args.probe_every, args.seeds, args.pool
+    if args.smoke:
+        steps, probe_every, seeds, pool = 1, 1, [0], 10
+        overrides += [
+            "probe.problems_per_type=3",
+            "rollout.proposals_per_teacher=2",
+            "rollout.solver_samples=2",
+        ]
+    elif args.quick:
         steps, probe_every = 3, 3
         overrides.append("probe.problems_per_type=10")
     start = time.time()
     results = []
     with tempfile.TemporaryDirectory(prefix="populora-curriculum-") as tmp:
-        for seed in args.seeds:
-            results.append(run_seed(args.recipe, overrides, seed, steps, probe_every, args.pool, Path(tmp)))
+        for seed in seeds:
+            results.append(run_seed(args.recipe, overrides, seed, steps, probe_every, pool, Path(tmp)))
     print(f"\nprobe accuracy (%, greedy) of one student trained on the ideal curriculum; {args.recipe}")
     print("| seed | " + " | ".join(f"step {s}" for s in results[0]["probe"]) + " | final - step 0 |")
     print("|---" * (len(results[0]["probe"]) + 2) + "|")

@@ -2,6 +2,7 @@
 
     python -m benchmarks.generation            # 8 adapters x 8 prompts x 64 tokens, plus vllm if importable
     python -m benchmarks.generation --quick    # 8 adapters x 4 prompts x 32 tokens, hf only (< 1 min)
+    python -m benchmarks.generation --quick --vllm   # the same plus the vllm engine (CI's vllm job)
     python -m benchmarks.generation --device cuda   # on a GPU: bf16, same work
 
 Same prompts, same greedy tokens in both modes (the test suite checks the tokens are identical):
@@ -54,23 +55,24 @@ def _tokens(outs: list[list[Any]]) -> int:
     return sum(len(c.token_ids) for row in outs for c in row)
 
 
-def run(quick: bool, device: str, use_vllm: bool, repeats: int) -> dict[str, Any]:
+def run(
+    quick: bool, device: str, use_vllm: bool, repeats: int, work: Path, require_vllm: bool = False
+) -> dict[str, Any]:
     import torch
 
+    from populora_core import get_registry
     from populora_core.components import BaseModel, GenerationRequest, LoraSettings, SamplingParams
     from populora_core.modelhost import get_host
-    from populora_core.plugins import get_manager
-    from tests.tiny_model import build_tiny_model
+    from tests.tiny_model import build_tiny_model, fresh_adapter
 
     n_adapters, per_adapter, max_tokens = (8, 4, 32) if quick else (8, 8, 64)
-    work = Path(tempfile.mkdtemp(prefix="bench-gen-"))
     base = BaseModel(str(build_tiny_model(work / "model", hidden=128, heads=2, kv_heads=1)))
     lora = LoraSettings(rank=16, alpha=32.0, init_std=0.02)
     host = get_host(base, device)
-    adapters = [host.create(f"m{i}@v0", lora, seed=i, out_dir=work / f"m{i}") for i in range(n_adapters)]
-    registry = get_manager().registry
-    comp = registry.get("engine", "hf")
-    engine = comp.factory(comp.parse_params({"device": device}), base_model=base, lora=lora, seed=0)
+    # version-0 adapters written as the loop writes them (init_lora + save_lora)
+    adapters = [fresh_adapter(base, f"m{i}@v0", lora, seed=i, out_dir=work / f"m{i}") for i in range(n_adapters)]
+    registry = get_registry()
+    engine = registry.get("engine", "hf").build({"device": device}, base_model=base, lora=lora, seed=0)
     # EOS is a random token of a random model: greedy from these prompts may stop early, equally in all modes
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     reqs = [GenerationRequest(PROMPTS[j % len(PROMPTS)], a) for a in adapters for j in range(per_adapter)]
@@ -106,13 +108,14 @@ def run(quick: bool, device: str, use_vllm: bool, repeats: int) -> dict[str, Any
     if use_vllm:
         try:
             import vllm  # noqa: F401
-        except Exception as exc:
+        except Exception as exc:  # ImportError, or a CUDA torchvision next to the CPU torch
+            if require_vllm:
+                raise SystemExit(f"--vllm: vllm is not importable ({type(exc).__name__}: {exc})") from None
             result["vllm_skipped"] = f"{type(exc).__name__}: {exc}"
         else:
             t0 = time.perf_counter()
-            vcomp = registry.get("engine", "vllm")
-            v = vcomp.factory(
-                vcomp.parse_params({"max_loras": n_adapters, "max_model_len": 512}), base_model=base, lora=lora, seed=0
+            v = registry.get("engine", "vllm").build(
+                {"max_loras": n_adapters, "max_model_len": 512}, base_model=base, lora=lora, seed=0
             )
             result["vllm_start_s"] = round(time.perf_counter() - t0, 2)
             t_v, out_v = _timed(lambda: v.generate(reqs, greedy), repeats)
@@ -123,19 +126,28 @@ def run(quick: bool, device: str, use_vllm: bool, repeats: int) -> dict[str, Any
             ]
             v.close()
     else:
-        result["vllm_skipped"] = "quick mode (engine start alone takes ~30-40 s here); run without --quick"
+        result["vllm_skipped"] = "--no-vllm, or --quick without --vllm (engine start alone takes ~30-40 s here)"
+    if "vllm_skipped" in result:
+        print(f"vllm part skipped: {result['vllm_skipped']}", file=sys.stderr)
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="8 adapters x 4 prompts x 32 tokens, hf only")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument(
+        "--vllm", action="store_true", help="run the vllm part with --quick too (an error if vllm is missing)"
+    )
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.vllm and args.no_vllm:
+        ap.error("--vllm and --no-vllm exclude each other")
     repeats = args.repeats or (2 if args.quick else 3)
-    result = run(args.quick, args.device, use_vllm=not (args.quick or args.no_vllm), repeats=repeats)
+    use_vllm = args.vllm or not (args.quick or args.no_vllm)
+    with tempfile.TemporaryDirectory(prefix="bench-gen-") as tmp:
+        result = run(args.quick, args.device, use_vllm, repeats, Path(tmp), require_vllm=args.vllm)
     result.update(python=platform.python_version(), machine=platform.machine(), cpus=os.cpu_count())
     print(json.dumps(result), flush=True)
     sys.stdout.flush()

@@ -2,6 +2,7 @@
 
     python -m benchmarks.loop            # the nano CPU recipe, 6 steps (one evolution, one checkpoint)
     python -m benchmarks.loop --quick    # 3 steps, smaller rollouts, evolution at step 2 (< 1 min idle)
+    python -m benchmarks.loop --smoke    # 2 steps, tiny rollouts, evolution after step 1 (CI: does it run)
 
 Model compute = generation (propose, solve, buffer) and the policy updates; orchestration = everything
 else (matchmaking, prompt building, sandbox validation and grading, ratings, buffers, logging,
@@ -31,17 +32,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "nano.yaml"))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 steps of tiny rollouts: checks every phase runs, not its speed"
+    )
     parser.add_argument("overrides", nargs="*", help="extra key.sub=value recipe overrides")
     args = parser.parse_args(argv)
 
-    from populora_core.loop import MODEL_PHASES, execute, start_run
+    from populora_core.loop import execute, start_run
+    from populora_core.metrics import MODEL_PHASES
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
     from populora_core.run import RunDir
 
-    steps = 3 if args.quick else args.steps
+    steps = 2 if args.smoke else 3 if args.quick else args.steps
     overrides = [f"steps={steps}", "probe.enabled=false"]
-    if args.quick:
+    if args.smoke:
+        overrides += [
+            "rollout.proposals_per_teacher=1",
+            "rollout.solver_samples=2",
+            "rollout.propose_max_tokens=64",
+            "rollout.solve_max_tokens=32",
+            "evolution.every=1",
+        ]
+    elif args.quick:
         overrides += ["rollout.proposals_per_teacher=2", "rollout.solver_samples=2", "evolution.every=2"]
     overrides += args.overrides
     manager = get_manager()
@@ -50,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         start = time.perf_counter()
         run = start_run(recipe, resolved, RunDir(Path(tmp) / "run"), manager)
         setup_s = time.perf_counter() - start
-        execute(run, progress=False)
+        execute(run)
         records = [r for r in RunDir(Path(tmp) / "run").read_log("events.jsonl") if r["event"] == "step"]
 
     phases = sorted({k[5:] for r in records for k in r if k.startswith("time/")} - {"step", "orchestration_share"})
@@ -73,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         "first_step_s": round(records[0]["time/step"], 3),
         "phase_s_per_step": {p: round(statistics.fmean(r.get(f"time/{p}", 0.0) for r in steady), 4) for p in phases},
         "quick": args.quick,
+        "smoke": args.smoke,
     }
     print(
         f"orchestration share {result['orchestration_share']:.1%} of {result['seconds_per_step']:.2f} s/step "

@@ -55,9 +55,8 @@ def make_files(work: Path, hidden: int, layers: int, count: int, rank: int) -> N
         save_lora(w, work / f"m{i}")
 
 
-def run(quick: bool, device: str) -> dict[str, Any]:
+def run(quick: bool, device: str, work: Path) -> dict[str, Any]:
     hidden, layers, rank = (1024, 2, 16) if quick else (1024, 4, 16)
-    work = Path(tempfile.mkdtemp(prefix="bench-mem-"))
     subprocess.run(
         [
             sys.executable,
@@ -76,15 +75,13 @@ def run(quick: bool, device: str) -> dict[str, Any]:
     )
     import torch
 
+    from populora_core import get_registry
     from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
-    from populora_core.plugins import get_manager
 
-    comp = get_manager().registry.get("engine", "hf")
+    comp = get_registry().get("engine", "hf")
     lora = LoraSettings(rank=rank, alpha=2.0 * rank, target_modules=TARGETS)
     base = BaseModel(str(work / "model"))
-    engine = comp.factory(
-        comp.parse_params({"device": device, "max_loaded_adapters": 64}), base_model=base, lora=lora, seed=0
-    )
+    engine = comp.build({"device": device, "max_loaded_adapters": 64}, base_model=base, lora=lora, seed=0)
     tiny = SamplingParams(temperature=0.0, max_tokens=1)
     import safetensors.torch  # noqa: F401  (library code is loaded once per process, not per adapter)
 
@@ -151,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.make_files:
         make_files(Path(args.make_files), args.hidden, args.layers, 16, args.rank)
         return
-    result = run(args.quick, args.device)
+    with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp:
+        result = run(args.quick, args.device, Path(tmp))
     result.update(python=platform.python_version(), machine=platform.machine(), cpus=os.cpu_count())
     print(json.dumps(result), flush=True)
 

@@ -2,6 +2,7 @@
 
     python -m benchmarks.operators            # 28 layers x 7 modules, ranks 16 and 64 (many minutes)
     python -m benchmarks.operators --quick    # 2 layers of q,k,v,o, rank 16, PEFT on one layer (< 1 min)
+    python -m benchmarks.operators --smoke    # 1 layer of k,v, rank 16, PEFT on k_proj, no pip (CI)
 
 Parents are synthetic but trained-looking (decaying spectra, A at init scale, B carrying the magnitude;
 see populora_lora_ops.synthetic). Per child: wall time and peak extra RSS over the parents already in
@@ -162,11 +163,14 @@ def _runtime_requirements(target: Path) -> list[str]:
     return reqs
 
 
-def try_lucidrains(target: str | None) -> tuple[bool, str]:
+def try_lucidrains(target: str | None, install: bool = True) -> tuple[bool, str]:
     """Install ``populora`` and its runtime requirements (all with --no-deps, torch never) into a throwaway
-    --target dir, then import it in a child process; never into this venv."""
+    --target dir, then import it in a child process; never into this venv. ``install=False``: only use
+    what is already there (no pip, no network)."""
     tgt = Path(target or tempfile.mkdtemp(prefix="lucid-populora-"))
     if not (tgt / "populora").is_dir():
+        if not install:
+            return False, f"not installed in {tgt}, and this mode never runs pip (--quick or a full run installs it)"
         err = _pip_target(tgt, "populora") or _pip_target(tgt, *_runtime_requirements(tgt))
         if err:
             return False, f"pip install failed: {err}"
@@ -279,8 +283,8 @@ def bench_rank(
     parents = [trained_like(named, rank, alpha, seed) for seed in (1, 2)]
     result: dict[str, Any] = {}
     for name in ops_to_run:
-        fn_name, model, n = OPERATORS[name]
-        ps = parents[:1] if n == 1 else parents
+        fn_name, model, (_, most) = OPERATORS[name]  # (fewest, most) parents
+        ps = parents[:1] if most == 1 else parents
         fn = getattr(ops, fn_name)
         child, dt, mb = _timed(lambda fn=fn, ps=ps, model=model: fn(ps, model(), torch.Generator().manual_seed(0)))
         rows.append({"operator": name, "rank": rank, "seconds": dt, "cpu_s": _CPU["last"], "peak_mb": mb})
@@ -375,6 +379,11 @@ def bench_rank(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 layers of q,k,v,o at rank 16 (under a minute)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 layer of k,v at rank 16, PEFT on k_proj, lucidrains only if already installed: checks it runs",
+    )
     ap.add_argument("--ranks", type=int, nargs="+", default=None)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -387,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         help="ranks at which PEFT's svd merge is run (each costs minutes at 7B shapes)",
     )
     ap.add_argument("--lucid-target", default="/tmp/lucid", help="throwaway pip --target dir for `populora`")
+    ap.add_argument("--no-lucid", action="store_true", help="skip the comparison with lucidrains' populora")
     ap.add_argument("--operators", nargs="+", default=None)
     args = ap.parse_args(argv)
 
@@ -396,12 +406,20 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     shapes = dict(QWEN25_7B_SHAPES)
-    if args.quick:
+    if args.smoke:
+        shapes = {k: v for k, v in shapes.items() if k in ("self_attn.k_proj", "self_attn.v_proj")}
+    elif args.quick:
         shapes = {k: v for k, v in shapes.items() if k.startswith("self_attn")}
-    layers = args.layers or (2 if args.quick else 28)
-    ranks = args.ranks or ([16] if args.quick else [16, 64])
+    small = args.quick or args.smoke
+    layers = args.layers or (1 if args.smoke else 2 if args.quick else 28)
+    ranks = args.ranks or ([16] if small else [16, 64])
     ops_to_run = args.operators or [n for n in OPERATORS if n != "delta_merge"]  # delta_merge == della
-    lucid_ok, lucid_info = try_lucidrains(args.lucid_target)
+    if args.no_lucid:
+        lucid_ok, lucid_info = False, "--no-lucid"
+    else:
+        lucid_ok, lucid_info = try_lucidrains(args.lucid_target, install=not args.smoke)
+    if not lucid_ok:
+        print(f"lucidrains comparison skipped: {lucid_info}", file=sys.stderr)
     _warm_up()
 
     rows: list[dict[str, Any]] = []
@@ -417,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
                 Path(tmp),
                 not args.no_peft and rank in args.peft_ranks,
                 rows,
-                ["k_proj", "v_proj"] if args.quick else None,
+                ["k_proj"] if args.smoke else ["k_proj", "v_proj"] if args.quick else None,
             )
     if lucid_ok:  # last: its import cannot disturb our timings
         from populora_lora_ops.synthetic import module_names, trained_like
@@ -450,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         else:
             print(
-                f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on {res['peft_scope']} only (quick): "
+                f"# rank {rank}: PEFT add_weighted_adapter(svd) measured on {res['peft_scope']} only: "
                 f"{res['peft_scope_s']:.2f} s vs ours {res['svd_scope_s']:.4f} s on the same modules"
             )
         print(
@@ -477,6 +495,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = {
         "benchmark": "operators",
         "quick": args.quick,
+        "smoke": args.smoke,
         "layers": layers,
         "modules": [k.split(".")[1] for k in shapes],
         "threads": args.threads,

@@ -2,6 +2,7 @@
 
     python -m benchmarks.sandbox            # 1,200 programs; subprocess reference on 200 of them
     python -m benchmarks.sandbox --quick    # 1,000 programs; subprocess reference on 40 (< 1 min)
+    python -m benchmarks.sandbox --smoke    # 200 programs; subprocess reference on 10 (CI: it runs)
 
 A validation is AZR's proposal check with our two-run determinism rule: run ``f(input)`` in two
 separate processes whose hash seeds differ, both must succeed and return the same repr.
@@ -244,8 +245,7 @@ while True:
 """
 
 
-def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], float]:
-    """UNSAFE: one reused exec worker. Returns the verdicts and the seconds spent (without start-up)."""
+def _unsafe_worker() -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-c", _UNSAFE_WORKER],
         stdin=subprocess.PIPE,
@@ -254,6 +254,12 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
         cwd="/tmp",
     )
     assert proc.stdin is not None and proc.stdout is not None
+    return proc
+
+
+def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], float]:
+    """UNSAFE: one reused exec worker. Returns the verdicts and the seconds spent (without start-up)."""
+    proc = _unsafe_worker()
     out: list[str | None] = []
     start = time.perf_counter()
     try:
@@ -265,14 +271,7 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
             if len(head) < 4:  # a program killed the worker: restart it, count as invalid
                 out.append(None)
                 proc.wait()
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", _UNSAFE_WORKER],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    cwd="/tmp",
-                )
-                assert proc.stdin is not None and proc.stdout is not None
+                proc = _unsafe_worker()
                 continue
             assert proc.stdout is not None
             out.append(json.loads(proc.stdout.read(struct.unpack(">I", head)[0])))
@@ -288,6 +287,7 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1,000 programs, subprocess reference on 40")
+    ap.add_argument("--smoke", action="store_true", help="200 programs, subprocess reference on 10")
     ap.add_argument("--programs", type=int, default=None)
     ap.add_argument("--subprocess-programs", type=int, default=None)
     ap.add_argument("--workers", type=int, default=0, help="sandbox zygotes per hash variant (0: cores)")
@@ -297,9 +297,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from populora_sandbox.executor import SandboxExecutor
     from populora_sandbox.params import SandboxParams
 
-    n = args.programs or (1000 if args.quick else 1200)
+    n = args.programs or (200 if args.smoke else 1000 if args.quick else 1200)
     # subprocess-per-run is 20-40x slower: it runs on a prefix of the corpus (rates are per program)
-    n_sub = min(n, args.subprocess_programs or (40 if args.quick else 200))
+    n_sub = min(n, args.subprocess_programs or (10 if args.smoke else 40 if args.quick else 200))
     programs, n_real = corpus(n, args.seed)
     cores = os.cpu_count() or 1
     print(
@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     agree_sub = sum(a == b for a, b in zip(iso, sub))
     caught = sum(a is None and b is not None for a, b in zip(iso, unsafe))
     result = {
+        "benchmark": "sandbox",
+        "quick": args.quick,
+        "smoke": args.smoke,
         "programs": n,
         "azr_seed_programs": n_real,
         "subprocess_programs": n_sub,

@@ -1,7 +1,8 @@
 """Study: population vs the compute-matched single agent on the nano model, over several seeds.
 
     python -m benchmarks.study                      # seeds 0 1 2, recipes/nano.yaml vs recipes/nano_single_agent.yaml
-    python -m benchmarks.study --seeds 0 --quick    # one seed, a few steps (smoke test)
+    python -m benchmarks.study --seeds 0 --quick    # one seed, a few steps
+    python -m benchmarks.study --smoke              # seed 0, 1 step, tiny probe, into a temp dir (CI)
 
 For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types),
 then reads the run directories and writes ``study.md`` and ``study.json`` under ``--out``:
@@ -21,6 +22,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -127,17 +129,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--population", default=str(REPO / "recipes" / "nano.yaml"))
     parser.add_argument("--baseline", default=str(REPO / "recipes" / "nano_single_agent.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", default="runs/study")
+    parser.add_argument("--out", default=None, help="default: runs/study (--smoke: a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="3 steps per run, a small probe")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seed 0, 1 step per run, a 3-problem probe per type, small rollouts: checks it runs, not the result",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to both recipes")
     args = parser.parse_args(argv)
+    if args.smoke:
+        if args.out is None:
+            with tempfile.TemporaryDirectory(prefix="bench-study-") as tmp:
+                return study(args, Path(tmp))
+        return study(args, Path(args.out))
+    return study(args, Path(args.out or "runs/study"))
 
-    out = Path(args.out)
+
+def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    extra = ["steps=3", "probe.problems_per_type=10"] if args.quick else []
+    seeds = [0] if args.smoke else args.seeds
+    if args.smoke:
+        extra = [
+            "steps=1",
+            "probe.problems_per_type=3",
+            "rollout.proposals_per_teacher=1",
+            "rollout.solver_samples=2",
+            "rollout.propose_max_tokens=64",
+            "rollout.solve_max_tokens=48",
+        ]
+    elif args.quick:
+        extra = ["steps=3", "probe.problems_per_type=10"]
+    else:
+        extra = []
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     rows = []
-    for seed in args.seeds:
+    for seed in seeds:
         row: dict[str, Any] = {"seed": seed}
         for label, recipe in (("population", args.population), ("baseline", args.baseline)):
             run_dir = out / f"{label}-seed{seed}"
@@ -182,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     summary = {
         "benchmark": "study",
-        "seeds": args.seeds,
+        "smoke": args.smoke,
+        "seeds": seeds,
         "population_mean": mean_of("population", "mean"),
         "population_best": mean_of("population", "best"),
         "population_weakest": mean_of("population", "weakest"),

@@ -49,18 +49,20 @@ def _rollouts(member: str, n: int, length: int, seed: int) -> list[Any]:
 
 
 def bench(name: str, params: dict[str, Any], quick: bool, device: str, work: Path) -> dict[str, Any]:
+    from populora_core import get_registry
     from populora_core.components import AdapterRef, BaseModel, LoraSettings
-    from populora_core.modelhost import get_host
-    from populora_core.plugins import get_manager
+    from tests.tiny_model import fresh_adapter
 
     n_rollouts, length, members, rounds = (32, 32, 4, 1) if quick else (64, 64, 8, 3)
     base = BaseModel(str(work / "model"))
     lora = LoraSettings(rank=16, alpha=32.0, init_std=0.02)
-    host = get_host(base, device)
-    comp = get_manager().registry.get("trainer", name)
-    trainer = comp.factory(comp.parse_params({"device": device, **params}), base_model=base, lora=lora, seed=0)
+    trainer = (
+        get_registry().get("trainer", name).build({"device": device, **params}, base_model=base, lora=lora, seed=0)
+    )
+    # version-0 adapters written as the loop writes them (init_lora + save_lora)
     current = {
-        f"m{i}": host.create(f"{name}-m{i}@v0", lora, seed=i, out_dir=work / name / f"m{i}_v0") for i in range(members)
+        f"m{i}": fresh_adapter(base, f"{name}-m{i}@v0", lora, seed=i, out_dir=work / name / f"m{i}_v0")
+        for i in range(members)
     }
     version = 0
     # warm-up: first update of one member (allocations, lazy imports, TRL construction for grpo)
@@ -103,33 +105,34 @@ def main(argv: list[str] | None = None) -> None:
     from populora_core.modelhost import get_host
     from tests.tiny_model import build_tiny_model
 
-    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    build_tiny_model(work / "model", hidden=128, heads=2, kv_heads=1)
-    result: dict[str, Any] = {"benchmark": "training", "quick": args.quick}
-    trr = bench("trr++", {"micro_batch_size": 16}, args.quick, args.device, work)
-    result["trr"] = trr
-    result["trr_tokens_per_s"] = trr["tokens_per_s"]
-    grpo_ok = not args.no_grpo
-    if grpo_ok:
-        try:
-            import trl  # noqa: F401
-        except Exception as exc:  # the GPU image has no TRL
-            result["grpo_skipped"] = f"{type(exc).__name__}: {exc}"
-            grpo_ok = False
-    if grpo_ok:
-        result["grpo"] = bench("grpo", {"micro_batch_size": 16}, args.quick, args.device, work)
-        result["grpo_tokens_per_s"] = result["grpo"]["tokens_per_s"]
-    from populora_core.components import BaseModel
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        work = Path(tmp)
+        build_tiny_model(work / "model", hidden=128, heads=2, kv_heads=1)
+        result: dict[str, Any] = {"benchmark": "training", "quick": args.quick}
+        trr = bench("trr++", {"micro_batch_size": 16}, args.quick, args.device, work)
+        result["trr"] = trr
+        result["trr_tokens_per_s"] = trr["tokens_per_s"]
+        grpo_ok = not args.no_grpo
+        if grpo_ok:
+            try:
+                import trl  # noqa: F401
+            except Exception as exc:  # the GPU image has no TRL
+                result["grpo_skipped"] = f"{type(exc).__name__}: {exc}"
+                grpo_ok = False
+        if grpo_ok:
+            result["grpo"] = bench("grpo", {"micro_batch_size": 16}, args.quick, args.device, work)
+            result["grpo_tokens_per_s"] = result["grpo"]["tokens_per_s"]
+        from populora_core.components import BaseModel
 
-    host = get_host(BaseModel(str(work / "model")), args.device)
-    result.update(
-        device=host.device,
-        dtype=str(host.dtype),
-        threads=torch.get_num_threads(),
-        python=platform.python_version(),
-        machine=platform.machine(),
-        cpus=os.cpu_count(),
-    )
+        host = get_host(BaseModel(str(work / "model")), args.device)
+        result.update(
+            device=host.device,
+            dtype=str(host.dtype),
+            threads=torch.get_num_threads(),
+            python=platform.python_version(),
+            machine=platform.machine(),
+            cpus=os.cpu_count(),
+        )
     print(json.dumps(result), flush=True)
 
 
