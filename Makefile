@@ -19,13 +19,14 @@ test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm" tests
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests
 	$(PY) -m ruff check populora_core plugins tests benchmarks
+	$(PY) -m ruff format --check populora_core plugins tests benchmarks
 	$(PY) -m mypy
 
 lint: setup
 	$(PY) -m ruff check populora_core plugins tests benchmarks
-	$(PY) -m ruff format --check populora_core
+	$(PY) -m ruff format --check populora_core plugins tests benchmarks
 	$(PY) -m mypy
 
 bench: setup
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.operators --quick
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.sandbox --quick
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm" tests/test_benchmarks.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests/test_benchmarks.py
