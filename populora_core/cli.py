@@ -126,11 +126,13 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
 def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None) -> None:
     """Run a recipe: populora run RECIPE [key.sub=value ...]."""
     from .loop import start_run
+    from .plan import warn_if_not_fits
     from .progress import execute_with_progress
     from .run import RunDir
 
     model, resolved = _load_recipe(manager, recipe, overrides)
     directory = RunDir(run_dir or f"runs/{model.name}")
+    warn_if_not_fits(model, resolved, manager.registry, recipe)  # CUDA only: the plan says it will not fit
     execute_with_progress(start_run(model, resolved, directory, manager), progress=progress)
     click.echo(f"run complete: {directory.path}")
 
@@ -190,12 +192,67 @@ def resume(manager: Any, run_dir: str, progress: bool | None) -> None:
 @click.argument("overrides", nargs=-1)
 @click.pass_obj
 def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
-    """Validate a recipe (structure, then every component's params) without running it."""
+    """Validate a recipe (structure, then every component's params) without running it, and print its
+    rollout budget per slot and step: what a compute-matched single-agent baseline must equal.
+
+    A slot is one adapter (a population has teachers + students of them; a single agent has ``teachers``,
+    each playing both roles). Per step, for the whole run: proposals = teachers x proposals_per_teacher x
+    task types; solver samples <= proposals x solver_samples (only valid proposals are solved); buffer
+    solves = students x buffer_problems_per_student x task types; trained rollouts <= proposals + buffer
+    solves (+ solver samples with train_on_estimation); generated tokens <= proposals x propose_max_tokens
+    + (solver samples + buffer solves) x solve_max_tokens. Each is divided by the number of slots.
+    """
+    from fractions import Fraction
+
     model, _ = _load_recipe(manager, recipe, overrides)
+    pop, ro = model.population, model.rollout
     click.echo(
-        f"{recipe}: ok ({model.name}, {model.population.teachers}T-{model.population.students}S "
-        f"{model.population.mode}, {len(model.component_refs())} components)"
+        f"{recipe}: ok ({model.name}, {pop.teachers}T-{pop.students}S "
+        f"{pop.mode}, {len(model.component_refs())} components)"
     )
+    single = pop.mode == "single_agent"
+    slots = pop.teachers if single else pop.teachers + pop.students
+    proposals = pop.teachers * ro.proposals_per_teacher * len(model.tasks)
+    samples = proposals * ro.solver_samples
+    buffer = pop.students * ro.buffer_problems_per_student * len(model.tasks)
+    trained = proposals + buffer + (samples if ro.train_on_estimation else 0)
+    tokens = proposals * ro.propose_max_tokens + (samples + buffer) * ro.solve_max_tokens
+
+    def per_slot(total: int) -> str:
+        share = Fraction(total, slots)
+        return f"{share.numerator:,}" if share.denominator == 1 else f"{float(share):,.1f}"
+
+    both = "1 adapter in both roles" if slots == 1 else f"{slots} adapters, each in both roles"
+    who = both if single else f"{pop.teachers}T + {pop.students}S adapters"
+    click.echo(
+        f"  per slot and step: {per_slot(proposals)} proposals, <= {per_slot(samples)} solver samples, "
+        f"{per_slot(buffer)} buffer solves; <= {per_slot(trained)} trained rollouts, "
+        f"<= {per_slot(tokens)} generated tokens; slots: {slots} ({who})"
+    )
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path())
+@click.argument("overrides", nargs=-1)
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs; members are split over them.")
+@click.option("--gpu-memory", help="Memory per GPU, e.g. 80GiB, 141GiB, 80GB (default: the visible GPU, else 80GiB).")
+@click.option("--config", "config_path", type=click.Path(), help="The base model's config.json (no weights needed).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def plan(
+    manager: Any,
+    recipe: str,
+    overrides: tuple[str, ...],
+    gpus: int,
+    gpu_memory: str | None,
+    config_path: str | None,
+    as_json: bool,
+) -> None:
+    """Will a recipe fit? GPU memory per device (base copies, vLLM, trainer) and disk, from the model config."""
+    from .plan import format_plan, plan_file
+
+    result = plan_file(recipe, overrides, manager, gpus=gpus, gpu_memory=gpu_memory, config=config_path)
+    click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
 
 @cli.command("recipe-schema")

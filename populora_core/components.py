@@ -65,6 +65,12 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    max_prompt_tokens: int | None = None  # longer prompts get no generation (finish_reason "prompt_too_long")
+    logprobs: bool = False  # per-token log-probs in Completion.logprobs (else []): only a trainer that reads them
+
+
+#: Finish reasons of a request the engine did not generate for: the loop trains on none of them.
+DROPPED = ("prompt_too_long", "error")
 
 
 @dataclass(frozen=True)
@@ -77,15 +83,28 @@ class GenerationRequest:
 class Completion:
     text: str
     token_ids: list[int]
-    logprobs: list[float]  # per generated token, under the sampling policy
+    logprobs: list[float]  # per generated token under the sampling policy, when SamplingParams.logprobs
     prompt_token_ids: list[int]
-    finish_reason: str = "stop"
+    finish_reason: str = "stop"  # "stop" | "length" | one of DROPPED (then text "" and no tokens)
+
+    @property
+    def dropped(self) -> bool:
+        return self.finish_reason in DROPPED
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        """``sampling.n`` completions per request, in request order; mixed adapters in one batch."""
+        """``sampling.n`` completions per request, in request order; mixed adapters in one batch.
+
+        A request the engine cannot serve (prompt over ``sampling.max_prompt_tokens``, or rejected) gets
+        ``n`` completions with a :data:`DROPPED` finish reason; it never fails the other requests.
+        """
+        ...
+
+    def sleep(self) -> None:
+        """The trainer needs the device now: release what the engine can re-create (KV cache, weights copy);
+        the next ``generate`` wakes it. A no-op for an engine that shares the trainer's weights."""
         ...
 
     def close(self) -> None: ...
@@ -126,6 +145,9 @@ class UpdateStats:
 
 @runtime_checkable
 class Trainer(Protocol):
+    #: True when ``update`` reads ``Rollout.logprobs`` (the sampling policy's): the loop then asks engines for them.
+    needs_sampling_logprobs: bool
+
     def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
         """One policy update of ``member_id`` from ``adapter``; writes the new version to ``out_dir``."""
         ...

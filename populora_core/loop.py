@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -66,7 +66,8 @@ class Run:
                 ref.params, executor=self.executor, rng=rng, tasks=self.tasks
             )
         ctx = {"base_model": self.base_model, "lora": self.lora, "seed": recipe.seed}
-        self.engine = reg.get("engine", recipe.engine.name).build(recipe.engine.params, **ctx)
+        limit = recipe.rollout.max_prompt_tokens
+        self.engine = reg.get("engine", recipe.engine.name).build(recipe.engine.params, **ctx, max_prompt_tokens=limit)
         self.trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.params, **ctx)
         self.matchmaker = reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.params)
         evo = recipe.evolution
@@ -82,6 +83,7 @@ class Run:
         self.step = 0
         self.coverage: dict[str, set[str]] = defaultdict(set)
         self._probe: dict[str, list[Problem]] | None = None
+        self.dropped: Counter[str] = Counter()  # this step's requests the engine did not generate for, by reason
         self._last_checkpoint_s = 0.0
 
     # --- helpers ------------------------------------------------------------------------------
@@ -92,8 +94,15 @@ class Run:
     def sampling(self, step: int, phase: str, *, n: int, max_tokens: int) -> SamplingParams:
         """Rollout sampling settings with a seed derived from (recipe seed, step, phase)."""
         cfg = self.recipe.rollout
-        seed = derived_seed(self.recipe.seed, step, phase)
-        return SamplingParams(n=n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=max_tokens, seed=seed)
+        return SamplingParams(
+            n=n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=max_tokens,
+            seed=derived_seed(self.recipe.seed, step, phase),
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            logprobs=self.trainer.needs_sampling_logprobs,
+        )
 
     def emit(self, records: list[dict[str, Any]]) -> None:
         self.dir.append("events.jsonl", records)
@@ -147,6 +156,7 @@ class Run:
             outcomes = self._rate(matches, proposals)
         self.hook.after_rewards(run=self, step=step, rollouts=rollouts)
         with timer("train"):
+            self.engine.sleep()
             train_stats = self._train(rollouts)
         with timer("buffers"):
             for task_name, task in self.tasks.items():
@@ -156,6 +166,8 @@ class Run:
         metrics = step_metrics(
             step, self.population, self.coverage, self.tasks, matches, outcomes, proposals, rollouts, train_stats
         )
+        metrics.update({f"rollout/dropped/{reason}": n for reason, n in sorted(self.dropped.items())})
+        self.dropped.clear()
         events = []
         evolve_now = self.recipe.evolution.every and step % self.recipe.evolution.every == 0
         if evolve_now and step < self.recipe.steps and not self.single_agent:  # a last-step child would never train
@@ -172,6 +184,7 @@ class Run:
         if step % self.recipe.checkpoint.every == 0 or step == self.recipe.steps:
             start = time.perf_counter()
             state.checkpoint(self)
+            state.prune_adapters(self)
             self._last_checkpoint_s = time.perf_counter() - start
         return metrics
 
@@ -208,6 +221,9 @@ class Run:
                 [p.teacher.version_name for p in proposals],
             )
             for proposal, completion, problem in zip(proposals, completions, problems):
+                if completion.dropped:
+                    problem.valid, problem.error = False, f"not generated: {completion.finish_reason}"
+                    self.dropped[completion.finish_reason] += 1
                 proposal.completion, proposal.problem = completion, problem
         return proposals
 
@@ -221,7 +237,8 @@ class Run:
         """Students' solve rates and rollouts, then each teacher's reward from its matched student's rate."""
         rollouts: list[Rollout] = []
         for (i, proposal), student, scored in zip(valid, solvers, answers):
-            proposal.solve_rate = sum(r.info["correct"] for r in scored) / max(len(scored), 1)
+            # None when every answer was dropped: the teacher is rewarded as for an unusable problem
+            proposal.solve_rate = sum(r.info["correct"] for r in scored) / len(scored) if scored else None
             student.counters.estimation_rollouts += len(scored)
             if self.recipe.rollout.train_on_estimation:
                 for r in scored:
@@ -229,6 +246,8 @@ class Run:
                 rollouts += scored
         for i, p in enumerate(proposals):
             assert p.problem is not None and p.completion is not None
+            if p.completion.dropped:
+                continue
             p.teacher.counters.tokens += len(p.completion.token_ids)
             reward = self.tasks[p.task].proposer_reward(p.problem, p.solve_rate if p.valid else None)
             rollouts.append(
@@ -294,6 +313,7 @@ class Run:
 
 
 def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
+    manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # a missing base leaves no run dir
     run_dir.create(resolved)
     run = Run(recipe, run_dir, manager)
     run.initialise()

@@ -80,6 +80,12 @@ class RolloutSection(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     propose_max_tokens: int = Field(512, ge=1)
     solve_max_tokens: int = Field(512, ge=1)
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="prompts longer than this are not generated for (AZR's max_prompt_length): dropped "
+        "deterministically, trained on by nobody, counted in the step metrics; None: no limit",
+    )
 
 
 class EvolutionSection(_Strict):
@@ -99,6 +105,17 @@ class EvolutionSection(_Strict):
 class CheckpointSection(_Strict):
     every: int = Field(10, ge=1)
     keep: int = Field(2, ge=1, description="complete checkpoints kept on disk")
+
+
+class AdaptersSection(_Strict):
+    """Which adapter versions stay on disk (each is a full fp32 PEFT directory: 323 MB at 7B rank 32)."""
+
+    keep: Literal["all", "needed", "last"] = Field(
+        "all",
+        description="all: every version; needed: the living members' versions, every version a kept checkpoint "
+        "restores, and the initial ones; last: 'needed' plus each member's last `last` versions",
+    )
+    last: int = Field(2, ge=1, description="with keep: last, versions kept per member besides the needed ones")
 
 
 class ProbeSection(_Strict):
@@ -156,6 +173,7 @@ class Recipe(_Strict):
     evolution: EvolutionSection = Field(default_factory=EvolutionSection)
     sinks: list[ComponentRef] = Field(default_factory=list)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    adapters: AdaptersSection = Field(default_factory=AdaptersSection)
     seeds: SeedsSection = Field(default_factory=SeedsSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
     eval: EvalSection = Field(default_factory=EvalSection)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,13 +161,37 @@ class Registry:
         if params:
             raise UserError(f"base model {name!r}: params are only accepted for a registered base model")
         path = Path(name).expanduser()
-        if path.is_dir() and not (path / "config.json").is_file():
-            raise UserError(f"base model directory {path} has no config.json")
-        return components.BaseModel(path=str(path) if path.exists() else name, name=name)
+        if path.exists():
+            if not (path / "config.json").is_file():
+                raise UserError(f"base model directory {path} has no config.json")
+            return components.BaseModel(path=str(path), name=name)
+        return components.BaseModel(path=hub_snapshot(name), name=name)
 
     def __iter__(self) -> Iterator[Component]:
         for kind in KINDS:
             yield from (self._items[kind][n] for n in sorted(self._items[kind]))
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def hub_snapshot(repo_id: str) -> str:
+    """The local directory of a hub model, from the Hugging Face cache (downloaded unless HF_HUB_OFFLINE=1)."""
+    if not _HUB_ID.match(repo_id) or ".." in repo_id:
+        raise UserError(f"base model {repo_id!r}: no such directory, and not a hub id (org/name)")
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = bool(constants.HF_HUB_OFFLINE)
+    try:
+        return str(snapshot_download(repo_id, local_files_only=offline))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        where = f"the Hugging Face cache {constants.HF_HUB_CACHE}"
+        how = "offline (HF_HUB_OFFLINE=1): fetch it once with `huggingface-cli download " + repo_id + "` or"
+        raise UserError(
+            f"base model {repo_id!r} not found in {where}"
+            + (f" {how} name a local directory" if offline else f" and not downloadable ({type(exc).__name__})")
+        ) from None
 
 
 def _accepted(factory: Callable[..., Any], context: dict[str, Any]) -> dict[str, Any]:

@@ -134,6 +134,10 @@ class RunDir:
         self._prune(keep)
         return final
 
+    def complete_checkpoints(self) -> list[Path]:
+        """Every complete checkpoint on disk, oldest first."""
+        return sorted(p for p in self.checkpoints.iterdir() if p.name.isdigit() and (p / "state.json").is_file())
+
     def _prune(self, keep: int) -> None:
         complete = sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
         for old in complete[:-keep]:

@@ -61,7 +61,9 @@ def solve(
     with timer("grade"):
         for (task_name, student, problem), completions in zip(attempts, answers):
             assert problem is not None
-            grades = run.tasks[task_name].grade(problem, [c.text for c in completions])
+            run.dropped.update(c.finish_reason for c in completions if c.dropped)
+            completions = [c for c in completions if not c.dropped]
+            grades = run.tasks[task_name].grade(problem, [c.text for c in completions]) if completions else []
             student.counters.tokens += sum(len(c.token_ids) for c in completions)
             run.coverage[student.id].add(problem.signature)
             rows = [

@@ -64,3 +64,27 @@ def checkpoint(run: Run) -> Path:
     path = run.dir.write_checkpoint(run.step, state, extra, keep=run.recipe.checkpoint.keep)
     run.hook.on_checkpoint(run=run, step=run.step, path=str(path))
     return path
+
+
+def prune_adapters(run: Run) -> list[str]:
+    """Delete the adapter versions the recipe's ``adapters.keep`` lets go; returns their names.
+
+    Never deleted: a living member's current and first version, and every version that a complete
+    checkpoint still on disk restores (so ``populora resume`` and ``populora eval`` always find theirs).
+    """
+    import shutil
+
+    policy = run.recipe.adapters
+    if policy.keep == "all":
+        return []
+    living = run.population.members.values()
+    needed = {m.version_name for m in living} | {f"{m.id}@v0" for m in living}
+    if policy.keep == "last":
+        needed |= {f"{m.id}@v{v}" for m in living for v in range(max(0, m.version - policy.last + 1), m.version)}
+    for path in run.dir.complete_checkpoints():
+        population = Population.from_dict(run.dir.read_checkpoint(path)["population"])
+        needed |= {m.version_name for m in population.members.values()}
+    pruned = sorted(p.name for p in run.dir.adapters.iterdir() if not p.name.startswith(".") and p.name not in needed)
+    for name in pruned:
+        shutil.rmtree(run.dir.adapter_path(name))
+    return pruned

@@ -24,7 +24,9 @@ class FakeEngineParams(Params):
 
 
 class FakeEngine:
-    """Answers with a number derived from the adapter's weights, the prompt and the seed."""
+    """Answers with a number derived from the adapter's weights, the prompt and the seed.
+
+    A prompt counts one token per character against ``sampling.max_prompt_tokens``."""
 
     def __init__(self, params: FakeEngineParams, *, base_model: Any, lora: Any, seed: int) -> None:
         self.params = params
@@ -39,6 +41,9 @@ class FakeEngine:
             if req.adapter is not None:
                 w = load_lora(req.adapter.path)
                 level = float(sum(f.B.abs().sum() for f in w.modules.values()))
+            if sampling.max_prompt_tokens is not None and len(req.prompt) > sampling.max_prompt_tokens:
+                out.append([Completion("", [], [], [3, 4, 5], "prompt_too_long") for _ in range(sampling.n)])
+                continue
             row = []
             for j in range(sampling.n):
                 value = int(level * 1000 + len(req.prompt) + (sampling.seed or 0) + r_i + j) % 7
@@ -46,6 +51,9 @@ class FakeEngine:
                 row.append(Completion(text, [value, 1], [-0.5, -0.1], [3, 4, 5]))
             out.append(row)
         return out
+
+    def sleep(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -57,6 +65,8 @@ class FakeTrainerParams(Params):
 
 class FakeTrainer:
     """Moves B by lr * mean reward * a member-seeded direction; 'optimizer state' is a reward EMA."""
+
+    needs_sampling_logprobs = False
 
     def __init__(self, params: FakeTrainerParams, *, base_model: Any, lora: Any, seed: int) -> None:
         self.params, self.seed, self.state = params, seed, {}

@@ -371,3 +371,30 @@ def test_the_loop_refuses_a_third_party_child_before_saving_it(env, tmp_path):
     assert saved and all(name.endswith(("@v0", "@v1", "@v2")) for name in saved)
     born = [e for e in (tmp_path / "run" / "lineage.jsonl").read_text().splitlines() if '"init"' not in e]
     assert born == []
+
+
+def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tmp_path):
+    """The fake task's proposer prompts are 'propose N' (9 or 10 characters): a limit of 9 drops N >= 10."""
+    directory = _run(_manager(), tmp_path / "run", ["rollout.max_prompt_tokens=9", "steps=2"])
+    problems = directory.read_log("tasks/problems.jsonl")
+    dropped = [p for p in problems if p["error"] == "not generated: prompt_too_long"]
+    assert dropped and len(dropped) < len(problems) and not any(p["valid"] for p in dropped)
+    steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
+    assert sum(s.get("rollout/dropped/prompt_too_long", 0) for s in steps) == len(dropped)
+    for teacher in ("t0", "t1"):  # a teacher trains on its generated proposals only (no evolution in 2 steps)
+        generated = [p for p in problems if p["proposer"] == teacher and p not in dropped]
+        assert steps[-1][f"member/{teacher}/counters/rollouts"] == len(generated)
+
+
+def test_adapter_retention_keeps_what_resume_and_eval_need(env, tmp_path):
+    directory = _run(_manager(), tmp_path / "run", ["adapters.keep=needed", "steps=6"])
+    kept = {p.name for p in directory.adapters.iterdir()}
+    members = json.loads((directory.path / "members.json").read_text())["members"]
+    living = {f"{m['id']}@v{m['version']}" for m in members} | {f"{m['id']}@v0" for m in members}
+    checkpointed = set()
+    for path in directory.complete_checkpoints():
+        state = directory.read_checkpoint(path)
+        checkpointed |= {f"{m['id']}@v{m['version']}" for m in state["population"]["members"]}
+    assert living | checkpointed == kept  # everything else went, nothing needed did
+    everything = {p.name for p in _run(_manager(), tmp_path / "all", ["steps=6"]).adapters.iterdir()}
+    assert kept < everything

@@ -1,0 +1,465 @@
+"""``populora plan``: GPU memory per device and disk of a recipe, from the base model's config alone.
+
+No weights are read: config.json is built on the meta device to count parameters per module. The terms
+follow what the built-in components allocate: the trainer (populora_trl) keeps the base, every member's
+AdamW moments and one scratch adapter; the hf engine shares the trainer's base, vllm holds its own copy,
+LoRA slots and a KV cache inside ``gpu_memory_utilization``. Decoder activations are the tensors autograd
+keeps per token and layer (PEFT casts a bf16 base's inputs to its fp32 adapters, so those copies count).
+tests/test_plan.py checks the trainer-side terms against peaks measured on CPU; vLLM's KV cache is what its
+own start-up profile decides, estimated here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+GIB = 2**30
+_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+CUDA_CONTEXT = GIB // 2  # per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
+VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
+BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive while autograd walks through it
+# bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
+# and makes two gradients; populora_trl's recomputed chunks hold the log-softmax, probs and one gradient
+LOGIT_BYTES, CHUNKED_LOGIT_BYTES = 16, 12
+DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
+#: trainer params the plan reads, and what it assumes of a trainer that does not declare one (no such feature)
+ABSENT: dict[str, Any] = {"micro_batch_tokens": None, "gradient_checkpointing": "off", "logprob_chunk_tokens": None}
+_CONFIG_NAMES = {  # Arch field -> transformers config attribute
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "intermediate": "intermediate_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "vocab": "vocab_size",
+    "max_positions": "max_position_embeddings",
+}
+_SHARED_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})  # modules that read one tensor
+
+
+def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
+    """``80GiB`` (2^30), ``80GB`` (10^9), ``512MiB``, ``1.5TB`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B)\s*", text or "", flags=re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise UserError(f"{flag}: {text!r} is not a memory size (e.g. 80GiB, 141GiB, 80GB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the plan needs of a decoder: sizes, base parameters, and the LoRA-targeted linears."""
+
+    source: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    params: int
+    targets: dict[str, tuple[int, int, int]]  # module kind -> (count, d_in, d_out)
+    dtype: str = "auto"  # the base's dtype on the GPU; auto = bfloat16
+
+    def lora_params(self, rank: int) -> int:
+        return rank * sum(n * (d_in + d_out) for n, d_in, d_out in self.targets.values())
+
+
+def config_source(name: str, registry: Any, recipe: str | None, params: dict[str, Any] | None = None) -> Path:
+    """config.json of a base model: a registered name or local dir, the HF cache, ``<recipe dir>/configs/``."""
+    if name in registry.names("base_model") or Path(name).expanduser().exists():
+        path = Path(registry.base_model(name, params).path)
+        if (path / "config.json").is_file():
+            return path / "config.json"
+        raise UserError(f"base model {name!r}: no config.json in {path}")
+    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")  # only the config: planning never downloads weights
+    if isinstance(cached, str):
+        return Path(cached)
+    committed = Path(recipe or ".").parent / "configs" / f"{name.replace('/', '__')}.json"
+    if committed.is_file():
+        return committed
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            return Path(hf_hub_download(name, "config.json"))
+        except Exception as exc:  # network, auth, no such repo: the same to the user
+            raise UserError(f"base model {name!r}: cannot fetch its config.json ({type(exc).__name__})") from None
+    raise UserError(
+        f"base model {name!r}: no config.json in the Hugging Face cache (HF_HUB_OFFLINE=1) nor at {committed}; "
+        "pass --config PATH"
+    )
+
+
+def load_arch(config_file: str | Path, target_modules: list[str] | tuple[str, ...], dtype: str = "auto") -> Arch:
+    """Build the config's model on the meta device (no memory, no weights) and read the targeted linears."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    file = Path(config_file)
+    try:
+        raw = json.loads(file.read_text())
+        conf = AutoConfig.for_model(raw.pop("model_type"), **raw)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(conf)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"model config {file}: cannot build the model ({type(exc).__name__}: {exc})") from None
+    targets: dict[str, tuple[int, int, int]] = {}
+    for name, module in model.named_modules():
+        kind = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Linear) and kind in target_modules:
+            targets[kind] = (targets.get(kind, (0,))[0] + 1, module.in_features, module.out_features)
+    if not targets:
+        raise UserError(f"lora.target_modules {list(target_modules)} match no linear module of {file}")
+    text = conf.get_text_config()
+    sizes = {k: int(getattr(text, name, None) or 0) for k, name in _CONFIG_NAMES.items()}
+    sizes["kv_heads"] = sizes["kv_heads"] or sizes["heads"]
+    sizes["head_dim"] = sizes["head_dim"] or sizes["hidden"] // sizes["heads"]
+    sizes["intermediate"] = sizes["intermediate"] or 4 * sizes["hidden"]
+    params = sum(p.numel() for p in model.parameters())
+    return Arch(str(file), params=params, targets=targets, dtype=dtype, **sizes)
+
+
+def component_params(registry: Any, kind: str, ref: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """A component's params with its defaults filled in, and the names its params model declares."""
+    raw = dict(ref.get("params") or {})
+    try:
+        comp = registry.get(kind, ref["name"])
+        fields = set(comp.params_model.model_fields)
+        return {**comp.parse_params({k: v for k, v in raw.items() if k in fields}).model_dump(), **raw}, fields
+    except Exception:  # no registry, an unknown component, or params that do not validate: read them raw
+        return raw, set(raw)
+
+
+def _bytes(dtype: Any) -> int:
+    return _DTYPE_BYTES.get(str(dtype), 2)
+
+
+def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
+    """Bytes autograd keeps per token and decoder layer when LoRA (fp32) trains on a base of ``b`` bytes."""
+    h, i, f = arch.hidden, arch.intermediate, 4
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    inputs = {k: d_in for k, (_, d_in, _) in arch.targets.items()}
+    if b == f:  # no cast to the adapters' dtype: modules that read one tensor share it
+        for group in _SHARED_INPUT:
+            for k in sorted(group & set(inputs))[1:]:
+                inputs.pop(k)
+    lora = (sum(inputs.values()) + len(arch.targets) * rank) * f  # LoRA inputs and A outputs, fp32
+    attention = (2 * q + 2 * (q if masked else kv)) * b  # q, k, v (repeated for GQA under a mask), output
+    return lora + 2 * h * 4 + attention + 3 * i * b  # + RMSNorms' fp32 inputs + gate, silu(gate), up
+
+
+def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+    """Bytes of the trainer's side: LoRA, AdamW, and one micro-batch's activations with checkpointing off and on."""
+    b = _bytes(arch.dtype if arch.dtype != "auto" else "bfloat16")
+    rank, roll = int(data.get("lora", {}).get("rank", 16)), data.get("rollout", {})
+    p = arch.lora_params(rank)
+    completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
+    max_len = engine.get("max_model_len")
+    prompt = roll.get("max_prompt_tokens") or (max_len - completion if max_len else DEFAULT_PROMPT_TOKENS)
+    seq = min(completion + max(1, int(prompt)), max_len or arch.max_positions or 1 << 40)
+    budget = int(trainer.get("micro_batch_tokens") or 0)
+    if budget:  # the worst packing under the budget: it full, the padding mask of two rows as long as they go
+        rows, tokens = max(1, budget // seq), max(budget, seq)
+        masked = budget * min(seq, budget // 2) if budget >= 2 else 0
+        comp_tokens = min(tokens, max(1, budget // (completion + 1)) * completion)
+    else:
+        rows = max(1, int(trainer.get("micro_batch_size", 8)))
+        tokens, comp_tokens, masked = rows * seq, rows * completion, rows * seq * seq if rows > 1 else 0
+    chunk = int(trainer.get("logprob_chunk_tokens") or 0)
+    chunked = 0 < chunk < comp_tokens
+    cast = 4 if b != 4 else 0  # the fp32 copy of bf16 logits
+    if chunked:  # decoder's last hidden states, then one recomputed chunk at a time
+        logits = chunk * arch.vocab * (b + CHUNKED_LOGIT_BYTES) + (tokens + comp_tokens) * arch.hidden * b
+    else:
+        logits = comp_tokens * arch.vocab * (b + cast + LOGIT_BYTES)
+    layer = tokens * layer_bytes_per_token(arch, b, rank, masked=masked > 0)
+    mask = masked  # padded rows: transformers' boolean (rows, 1, L, L) mask; SDPA saves a float copy per layer
+    off = arch.layers * (layer + mask * b) + mask + max(logits, int(layer * (BACKWARD_FACTOR - 1)))
+    on = arch.layers * tokens * arch.hidden * b + mask * (1 + b) + max(logits, int(layer * BACKWARD_FACTOR))
+    return dict(
+        lora_params=p, adapter=4 * p, moments=8 * p, update=12 * p, keep=8 * p, off=off, on=on, logits=logits,
+        rows=rows, seq=seq, tokens=tokens, budget=budget, chunk=chunk if chunked else comp_tokens, dtype_bytes=b,
+    )  # fmt: skip
+
+
+def _vllm_share(arch: Arch, engine: dict[str, Any], rank: int, gpu_bytes: int, seq: int) -> dict[str, Any]:
+    """vLLM's budget (gpu_memory_utilization x GPU) split into weights, LoRA slots, overhead and KV cache."""
+    vb, tp = _bytes(engine.get("dtype") or arch.dtype), int(engine.get("tensor_parallel_size") or 1)
+    extra, big = engine.get("extra") or {}, gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
+    seqs = int(extra.get("max_num_seqs") or (1024 if big else 256))
+    batched = int(extra.get("max_num_batched_tokens") or (16384 if big else 8192))
+    max_len = int(engine.get("max_model_len") or arch.max_positions or seq)
+    max_rank = int(engine.get("max_lora_rank") or next((r for r in _VLLM_RANKS if r >= rank), rank))
+    budget = float(engine.get("gpu_memory_utilization", 0.85)) * gpu_bytes
+    weights, loras = arch.params * vb / tp, int(engine.get("max_loras", 8))
+    slots = loras * arch.lora_params(max_rank) * vb / tp
+    overhead = VLLM_FIXED + batched * (3 * arch.intermediate + 6 * arch.hidden) * vb / tp + seqs * arch.vocab * 8
+    kv = budget - weights - slots - overhead
+    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * vb / tp
+    kv_tokens = max(0, int(kv // per_token))
+    notes = []
+    if kv_tokens >= max_len and max_len * seqs * per_token > kv:
+        notes.append(
+            f"vLLM: max_model_len x max_num_seqs ({max_len} x {seqs}) would need {max_len * seqs * per_token / GIB:.0f}"
+            f" GiB of KV cache; it holds {kv_tokens // max_len} full-length sequences at once (shorter ones share)"
+        )
+    return {
+        "budget": budget,
+        "kv_short": None
+        if kv_tokens >= max_len
+        else f"vLLM KV cache ({kv / GIB:.1f} GiB) is under one max_model_len {max_len} sequence "
+        f"({max_len * per_token / GIB:.2f} GiB)",
+        "asleep": VLLM_FIXED if engine.get("enable_sleep_mode") else budget,
+        "notes": notes,
+        "rows": [
+            ("vLLM weights", weights, f"its own copy, {vb} bytes/param, tensor_parallel_size {tp}"),
+            ("vLLM LoRA slots", slots, f"max_loras {loras} x rank {max_rank}, {vb} bytes"),
+            ("vLLM activations, graphs", overhead, f"max_num_batched_tokens {batched}, max_num_seqs {seqs}"),
+            ("vLLM KV cache", kv, f"{kv_tokens} tokens = {kv_tokens // max_len} x max_model_len {max_len}"),
+        ],
+    }
+
+
+def plan_recipe(
+    data: dict[str, Any], arch: Arch, *, gpu_bytes: int, gpus: int = 1, registry: Any = None, suggest: bool = True
+) -> dict[str, Any]:
+    """The plan of a resolved recipe dict: rows per GPU, both phases' peaks, disk, verdict and suggestions."""
+    from .recipe import apply_overrides
+
+    engine, _ = component_params(registry, "engine", data.get("engine") or {"name": "hf"})
+    trainer, declared = component_params(registry, "trainer", data.get("trainer") or {"name": "trr++"})
+    name = (data.get("trainer") or {}).get("name")
+    notes = [f"trainer {name!r} has no {k}: planned as {v!r}" for k, v in ABSENT.items() if k not in declared]
+    trainer = {**ABSENT, **{k: v for k, v in trainer.items() if k in declared or k not in ABSENT}}
+    pop, rank = data.get("population", {}), int(data.get("lora", {}).get("rank", 16))
+    members = int(pop.get("teachers", 4)) + (0 if pop.get("mode") == "single_agent" else int(pop.get("students", 4)))
+    per_gpu = math.ceil(members / gpus)
+    t = trainer_terms(arch, data, trainer, engine)
+    base = arch.params * t["dtype_bytes"]
+    resident = base + CUDA_CONTEXT + per_gpu * t["moments"] + t["adapter"]
+    rows: list[tuple[str, float, str]] = [
+        ("trainer base", base, f"{arch.params / 1e9:.2f} B params x {t['dtype_bytes']} bytes"),
+        ("trainer AdamW moments", per_gpu * t["moments"], f"{per_gpu} members x 2 x fp32 adapter"),
+        ("trainer scratch adapter", t["adapter"], f"fp32, rank {rank} on {', '.join(arch.targets)}"),
+        ("trainer CUDA context", CUDA_CONTEXT, "outside torch's allocator"),
+    ]
+    vllm = (data.get("engine") or {}).get("name") == "vllm"
+    if vllm:
+        share = _vllm_share(arch, engine, rank, gpu_bytes, t["seq"])
+        rows, notes = rows + share["rows"], notes + share["notes"]
+        generation, asleep, kv_short = resident + share["budget"], share["asleep"], share["kv_short"]
+    else:  # hf shares the trainer's base; its served versions (fp32, LRU) stay while training
+        served = min(max(32, int(engine.get("max_loaded_adapters", 64))), members * (int(data.get("steps", 1)) + 1))
+        budget = int(engine.get("token_budget", 32768))
+        gen_kv = budget * 2 * arch.layers * arch.kv_heads * arch.head_dim * t["dtype_bytes"]
+        rows += [
+            ("hf served versions", served * t["adapter"], f"{served} versions, fp32 (max_loaded_adapters)"),
+            ("hf generation KV cache", gen_kv, f"token_budget {budget}"),
+        ]
+        resident += served * t["adapter"]
+        generation, asleep, kv_short = resident + gen_kv, 0.0, None
+    mode = {True: "on", False: "off"}.get(trainer["gradient_checkpointing"], str(trainer["gradient_checkpointing"]))
+    on = mode == "on" or (mode == "auto" and trainer.get("device", "auto") != "cpu")  # auto: on with CUDA
+    act = t["on"] if on else t["off"]
+    shape = f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {t['seq']} tokens"
+    training = resident + t["update"] + asleep + max(act, t["keep"])
+    rows += [
+        ("update: live AdamW + grads", t["update"], "of the member being trained"),
+        ("update: activations", act, f"gradient_checkpointing {mode}: {'on' if on else 'off'}"),
+        ("  checkpointing off", t["off"], f"micro-batch: {shape}"),
+        ("  checkpointing on", t["on"], "layer inputs + one layer recomputed"),
+        ("  log-prob peak in both", t["logits"], f"{t['chunk']} tokens x vocab {arch.vocab} at a time"),
+    ]
+    if vllm:
+        rows.append(("vLLM while training", asleep, "asleep (sleep mode)" if asleep < share["budget"] else "awake"))
+    phases = {"generation": generation, "training": training}
+    over = [
+        f"{k} phase ({v / GIB:.1f} GiB) exceeds {gpu_bytes / GIB:.1f} GiB by {(v - gpu_bytes) / GIB:.1f} GiB"
+        for k, v in phases.items()
+        if v > gpu_bytes
+    ] + ([kv_short] if kv_short else [])
+    peak = max(phases.values())
+    result: dict[str, Any] = {
+        "recipe": data.get("name"),
+        "model": arch.source,
+        "gpus": gpus,
+        "gpu_gib": round(gpu_bytes / GIB, 2),
+        "members": members,
+        "members_per_gpu": per_gpu,
+        "base_params": arch.params,
+        "lora_params": t["lora_params"],
+        "rows": [{"what": w, "gib": round(v / GIB, 2), "detail": d} for w, v, d in rows],
+        "generation_gib": round(generation / GIB, 2),
+        "training_gib": round(training / GIB, 2),
+        "peak_gib": round(peak / GIB, 2),
+        "trainer_side_bytes": int(per_gpu * t["moments"] + t["adapter"] + t["update"] + max(act, t["keep"])),
+        "gradient_checkpointing": "on" if on else "off",
+        "disk": _disk(data, members, t),
+        "notes": notes,
+        "fits": not over,
+        "suggestions": [],
+        "verdict": f"fits: peak {peak / GIB:.1f} GiB of {gpu_bytes / GIB:.1f} GiB per GPU",
+    }
+    if vllm and suggest and not over and asleep < share["budget"]:  # sleeping vLLM: room for more KV cache?
+        util = round(float(engine.get("gpu_memory_utilization", 0.85)) * 100)
+        for pct in range(95, util, -5):
+            trial = apply_overrides(data, [f"engine.params.gpu_memory_utilization={pct / 100:.2f}"])
+            if plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)["fits"]:
+                notes.append(f"engine.params.gpu_memory_utilization up to {pct / 100:.2f} also fits (more KV cache)")
+                break
+    if over:
+        if suggest:
+            result["suggestions"] = _suggestions(
+                data, arch, gpu_bytes, gpus, registry, dict(t, ckpt=on, per_gpu=per_gpu)
+            )
+        tries = f"; try: {', '.join(result['suggestions'])}" if result["suggestions"] else ""
+        result["verdict"] = f"does not fit: {'; '.join(over)}{tries}"
+    return result
+
+
+def _suggestions(
+    data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, t: dict[str, Any]
+) -> list[str]:
+    """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination."""
+    from .recipe import apply_overrides
+
+    engine = (data.get("engine") or {}).get("params") or {}
+    candidates = [] if t["ckpt"] else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true
+    if t["rows"] > 1:
+        candidates.append(f"trainer.params.micro_batch_tokens={t['seq']}")
+    if t["chunk"] > 2048:
+        candidates.append("trainer.params.logprob_chunk_tokens=2048")
+    if (data.get("engine") or {}).get("name") == "vllm":
+        candidates += [] if engine.get("enable_sleep_mode") else ["engine.params.enable_sleep_mode=true"]
+        util = round(float(engine.get("gpu_memory_utilization", 0.85)) * 100)  # nearest first, lower before higher
+        for pct in sorted(set(range(10, 96, 5)) - {util}, key=lambda x: (abs(x - util), x)):
+            candidates.append(f"engine.params.gpu_memory_utilization={pct / 100:.2f}")
+        candidates += [f"engine.params.max_loras={n}" for n in (4, 2) if n < int(engine.get("max_loras", 8))]
+
+    def fits(changes: list[str], n: int = gpus) -> bool:
+        trial = apply_overrides(data, changes)
+        return bool(plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=n, registry=registry, suggest=False)["fits"])
+
+    found = [c for c in candidates if fits([c])]
+    found = [c for i, c in enumerate(found) if "utilization" not in c or not any("utilization" in f for f in found[:i])]
+    if t["per_gpu"] > 1 and fits([], 2 * gpus):  # members split over more GPUs
+        found.append(f"--gpus {2 * gpus}")
+    if found:
+        return found[:5]
+    others = [c for c in candidates if "utilization" not in c]
+    utils = [None, *(c for c in candidates if "utilization" in c)]
+    for n in (gpus, 2 * gpus):  # no single change: the fewest of the others (in order), with a utilization
+        for i in range(len(others) + 1):
+            for util_change in utils:
+                changes = others[:i] + ([util_change] if util_change else [])
+                if (changes or n > gpus) and fits(changes, n):
+                    return [" ".join(changes + ([f"--gpus {n}"] if n > gpus else []))]
+    return []
+
+
+def _disk(data: dict[str, Any], members: int, t: dict[str, Any]) -> dict[str, Any]:
+    """Each trained member writes one fp32 adapter version per step; ``adapters.keep`` decides what stays."""
+    steps, ck = int(data.get("steps", 1)), data.get("checkpoint", {})
+    policy = data.get("adapters") or {}
+    keep = policy.get("keep", "all")
+    if keep == "all":
+        versions = members * (steps + 1)
+    else:  # living members' current and first versions, every kept checkpoint's, those since the last prune
+        versions = members * (2 + int(ck.get("keep", 2)) + int(ck.get("every", 10)))
+        versions += members * (int(policy.get("last", 2)) - 1) if keep == "last" else 0
+    return {
+        "adapter_mb": round(t["adapter"] / 1e6, 1),
+        "per_step_gb": round(members * t["adapter"] / 1e9, 3),
+        "adapters_kept": keep if "keep" in policy else "all (the recipe has no adapters.keep)",
+        "run_gb": round(versions * t["adapter"] / 1e9, 1),  # children of evolution add a version each
+        "checkpoints_gb": round((int(ck.get("keep", 2)) + 1) * members * t["moments"] / 1e9, 1),
+    }
+
+
+def plan_file(
+    recipe: str,
+    overrides: Any,
+    manager: Any,
+    *,
+    gpus: int = 1,
+    gpu_memory: str | None = None,
+    config: str | None = None,
+) -> dict[str, Any]:
+    """``populora plan``: load and validate the recipe, find its model config, plan it."""
+    from .recipe import load_recipe
+
+    if gpus < 1:
+        raise UserError(f"--gpus: {gpus} is not a GPU count (1 or more)")
+    gpu_bytes = parse_memory(gpu_memory) if gpu_memory is not None else _visible_gpu() or 80 * GIB
+    if config is not None and not Path(config).is_file():
+        raise UserError(f"--config: {config} is not a file")
+    model, data = load_recipe(recipe, list(overrides), manager.registry)
+    return plan_model(model, data, manager.registry, recipe, gpu_bytes, gpus, config)
+
+
+def plan_model(
+    model: Any,
+    data: dict[str, Any],
+    registry: Any,
+    recipe: str | None,
+    gpu_bytes: int,
+    gpus: int = 1,
+    config: Any = None,
+) -> dict[str, Any]:
+    ref = model.base_model
+    source = Path(config) if config else config_source(ref.name, registry, recipe, ref.params)
+    registered = ref.name in registry.names("base_model")
+    dtype = registry.base_model(ref.name, ref.params).dtype if registered else "auto"
+    arch = load_arch(source, list(model.lora.target_modules), dtype)
+    return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry)
+
+
+def _visible_gpu() -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The table ``populora plan`` prints; the last line is the verdict."""
+    d = plan["disk"]
+    lines = [
+        f"{plan['recipe']}: {plan['members']} members on {plan['gpus']} x {plan['gpu_gib']:.1f} GiB "
+        f"({plan['members_per_gpu']} per GPU); model config {plan['model']}",
+        f"base {plan['base_params'] / 1e9:.2f} B params; one LoRA adapter {plan['lora_params'] / 1e6:.1f} M params",
+        "",
+        f"{'per GPU':<30}{'GiB':>8}  detail",
+        *(f"{r['what']:<30}{r['gib']:>8.2f}  {r['detail']}" for r in plan["rows"]),
+        f"{'peak while generating':<30}{plan['generation_gib']:>8.2f}",
+        f"{'peak while training':<30}{plan['training_gib']:>8.2f}",
+        "",
+        f"disk: {d['adapter_mb']:.0f} MB per adapter version, {d['per_step_gb']:.2f} GB per step; kept: "
+        f"{d['adapters_kept']} -> {d['run_gb']:.1f} GB per run; trainer checkpoints {d['checkpoints_gb']:.1f} GB",
+        *(f"note: {n}" for n in plan["notes"]),
+        plan["verdict"],
+    ]
+    return "\n".join(lines)
+
+
+def warn_if_not_fits(model: Any, data: dict[str, Any], registry: Any, recipe: str | None = None) -> None:
+    """``populora run``: one warning when the plan says the recipe will not fit on the visible GPU (CUDA only)."""
+    import warnings
+
+    try:
+        gpu_bytes = _visible_gpu()
+        result = plan_model(model, data, registry, recipe, gpu_bytes) if gpu_bytes else None
+    except Exception:  # planning must never stop a run
+        return
+    if result is not None and not result["fits"]:
+        warnings.warn(f"populora plan: {result['verdict']}", stacklevel=2)
