@@ -85,7 +85,8 @@ def test_logprobs_match_an_independent_peft_forward(base, adapters):
 
     engine = make_engine("hf", base)
     out = engine.generate(
-        [GenerationRequest(PROMPTS[1], adapters[1])], SamplingParams(temperature=1.0, max_tokens=8, seed=5)
+        [GenerationRequest(PROMPTS[1], adapters[1])],
+        SamplingParams(temperature=1.0, max_tokens=8, seed=5, logprobs=True),
     )[0][0]
     ref = _peft_reference(base, adapters[1])
     ids = torch.tensor([out.prompt_token_ids + out.token_ids])
@@ -121,7 +122,7 @@ def test_token_budget_batching_gives_the_same_tokens(base, adapters):
 def test_stop_strings_and_finish_reasons(base, adapters):
     engine = make_engine("hf", base)
     cands = [[GenerationRequest(p, a)] for a in adapters for p in PROMPTS]
-    outs = [engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16))[0][0] for req in cands]
+    outs = [engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16, logprobs=True))[0][0] for req in cands]
     assert {o.finish_reason for o in outs} <= {"length", "stop"}
     req, free = next((r, o) for r, o in zip(cands, outs) if o.finish_reason == "length")
     text = free.text
@@ -131,7 +132,7 @@ def test_stop_strings_and_finish_reasons(base, adapters):
         for i in range(3, len(text) - 1)
         if text[i : i + 2].isprintable() and text.find(text[i : i + 2]) == i
     )
-    cut = engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,)))[0][0]
+    cut = engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,), logprobs=True))[0][0]
     assert cut.finish_reason == "stop"
     assert stop not in cut.text and text.startswith(cut.text)
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
@@ -173,7 +174,7 @@ def test_mixed_modes_agree_and_match_independent_peft_models(base, adapters):
     import torch
 
     reqs = [GenerationRequest(p, adapters[i % 3] if i % 5 != 4 else None) for i, p in enumerate(PROMPTS * 3)]
-    s = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=3)
+    s = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=3, logprobs=True)
     bmm = make_engine("hf", base, mixed_lora="bmm").generate(reqs, s)
     loop = make_engine("hf", base, mixed_lora="loop").generate(reqs, s)
     assert _tokens(bmm) == _tokens(loop)
@@ -202,3 +203,123 @@ def test_mixed_modes_agree_and_match_independent_peft_models(base, adapters):
             expected = out[0, ids.shape[1] :].tolist()
             got = row[0].token_ids
             assert got == expected[: len(got)] and (len(got) == 8 or got[-1] == tok.eos_token_id)
+
+
+def _encoded_len(base, prompt):
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(base.path)(prompt)["input_ids"])
+
+
+def test_a_prompt_over_max_prompt_tokens_is_as_if_it_were_not_in_the_call(base, adapters):
+    """The long request gets n "prompt_too_long" completions; the others draw exactly what the call without
+    it draws (it is removed before batching: batch seeds and, with no seed, the call counter do not move)."""
+    from populora_core.components import Completion
+
+    long_prompt = PROMPTS[0] * 6
+    cap = max(_encoded_len(base, p) for p in PROMPTS)
+    assert _encoded_len(base, long_prompt) > cap
+    short = [GenerationRequest(p, adapters[i % 3]) for i, p in enumerate(PROMPTS)]
+    with_long = [*short[:2], GenerationRequest(long_prompt, adapters[0]), *short[2:]]
+    for seed in (7, None):  # None: seeds from (engine seed, call number) on fresh engines
+        s = SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=seed, max_prompt_tokens=cap)
+        alone = make_engine("hf", base, token_budget=40)  # several batches: batch seeds are by batch index
+        mixed = make_engine("hf", base, token_budget=40)
+        if seed is None:  # a call with nothing to generate is not a call
+            assert mixed.generate([with_long[2]], s)[0][0].finish_reason == "prompt_too_long"
+        expected, got = alone.generate(short, s), mixed.generate(with_long, s)
+        assert _tokens(got[:2] + got[3:]) == _tokens(expected)
+        dropped = got[2]
+        ids = dropped[0].prompt_token_ids
+        assert len(ids) == _encoded_len(base, long_prompt)
+        assert dropped == [Completion("", [], [], ids, "prompt_too_long")] * 2 and dropped[0] is not dropped[1]
+        assert not any(c.dropped for row in got[:2] + got[3:] for c in row)
+    with pytest.raises(UserError, match="max_prompt_tokens"):
+        alone.generate(short, SamplingParams(max_prompt_tokens=0))
+
+
+def test_logprobs_only_when_asked(base, adapters):
+    engine = make_engine("hf", base)
+    reqs = [GenerationRequest(p, adapters[i % 3]) for i, p in enumerate(PROMPTS)]
+    plain = engine.generate(reqs, SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=2))
+    asked = engine.generate(reqs, SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=2, logprobs=True))
+    assert _tokens(plain) == _tokens(asked)  # asking changes nothing about the tokens
+    assert all(c.logprobs == [] for row in plain for c in row)
+    assert all(len(c.logprobs) == len(c.token_ids) > 0 for row in asked for c in row)
+
+
+def test_sleep_is_a_no_op(base, adapters):
+    from populora_core.components import RolloutEngine
+
+    engine = make_engine("hf", base)
+    assert isinstance(engine, RolloutEngine)
+    reqs = [GenerationRequest(PROMPTS[0], adapters[0]), GenerationRequest(PROMPTS[1], None)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    before = engine.generate(reqs, greedy)
+    engine.sleep()
+    engine.sleep()
+    assert _tokens(engine.generate(reqs, greedy)) == _tokens(before)
+
+
+# --- the vllm engine's tmpfs copies (no vLLM needed) ------------------------------------------------------
+
+
+def _tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def test_served_copies_are_16_bit_and_leave_the_fp32_master_alone(adapters, tmp_path):
+    import hashlib
+    from pathlib import Path
+
+    import torch
+    from populora_engines.vllm_engine import served_dtype, write_adapter_copy
+
+    assert served_dtype("bfloat16") == "bfloat16" and served_dtype("half") == "float16"
+    assert served_dtype("float32") is None and served_dtype("auto") is None
+    src = Path(adapters[0].path)
+    digest = hashlib.sha256((src / "adapter_model.safetensors").read_bytes()).hexdigest()
+    size = write_adapter_copy(src, tmp_path / "bf16", "bfloat16")
+    master, copy = _tensors(src), _tensors(tmp_path / "bf16")
+    assert size == sum(f.stat().st_size for f in (tmp_path / "bf16").iterdir())
+    assert set(copy) == set(master) and all(t.dtype == torch.float32 for t in master.values())
+    assert all(copy[k].dtype == torch.bfloat16 and torch.equal(copy[k], master[k].to(torch.bfloat16)) for k in copy)
+    assert hashlib.sha256((src / "adapter_model.safetensors").read_bytes()).hexdigest() == digest
+    write_adapter_copy(src, tmp_path / "zero", None, zero_b=True)
+    zero = _tensors(tmp_path / "zero")
+    assert all(
+        (not v.any()) if ".lora_B." in k else torch.equal(v, master[k]) and v.dtype == torch.float32
+        for k, v in zero.items()
+    )
+
+
+def test_tmpfs_copies_are_bounded_by_bytes_and_fall_back_to_the_run_dir(adapters, tmp_path):
+    from pathlib import Path
+
+    from populora_engines.vllm_engine import AdapterCopies, _copy_estimate, write_adapter_copy
+
+    srcs = [Path(a.path) for a in adapters]
+    one = write_adapter_copy(srcs[0], tmp_path / "probe", "bfloat16")
+    assert abs(_copy_estimate(srcs[0], "bfloat16") - one) < 256  # the tensors exactly; the header's digits vary
+    root = tmp_path / "shm"
+    root.mkdir()
+    copies = AdapterCopies(root, max_bytes=one * 3 // 2, dtype="bfloat16")
+
+    def on_disk():
+        return sum(f.stat().st_size for d in root.iterdir() for f in d.iterdir())
+
+    a = copies.place("a", srcs[0], {"a", "b"})
+    assert a.parent == root and copies.place("a", srcs[0], {"a", "b"}) == a  # a hit reuses the copy
+    assert copies.place("b", srcs[1], {"a", "b"}) == srcs[1]  # a is in this call: b is served from its run dir
+    b = copies.place("b", srcs[1], {"b"})  # next call: the LRU copy goes, b fits
+    assert b.parent == root and not a.exists()
+    assert copies.used_bytes == on_disk() == one <= copies.max_bytes
+    assert copies.place_fixed(srcs[2], {"b"}) is None  # a never-evicted copy must fit beside the pinned ones
+    big = AdapterCopies(root, max_bytes=10 * one, dtype="bfloat16")
+    for i, key in enumerate("xyzxw"):
+        big.place(key, srcs[i % 3], {key})
+    assert copies.used_bytes + big.used_bytes == on_disk() and list(big._copies) == ["y", "z", "x", "w"]
+    assert AdapterCopies(None, 10 * one).place("a", srcs[0], {"a"}) == srcs[0]  # no tmpfs: run dirs
+    assert AdapterCopies(root, 0).place("a", srcs[0], {"a"}) == srcs[0]

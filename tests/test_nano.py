@@ -77,7 +77,7 @@ def test_nano_generates_through_the_hf_engine(nano, tasks):
     try:
         out = engine.generate(
             [GenerationRequest(tasks["deduction"].solver_prompt(problem))],
-            SamplingParams(n=2, temperature=0.0, max_tokens=24),
+            SamplingParams(n=2, temperature=0.0, max_tokens=24, logprobs=True),
         )
     finally:
         engine.close()
@@ -100,7 +100,9 @@ def test_nano_generates_through_the_vllm_engine(nano, tasks):
     prompt = tasks["abduction"].solver_prompt(problem)
     engine = _engine("vllm", nano)
     try:
-        out = engine.generate([GenerationRequest(prompt)], SamplingParams(n=1, temperature=0.0, max_tokens=24))
+        out = engine.generate(
+            [GenerationRequest(prompt)], SamplingParams(n=1, temperature=0.0, max_tokens=24, logprobs=True)
+        )
     finally:
         engine.close()
     comp = out[0][0]

