@@ -516,3 +516,230 @@ def test_loraplus_gives_b_factors_a_larger_first_adam_step(base, adapters, tmp_p
     assert groups == 1 and moves == pytest.approx((1e-3, 1e-3), rel=1e-2)
     groups, moves = largest_moves(4.0)
     assert groups == 2 and moves == pytest.approx((1e-3, 4e-3), rel=1e-2)
+
+
+# --- memory: token-budget micro-batches, chunked log-probs, gradient checkpointing ----------------
+
+
+def test_param_validation_of_the_memory_settings(base):
+    from populora_trl.common import use_checkpointing
+
+    for bad in ({"micro_batch_tokens": 0}, {"gradient_checkpointing": "yes"}, {"logprob_chunk_tokens": 0}):
+        with pytest.raises(UserError, match=next(iter(bad))):
+            make("trainer", "trr++", base, **bad)
+    with pytest.raises(UserError, match="micro_batch_tokens"):
+        make("trainer", "grpo", base, micro_batch_tokens=-5)
+    with pytest.raises(UserError, match="logprob_chunk_tokens"):  # grpo's log-probs are TRL's fused LM head
+        make("trainer", "grpo", base, logprob_chunk_tokens=1024)
+    p = make("trainer", "trr++", base).params
+    assert (p.micro_batch_tokens, p.gradient_checkpointing, p.logprob_chunk_tokens) == (None, "auto", 8192)
+    assert make("trainer", "trr++", base, logprob_chunk_tokens=None).params.logprob_chunk_tokens is None
+    assert use_checkpointing("auto", "cuda") and use_checkpointing("auto", "cuda:1") and use_checkpointing("on", "cpu")
+    assert not use_checkpointing("auto", "cpu") and not use_checkpointing("off", "cuda")
+
+
+def test_micro_batches_by_a_token_budget_keep_the_order_and_count_padding():
+    from populora_trl.common import micro_batches
+
+    def row(p, c):
+        return (Rollout("m", "g", [1] * p, [2] * c, [], 0.0), (p, c))
+
+    rows = [row(2, 3), row(4, 1), row(1, 6), row(30, 30), row(2, 2), row(2, 2), row(3, 1)]
+    groups = micro_batches(rows, size=2, tokens=20)
+    assert [r for g in groups for r in g] == rows  # consecutive runs, nothing reordered or lost
+    for g in groups:
+        width = max(len(r.prompt_token_ids) for r, _ in g) + max(len(r.completion_token_ids) for r, _ in g)
+        assert len(g) * width <= 20 or len(g) == 1
+    # (2,3)+(4,1): 2 x (4 + 3) = 14; + (1,6): 3 x (4 + 6) = 30 > 20; the 60-token row goes alone
+    assert [[x for _, x in g] for g in groups] == [[(2, 3), (4, 1)], [(1, 6)], [(30, 30)], [(2, 2), (2, 2), (3, 1)]]
+    assert [len(g) for g in micro_batches(rows, size=3)] == [3, 3, 1]  # None: micro_batch_size rows, as before
+    same = micro_batches(rows, size=8, tokens=1000, same=lambda r: len(r[0].prompt_token_ids))
+    assert [[x for _, x in g] for g in same] == [[(2, 3)], [(4, 1)], [(1, 6)], [(30, 30)], [(2, 2), (2, 2)], [(3, 1)]]
+
+
+def _logprob_setup(base, adapter):
+    """The host's PeftModel with ``adapter`` in the trainable scratch slot, and one packed micro-batch."""
+    from populora_trl.common import pack
+
+    from populora_core.modelhost import get_host
+
+    trainer = make("trainer", "trr++", base)
+    _, params = trainer._activate(adapter)
+    host = get_host(base)
+    batch = pack(_rollouts("m0", n=7, seed=11), int(host.tokenizer.pad_token_id), host.device)
+    return host.peft, params, batch
+
+
+@pytest.mark.parametrize(
+    ("temperature", "terms"), [(1.0, ("logp", "ent")), (0.7, ("logp", "ent")), (1.0, ("logp",)), (1.3, ("ent",))]
+)
+def test_chunked_logprobs_equal_the_one_piece_computation(base, adapters, temperature, terms):
+    """Values and gradients (through the log-probs, the entropy or both) within fp32 rounding, for chunks of one
+    token, a few tokens and all but one position; padded positions are 0 on the chunked path."""
+    import torch
+    from populora_trl.common import token_logprobs
+
+    model, params, batch = _logprob_setup(base, adapters[0])
+    mask = batch["completion_mask"].bool()
+    gen = torch.Generator().manual_seed(0)
+    w, v = torch.randn(mask.shape, generator=gen), torch.randn(mask.shape, generator=gen)
+    try:
+
+        def run(chunk):
+            for p in params.values():
+                p.grad = None
+            lp, ent = token_logprobs(model, batch, temperature, True, chunk)
+            loss = 0.0
+            if "logp" in terms:
+                loss = loss + (lp * w * mask).sum()
+            if "ent" in terms:
+                loss = loss + (ent * v * mask).sum()
+            loss.backward()
+            return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in params.items()}
+
+        lp0, ent0, g0 = run(None)
+        rows, width = mask.shape
+        for chunk in (1, 5, rows * width - 1):
+            lp, ent, g = run(chunk)
+            assert torch.allclose(lp[mask], lp0[mask], atol=2e-6, rtol=1e-6), chunk
+            assert torch.allclose(ent[mask], ent0[mask], atol=2e-6, rtol=1e-6), chunk
+            assert not lp[~mask].any() and not ent[~mask].any()
+            for n in g0:
+                assert torch.allclose(g[n], g0[n], atol=1e-6, rtol=1e-4), (chunk, n)
+        with torch.no_grad():  # the reference / no-grad path, and entropy off
+            lp, ent = token_logprobs(model, batch, temperature, False, 3)
+        assert ent is None and torch.allclose(lp[mask], lp0[mask], atol=2e-6, rtol=1e-6)
+    finally:
+        for p in params.values():
+            p.requires_grad_(False)
+            p.grad = None
+
+
+def test_chunked_logprobs_keep_one_chunks_logits_in_backward(base, adapters):
+    """The backward recomputes each chunk's logits: autograd never holds a (tokens, vocab) tensor."""
+    import torch
+    from populora_trl.common import token_logprobs
+
+    model, params, batch = _logprob_setup(base, adapters[0])
+    vocab = model.get_base_model().get_output_embeddings().weight.shape[0]
+    seen: list[tuple[int, ...]] = []
+
+    def pack_hook(t):
+        seen.append(tuple(t.shape))
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+            lp, ent = token_logprobs(model, batch, 1.0, True, 4)
+        kept = [s for s in seen if s and s[-1] == vocab]
+        assert all(s[0] <= 4 for s in kept), kept  # only chunk-sized logits (recomputation), none of the batch
+        (lp.sum() + ent.sum()).backward()
+        assert all(p.grad is not None for p in params.values())
+    finally:
+        for p in params.values():
+            p.requires_grad_(False)
+            p.grad = None
+
+
+def test_default_settings_keep_small_micro_batches_in_one_piece(base, adapters, tmp_path):
+    """The CPU quickstart's micro-batches (<= 8192 positions) take the one-piece path: bit-identical updates."""
+    rollouts = _rollouts("m0", n=8, seed=4)
+    default = make("trainer", "trr++", base, lr=1e-3, micro_batch_size=32)
+    one_piece = make("trainer", "trr++", base, lr=1e-3, micro_batch_size=32, logprob_chunk_tokens=None)
+    default.update("m0", adapters[0], rollouts, tmp_path / "default")
+    one_piece.update("m0", adapters[0], rollouts, tmp_path / "one_piece")
+    assert _same(_tensors(tmp_path / "default"), _tensors(tmp_path / "one_piece"))
+
+
+def _capture_gradients(trainer):
+    """The gradients each update of ``trainer`` steps with, captured before the clip and the AdamW step."""
+    seen: dict[str, object] = {}
+    step = trainer._step
+
+    def spy(member_id, opt, params):
+        seen.update({n: p.grad.clone() for n, p in params.items()})
+        return step(member_id, opt, params)
+
+    trainer._step = spy
+    return seen
+
+
+def test_token_budget_and_chunked_logprobs_match_one_batch(base, adapters, tmp_path):
+    """Token-budget micro-batches and chunked log-probs (entropy and KL in the loss) give the one-batch gradient.
+
+    The adapters are compared to 1% of an AdamW step: Adam's first step is about lr x sign(g), so an element
+    whose gradient is near eps turns fp32 rounding of the gradient into a visible difference of the step."""
+    import torch
+    from populora_trl.common import micro_batches
+
+    rollouts = _rollouts("m0", n=9, seed=8)
+    assert len(micro_batches([(r,) for r in rollouts], 8, 24)) > 3  # the budget really splits
+    common = dict(lr=1e-3, entropy_coef=0.01, kl_coef=0.1, temperature=0.8)
+    whole = make("trainer", "trr++", base, micro_batch_size=16, **common)
+    split = make("trainer", "trr++", base, micro_batch_tokens=24, logprob_chunk_tokens=3, **common)
+    g1, g2 = _capture_gradients(whole), _capture_gradients(split)
+    s1 = whole.update("m0", adapters[0], rollouts, tmp_path / "whole")
+    s2 = split.update("m0", adapters[0], rollouts, tmp_path / "split")
+    assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-5)
+    assert s1.entropy == pytest.approx(s2.entropy, rel=1e-5)
+    assert s1.extra["kl"] == pytest.approx(s2.extra["kl"], abs=1e-7)
+    assert g1.keys() == g2.keys() and all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
+    a, b = _tensors(tmp_path / "whole"), _tensors(tmp_path / "split")
+    assert all(torch.allclose(a[k][i], b[k][i], atol=1e-5) for k in a for i in (0, 1))
+
+
+def _count_layer_calls(host):
+    """Calls of the first decoder layer (a pre-hook: checkpoint's recomputation stops before the layer returns)."""
+    calls: list[int] = []
+    layer = host.base_model.get_decoder().layers[0]
+    return calls, layer.register_forward_pre_hook(lambda *args: calls.append(1))
+
+
+@pytest.mark.parametrize("name", ["trr++", "grpo"])
+def test_gradient_checkpointing_on_gives_the_same_update_and_is_off_afterwards(base, adapters, tmp_path, name):
+    import torch
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    rollouts = _grpo_rollouts("m0", seed=3) if name == "grpo" else _rollouts("m0", n=8, seed=3)
+    engine = make("engine", "hf", base)
+    request = [GenerationRequest("def f", adapters[0])]
+    before = engine.generate(request, SamplingParams(temperature=0, max_tokens=4))[0][0].token_ids
+    out, calls = {}, {}
+    for setting in ("off", "on"):
+        trainer = make("trainer", name, base, lr=1e-3, micro_batch_size=4, gradient_checkpointing=setting)
+        counted, hook = _count_layer_calls(host)
+        try:
+            stats = trainer.update("m0", adapters[0], rollouts, tmp_path / setting)
+        finally:
+            hook.remove()
+        out[setting], calls[setting] = (stats, _tensors(tmp_path / setting)), len(counted)
+        assert not host.base_model.is_gradient_checkpointing  # switched on for the update only
+        assert not getattr(host.base_model, "_require_grads_hooks", None)
+    assert calls["on"] == 2 * calls["off"]  # every layer's forward runs again in backward: it is on
+    assert out["on"][0].grad_norm == pytest.approx(out["off"][0].grad_norm, rel=1e-5)
+    a, b = out["on"][1], out["off"][1]
+    assert all(torch.allclose(a[k][i], b[k][i], atol=1e-7) for k in a for i in (0, 1))
+    after = engine.generate(request, SamplingParams(temperature=0, max_tokens=4))[0][0].token_ids
+    assert after == before  # generation from the shared base is unaffected
+
+
+def test_grpo_token_budget_micro_batches_match_one_batch(base, adapters, tmp_path):
+    """Same gradient as one batch (adapters to 1% of an AdamW step, as above) for the loss types' normalisers."""
+    import torch
+    from populora_trl.common import micro_batches
+
+    rollouts = _grpo_rollouts("m0", seed=6)
+    same = lambda r: len(r[0].prompt_token_ids)  # noqa: E731
+    assert len(micro_batches([(r,) for r in rollouts], 8, 20, same)) > 2  # the budget really splits
+    for loss_type in ("dapo", "bnpo"):
+        whole = make("trainer", "grpo", base, lr=1e-3, loss_type=loss_type, micro_batch_size=8)
+        split = make("trainer", "grpo", base, lr=1e-3, loss_type=loss_type, micro_batch_tokens=20)
+        g1, g2 = _capture_gradients(whole), _capture_gradients(split)
+        s1 = whole.update("m0", adapters[0], rollouts, tmp_path / f"{loss_type}_whole")
+        s2 = split.update("m0", adapters[0], rollouts, tmp_path / f"{loss_type}_split")
+        assert s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-5), loss_type
+        assert all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1), loss_type
+        a, b = _tensors(tmp_path / f"{loss_type}_whole"), _tensors(tmp_path / f"{loss_type}_split")
+        assert all(torch.allclose(a[k][i], b[k][i], atol=1e-5) for k in a for i in (0, 1))

@@ -36,6 +36,20 @@ class _Common(Params):
     eps: float = 1e-8
     grad_clip: float = 1.0
     micro_batch_size: int = 8  # sequences per forward/backward; gradients accumulate to one step
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="micro-batches by a token budget instead of micro_batch_size: consecutive sequences share "
+        "one while rows x (longest prompt + longest completion), padding counted, stays within it; a longer "
+        "sequence goes alone. The loss is normalised over the whole update either way, so the step does not "
+        "depend on the split. None: micro_batch_size sequences per micro-batch",
+    )
+    gradient_checkpointing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="recompute the decoder layers' activations in backward (transformers' gradient "
+        "checkpointing, non-reentrant) instead of storing them, switched on for the update only; "
+        "auto: on when the trainer's device is CUDA, off on the CPU",
+    )
     temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
 
 
@@ -63,6 +77,14 @@ class TRRParams(_Common):
         ge=0,
         description="veRL's kl_loss_coef (AZR: no KL loss): adds kl_coef x token-mean "
         "low_var_kl to the base model (adapters off) over the update's response tokens",
+    )
+    logprob_chunk_tokens: int | None = Field(
+        8192,
+        ge=1,
+        description="a micro-batch whose rows x completion width exceeds this gets its log-probs and entropy "
+        "from the decoder's last hidden states in chunks of this many completion tokens (LM head, fp32 "
+        "log-softmax and entropy per chunk, each chunk recomputed in backward), so the (rows, tokens, vocab) "
+        "fp32 logits never exist; smaller ones, and None, in one piece (the same values up to fp32 rounding)",
     )
 
 

@@ -6,7 +6,8 @@ import copy
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class LoraTrainerBase:
     """
 
     algorithm = "base"
+    needs_sampling_logprobs = False  # the loss recomputes the old policy's log-probs itself
 
     def __init__(self, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
         from populora_core.modelhost import get_host
@@ -123,6 +125,34 @@ class LoraTrainerBase:
         state = opt.state_dict()
         self._states[member_id] = {"names": list(params), "optimizer": copy.deepcopy(state)}
 
+    @contextmanager
+    def _training(self) -> Iterator[Any]:
+        """The PeftModel in train mode, with gradient checkpointing on for the update only when asked.
+
+        Checkpointing is a flag on the shared base's decoder layers that transformers honours only in train
+        mode; it is switched off again (and the input-grad hook transformers adds is removed) before the
+        model goes back to eval, so the engines' generation never sees it.
+        """
+        model = self.host.peft
+        base = self.host.base_model
+        on = use_checkpointing(self.params.gradient_checkpointing, self.host.device)
+        had_hooks = bool(getattr(base, "_require_grads_hooks", None))
+        if on:
+            try:
+                # use_reentrant=False: gradients reach the LoRA factors although no input requires grad
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            except ValueError as exc:
+                raise UserError(f"trainer.gradient_checkpointing: {exc}; set it to off") from None
+        model.train()
+        try:
+            yield model
+        finally:
+            model.eval()
+            if on:
+                base.gradient_checkpointing_disable()
+                if not had_hooks and getattr(base, "_require_grads_hooks", None):
+                    base.disable_input_require_grads()
+
     def _finish(self, adapter: AdapterRef, config: dict[str, Any], out_dir: Path) -> Path:
         out = self.host.save(SCRATCH, out_dir, config)
         self.host.peft.eval()
@@ -187,6 +217,38 @@ class LoraTrainerBase:
         pass
 
 
+def use_checkpointing(setting: str, device: str) -> bool:
+    """``gradient_checkpointing``: ``on``, ``off``, or ``auto`` (on for a CUDA device, off on the CPU)."""
+    return setting == "on" or (setting == "auto" and str(device).startswith("cuda"))
+
+
+def micro_batches(
+    rows: Sequence[Any], size: int, tokens: int | None = None, same: Callable[[Any], Any] | None = None
+) -> list[list[Any]]:
+    """Consecutive runs of ``rows`` (tuples whose first item is a Rollout), in the given order.
+
+    ``tokens`` None: at most ``size`` rows per micro-batch. Otherwise a micro-batch takes the next row while its
+    packed shape (rows x (longest prompt + longest completion), padding counted as :func:`pack` lays it out)
+    stays within ``tokens``; a row longer than that goes alone. ``same``: a key that every row of one
+    micro-batch shares (grpo: the prompt length).
+    """
+    groups: list[list[Any]] = []
+    pmax = lmax = 0
+    for row in rows:
+        r = row[0]
+        p, c = len(r.prompt_token_ids), max(1, len(r.completion_token_ids))
+        if groups and (same is None or same(groups[-1][0]) == same(row)):
+            g = groups[-1]
+            wp, wl = max(pmax, p), max(lmax, c)
+            if (len(g) < max(1, size)) if tokens is None else ((len(g) + 1) * (wp + wl) <= tokens):
+                g.append(row)
+                pmax, lmax = wp, wl
+                continue
+        groups.append([row])
+        pmax, lmax = p, c
+    return groups
+
+
 def pack(rows: Sequence[Rollout], pad_id: int, device: str) -> dict[str, Any]:
     """Prompts left padded, completions right padded (TRL's layout), plus RoPE positions from the mask."""
     import torch
@@ -214,20 +276,32 @@ def pack(rows: Sequence[Rollout], pad_id: int, device: str) -> dict[str, Any]:
 
 
 def token_logprobs(
-    model: Any, batch: dict[str, Any], temperature: float = 1.0, entropy: bool = False
+    model: Any,
+    batch: dict[str, Any],
+    temperature: float = 1.0,
+    entropy: bool = False,
+    chunk_tokens: int | None = None,
 ) -> tuple[Any, Any]:
     """Per completion token log-prob (and entropy) under ``model``; shape (rows, completion width).
 
     Position ids come from the attention mask, so a left-padded prompt sees the same positions as in
     generation (transformers' Llama otherwise numbers padded rows from the first pad).
+
+    ``chunk_tokens``: when the micro-batch's rows x completion width exceeds it, the log-probs come from
+    :func:`chunked_token_logprobs` (the fp32 ``(rows, width, vocab)`` logits never exist; padded positions
+    are 0 there). Otherwise, and with None, the whole micro-batch in one piece, as before the option.
     """
     import torch
 
+    rows, width = batch["completion_ids"].shape
+    if chunk_tokens is not None and rows * width > chunk_tokens:
+        return chunked_token_logprobs(model, batch, temperature, entropy, chunk_tokens)
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    width = batch["completion_ids"].shape[1]
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1)
+    out = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1, use_cache=False
+    )
     logits = out.logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -235,3 +309,117 @@ def token_logprobs(
     logp = logp_all.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
     ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
     return logp, ent
+
+
+def chunked_token_logprobs(
+    model: Any, batch: dict[str, Any], temperature: float, entropy: bool, chunk_tokens: int
+) -> tuple[Any, Any]:
+    """:func:`token_logprobs` from the decoder's last hidden states, ``chunk_tokens`` completion tokens at a time.
+
+    The decoder runs once; the LM head, the fp32 cast, the temperature, the log-softmax, the gather and the
+    entropy then run per chunk of real (unpadded) completion tokens. Each chunk is wrapped in
+    ``torch.utils.checkpoint`` (non-reentrant), so autograd keeps only the chunk's hidden states and
+    recomputes its logits in backward: forward and backward both hold one chunk's ``(chunk, vocab)`` logits
+    at a time. Same values as the one-piece path up to fp32 rounding; padded positions are 0.
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = causal.get_decoder(), causal.get_output_embeddings()
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    width = batch["completion_ids"].shape[1]
+    hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    # the positions that predict the completion tokens (the one-piece path's logits_to_keep=width+1, minus the last)
+    hidden = hidden.last_hidden_state[:, -(width + 1) : -1, :]
+    real = batch["completion_mask"].bool()
+    h, targets = hidden[real], batch["completion_ids"][real]
+    fn = _logp_entropy_function()
+
+    def piece(h_chunk: Any, t_chunk: Any) -> tuple[Any, Any]:
+        return fn.apply(head(h_chunk), t_chunk, float(temperature), entropy)
+
+    grad = torch.is_grad_enabled()
+    lps, ents = [], []
+    for s in range(0, h.shape[0], chunk_tokens):
+        h_chunk, t_chunk = h[s : s + chunk_tokens], targets[s : s + chunk_tokens]
+        lp, ent = checkpoint(piece, h_chunk, t_chunk, use_reentrant=False) if grad else piece(h_chunk, t_chunk)
+        lps.append(lp)
+        ents.append(ent)
+    zeros = torch.zeros(real.shape, dtype=torch.float32, device=h.device)
+    # back into the padded (rows, width) layout, differentiably; padded positions stay 0
+    logp = zeros.masked_scatter(real, torch.cat(lps) if lps else zeros[:0, 0])
+    ent_out = zeros.masked_scatter(real, torch.cat(ents) if lps else zeros[:0, 0]) if entropy else None
+    return logp, ent_out
+
+
+_LOGP_ENTROPY: Any = None
+ROW_BLOCK = 64  # rows of a chunk's (tokens, vocab) logits that the Function's temporaries span at once
+
+
+def _logp_entropy_function() -> Any:
+    """A ``torch.autograd.Function`` (built on first use: no torch at import) for one chunk of logits.
+
+    ``apply(logits (n, vocab), targets (n,), temperature, entropy) -> (logp (n,), entropy (n,) or None)``,
+    fp32, with the one-piece path's formulas row by row (fp32 cast, division by the temperature,
+    ``log_softmax``, gather, ``-(exp(lp) * lp).sum``). It keeps one fp32 ``(n, vocab)`` log-softmax, filled
+    and used ``ROW_BLOCK`` rows at a time so that the cast, the temperature and the exp never span the whole
+    chunk, and saves only it for backward, which writes the logits' gradient
+    (``(g_lp * onehot - p * (g_lp + g_ent * (lp + H))) / T``) into one buffer the same way. Autograd's own
+    chain (cast, div, log_softmax, exp, mul, sum) would hold several ``(n, vocab)`` tensors instead.
+    """
+    global _LOGP_ENTROPY
+    if _LOGP_ENTROPY is not None:
+        return _LOGP_ENTROPY
+    import torch
+
+    class LogpEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, logits: Any, targets: Any, temperature: float, entropy: bool) -> Any:
+            ctx.set_materialize_grads(False)
+            n = logits.shape[0]
+            logp_all = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+            ent = torch.empty(n, dtype=torch.float32, device=logits.device) if entropy else None
+            for s in range(0, n, ROW_BLOCK):
+                z = logits[s : s + ROW_BLOCK].float()
+                if temperature != 1.0:
+                    z = z / temperature
+                block = logp_all[s : s + ROW_BLOCK]
+                torch.log_softmax(z, dim=-1, out=block)
+                if ent is not None:
+                    ent[s : s + ROW_BLOCK] = -(block.exp() * block).sum(-1)
+            logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            ctx.save_for_backward(logp_all, targets, ent)
+            ctx.temperature = temperature
+            ctx.logits_dtype = logits.dtype
+            return logp, ent
+
+        @staticmethod
+        def backward(ctx: Any, g_logp: Any, g_ent: Any) -> Any:
+            logp_all, targets, ent = ctx.saved_tensors
+            if g_logp is None and g_ent is None:
+                return None, None, None, None
+            grad = torch.empty(logp_all.shape, dtype=ctx.logits_dtype, device=logp_all.device)
+            g_lp = None if g_logp is None else g_logp.float().unsqueeze(-1)
+            g_h = None if g_ent is None else g_ent.float().unsqueeze(-1)
+            for s in range(0, logp_all.shape[0], ROW_BLOCK):
+                rows = slice(s, s + ROW_BLOCK)
+                lp = logp_all[rows]
+                if g_h is not None:  # d H / d z_j = -p_j (lp_j + H)
+                    block = (lp + ent[rows].unsqueeze(-1)).mul_(g_h[rows])
+                    if g_lp is not None:
+                        block.add_(g_lp[rows])
+                    block.mul_(lp.exp()).neg_()
+                else:  # d lp_t / d z_j = onehot_tj - p_j
+                    block = lp.exp().mul_(-g_lp[rows])
+                if g_lp is not None:
+                    block.scatter_add_(-1, targets[rows].unsqueeze(-1), g_lp[rows])
+                if ctx.temperature != 1.0:
+                    block.div_(ctx.temperature)
+                grad[rows] = block
+            return grad, None, None, None
+
+    _LOGP_ENTROPY = LogpEntropy
+    return LogpEntropy

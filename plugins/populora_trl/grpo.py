@@ -24,7 +24,7 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, UpdateStats
 from populora_core.errors import UserError
 
-from .common import SCRATCH, LoraTrainerBase, check_update, pack
+from .common import SCRATCH, LoraTrainerBase, check_update, micro_batches, pack
 
 REF = "__ref__"
 
@@ -62,6 +62,10 @@ class GRPOLoraTrainer(LoraTrainerBase):
     """One TRL ``GRPOTrainer`` as the loss engine for every member; optimizer state per member."""
 
     algorithm = "grpo"
+
+    @property
+    def needs_sampling_logprobs(self) -> bool:
+        return bool(self.params.use_rollout_logprobs)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -147,16 +151,9 @@ class GRPOLoraTrainer(LoraTrainerBase):
         total = sum(len(r.completion_token_ids) for r, _ in rows)
         # TRL's forward passes no position ids, so a micro-batch holds prompts of one length only
         rows.sort(key=lambda ra: len(ra[0].prompt_token_ids))
-        groups: list[list[tuple[Rollout, float]]] = []
-        for r, a in rows:
-            if (
-                groups
-                and len(groups[-1]) < max(1, p.micro_batch_size)
-                and len(groups[-1][0][0].prompt_token_ids) == len(r.prompt_token_ids)
-            ):
-                groups[-1].append((r, a))
-            else:
-                groups.append([(r, a)])
+        groups: list[list[tuple[Rollout, float]]] = micro_batches(
+            rows, p.micro_batch_size, p.micro_batch_tokens, same=lambda ra: len(ra[0].prompt_token_ids)
+        )
         host = self.host
         with host.lock:
             if self._trl is None:  # TRL needs the PeftModel to exist: the scratch slot creates it
@@ -167,46 +164,44 @@ class GRPOLoraTrainer(LoraTrainerBase):
             refs = self._ref_logps(trainer, member_id, adapter, chunks) if p.beta != 0.0 else [None] * len(chunks)
             config, params = self._activate(adapter)
             opt = self._optimizer(member_id, params)
-            model = host.peft
-            model.train()
             n_seq = len(rows)
             loss_sum = ent_sum = 0.0
             try:
-                opt.zero_grad(set_to_none=True)
-                for g, batch, ref in zip(groups, chunks, refs):
-                    n_mb = len(g)
-                    tokens_mb = float(batch["completion_mask"].sum())
-                    inputs = dict(batch)
-                    inputs["advantages"] = torch.tensor([a for _, a in g], dtype=torch.float32, device=host.device)
-                    inputs["num_items_in_batch"] = torch.tensor(float(total), device=host.device)
-                    if ref is not None:
-                        inputs["ref_per_token_logps"] = ref
-                    if p.use_rollout_logprobs:
-                        old = torch.zeros_like(batch["completion_ids"], dtype=torch.float32)
-                        for i, (r, _) in enumerate(g):
-                            if len(r.logprobs) != len(r.completion_token_ids):
-                                raise UserError(
-                                    f"update of {member_id!r}: use_rollout_logprobs needs one "
-                                    "log-prob per completion token"
-                                )
-                            old[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
-                        inputs["old_per_token_logps"] = old
-                    # normalisers that make the sum over micro-batches equal the whole batch's loss
-                    if p.loss_type in ("dapo", "cispo"):
-                        trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation
-                    elif p.loss_type == "bnpo":
-                        trainer.current_gradient_accumulation_steps = total / tokens_mb
-                    else:  # grpo, sapo, dr_grpo, luspo: a mean over sequences
-                        trainer.current_gradient_accumulation_steps = n_seq / n_mb
-                    loss = trainer.compute_loss(model, inputs)
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                    ent_sum += float(self._last_entropy(trainer)) * tokens_mb
-                grad_norm = self._step(member_id, opt, params)
-                self._keep(member_id, opt, params)
-                opt.zero_grad(set_to_none=True)
+                with self._training() as model:
+                    opt.zero_grad(set_to_none=True)
+                    for g, batch, ref in zip(groups, chunks, refs):
+                        n_mb = len(g)
+                        tokens_mb = float(batch["completion_mask"].sum())
+                        inputs = dict(batch)
+                        inputs["advantages"] = torch.tensor([a for _, a in g], dtype=torch.float32, device=host.device)
+                        inputs["num_items_in_batch"] = torch.tensor(float(total), device=host.device)
+                        if ref is not None:
+                            inputs["ref_per_token_logps"] = ref
+                        if p.use_rollout_logprobs:
+                            old = torch.zeros_like(batch["completion_ids"], dtype=torch.float32)
+                            for i, (r, _) in enumerate(g):
+                                if len(r.logprobs) != len(r.completion_token_ids):
+                                    raise UserError(
+                                        f"update of {member_id!r}: use_rollout_logprobs needs one "
+                                        "log-prob per completion token"
+                                    )
+                                old[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+                            inputs["old_per_token_logps"] = old
+                        # normalisers that make the sum over micro-batches equal the whole batch's loss
+                        if p.loss_type in ("dapo", "cispo"):
+                            trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation
+                        elif p.loss_type == "bnpo":
+                            trainer.current_gradient_accumulation_steps = total / tokens_mb
+                        else:  # grpo, sapo, dr_grpo, luspo: a mean over sequences
+                            trainer.current_gradient_accumulation_steps = n_seq / n_mb
+                        loss = trainer.compute_loss(model, inputs)
+                        loss.backward()
+                        loss_sum += float(loss.detach())
+                        ent_sum += float(self._last_entropy(trainer)) * tokens_mb
+                    grad_norm = self._step(member_id, opt, params)
+                    self._keep(member_id, opt, params)
+                    opt.zero_grad(set_to_none=True)
             finally:
-                model.eval()
                 metrics = {k: list(v) for k, v in trainer._metrics["train"].items()}
                 trainer._metrics["train"].clear()
             self._finish(adapter, config, out_dir)

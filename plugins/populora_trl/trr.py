@@ -25,7 +25,7 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, UpdateStats
 from populora_core.errors import UserError
 
-from .common import LoraTrainerBase, check_update, pack, token_logprobs
+from .common import LoraTrainerBase, check_update, micro_batches, pack, token_logprobs
 
 
 def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
@@ -112,12 +112,9 @@ class TRRTrainer(LoraTrainerBase):
         with host.lock:
             config, params = self._activate(adapter)
             opt = self._optimizer(member_id, params)
-            model = host.peft
-            model.train()
-            try:
+            with self._training() as model:
                 pad = int(host.tokenizer.pad_token_id)
-                mbs = max(1, p.micro_batch_size)
-                chunks = [rows[s : s + mbs] for s in range(0, len(rows), mbs)]
+                chunks = micro_batches(rows, p.micro_batch_size, p.micro_batch_tokens)
                 old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
                 ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
                 for _ in range(p.epochs):
@@ -125,7 +122,7 @@ class TRRTrainer(LoraTrainerBase):
                     loss_sum = ent_sum = clipped = kl_sum = 0.0
                     for c, chunk in enumerate(chunks):
                         batch = pack([r for r, _ in chunk], pad, host.device)
-                        logp, ent = token_logprobs(model, batch, p.temperature, entropy=True)
+                        logp, ent = token_logprobs(model, batch, p.temperature, True, p.logprob_chunk_tokens)
                         mask = batch["completion_mask"].to(logp.dtype)
                         adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
                         if old[c] is None:
@@ -138,7 +135,9 @@ class TRRTrainer(LoraTrainerBase):
                         if p.kl_coef:
                             if ref[c] is None:
                                 with torch.no_grad(), model.disable_adapter():
-                                    ref[c], _ = token_logprobs(model, batch, p.temperature)
+                                    ref[c], _ = token_logprobs(
+                                        model, batch, p.temperature, False, p.logprob_chunk_tokens
+                                    )
                             kl_mean = (low_var_kl(logp, ref[c]) * mask).sum() / total
                             loss = loss + p.kl_coef * kl_mean
                             kl_sum += float(kl_mean.detach())
@@ -149,8 +148,6 @@ class TRRTrainer(LoraTrainerBase):
                     grad_norm = self._step(member_id, opt, params)
                 self._keep(member_id, opt, params)
                 opt.zero_grad(set_to_none=True)
-            finally:
-                model.eval()
             self._finish(adapter, config, out_dir)
         self._updates += 1
         rewards = [float(r.reward) for r in rollouts]
