@@ -84,9 +84,56 @@ def test_renaming_to_f():
     ours = checks.rename_identifier(code, "solve", "f")
     assert "def f(x)" in ours and "'solve'" in ours and "# solve it" in ours and "f(1)" in ours
     assert "solve_helper" in ours
-    theirs = checks.azr_rename_first_def(code)
-    assert "'f'" in theirs and "# f it" in theirs  # AZR's word-boundary replace also hits strings
-    assert checks.azr_rename_first_def("class A:\n    def m(self):\n        return 1\n").count("def f(") == 1
+    assert checks.azr_rename_def("class A:\n    def m(self):\n        return 1\n").count("def f(") == 1
+
+
+def test_azr_rename_is_its_two_regex_replaces():
+    """AZR: ``def <name>(`` -> ``def f(``, then ``<name>(`` at a word boundary -> ``f(`` (code_reward.py)."""
+    code = (
+        "def solve(s):\n    # solve it\n    t = 'solve(' + 'solve'\n    g = solve\n"
+        "    return obj.solve (s) if s else solve(1) + solve_count(s)"
+    )
+    theirs = checks.azr_rename_def(code, "not_first")
+    assert theirs.startswith("def f(s)") and "# solve it" in theirs  # a comment without a call is kept
+    assert "'f(' + 'solve'" in theirs  # a call inside a string is hit, the bare word is not
+    assert "g = solve" in theirs  # a reference without a call is not renamed (f then has no `solve`)
+    assert "obj.f(s)" in theirs and "f(1)" in theirs and "solve_count(s)" in theirs
+
+
+NAMES = {
+    "helper then f": ["helper", "f"],
+    "class then solve": ["__init__", "run", "solve"],
+    "f then nested": ["f", "inner"],
+    "none": [],
+}
+
+
+@pytest.mark.parametrize(
+    "case,location,expected",
+    [
+        ("helper then f", "not_first", "helper"),  # always the first, even with an f (two f's then)
+        ("helper then f", "any_first", None),
+        ("helper then f", "any_last", None),
+        ("helper then f", "not_last", None),  # the last is f already
+        ("class then solve", "not_first", "__init__"),  # AZR's default: a class's __init__ becomes f
+        ("class then solve", "any_first", "__init__"),
+        ("class then solve", "any_last", "solve"),  # AZR's Llama / Qwen3-4B scripts
+        ("class then solve", "not_last", "solve"),
+        ("f then nested", "not_first", None),
+        ("f then nested", "any_last", None),
+        ("f then nested", "not_last", "inner"),  # always the last: f's nested helper
+        ("none", "not_first", None),
+        ("none", "any_last", None),
+    ],
+)
+def test_f_replace_location_picks_as_azr(case, location, expected):
+    assert checks.f_replace_target(NAMES[case], location) == expected
+
+
+def test_f_replace_location_values():
+    assert checks.F_REPLACE_LOCATIONS == ("not_first", "any_first", "any_last", "not_last")
+    with pytest.raises(ValueError, match="f_replace_location"):
+        checks.f_replace_target(["g"], "first")
 
 
 def test_call_of_f_refuses_injection():

@@ -6,14 +6,16 @@ which reproduces AZR's released code, with every execution still inside the sand
 
 from __future__ import annotations
 
+import ast
 import random
 
 import pytest
+from populora_azr import checks
 from populora_azr import prompts as P
 from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
 
 from populora_core.components import Problem
-from tests.azr_support import build_task, build_tasks, shared_executor
+from tests.azr_support import build_task, build_tasks, load_seeds, shared_executor
 
 FIXED, RELEASED = "fixed", "azr-released"
 
@@ -111,10 +113,110 @@ def test_induction_answer_gets_gold_imports(ex, compat):
 
 
 def test_first_def_renamed_to_f(ex):
-    program = "def solve(s):\n    return 'solve:' + s"
+    program = "def solve(s):\n    return 'solve(' + s + ', solve'"
     fixed_ded, released_ded = tasks(ex, "deduction")
-    assert propose(fixed_ded, program, "'x'").outputs == ["'solve:x'"]
-    assert propose(released_ded, program, "'x'").outputs == ["'f:x'"]  # the word-boundary replace hits strings
+    assert propose(fixed_ded, program, "'x'").outputs == ["'solve(x, solve'"]
+    # AZR's regex replace of `solve(` hits a call inside a string, not the bare word
+    assert propose(released_ded, program, "'x'").outputs == ["'f(x, solve'"]
+
+
+# --- f_replace_location and reject_multiple_functions (one_def) on real AZR seed programs ------------------
+
+
+def _real_programs(count: int = 2) -> list[dict]:
+    """The first plain AZR seed triplets (Qwen2.5-7B seeding): one ``def f``, no imports, short output."""
+    rows = load_seeds("7b_seed_io.jsonl")[1:]  # line 1 is the hand-written zero triplet
+    picked = [
+        r
+        for r in rows
+        if checks.azr_def_names(r["snippet"]) == ["f"]
+        and "import" not in r["snippet"]
+        and "class" not in r["snippet"]
+        and "input(" not in r["snippet"]
+        and r["output"] not in ("None", "''")
+        and len(r["output"]) < 200
+    ]
+    return picked[:count]
+
+
+def _named(row: dict, name: str) -> str:
+    """The seed's program with its function called ``name``, as a model that did not call it ``f`` wrote it."""
+    return checks.rename_identifier(row["snippet"], "f", name)
+
+
+RENAMED = {"not_first": "helper", "any_first": "helper", "any_last": "solve", "not_last": "solve"}
+
+
+@pytest.mark.parametrize("compat", [FIXED, RELEASED])
+@pytest.mark.parametrize("location", checks.F_REPLACE_LOCATIONS)
+def test_f_replace_location_on_two_real_functions_without_an_f(ex, compat, location):
+    """Seed B as ``helper``, then seed A as ``solve``: which one becomes ``f`` decides what A's input gives."""
+    a, b = _real_programs()
+    program = _named(b, "helper") + "\n\n" + _named(a, "solve")
+    strict = build_task("deduction", ex, compat=compat)
+    assert "2 " in propose(strict, program, a["input"]).error  # 2 functions: AZR's Qwen scripts reject
+    task = build_task("deduction", ex, compat=compat, one_def=False, f_replace_location=location)
+    prob = propose(task, program, a["input"])
+    renamed = RENAMED[location]
+    kept = "solve" if renamed == "helper" else "helper"
+    assert f"def {renamed}(" not in prob.program and f"def {kept}(" in prob.program
+    if renamed == "solve":  # A is f: its stored output comes back
+        assert prob.valid, prob.error
+        assert ast.literal_eval(prob.outputs[0]) == ast.literal_eval(a["output"])
+    else:  # B is f and gets A's input
+        assert not prob.valid or prob.outputs != [a["output"]]
+
+
+def _with_runner_class(row: dict) -> str:
+    """A real seed program wrapped as a model often writes one: a class with ``__init__``, the seed as
+    ``solve``, and an entry ``f`` that uses both (AZR's regex sees four defs: __init__, run, solve, f)."""
+    return (
+        "class Runner:\n    def __init__(self, fn):\n        self.fn = fn\n\n"
+        "    def run(self, *args, **kwargs):\n        return self.fn(*args, **kwargs)\n\n\n"
+        + _named(row, "solve")
+        + "\n\n\ndef f(*args, **kwargs):\n    return Runner(solve).run(*args, **kwargs)"
+    )
+
+
+def test_released_default_renames_a_class_init_and_any_last_keeps_it(ex):
+    """AZR's default (not_first) makes a class's ``__init__`` the ``f``; its Llama / Qwen3-4B scripts
+    (reject_multiple_functions=False, f_replace_location=any_last) keep the program as written."""
+    [a] = _real_programs(1)
+    program = _with_runner_class(a)
+    assert checks.azr_def_names(program) == ["__init__", "run", "solve", "f"]
+    strict = build_task("deduction", ex, compat=RELEASED)
+    assert "4 function definitions" in propose(strict, program, a["input"]).error
+    default = build_task("deduction", ex, compat=RELEASED, one_def=False)
+    broken = propose(default, program, a["input"])
+    assert "def __init__" not in broken.program and "    def f(self, fn)" in broken.program
+    assert not broken.valid and "TypeError" in broken.error  # Runner(solve): the class lost its __init__
+    for location in ("any_last", "any_first", "not_last"):
+        task = build_task("deduction", ex, compat=RELEASED, one_def=False, f_replace_location=location)
+        prob = propose(task, program, a["input"])
+        assert prob.valid and prob.program == program, (location, prob.error)
+        assert prob.outputs == [a["output"]]  # AZR's stored output text
+
+
+def test_fixed_counts_top_level_functions_and_keeps_an_existing_f(ex):
+    [a] = _real_programs(1)
+    program = _with_runner_class(a)
+    strict = build_task("deduction", ex)
+    assert "2 top-level functions" in propose(strict, program, a["input"]).error  # solve and f
+    for location in (None, "any_last"):  # None: fixed's any_first
+        task = build_task("deduction", ex, one_def=False, f_replace_location=location)
+        prob = propose(task, program, a["input"])
+        assert prob.valid and prob.program == program, prob.error
+        assert ast.literal_eval(prob.outputs[0]) == ast.literal_eval(a["output"])
+    always_first = build_task("deduction", ex, one_def=False, f_replace_location="not_first")
+    prob = propose(always_first, program, a["input"])  # solve -> f everywhere: Runner(f) calls itself
+    assert "def solve(" not in prob.program and not prob.valid
+
+
+def test_f_replace_location_defaults_are_todays_behaviour(ex):
+    fixed_ded, released_ded = tasks(ex, "deduction")
+    assert (fixed_ded.f_replace_location, released_ded.f_replace_location) == ("any_first", "not_first")
+    with pytest.raises(Exception, match="f_replace_location"):
+        build_task("deduction", ex, f_replace_location="last")
 
 
 def test_one_def_rule_counts_nested_defs_and_methods(ex):

@@ -107,6 +107,8 @@ def test_nested_defs_and_classes_are_allowed_by_default(ex):
     assert "function definitions" in propose(strict, program, "[1, 2, 3]").error
     loose = build_task("abduction", ex, compat="azr-released", one_def=False)
     assert propose(loose, program, "[1, 2, 3]").valid is False  # AZR renames the first def: __init__ -> f
+    llama = build_task("abduction", ex, compat="azr-released", one_def=False, f_replace_location="any_last")
+    assert propose(llama, program, "[1, 2, 3]").outputs == ["14"]  # AZR's Llama / Qwen3-4B settings
 
 
 def test_unformatted_but_valid_proposal_gets_invalid_reward(ex):

@@ -1,4 +1,5 @@
-"""Every shipped recipe validates (both passes) and the 7B family is internally consistent."""
+"""Every shipped recipe validates (both passes), the 7B family is internally consistent, and each single-agent
+baseline is compute-matched to one slot of its population (the budget ``populora validate`` prints)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from populora_core.cli import cli
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
 SEVEN_B = [p for p in RECIPES if p.stem.endswith("_7b")]
+RECIPE_DIR = RECIPES[0].parent
+#: population recipe -> its compute-matched single-agent baseline
+SINGLE_AGENT_OF = {"azr_7b": "single_agent_7b", "nano": "nano_single_agent"}
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +36,7 @@ def test_the_recipe_family_is_complete():
         "single_agent_7b.yaml",
         "populora_1t1s_7b.yaml",
         "populora_8t8s_7b.yaml",
+        "azr_llama3.1_8b.yaml",
     } <= names
 
 
@@ -43,12 +50,16 @@ def test_recipe_validates_and_says_what_it_reproduces(path, registry):
         assert model.engine.params["max_lora_rank"] >= model.lora.rank
 
 
-def test_7b_recipes_share_adapter_shape_and_per_adapter_compute():
+def test_7b_recipes_share_adapter_shape_and_rollout_settings():
     loaded = {p.stem: yaml.safe_load(p.read_text()) for p in SEVEN_B}
     reference = loaded["azr_7b"]
+    assert reference["rollout"]["max_prompt_tokens"] == 6144  # AZR data.max_prompt_length
     for name, recipe in loaded.items():
         assert recipe["lora"] == reference["lora"], f"{name}: LoRA shape differs from azr_7b"
-        assert recipe["rollout"] == reference["rollout"], f"{name}: per-adapter rollout budget differs"
+        expected = dict(reference["rollout"])
+        if name == "single_agent_7b":  # one adapter of the population's 8: half the proposals (budget tests below)
+            expected["proposals_per_teacher"] //= 2
+        assert recipe["rollout"] == expected, f"{name}: rollout settings differ from azr_7b"
         assert recipe["trainer"] == reference["trainer"], f"{name}: trainer differs"
         assert recipe["engine"]["name"] == "vllm"
     assert loaded["single_agent_7b"]["population"]["mode"] == "single_agent"
@@ -57,3 +68,61 @@ def test_7b_recipes_share_adapter_shape_and_per_adapter_compute():
         loaded["populora_8t8s_7b"]["population"]["teachers"],
         loaded["populora_1t1s_7b"]["population"]["students"],
     ) == (8, 1)
+
+
+def test_llama_recipe_is_azr_7b_with_llama_base_and_azr_llama_task_settings(registry):
+    """AZR's llama.sh (and qwen3_4b.sh): reject_multiple_functions=False, f_replace_location=any_last."""
+    llama = yaml.safe_load((RECIPE_DIR / "azr_llama3.1_8b.yaml").read_text())
+    reference = yaml.safe_load((RECIPE_DIR / "azr_7b.yaml").read_text())
+    assert llama["base_model"] == "meta-llama/Llama-3.1-8B"
+    for key in set(reference) | set(llama):
+        if key not in ("name", "base_model", "tasks"):
+            assert llama.get(key) == reference.get(key), f"{key} differs from azr_7b"
+    assert [t["name"] for t in llama["tasks"]] == [t["name"] for t in reference["tasks"]]
+    for ours, theirs in zip(llama["tasks"], reference["tasks"], strict=True):
+        params = dict(ours["params"])
+        assert (params.pop("one_def"), params.pop("f_replace_location")) == (False, "any_last")
+        assert params == theirs["params"]
+    model, _ = load_recipe(RECIPE_DIR / "azr_llama3.1_8b.yaml", [], registry)
+    task = registry.get("task", "deduction").build(model.tasks[0].params, executor=None, rng=0)
+    assert (task.params.one_def, task.f_replace_location) == (False, "any_last")
+
+
+def budget(path: Path) -> tuple[str, str]:
+    """``populora validate``'s budget line: (per slot and step, slots)."""
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    [line] = [row for row in result.output.splitlines() if row.startswith("  per slot and step: ")]
+    per_slot, _, slots = line.removeprefix("  per slot and step: ").partition("; slots: ")
+    return per_slot, slots
+
+
+def test_validate_prints_the_per_slot_budget():
+    assert budget(RECIPE_DIR / "azr_7b.yaml") == (
+        "24 proposals, <= 192 solver samples, 0 buffer solves; <= 216 trained rollouts, <= 1,748,736 generated tokens",
+        "8 (4T + 4S adapters)",
+    )
+    assert budget(RECIPE_DIR / "nano_single_agent.yaml") == (
+        "9 proposals, <= 54 solver samples, 0 buffer solves; <= 63 trained rollouts, <= 6,624 generated tokens",
+        "1 (1 adapter in both roles)",
+    )
+
+
+@pytest.mark.parametrize("population,single", sorted(SINGLE_AGENT_OF.items()))
+def test_single_agent_budget_equals_one_slot_of_its_population(population, single):
+    """The paper's per-adapter compute-matched baseline: the single agent's step costs what one population
+    adapter's share does (proposals, solver samples, buffer solves, trained rollouts, generated tokens)."""
+    pop_budget, pop_slots = budget(RECIPE_DIR / f"{population}.yaml")
+    single_budget, single_slots = budget(RECIPE_DIR / f"{single}.yaml")
+    assert single_budget == pop_budget
+    assert single_slots == "1 (1 adapter in both roles)" and "T + " in pop_slots
+    raw = yaml.safe_load((RECIPE_DIR / f"{single}.yaml").read_text())
+    assert raw["population"]["mode"] == "single_agent"
+
+
+def test_every_7b_population_has_the_baselines_per_slot_budget():
+    """populora_1t1s_7b, populora_8t8s_7b, the Coder and Llama recipes: the same per-slot budget as azr_7b,
+    so single_agent_7b is their compute-matched baseline too."""
+    reference, _ = budget(RECIPE_DIR / "azr_7b.yaml")
+    for path in [*SEVEN_B, RECIPE_DIR / "azr_llama3.1_8b.yaml"]:
+        assert budget(path)[0] == reference, path.name

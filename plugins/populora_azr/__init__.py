@@ -26,8 +26,16 @@ class AZRTaskParams(Params):
     )
     one_def: bool = Field(
         True,
-        description="reject programs with more than one function (AZR reject_multiple_functions); "
-        "fixed counts top-level functions, azr-released counts every def, nested and methods too",
+        description="reject programs with more than one function (AZR reject_multiple_functions, which its "
+        "Llama and Qwen3-4B scripts turn off); fixed counts top-level functions, azr-released every def, "
+        "nested and methods too",
+    )
+    f_replace_location: Literal["not_first", "any_first", "any_last", "not_last"] | None = Field(
+        None,
+        description="which function is renamed to f (AZR f_replace_location): not_first / not_last: always the "
+        "first / last; any_first / any_last: none if one is already called f, else the first / last. fixed "
+        "looks at top-level functions, azr-released at every def (methods, nested). None: any_first (fixed), "
+        "not_first (azr-released, AZR's default); AZR's Llama and Qwen3-4B scripts use any_last",
     )
     banned: tuple[str, ...] | None = Field(
         None, description="banned modules/names; None: AZR's 16 (azr-released) or those plus os, sys, ... (fixed)"

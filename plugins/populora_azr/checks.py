@@ -262,12 +262,36 @@ def rename_identifier(code: str, old: str, new: str) -> str:
     return "".join(lines)
 
 
-def azr_rename_first_def(code: str) -> str:
-    """AZR released: the first ``def`` the regex sees is renamed to ``f`` with a word-boundary replace."""
-    names = azr_def_names(code)
-    if not names or names[0] == "f":
+#: AZR's ``f_replace_location`` values: which definition is renamed to ``f``.
+F_REPLACE_LOCATIONS = ("not_first", "any_first", "any_last", "not_last")
+
+
+def f_replace_target(names: Sequence[str], location: str) -> str | None:
+    """The definition AZR's ``f_replace_location`` renames to ``f`` (None: nothing to rename).
+
+    ``not_first``: the first definition, always (even when a later one is already called ``f``);
+    ``any_first`` / ``any_last``: none when some definition is already called ``f``, else the first / last;
+    ``not_last``: the last definition, always. ``names`` in source order (``code_reward.py`` l.362-385).
+    """
+    if location not in F_REPLACE_LOCATIONS:
+        raise ValueError(f"f_replace_location must be one of {F_REPLACE_LOCATIONS}, not {location!r}")
+    if not names or (location.startswith("any_") and "f" in names):
+        return None
+    name = names[0] if location.endswith("_first") else names[-1]
+    return None if name == "f" else name
+
+
+def azr_rename_def(code: str, location: str = "not_first") -> str:
+    """AZR released: rename the definition ``location`` picks among every ``def`` its regex sees.
+
+    AZR's two regex replaces: ``def <name>(`` becomes ``def f(``, then every ``<name>(`` at a word boundary
+    becomes ``f(``, so calls inside strings and ``obj.<name>(`` are hit, a reference without a call is not.
+    """
+    name = f_replace_target(azr_def_names(code), location)
+    if name is None:
         return code
-    return re.sub(rf"\b{re.escape(names[0])}\b", "f", code)
+    code = re.sub(rf"def\s+{re.escape(name)}\s*\(", "def f(", code)
+    return re.sub(rf"\b{re.escape(name)}\s*\(", "f(", code)
 
 
 def imports_of(tree: ast.Module) -> str:

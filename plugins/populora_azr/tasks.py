@@ -12,7 +12,7 @@ Two behaviours, chosen by ``compat``:
   plain data, so a solver cannot pass by returning an object whose ``__eq__`` always says yes, and an
   abduction answer must be exactly the arguments of one call of ``f``.
 * ``azr-released``: AZR's released behaviour, quirks included (imports-only banned check, regex def
-  count, one in-process determinism check that lets programs raising exceptions without "error" in the
+  count and rename, one in-process determinism check that lets programs raising exceptions without "error" in the
   message through with output ``''``, outputs truncated to 400 characters, deduction's ``eval`` fast
   path, answers pasted into the check as raw code). The comparisons still run in the sandbox.
 """
@@ -145,6 +145,7 @@ class _AZRTask:
         eviction = params.eviction or ("reject_new" if self.compat else "oldest")
         self.buffer = ProblemBuffer(self.seeds(), cap=params.buffer_cap, eviction=eviction)
         self.allow_none = params.allow_none_output if params.allow_none_output is not None else self.compat
+        self.f_replace_location = params.f_replace_location or ("not_first" if self.compat else "any_first")
 
     # subclasses
     def seeds(self) -> list[Problem]:
@@ -183,7 +184,9 @@ class _AZRTask:
     # --- static checks on a program ------------------------------------------------------------------------
 
     def check_program(self, program: str) -> tuple[str | None, str]:
-        """``(error, program)``: the program after the one-def rule and renaming its function to ``f``."""
+        """``(error, program)``: the program after the one-def rule and renaming one function to ``f``
+        (``f_replace_location``: among top-level functions, identifiers only (fixed), or among every
+        ``def`` AZR's regex sees, with its regex replace (azr-released))."""
         p = self.params
         if len(program) > p.max_program_chars:
             return f"program longer than {p.max_program_chars} characters", program
@@ -202,7 +205,7 @@ class _AZRTask:
                 return "no function definition", program
             if p.one_def and len(names) > 1:
                 return f"{len(names)} function definitions (one_def counts nested defs and methods)", program
-            return None, checks.azr_rename_first_def(program)
+            return None, checks.azr_rename_def(program, self.f_replace_location)
         bad = checks.banned_violations(tree, self.banned, p.banned_builtins, p.banned_attributes)
         bad += _reserved_names(tree)
         if bad:
@@ -212,9 +215,10 @@ class _AZRTask:
             return "no top-level function definition", program
         if p.one_def and len(tops) > 1:
             return f"{len(tops)} top-level functions (one_def allows one)", program
-        if "f" not in tops:
+        target = checks.f_replace_target(tops, self.f_replace_location)
+        if target is not None:
             try:
-                program = checks.rename_identifier(program, tops[0], "f")
+                program = checks.rename_identifier(program, target, "f")
             except (SyntaxError, ValueError, tokenize.TokenError) as exc:  # tokenize can disagree with ast
                 return f"syntax: {exc}", program
         return None, program
