@@ -18,6 +18,9 @@ Reported per engine and variant: peak GPU memory (device-wide, sampled, all proc
 peak RSS above its start), step time by phase, generated tokens/s, the planner's estimate
 (populora_core.plan) beside the measured peak, and ``population_overhead`` = step time of the population over
 that of 1T-1S with the same per-slot settings (the paper reports 1.31x). Last line: one JSON object.
+
+On one H200 expect minutes per engine (15 GB model write, two engine starts, 4 x 2 steps of 12 + 12 completions):
+split a short device budget into ``--engines vllm`` and ``--engines hf`` runs sharing ``--model-dir``.
 """
 
 from __future__ import annotations
@@ -208,7 +211,8 @@ def overrides_for(args: argparse.Namespace, engine: str, pop: int, model_dir: Pa
 
 def run_variant(args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str) -> dict[str, Any]:
     from populora_core import modelhost
-    from populora_core.plan import CUDA_CONTEXT, load_arch, plan_recipe
+    from populora_core.architecture import load_arch
+    from populora_core.plan import CUDA_CONTEXT, plan_recipe
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
 

@@ -11,18 +11,13 @@ own start-up profile decides, estimated here.
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, parse_memory
 from .errors import UserError
 
-GIB = 2**30
-_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 CUDA_CONTEXT = GIB // 2  # per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
 VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
@@ -30,104 +25,10 @@ BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive whil
 # bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
 # and makes two gradients; populora_trl's recomputed chunks hold the log-softmax, probs and one gradient
 LOGIT_BYTES, CHUNKED_LOGIT_BYTES = 16, 12
+_SHARED_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})  # modules that read one tensor
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 #: trainer params the plan reads, and what it assumes of a trainer that does not declare one (no such feature)
 ABSENT: dict[str, Any] = {"micro_batch_tokens": None, "gradient_checkpointing": "off", "logprob_chunk_tokens": None}
-_CONFIG_NAMES = {  # Arch field -> transformers config attribute
-    "layers": "num_hidden_layers",
-    "hidden": "hidden_size",
-    "intermediate": "intermediate_size",
-    "heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "vocab": "vocab_size",
-    "max_positions": "max_position_embeddings",
-}
-_SHARED_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})  # modules that read one tensor
-
-
-def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
-    """``80GiB`` (2^30), ``80GB`` (10^9), ``512MiB``, ``1.5TB`` -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B)\s*", text or "", flags=re.IGNORECASE)
-    if not match or float(match.group(1)) <= 0:
-        raise UserError(f"{flag}: {text!r} is not a memory size (e.g. 80GiB, 141GiB, 80GB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-@dataclass(frozen=True)
-class Arch:
-    """What the plan needs of a decoder: sizes, base parameters, and the LoRA-targeted linears."""
-
-    source: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    max_positions: int
-    params: int
-    targets: dict[str, tuple[int, int, int]]  # module kind -> (count, d_in, d_out)
-    dtype: str = "auto"  # the base's dtype on the GPU; auto = bfloat16
-
-    def lora_params(self, rank: int) -> int:
-        return rank * sum(n * (d_in + d_out) for n, d_in, d_out in self.targets.values())
-
-
-def config_source(name: str, registry: Any, recipe: str | None, params: dict[str, Any] | None = None) -> Path:
-    """config.json of a base model: a registered name or local dir, the HF cache, ``<recipe dir>/configs/``."""
-    if name in registry.names("base_model") or Path(name).expanduser().exists():
-        path = Path(registry.base_model(name, params).path)
-        if (path / "config.json").is_file():
-            return path / "config.json"
-        raise UserError(f"base model {name!r}: no config.json in {path}")
-    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
-
-    cached = try_to_load_from_cache(name, "config.json")  # only the config: planning never downloads weights
-    if isinstance(cached, str):
-        return Path(cached)
-    committed = Path(recipe or ".").parent / "configs" / f"{name.replace('/', '__')}.json"
-    if committed.is_file():
-        return committed
-    if not constants.HF_HUB_OFFLINE:
-        try:
-            return Path(hf_hub_download(name, "config.json"))
-        except Exception as exc:  # network, auth, no such repo: the same to the user
-            raise UserError(f"base model {name!r}: cannot fetch its config.json ({type(exc).__name__})") from None
-    raise UserError(
-        f"base model {name!r}: no config.json in the Hugging Face cache (HF_HUB_OFFLINE=1) nor at {committed}; "
-        "pass --config PATH"
-    )
-
-
-def load_arch(config_file: str | Path, target_modules: list[str] | tuple[str, ...], dtype: str = "auto") -> Arch:
-    """Build the config's model on the meta device (no memory, no weights) and read the targeted linears."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    file = Path(config_file)
-    try:
-        raw = json.loads(file.read_text())
-        conf = AutoConfig.for_model(raw.pop("model_type"), **raw)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(conf)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"model config {file}: cannot build the model ({type(exc).__name__}: {exc})") from None
-    targets: dict[str, tuple[int, int, int]] = {}
-    for name, module in model.named_modules():
-        kind = name.rsplit(".", 1)[-1]
-        if isinstance(module, torch.nn.Linear) and kind in target_modules:
-            targets[kind] = (targets.get(kind, (0,))[0] + 1, module.in_features, module.out_features)
-    if not targets:
-        raise UserError(f"lora.target_modules {list(target_modules)} match no linear module of {file}")
-    text = conf.get_text_config()
-    sizes = {k: int(getattr(text, name, None) or 0) for k, name in _CONFIG_NAMES.items()}
-    sizes["kv_heads"] = sizes["kv_heads"] or sizes["heads"]
-    sizes["head_dim"] = sizes["head_dim"] or sizes["hidden"] // sizes["heads"]
-    sizes["intermediate"] = sizes["intermediate"] or 4 * sizes["hidden"]
-    params = sum(p.numel() for p in model.parameters())
-    return Arch(str(file), params=params, targets=targets, dtype=dtype, **sizes)
 
 
 def component_params(registry: Any, kind: str, ref: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
@@ -139,10 +40,6 @@ def component_params(registry: Any, kind: str, ref: dict[str, Any]) -> tuple[dic
         return {**comp.parse_params({k: v for k, v in raw.items() if k in fields}).model_dump(), **raw}, fields
     except Exception:  # no registry, an unknown component, or params that do not validate: read them raw
         return raw, set(raw)
-
-
-def _bytes(dtype: Any) -> int:
-    return _DTYPE_BYTES.get(str(dtype), 2)
 
 
 def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
@@ -161,7 +58,7 @@ def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
 
 def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
     """Bytes of the trainer's side: LoRA, AdamW, and one micro-batch's activations with checkpointing off and on."""
-    b = _bytes(arch.dtype if arch.dtype != "auto" else "bfloat16")
+    b = dtype_bytes(arch.dtype if arch.dtype != "auto" else "bfloat16")
     rank, roll = int(data.get("lora", {}).get("rank", 16)), data.get("rollout", {})
     p = arch.lora_params(rank)
     completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
@@ -169,13 +66,13 @@ def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], eng
     prompt = roll.get("max_prompt_tokens") or (max_len - completion if max_len else DEFAULT_PROMPT_TOKENS)
     seq = min(completion + max(1, int(prompt)), max_len or arch.max_positions or 1 << 40)
     budget = int(trainer.get("micro_batch_tokens") or 0)
-    if budget:  # the worst packing under the budget: it full, the padding mask of two rows as long as they go
+    if budget:  # the worst packing: the budget filled; the largest padding mask is two rows of half of it
         rows, tokens = max(1, budget // seq), max(budget, seq)
-        masked = budget * min(seq, budget // 2) if budget >= 2 else 0
+        mask = budget * min(seq, budget // 2) if budget >= 2 else 0
         comp_tokens = min(tokens, max(1, budget // (completion + 1)) * completion)
     else:
         rows = max(1, int(trainer.get("micro_batch_size", 8)))
-        tokens, comp_tokens, masked = rows * seq, rows * completion, rows * seq * seq if rows > 1 else 0
+        tokens, comp_tokens, mask = rows * seq, rows * completion, rows * seq * seq if rows > 1 else 0
     chunk = int(trainer.get("logprob_chunk_tokens") or 0)
     chunked = 0 < chunk < comp_tokens
     cast = 4 if b != 4 else 0  # the fp32 copy of bf16 logits
@@ -183,8 +80,8 @@ def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], eng
         logits = chunk * arch.vocab * (b + CHUNKED_LOGIT_BYTES) + (tokens + comp_tokens) * arch.hidden * b
     else:
         logits = comp_tokens * arch.vocab * (b + cast + LOGIT_BYTES)
-    layer = tokens * layer_bytes_per_token(arch, b, rank, masked=masked > 0)
-    mask = masked  # padded rows: transformers' boolean (rows, 1, L, L) mask; SDPA saves a float copy per layer
+    # padded rows: transformers passes a boolean (rows, 1, L, L) mask, and SDPA saves a float copy of it per layer
+    layer = tokens * layer_bytes_per_token(arch, b, rank, masked=mask > 0)
     off = arch.layers * (layer + mask * b) + mask + max(logits, int(layer * (BACKWARD_FACTOR - 1)))
     on = arch.layers * tokens * arch.hidden * b + mask * (1 + b) + max(logits, int(layer * BACKWARD_FACTOR))
     return dict(
@@ -195,7 +92,7 @@ def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], eng
 
 def _vllm_share(arch: Arch, engine: dict[str, Any], rank: int, gpu_bytes: int, seq: int) -> dict[str, Any]:
     """vLLM's budget (gpu_memory_utilization x GPU) split into weights, LoRA slots, overhead and KV cache."""
-    vb, tp = _bytes(engine.get("dtype") or arch.dtype), int(engine.get("tensor_parallel_size") or 1)
+    vb, tp = dtype_bytes(engine.get("dtype") or arch.dtype), int(engine.get("tensor_parallel_size") or 1)
     extra, big = engine.get("extra") or {}, gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
     seqs = int(extra.get("max_num_seqs") or (1024 if big else 256))
     batched = int(extra.get("max_num_batched_tokens") or (16384 if big else 8192))

@@ -1,15 +1,15 @@
 """``populora plan``: memory sizes, config resolution, the verdict, and the trainer-side terms against CPU peaks.
 
-The measured check builds a small Llama (4 layers, hidden 256, vocab 8192), trains ``trr++`` on CPU in a child
-process and compares the peak RSS of an update (above the RSS with the base loaded) with the planned trainer
-side: every member's AdamW moments, the scratch adapter, the live optimizer copy and gradients, and the larger
-of the activations + log-probs and the kept state copy. Measured on this 2-core box (planned / measured MB):
-checkpointing off with chunked log-probs 132 / 108 (1.22, decoder activations dominate); on, one piece 149 / 151
-(0.99, the vocab-sized log-prob tensors dominate); on, chunked 59 / 50 (1.18); an earlier 4-member run gave
-1.05 for off with one piece. The tolerance, planned within 0.85x-1.4x of measured,
-is what a plan must hold: an estimate much below the peak would promise a fit that runs out of memory, one
-far above would send users to smaller settings they do not need. The CPU runs the fp32 path; the bf16
-terms (PEFT's fp32 input casts, fp32 logits) are counted from the code, not measured here.
+The measured check trains ``trr++`` on two small Llamas on CPU in a child process (rows of varied prompt length,
+so micro-batches are padded as in a run) and compares the peak RSS of an update, above the RSS with the base
+loaded, with the planned trainer side: every member's AdamW moments, the scratch adapter, the live optimizer copy
+and gradients, and the larger of activations + log-probs and the kept state copy. Measured on this 2-core box,
+planned / measured MB: 4 layers x 256, vocab 8192, 4 x (64 + 192) tokens: checkpointing off + chunked log-probs
+132 / 117 (1.13), on + one piece 148 / 151 (0.98), on + chunked 58 / 50 (1.14); 2 layers x 64, 4 x (2000 + 48)
+tokens, where the padding mask dominates: off 261 / 254 (1.03), on 155 / 151 (1.02). The test allows 0.85x-1.3x:
+a plan much below the peak promises a fit that then runs out of memory, one far above sends users to settings
+they do not need. The CPU runs the fp32 path; the bf16-only terms (PEFT's fp32 copies of a bf16 base's inputs,
+the fp32 copy of bf16 logits) are counted from the code, not measured here.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from populora_core.architecture import GIB, load_arch, parse_memory
 from populora_core.errors import UserError
-from populora_core.plan import GIB, load_arch, parse_memory, plan_recipe
+from populora_core.plan import plan_recipe
 from tests.cli_helpers import REPO, run_cli
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
@@ -136,7 +137,7 @@ def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
 
 
 def test_config_resolution(manager, tmp_path):
-    from populora_core.plan import config_source
+    from populora_core.architecture import config_source
 
     nano = config_source("nano", manager.registry, None)
     assert nano.name == "config.json" and nano.parent.name == "model"
@@ -319,4 +320,4 @@ def test_planned_trainer_side_matches_the_measured_cpu_peak(tmp_path, manager):
             planned = plan_recipe(data, arch, gpu_bytes=1 << 40, registry=manager.registry)["trainer_side_bytes"]
             ratio = planned / peak
             print(f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f} MB, {ratio:.2f}")
-            assert 0.85 <= ratio <= 1.4, f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f}"
+            assert 0.85 <= ratio <= 1.3, f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f}"

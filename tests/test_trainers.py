@@ -743,3 +743,16 @@ def test_grpo_token_budget_micro_batches_match_one_batch(base, adapters, tmp_pat
         assert all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1), loss_type
         a, b = _tensors(tmp_path / f"{loss_type}_whole"), _tensors(tmp_path / f"{loss_type}_split")
         assert all(torch.allclose(a[k][i], b[k][i], atol=1e-5) for k in a for i in (0, 1))
+
+
+def test_gradient_checkpointing_accepts_yaml_on_and_off():
+    """An unquoted ``on`` in a recipe is YAML's True: it must mean "on", not fail validation."""
+    import yaml
+    from populora_trl import GRPOParams, TRRParams
+
+    for model in (TRRParams, GRPOParams):
+        assert model(**yaml.safe_load("gradient_checkpointing: on")).gradient_checkpointing == "on"
+        assert model(**yaml.safe_load("gradient_checkpointing: off")).gradient_checkpointing == "off"
+        assert model(gradient_checkpointing="auto").gradient_checkpointing == "auto"
+        with pytest.raises(ValueError):
+            model(gradient_checkpointing="sometimes")

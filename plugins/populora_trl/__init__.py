@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from populora_core import Params, hookimpl
 
@@ -51,6 +51,12 @@ class _Common(Params):
         "auto: on when the trainer's device is CUDA, off on the CPU",
     )
     temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML reads an unquoted ``on`` / ``off`` as a boolean."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class TRRParams(_Common):
