@@ -143,12 +143,13 @@ def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only):
 
     bad = tmp_path / "amc.jsonl"
     bad.write_text('{"question": "1+1"}\n')
-    result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "amc23", "--data", f"amc23={bad}"])
+    base = str(fake_base(tmp_path))  # a hub id would need the hub cache (offline: a clear error of its own)
+    result = CliRunner().invoke(cli, ["eval", base, "--benchmarks", "amc23", "--data", f"amc23={bad}"])
     assert result.exit_code == 2
     assert "amc23:" in result.output and "answer | final_answer" in result.output
-    result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "aime24,nope"])
+    result = CliRunner().invoke(cli, ["eval", base, "--benchmarks", "aime24,nope"])
     assert result.exit_code == 2 and "unknown benchmark" in result.output
-    result = CliRunner().invoke(cli, ["eval", "some/base", "--benchmarks", "all"])
+    result = CliRunner().invoke(cli, ["eval", base, "--benchmarks", "all"])
     assert result.exit_code == 2
     for name in ("humaneval_plus", "mbpp_plus", "livecodebench", "amc23", "minerva", "olympiadbench"):
         assert f"--data {name}=PATH" in result.output
@@ -406,11 +407,12 @@ def test_eval_argument_errors(tmp_path, evals_only):
     run = tmp_path / "run"
     run.mkdir()
     (run / "members.json").write_text(json.dumps([{"id": "s0", "role": "student", "version": 1}]))
-    (run / "recipe.yaml").write_text("base_model: some/model\n")
+    base = fake_base(tmp_path)
+    (run / "recipe.yaml").write_text(f"base_model: {base}\n")
     with pytest.raises(UserError, match=r"member s0 version 1 has no adapter"):
         run_eval(target=str(run), benchmarks="aime24")
     with pytest.raises(UserError, match="not being evaluated"):
-        run_eval(target="some/model", benchmarks="aime24", data={"amc23": "x.jsonl"})
+        run_eval(target=str(base), benchmarks="aime24", data={"amc23": "x.jsonl"})
 
 
 def test_eval_reads_the_loops_run_layout(tmp_path, evals_only):
@@ -426,7 +428,7 @@ def test_eval_reads_the_loops_run_layout(tmp_path, evals_only):
 
 
 def test_sampling_reports_unbiased_pass_at_k(tmp_path, evals_only):
-    res = oracle_eval("some/hub-model", limit=10, n=4, temperature=0.8, ks="1,2,4", out=str(tmp_path / "o"))
+    res = oracle_eval(fake_base(tmp_path), limit=10, n=4, temperature=0.8, ks="1,2,4", out=str(tmp_path / "o"))
     details = res["subjects"][0]["details"]["aime24"]
     # the oracle's base model is right on the first 5 problems, every sample
     assert details["pass@1"] == details["pass@4"] == 0.5 and details["score"] == 50.0

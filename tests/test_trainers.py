@@ -9,7 +9,7 @@ import pytest
 from populora_core import UserError
 from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
 
-LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.05)
+LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.05, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
 
 
 def make(kind, name, base, **params):
