@@ -40,10 +40,6 @@ def operator_arity(component: Component) -> tuple[int, int | None]:
     return low, high
 
 
-def is_mutation(component: Component) -> bool:
-    return operator_arity(component) == (1, 1)
-
-
 def arity_text(component: Component) -> str:
     low, high = operator_arity(component)
     if high is None:

@@ -23,6 +23,7 @@ from typing import Any
 from . import evolution, solving, state
 from .components import (
     AdapterRef,
+    BaseModel,
     GenerationRequest,
     LoraSettings,
     Match,
@@ -46,14 +47,16 @@ from .run import RunDir
 class Run:
     """A live run: recipe, components, population, run directory. Hooks receive this object."""
 
-    def __init__(self, recipe: Recipe, run_dir: RunDir, manager: PluginManager) -> None:
+    def __init__(
+        self, recipe: Recipe, run_dir: RunDir, manager: PluginManager, *, base_model: BaseModel | None = None
+    ) -> None:
         self.recipe = recipe
         self.dir = run_dir
         self.manager = manager
         self.hook = manager.hook
         reg = manager.registry
         self.single_agent = recipe.population.mode == "single_agent"
-        self.base_model = reg.base_model(recipe.base_model.name, recipe.base_model.params)
+        self.base_model = base_model or reg.base_model(recipe.base_model.name, recipe.base_model.params)
         lora = recipe.lora
         self.lora = LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.init_std)
         self.executor = reg.get("executor", recipe.executor.name).build(recipe.executor.params)
@@ -313,9 +316,9 @@ class Run:
 
 
 def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
-    manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # a missing base leaves no run dir
+    base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
     run_dir.create(resolved)
-    run = Run(recipe, run_dir, manager)
+    run = Run(recipe, run_dir, manager, base_model=base)
     run.initialise()
     return run
 
