@@ -14,6 +14,8 @@ from tests import evals_fixtures as F
 
 pytest.importorskip("math_verify")
 
+hub_cache = F.hub_cache  # the fixture: an empty, offline Hugging Face cache
+
 
 @pytest.fixture
 def evals_only(monkeypatch):
@@ -37,7 +39,7 @@ def bench(name, **params):
     "name,count", [("humaneval", 164), ("mbpp", 500), ("gsm8k", 1319), ("math500", 500), ("aime24", 30), ("aime25", 15)]
 )
 def test_shipped_data_counts(name, count):
-    b = bench(name)
+    b = bench(name, source="shipped")  # aime25's shipped copy (AIME I) is used only when asked for
     items = b.items()
     assert len(items) == count
     assert len({it["id"] for it in items}) == count
@@ -94,7 +96,7 @@ def test_local_files_load(tmp_path):
     assert [it["answer"] for it in amc] == ["2", "\\frac{1}{2}", "\\pm 2"]
 
 
-def test_missing_local_data_names_benchmark_and_fields(tmp_path):
+def test_missing_local_data_names_benchmark_and_fields(tmp_path, hub_cache):
     with pytest.raises(UserError, match=r"humaneval_plus: no data offline.*--data humaneval_plus=PATH"):
         bench("humaneval_plus").items()
     with pytest.raises(UserError, match=r"olympiadbench: data file not found"):
@@ -136,7 +138,7 @@ def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
         bench("livecodebench", path=str(path)).items()
 
 
-def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only):
+def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only, hub_cache):
     from click.testing import CliRunner
 
     from populora_core.cli import cli
