@@ -494,3 +494,34 @@ def test_base_model_can_use_its_own_math_template(tmp_path, evals_only):
     assert details["base"]["template"] == "qwen-boxed" and details["s_good@v1"]["template"] == "azr"
     assert details["base"]["score"] == 100.0  # the oracle's \boxed answers on the first 4 problems
     assert res["benchmarks"]["aime24"]["base_model_template"] == "qwen-boxed"
+
+
+def test_engine_choice_follows_the_run_unless_told_otherwise():
+    from populora_evals.cli import engine_choice
+
+    recipe = {"engine": {"name": "vllm", "params": {"max_loras": 8, "dtype": "bfloat16"}}}
+    assert engine_choice(recipe, None, {"dtype": "float16"}) == (
+        "vllm",
+        {"max_loras": 8, "dtype": "float16"},
+        "run recipe",
+    )
+    assert engine_choice(recipe, "vllm", {}) == ("vllm", {"max_loras": 8, "dtype": "bfloat16"}, "--engine")
+    assert engine_choice(recipe, "hf", {"device": "cpu"}) == ("hf", {"device": "cpu"}, "--engine")
+    assert engine_choice({"engine": "vllm"}, None, None) == ("vllm", {}, "run recipe")
+    assert engine_choice({}, None, None) == ("hf", {}, "default")
+
+
+def test_eval_run_dir_uses_the_runs_engine_and_engine_overrides(tmp_path, evals_only):
+    from click.testing import CliRunner
+
+    from populora_core.cli import cli
+
+    base = fake_base(tmp_path)
+    run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 1)])
+    (run / "recipe.yaml").write_text(f"name: x\nsteps: 1\nbase_model: {base}\nengine: {{name: '{ORACLE_ENGINE}'}}\n")
+    result = CliRunner().invoke(cli, ["eval", str(run), "--benchmarks", "aime24", "--limit", "4"])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((run / "eval" / "results.json").read_text())["settings"]
+    assert settings["engine"] == ORACLE_ENGINE and settings["engine_origin"] == "run recipe"
+    result = CliRunner().invoke(cli, ["eval", str(run), "--benchmarks", "aime24", "--limit", "4", "--engine", "nope"])
+    assert result.exit_code == 2 and "unknown engine 'nope'" in result.output  # --engine replaced the run's

@@ -128,7 +128,8 @@ def test_table_says_how_many_problems_and_which_data(hub_cache, tmp_path, evals_
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")
-    res = run_eval(target=str(base), benchmarks="aime25", engine="tests.evals_fixtures:make_oracle_engine", quiet=True)
+    oracle = "tests.evals_fixtures:make_oracle_engine"
+    res = run_eval(target=str(base), benchmarks="aime25", engine=oracle, quiet=True, out=str(tmp_path / "all"))
     info = res["benchmarks"]["aime25"]
     assert info["n_items"] == 30 and info["dataset"]["n_problems"] == 30
     assert info["dataset"]["revision"] == "563bb8404243c5f09de6ec262f2db674fe5bce9b"

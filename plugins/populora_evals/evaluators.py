@@ -46,7 +46,7 @@ class Benchmark:
     category: ClassVar[Literal["code", "math"]] = "math"
     default_template: ClassVar[str] = "azr"
     templates: ClassVar[tuple[str, ...]] = prompts.MATH_TEMPLATES
-    parser: ClassVar[Parser]
+    parser: Parser  # a staticmethod: rows, benchmark name, origin -> items
     expected: ClassVar[str] = ""
     hub: ClassVar[data.HubSource]
     shipped: ClassVar[Shipped | None] = None
@@ -121,7 +121,7 @@ class Benchmark:
         return items, files
 
     def _parse(self, file: Path, origin: str) -> list[dict[str, Any]]:
-        return type(self).parser(data.read_records(file, self.name, self.expected), self.name, origin)
+        return self.parser(data.read_records(file, self.name, self.expected), self.name, origin)
 
     def select(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The problems evaluated out of those loaded (all; LiveCodeBench filters by date)."""
