@@ -70,6 +70,7 @@ class Benchmark:
         self._files: list[Path] = []
         self._names: list[str] = []
         self._origin: dict[str, Any] = {}
+        self._sha256: dict[str, str] | None = None
 
     def budget_key(self) -> str:
         return self.category
@@ -134,9 +135,11 @@ class Benchmark:
         return self._items if limit is None else self._items[:limit]
 
     def data_files(self) -> dict[str, str]:
-        """sha256 of each file the items came from."""
+        """sha256 of each file the items came from (hashed once: LiveCodeBench's files are large)."""
         self.items()
-        return data.files_sha256(self._files)
+        if self._sha256 is None:
+            self._sha256 = data.files_sha256(self._files)
+        return self._sha256
 
     def dataset_hash(self) -> str:
         import hashlib
@@ -149,9 +152,9 @@ class Benchmark:
         Two results computed on the same data have equal ``files`` and ``n_problems``, whatever the
         machine or cache directory.
         """
-        self.items()
-        hashes = [data.file_sha256(f) for f in self._files]
-        return {**self._origin, "files": dict(zip(self._names, hashes)), "n_problems": len(self._items or [])}
+        hashes = self.data_files()
+        files = {name: hashes[str(f)] for name, f in zip(self._names, self._files)}
+        return {**self._origin, "files": files, "n_problems": len(self._items or [])}
 
     def stop(self) -> tuple[str, ...]:
         return prompts.stop_sequences(self.template, self.category)
