@@ -9,6 +9,8 @@ import pickle
 import zlib
 from pathlib import Path
 
+import pytest
+
 EVALPLUS_ROWS = [
     {
         "task_id": "HumanEval/0",
@@ -125,15 +127,17 @@ class OracleEngine:
     """Answers math prompts from the shipped gold: adapters named ``*good*`` right, others wrong.
 
     The base model (no adapter) answers the first half of the problems right, so every subject has a
-    different, predictable score.
+    different, predictable score. ``benchmarks`` names whose gold it knows (first 30 problems each).
     """
+
+    benchmarks: tuple[str, ...] = ("aime24", "gsm8k")
 
     def __init__(self) -> None:
         from populora_evals.evaluators import BENCHMARKS
 
         self.gold: list[tuple[str, str, int]] = []
-        for name in ("aime24", "gsm8k"):
-            for i, item in enumerate(BENCHMARKS[name]().items(10)):
+        for name in self.benchmarks:
+            for i, item in enumerate(BENCHMARKS[name]().items(30)):
                 self.gold.append((item["question"], item["answer"], i))
 
     def generate(self, requests, sampling):
@@ -242,3 +246,290 @@ def write_mbpp_plus(directory: Path) -> Path:
     path = directory / "MbppPlus.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in MBPP_PLUS_ROWS))
     return path
+
+
+# --- hub datasets: a Hugging Face cache laid out as huggingface_hub lays it ---------------------------
+# Rows are written by hand in each dataset's real columns (never the real data). A snapshot file is a
+# relative symlink to blobs/<sha256>, refs/<branch> holds the commit, as the hub client writes them.
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache (HF_HUB_CACHE), offline; tests fill it with :func:`populate_hub`."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf_cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def write_hub_cache(cache: Path, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = None) -> Path:
+    """One dataset snapshot in ``cache`` (HF_HUB_CACHE); ``ref`` (e.g. "main") also points at it."""
+    import hashlib
+    import os
+
+    repo = cache / ("datasets--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    for rel, blob in files.items():
+        digest = hashlib.sha256(blob).hexdigest()
+        (repo / "blobs").mkdir(parents=True, exist_ok=True)
+        (repo / "blobs" / digest).write_bytes(blob)
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(repo / "blobs" / digest, link.parent))
+    if ref:
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def parquet(rows: list[dict]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return buf.getvalue()
+
+
+HE_TEST = """
+import numpy as np
+
+def is_floats(x) -> bool:
+    return isinstance(x, float)
+
+def assertion(out, exp, atol):
+    assert out == exp
+
+def check(candidate):
+    inputs = [[[1, 2]], [[5]], [[]], [[-3, 3, 10]]]
+    results = [3, 5, 0, 10]
+    for i, (inp, exp) in enumerate(zip(inputs, results)):
+        assertion(candidate(*inp), exp, 0)
+"""
+
+MBPP_PLUS_TEST = """
+import numpy as np
+from math import inf
+
+def assertion(out, exp, atol):
+    assert out == exp
+
+inputs = [[(3, 4, 5, 6), (5, 7, 4, 10)], [(1, 2, 3, 4), (5, 4, 3, 7)], [(), (1,)], [(inf, 1), (inf,)]]
+results = [(4, 5), (3, 4), (), (inf,)]
+for i, (inp, exp) in enumerate(zip(inputs, results)):
+    assertion(similar_elements(*inp), exp, 0)
+"""
+
+
+def aime25_rows(n: int = 30) -> list[dict]:
+    """math-ai/aime25's columns (problem, answer, id), AIME I then II; made-up problems."""
+    return [
+        {
+            "problem": f"Compute ${k} + {k}$.",
+            "answer": str(2 * k),
+            "id": f"{'I' if k <= 15 else 'II'}-{(k - 1) % 15 + 1}",
+        }
+        for k in range(1, n + 1)
+    ]
+
+
+#: benchmark -> (hub id, file in the repo, its bytes, (first item id, its gold answer or entry point))
+def hub_datasets() -> dict[str, tuple[str, str, bytes, tuple[str, str]]]:
+    lcb = [{**row, "contest_date": date} for row, date in zip(LCB_ROWS, ("2023-06-01T00:00:00", "2024-11-01T00:00:00"))]
+    return {
+        "humaneval": (
+            "openai/openai_humaneval",
+            "openai_humaneval/test-00000-of-00001.parquet",
+            parquet(
+                [
+                    {
+                        "task_id": "HumanEval/0",
+                        "prompt": EVALPLUS_ROWS[0]["prompt"],
+                        "canonical_solution": EVALPLUS_ROWS[0]["canonical_solution"],
+                        "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n",
+                        "entry_point": "add_up",
+                    }
+                ]
+            ),
+            ("HumanEval/0", "add_up"),
+        ),
+        "mbpp": (
+            "google-research-datasets/mbpp",
+            "full/test-00000-of-00001.parquet",
+            parquet(
+                [
+                    {
+                        "task_id": 11,
+                        "text": "Write a python function to add two numbers.",
+                        "code": "def add(a, b):\n    return a + b",
+                        "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
+                        "test_setup_code": "",
+                        "challenge_test_list": [],
+                    }
+                ]
+            ),
+            ("Mbpp/11", "Write a python function to add two numbers."),
+        ),
+        "gsm8k": (
+            "openai/gsm8k",
+            "main/test-00000-of-00001.parquet",
+            parquet(
+                [
+                    {
+                        "question": "Ann has 1,200 apples and eats 2. How many are left?",
+                        "answer": "1200 - 2 = 1198\n#### 1,198",
+                    }
+                ]
+            ),
+            ("gsm8k/0", "1198"),
+        ),
+        "math500": (
+            "HuggingFaceH4/MATH-500",
+            "test.jsonl",
+            jsonl(
+                [
+                    {
+                        "problem": "Simplify $\\frac{2}{4}$.",
+                        "solution": "Divide: $\\boxed{\\frac{1}{2}}$.",
+                        "answer": "1/2",
+                        "subject": "Prealgebra",
+                        "level": 1,
+                        "unique_id": "test/prealgebra/1.json",
+                    }
+                ]
+            ),
+            ("math500/test/prealgebra/1.json", "\\frac{1}{2}"),
+        ),
+        "aime24": (
+            "HuggingFaceH4/aime_2024",
+            "data/train-00000-of-00001.parquet",
+            parquet(
+                [
+                    {
+                        "id": 60,
+                        "problem": "Compute $6 \\cdot 7$.",
+                        "solution": "It is $42$.",
+                        "answer": "42",
+                        "url": "https://example.invalid/aime",
+                        "year": "2024",
+                    }
+                ]
+            ),
+            ("aime24/60", "42"),
+        ),
+        "aime25": ("math-ai/aime25", "test.jsonl", jsonl(aime25_rows()), ("aime25/I-1", "2")),
+        "amc23": (
+            "math-ai/amc23",
+            "test-00000-of-00001.parquet",
+            parquet([{"id": 0, "question": "What is $20 + 7$?", "answer": 27.0, "url": "https://example.invalid/amc"}]),
+            ("amc23/0", "27"),
+        ),
+        "minerva": (
+            "math-ai/minervamath",
+            "test.jsonl",
+            jsonl([{"question": "A mass of 2 kg at 3 m/s: its momentum in kg m/s?", "answer": "6"}]),
+            ("minerva/0", "6"),
+        ),
+        "olympiadbench": (
+            "Hothan/OlympiadBench",
+            "OlympiadBench/OE_TO_maths_en_COMP/OE_TO_maths_en_COMP.parquet",
+            parquet(
+                [
+                    {
+                        "id": 1606,
+                        "question": "Find the smallest positive $n$ with $n^2 > 10$.",
+                        "solution": ["Since $3^2 = 9$ and $4^2 = 16$, it is $4$."],
+                        "final_answer": ["$4$"],
+                        "context": None,
+                        "image_1": None,
+                        "modality": "Text-only",
+                        "difficulty": "Competition",
+                        "is_multiple_answer": False,
+                        "unit": None,
+                        "answer_type": "Numerical",
+                        "error": None,
+                        "question_type": "Open-ended",
+                        "subfield": "Number Theory",
+                        "subject": "Math",
+                        "language": "English",
+                    }
+                ]
+            ),
+            ("olympiadbench/1606", "4"),
+        ),
+        "humaneval_plus": (
+            "evalplus/humanevalplus",
+            "test.jsonl",
+            jsonl(
+                [
+                    {
+                        "task_id": "HumanEval/0",
+                        "prompt": EVALPLUS_ROWS[0]["prompt"],
+                        "canonical_solution": EVALPLUS_ROWS[0]["canonical_solution"],
+                        "entry_point": "add_up",
+                        "test": HE_TEST,
+                    }
+                ]
+            ),
+            ("HumanEval/0", "add_up"),
+        ),
+        "mbpp_plus": (
+            "evalplus/mbppplus",
+            "data/test-00000-of-00001-d5781c9c51e02795.parquet",
+            parquet(
+                [
+                    {
+                        "task_id": 2,
+                        "code": MBPP_PLUS_ROWS[0]["canonical_solution"],
+                        "prompt": "Write a function to find the shared elements from the given two lists.",
+                        "source_file": "Benchmark Questions Verification V2.ipynb",
+                        "test_imports": ["from math import inf"],
+                        "test_list": ["assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))"],
+                        "test": MBPP_PLUS_TEST,
+                    }
+                ]
+            ),
+            ("Mbpp/2", "similar_elements"),
+        ),
+        "livecodebench": (
+            "livecodebench/code_generation_lite",
+            "test.jsonl",
+            jsonl(lcb[:1]),
+            ("lcb/abc001_a", "Read two integers A and B and print A+B."),
+        ),
+    }
+
+
+def hub_commit(name: str) -> tuple[str, str | None]:
+    """The commit a fixture snapshot lives at, and the branch that points to it (unpinned datasets)."""
+    from populora_evals.evaluators import BENCHMARKS
+
+    revision = BENCHMARKS[name].hub.revision
+    if len(revision) == 40:
+        return revision, None
+    return "0123456789abcdef0123456789abcdef01234567", revision
+
+
+def populate_hub(cache: Path, names: list[str] | None = None) -> dict[str, Path]:
+    """Write the fixture snapshot of each benchmark (default: all) into ``cache``; snapshot dirs."""
+    out = {}
+    for name, (repo, rel, blob, _) in hub_datasets().items():
+        if names is not None and name not in names:
+            continue
+        commit, ref = hub_commit(name)
+        files = {rel: blob}
+        if name == "livecodebench":  # release_v5 is test.jsonl .. test5.jsonl; test6 must stay unread
+            lcb = [{**r, "contest_date": "2024-11-01T00:00:00"} for r in LCB_ROWS[1:]]
+            files["test5.jsonl"] = jsonl(lcb)
+            files["test6.jsonl"] = jsonl([{**LCB_ROWS[0], "question_id": "v6_only"}])
+        out[name] = write_hub_cache(cache, repo, commit, files, ref)
+    return out

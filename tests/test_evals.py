@@ -14,6 +14,8 @@ from tests import evals_fixtures as F
 
 pytest.importorskip("math_verify")
 
+hub_cache = F.hub_cache  # the fixture: an empty, offline Hugging Face cache
+
 
 @pytest.fixture
 def evals_only(monkeypatch):
@@ -37,7 +39,7 @@ def bench(name, **params):
     "name,count", [("humaneval", 164), ("mbpp", 500), ("gsm8k", 1319), ("math500", 500), ("aime24", 30), ("aime25", 15)]
 )
 def test_shipped_data_counts(name, count):
-    b = bench(name)
+    b = bench(name, source="shipped")  # aime25's shipped copy (AIME I) is used only when asked for
     items = b.items()
     assert len(items) == count
     assert len({it["id"] for it in items}) == count
@@ -94,7 +96,7 @@ def test_local_files_load(tmp_path):
     assert [it["answer"] for it in amc] == ["2", "\\frac{1}{2}", "\\pm 2"]
 
 
-def test_missing_local_data_names_benchmark_and_fields(tmp_path):
+def test_missing_local_data_names_benchmark_and_fields(tmp_path, hub_cache):
     with pytest.raises(UserError, match=r"humaneval_plus: no data offline.*--data humaneval_plus=PATH"):
         bench("humaneval_plus").items()
     with pytest.raises(UserError, match=r"olympiadbench: data file not found"):
@@ -136,7 +138,7 @@ def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
         bench("livecodebench", path=str(path)).items()
 
 
-def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only):
+def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only, hub_cache):
     from click.testing import CliRunner
 
     from populora_core.cli import cli
@@ -492,3 +494,34 @@ def test_base_model_can_use_its_own_math_template(tmp_path, evals_only):
     assert details["base"]["template"] == "qwen-boxed" and details["s_good@v1"]["template"] == "azr"
     assert details["base"]["score"] == 100.0  # the oracle's \boxed answers on the first 4 problems
     assert res["benchmarks"]["aime24"]["base_model_template"] == "qwen-boxed"
+
+
+def test_engine_choice_follows_the_run_unless_told_otherwise():
+    from populora_evals.cli import engine_choice
+
+    recipe = {"engine": {"name": "vllm", "params": {"max_loras": 8, "dtype": "bfloat16"}}}
+    assert engine_choice(recipe, None, {"dtype": "float16"}) == (
+        "vllm",
+        {"max_loras": 8, "dtype": "float16"},
+        "run recipe",
+    )
+    assert engine_choice(recipe, "vllm", {}) == ("vllm", {"max_loras": 8, "dtype": "bfloat16"}, "--engine")
+    assert engine_choice(recipe, "hf", {"device": "cpu"}) == ("hf", {"device": "cpu"}, "--engine")
+    assert engine_choice({"engine": "vllm"}, None, None) == ("vllm", {}, "run recipe")
+    assert engine_choice({}, None, None) == ("hf", {}, "default")
+
+
+def test_eval_run_dir_uses_the_runs_engine_and_engine_overrides(tmp_path, evals_only):
+    from click.testing import CliRunner
+
+    from populora_core.cli import cli
+
+    base = fake_base(tmp_path)
+    run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 1)])
+    (run / "recipe.yaml").write_text(f"name: x\nsteps: 1\nbase_model: {base}\nengine: {{name: '{ORACLE_ENGINE}'}}\n")
+    result = CliRunner().invoke(cli, ["eval", str(run), "--benchmarks", "aime24", "--limit", "4"])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((run / "eval" / "results.json").read_text())["settings"]
+    assert settings["engine"] == ORACLE_ENGINE and settings["engine_origin"] == "run recipe"
+    result = CliRunner().invoke(cli, ["eval", str(run), "--benchmarks", "aime24", "--limit", "4", "--engine", "nope"])
+    assert result.exit_code == 2 and "unknown engine 'nope'" in result.output  # --engine replaced the run's

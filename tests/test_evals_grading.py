@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from populora_core import get_registry
@@ -169,3 +171,19 @@ def test_mbpp_plus_full_function_completions(tmp_path, executor):
     )
     unsorted = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))[::-1]\n```"
     assert b.grade(items, [[items[0]["canonical_solution"], right, unsorted]], executor) == [[True, True, False]]
+
+
+def test_evalplus_hub_form_runs_every_input_and_reports_no_base_split(tmp_path, executor):
+    """evalplus/humanevalplus and evalplus/mbppplus rows: the inputs come from the test program."""
+    datasets = F.hub_datasets()
+    for name, completions, expected in (
+        ("humaneval_plus", [None, F.ADD_UP_BASE_ONLY, "    return 0\n"], [True, False, False]),
+        ("mbpp_plus", [None, "def similar_elements(a, b):\n    return ()\n"], [True, False]),
+    ):
+        local = tmp_path / f"{name}{Path(datasets[name][1]).suffix}"
+        local.write_bytes(datasets[name][2])
+        b = bench(name, path=str(local), timeout_s=2)
+        (item,) = b.items()
+        comps = [[c if c is not None else item["canonical_solution"] for c in completions]]
+        base, plus = b.grade_detailed([item], comps, executor)
+        assert base is None and plus == [expected], name  # the empty-list / empty-tuple inputs catch them

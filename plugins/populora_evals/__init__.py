@@ -2,7 +2,8 @@
 
 Registers one evaluator per benchmark (``register_evaluators``) and the ``eval`` command
 (``register_commands``). Nothing heavy is imported here: data, math-verify, matplotlib and the
-engines load only when an evaluation runs. See README.md for data sources and file formats.
+engines load only when an evaluation runs. See README.md for data sources (local file, shipped
+package, pinned hub dataset) and file formats.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ def register_evaluators(register: Any) -> None:
             name,
             make_factory(cls),
             params=EvaluatorParams,
-            description=f"{name} ({cls.category}; {'local file' if cls.needs_path else 'shipped data'})",
+            description=f"{name} ({cls.category}; data: {cls.sources()})",
             category=cls.category,
-            needs_path=cls.needs_path,
         )
 
 

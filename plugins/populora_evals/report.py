@@ -34,6 +34,24 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, float | Non
     return rows
 
 
+def describe_dataset(ident: dict[str, Any]) -> str:
+    """One line: source, hub id @ commit (or package / path), problem count, file sha256 prefixes."""
+    where = {
+        "hub": f"hub {ident.get('hub_id')}@{str(ident.get('revision'))[:12]}",
+        "shipped": f"shipped {ident.get('package')}",
+        "file": f"file {ident.get('path')}",
+    }[ident["source"]]
+    files = ", ".join(f"{name} sha256:{sha[:12]}" for name, sha in ident["files"].items())
+    return f"{where}, {ident['n_problems']} problems ({files})"
+
+
+def header(results: dict[str, Any], column: str) -> str:
+    """A column's short name; a benchmark's says how many problems were used, e.g. ``AIME25 (30)``."""
+    name = HEADERS.get(column, column)
+    info = results["benchmarks"].get(column)
+    return f"{name} ({info['n_items']})" if info else name
+
+
 def _fmt(value: float | None, delta: bool = False) -> str:
     if value is None:
         return "-"
@@ -42,7 +60,7 @@ def _fmt(value: float | None, delta: bool = False) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     cols = results["columns"]
-    lines = ["| model | " + " | ".join(HEADERS.get(c, c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    lines = ["| model | " + " | ".join(header(results, c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for label, row in table_rows(results):
         delta = label.startswith("Δ")
         lines.append(f"| {label} | " + " | ".join(_fmt(row.get(c), delta) for c in cols) + " |")
@@ -56,9 +74,9 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("best_member"):
         foot.append(f"Best member: {results['best_member']}; weakest: {results['weakest_member']}.")
     for name, info in results["benchmarks"].items():
-        files = ", ".join(f"{Path(p).name} sha256:{h[:12]}" for p, h in info["data_files"].items())
         foot.append(
-            f"{name}: {info['n_items']} problems, template {info['template']}, max_tokens {info['max_tokens']}, {files}"
+            f"{name}: {info['n_items']} of {info['dataset']['n_problems']} problems, template {info['template']}, "
+            f"max_tokens {info['max_tokens']}; data: {describe_dataset(info['dataset'])}"
         )
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {f}" for f in foot) + "\n"
 
@@ -140,7 +158,7 @@ def print_table(results: dict[str, Any]) -> None:
     table = Table(title="PopuLoRA evaluation (%)")
     table.add_column("model")
     for c in cols:
-        table.add_column(HEADERS.get(c, c), justify="right")
+        table.add_column(header(results, c), justify="right")
     for label, row in table_rows(results):
         table.add_row(label, *(_fmt(row.get(c), label.startswith("Δ")) for c in cols))
     Console(width=max(100, 12 * (len(cols) + 2))).print(table)

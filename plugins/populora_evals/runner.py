@@ -37,6 +37,7 @@ class Settings:
     ks: tuple[int, ...] = (1,)
     engine: str = "hf"
     engine_params: dict[str, Any] = field(default_factory=dict)
+    engine_origin: str = "default"  # "run recipe" | "--engine" | "default"
     executor: str = "sandbox"
     executor_params: dict[str, Any] = field(default_factory=dict)
     use_cache: bool = True
@@ -72,7 +73,7 @@ def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Sett
         "dataset": bench.dataset_hash(),
         "template": bench.template,
         "max_tokens": bench.max_tokens,
-        "params": bench.params.model_dump(exclude={"path"}),
+        "params": bench.params.model_dump(exclude={"path", "source", "revision"}),  # the data: "dataset"
         "limit": settings.limit,
         "n": settings.n,
         "temperature": settings.temperature,
@@ -160,6 +161,7 @@ class Evaluation:
                 bench_info[bench.name] = {
                     **bench.describe(),
                     "n_items": len(items),
+                    "dataset": bench.dataset(),
                     "data_files": bench.data_files(),
                     "dataset_sha256": bench.dataset_hash(),
                 }
@@ -394,6 +396,7 @@ def aggregate(
                 "ks": list(settings.ks),
                 "engine": settings.engine,
                 "engine_params": settings.engine_params,
+                "engine_origin": settings.engine_origin,
                 "executor": settings.executor,
                 "eval_version": EVAL_VERSION,
             },
