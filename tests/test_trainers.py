@@ -756,3 +756,50 @@ def test_gradient_checkpointing_accepts_yaml_on_and_off():
         assert model(gradient_checkpointing="auto").gradient_checkpointing == "auto"
         with pytest.raises(ValueError):
             model(gradient_checkpointing="sometimes")
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_joined_layout_equals_the_split_layout(base, adapters, chunk):
+    """Prompt and completion back to back, right padded: the split layout's log-probs, entropies and LoRA
+    gradients within fp32 rounding, on fewer padded tokens (one piece and chunked)."""
+    import torch
+    from populora_trl.common import token_logprobs
+
+    model, params, batch = _logprob_setup(base, adapters[0])
+    mask = batch["completion_mask"].bool()
+    assert len(set(batch["prompt_mask"].sum(1).tolist())) > 1  # the rows' prompts really differ in length
+    w = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+    try:
+
+        def run(joined):
+            for p in params.values():
+                p.grad = None
+            lp, ent = token_logprobs(model, batch, 0.9, True, chunk, joined)
+            ((lp * w * mask).sum() + (ent * mask).sum()).backward()
+            return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in params.items()}
+
+        lp0, ent0, g0 = run(False)
+        lp1, ent1, g1 = run(True)
+        assert torch.allclose(lp1[mask], lp0[mask], atol=2e-5, rtol=1e-5)
+        assert torch.allclose(ent1[mask], ent0[mask], atol=2e-5, rtol=1e-5)
+        for n in g0:
+            assert torch.allclose(g1[n], g0[n], atol=1e-5, rtol=1e-3), n
+    finally:
+        for p in params.values():
+            p.requires_grad_(False)
+            p.grad = None
+
+
+def test_joined_micro_batches_count_prompt_and_completion_together():
+    """Budget rows x longest (prompt + completion): a long prompt with a short completion and a short prompt
+    with a long completion fit where the split layout's longest prompt + longest completion does not."""
+    from populora_trl.common import micro_batches
+
+    from populora_core.components import Rollout
+
+    def rollout(p, c):
+        return (Rollout("m", "deduction/solve", [1] * p, [2] * c, [], 0.0),)
+
+    rows = [rollout(10, 2), rollout(2, 10)]
+    assert [len(g) for g in micro_batches(rows, 8, tokens=24)] == [1, 1]  # split: 2 x (10 + 10) > 24
+    assert [len(g) for g in micro_batches(rows, 8, tokens=24, joined=True)] == [2]  # joined: 2 x 12

@@ -26,6 +26,11 @@ class HFEngineParams(Params):
     # loop = one matmul pair per distinct adapter on its rows; auto = bmm while it fits bmm_budget_mb
     mixed_lora: Literal["auto", "bmm", "loop"] = "auto"
     bmm_budget_mb: int = 512
+    # loop: populora's decode loop (decode.py: static KV cache, finished rows dropped, every row sampled from
+    # its own counter-based stream, so its tokens do not depend on batching); generate: transformers'
+    # generate with one seeded generator per batch (the reference path); auto: loop unless the model has
+    # sliding-window layers
+    decode: Literal["auto", "loop", "generate"] = "auto"
 
 
 class VLLMEngineParams(Params):

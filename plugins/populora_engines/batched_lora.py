@@ -43,50 +43,88 @@ def gathered_bytes(host: Any, keys: Sequence[str]) -> int:
     return total
 
 
-@contextmanager
-def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Iterator[None]:
-    """Within the block, row i of every forward of ``host.model`` uses version ``keys[i]``."""
-    import torch
+class RowAdapters:
+    """The per-row LoRA weights of one call; :meth:`select` narrows them to the rows still decoding."""
 
-    if mode not in ("bmm", "loop"):
-        raise ValueError(f"unknown mixed-LoRA mode {mode!r} (bmm, loop)")
-    names = sorted({k for k in keys if k != BASE})
-    slots = [0 if k == BASE else names.index(k) + 1 for k in keys]
-    handles = []
-    try:
+    def __init__(self, host: Any, keys: Sequence[str], mode: str) -> None:
+        import torch
+
+        if mode not in ("bmm", "loop"):
+            raise ValueError(f"unknown mixed-LoRA mode {mode!r} (bmm, loop)")
+        names = sorted({k for k in keys if k != BASE})
+        self.mode = mode
+        self.index: Any = None  # slot per row (0: base)
+        # per module: the base linear, its stacked (slots, d_in, r) / (slots, r, d_out) factors, and what
+        # the current rows gather from them (bmm: per-row factors; loop: (rows, A^T, B^T) per adapter)
+        self._modules: list[tuple[Any, Any, Any]] = []
+        self._rows: list[Any] = []
+        slots = [0 if k == BASE else names.index(k) + 1 for k in keys]
         with torch.no_grad():
             for path, entries in _modules(host, names).items():
                 linear = host.linear(path)
-                dev, dtype = linear.weight.device, linear.weight.dtype
-                index = torch.tensor(slots, device=dev)
-                if mode == "bmm":
-                    r = max(a.shape[0] for _, a, _ in entries)
-                    a_all = torch.zeros(len(names) + 1, linear.in_features, r, device=dev)
-                    b_all = torch.zeros(len(names) + 1, r, linear.out_features, device=dev)
-                    for slot, a, b in entries:
-                        a_all[slot, :, : a.shape[0]] = a.t()
-                        b_all[slot, : a.shape[0], :] = b.t()
-                    hook = _bmm_hook(a_all[index].to(dtype), b_all[index].to(dtype))
+                dev = linear.weight.device
+                r = max(a.shape[0] for _, a, _ in entries)
+                a_all = torch.zeros(len(names) + 1, linear.in_features, r, device=dev)
+                b_all = torch.zeros(len(names) + 1, r, linear.out_features, device=dev)
+                for slot, a, b in entries:
+                    a_all[slot, :, : a.shape[0]] = a.t()
+                    b_all[slot, : a.shape[0], :] = b.t()
+                dtype = linear.weight.dtype
+                self._modules.append((linear, a_all.to(dtype), b_all.to(dtype)))
+                self._rows.append(None)
+            index = torch.tensor(slots, device=self._modules[0][0].weight.device) if self._modules else None
+        if index is not None:
+            self._gather(index)
+
+    def select(self, keep: Any) -> None:
+        """Keep only rows ``keep`` (a long index tensor into the current rows), in that order."""
+        if self.index is not None:
+            self._gather(self.index[keep])
+
+    def _gather(self, index: Any) -> None:
+        import torch
+
+        self.index = index
+        with torch.no_grad():
+            for m, (_, a_all, b_all) in enumerate(self._modules):
+                if self.mode == "bmm":
+                    self._rows[m] = (a_all[index], b_all[index])
                 else:
-                    groups = [
-                        ((index == slot).nonzero().flatten(), a.t().to(dtype), b.t().to(dtype))
-                        for slot, a, b in entries
-                        if bool((index == slot).any())
+                    self._rows[m] = [
+                        (rows, a_all[slot], b_all[slot])
+                        for slot in index.unique().tolist()
+                        if slot != 0
+                        for rows in [(index == slot).nonzero().flatten()]
                     ]
-                    hook = _loop_hook(groups)
-                handles.append(linear.register_forward_hook(hook))
+
+    def hooks(self) -> list[Any]:
+        """Forward hooks on the base linears that add each row's delta (read at call time, so they follow
+        :meth:`select`)."""
+        return [
+            linear.register_forward_hook(_bmm_hook(self, m) if self.mode == "bmm" else _loop_hook(self, m))
+            for m, (linear, _, _) in enumerate(self._modules)
+        ]
+
+
+@contextmanager
+def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Iterator[RowAdapters]:
+    """Within the block, row i of every forward of ``host.model`` uses version ``keys[i]``."""
+    rows = RowAdapters(host, keys, mode)
+    handles = rows.hooks()
+    try:
         disable = host.peft.disable_adapter() if host.peft is not None else nullcontext()
         with disable:
-            yield
+            yield rows
     finally:
         for h in handles:
             h.remove()
 
 
-def _bmm_hook(a_rows: Any, b_rows: Any) -> Any:
+def _bmm_hook(rows: RowAdapters, m: int) -> Any:
     import torch
 
     def hook(module: Any, args: Any, output: Any) -> Any:
+        a_rows, b_rows = rows._rows[m]
         x = args[0]
         if x.dim() != 3 or x.shape[0] != a_rows.shape[0]:
             raise RuntimeError(f"batched LoRA expects ({a_rows.shape[0]}, T, d) inputs, got {tuple(x.shape)}")
@@ -95,12 +133,12 @@ def _bmm_hook(a_rows: Any, b_rows: Any) -> Any:
     return hook
 
 
-def _loop_hook(groups: list[tuple[Any, Any, Any]]) -> Any:
+def _loop_hook(rows: RowAdapters, m: int) -> Any:
     def hook(module: Any, args: Any, output: Any) -> Any:
         x = args[0]
         out = output.clone()
-        for rows, a_t, b_t in groups:
-            out[rows] += ((x[rows].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
+        for index, a_t, b_t in rows._rows[m]:
+            out[index] += ((x[index].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
         return out
 
     return hook

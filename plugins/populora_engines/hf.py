@@ -24,11 +24,28 @@ from populora_core.components import (
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes
 from .common import check_sampling, cut_completion, encode_prompts, not_generated
+from .decode import decode, row_key, supported
 
 
 def _derive_seed(*parts: object) -> int:
     digest = hashlib.sha256(repr(parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _stop_check(tokenizer: Any, stop: Sequence[str]) -> Any:
+    """``stopped(row, tokens)`` for the decode loop: a stop string in the text of the last few tokens.
+
+    A stop string completed by the newest token lies within its last ``len(stop)`` tokens; the window is
+    wider for tokens that decode to nothing. A late detection only costs tokens: the completion is cut at the
+    first stop string of its whole text (``cut_completion``) either way.
+    """
+    window = 2 * max(len(s) for s in stop) + 4
+
+    def stopped(row: int, tokens: list[int]) -> bool:
+        text = tokenizer.decode(tokens[-window:], skip_special_tokens=True)
+        return any(s and s in text for s in stop)
+
+    return stopped
 
 
 class HFEngine:
@@ -109,21 +126,83 @@ class HFEngine:
             kept = [prompts[i] for i in served]
             rows = [(k, j) for k in range(len(served)) for j in range(sampling.n)]
             slots: list[list[Completion | None]] = [[None] * sampling.n for _ in served]
+            loop = self._decode_loop()
             for b, batch in enumerate(self._batches(rows, kept, sampling.max_tokens)):
                 batch_rows = [rows[r] for r in batch]
-                outs = self._run(
-                    [kept[k] for k, _ in batch_rows],
-                    [keys[k] for k, _ in batch_rows],
-                    sampling,
-                    _derive_seed(seed, b),
-                )
+                batch_prompts = [kept[k] for k, _ in batch_rows]
+                batch_keys = [keys[k] for k, _ in batch_rows]
+                if loop:  # each row sampled from its own key: the same tokens however the rows are batched
+                    first = {k: i for i, (k, _) in reversed(list(enumerate(batch_rows)))}
+                    outs = self._run_loop(
+                        batch_prompts,
+                        batch_keys,
+                        sampling,
+                        [row_key(seed, k, j) for k, j in batch_rows],
+                        [first[k] for k, _ in batch_rows],
+                    )
+                else:
+                    outs = self._run(batch_prompts, batch_keys, sampling, _derive_seed(seed, b))
                 for (k, j), comp in zip(batch_rows, outs):
                     slots[k][j] = comp
         for k, i in enumerate(served):
             results[i] = [c for c in slots[k] if c is not None]
         return results
 
+    def _decode_loop(self) -> bool:
+        mode = self.params.decode
+        return mode == "loop" or (mode == "auto" and supported(self.host.base_model))
+
+    def _run_loop(
+        self,
+        prompts: list[list[int]],
+        keys: list[str],
+        sampling: SamplingParams,
+        row_keys: list[int],
+        prefill_row: list[int],
+    ) -> list[Completion]:
+        """One batch through :func:`populora_engines.decode.decode` (static cache, finished rows dropped)."""
+        import torch
+
+        host = self.host
+        tok = host.tokenizer
+        eos_ids = host.eos_token_ids()
+        stopped = _stop_check(tok, sampling.stop) if sampling.stop else None
+        host.model.eval()
+        with torch.no_grad(), batched_adapters(host, keys, self._mode(keys)) as row_adapters:
+            out = decode(
+                host.base_model,
+                prompts,
+                row_keys,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                eos_ids=eos_ids,
+                pad_id=int(tok.pad_token_id),
+                device=host.device,
+                row_adapters=row_adapters,
+                logprobs=sampling.logprobs,
+                stopped=stopped,
+                prefill_row=prefill_row,
+            )
+        return [
+            self._completion(p, raw, out.logprobs[r] if out.logprobs is not None else None, sampling, set(eos_ids))
+            for r, (p, raw) in enumerate(zip(prompts, out.tokens))
+        ]
+
+    def _completion(
+        self, prompt: list[int], raw: list[int], logps: list[float] | None, sampling: SamplingParams, eos: set[int]
+    ) -> Completion:
+        ids, text, reason = cut_completion(self.host.tokenizer, raw, eos, sampling.stop, sampling.max_tokens)
+        return Completion(
+            text=text,
+            token_ids=ids,
+            logprobs=list(logps[: len(ids)]) if logps is not None else [],
+            prompt_token_ids=list(prompt),
+            finish_reason=reason,
+        )
+
     def _run(self, prompts: list[list[int]], keys: list[str], sampling: SamplingParams, seed: int) -> list[Completion]:
+        """One batch through ``transformers.generate`` (``decode: generate``; the reference path)."""
         import torch
         from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -188,21 +267,11 @@ class HFEngine:
             if recorder.prev is not None and seqs.shape[1] > 0:
                 recorder.steps.append(recorder.prev.gather(1, seqs[:, -1:].to(recorder.prev.device)).squeeze(1))
             logps = torch.stack(recorder.steps, dim=1).cpu() if recorder.steps else torch.zeros(len(prompts), 0)
-        completions = []
         eos_set = set(eos_ids)
-        for r, p in enumerate(prompts):
-            raw = seqs[r].tolist()
-            ids, text, reason = cut_completion(tok, raw, eos_set, sampling.stop, sampling.max_tokens)
-            completions.append(
-                Completion(
-                    text=text,
-                    token_ids=ids,
-                    logprobs=logps[r, : len(ids)].tolist() if logps is not None else [],
-                    prompt_token_ids=list(p),
-                    finish_reason=reason,
-                )
-            )
-        return completions
+        return [
+            self._completion(p, seqs[r].tolist(), logps[r].tolist() if logps is not None else None, sampling, eos_set)
+            for r, p in enumerate(prompts)
+        ]
 
     def _mode(self, keys: list[str]) -> str:
         mode = self.params.mixed_lora

@@ -71,6 +71,12 @@ class TRRParams(_Common):
         "so problems all samples solve or all fail carry no gradient; single rollouts keep their reward",
     )
     adv_eps: float = 1e-8
+    sequence_layout: Literal["joined", "split"] = Field(
+        "joined",
+        description="joined: each sequence's prompt and completion back to back, right padded to the micro-batch's "
+        "longest sequence; split: TRL's layout (prompts left padded to the longest prompt, completions right "
+        "padded to the longest completion), more padding, the same log-probs up to fp32 rounding",
+    )
     epochs: int = Field(
         1,
         ge=1,

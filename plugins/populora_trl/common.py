@@ -223,20 +223,27 @@ def use_checkpointing(setting: str, device: str) -> bool:
 
 
 def micro_batches(
-    rows: Sequence[Any], size: int, tokens: int | None = None, same: Callable[[Any], Any] | None = None
+    rows: Sequence[Any],
+    size: int,
+    tokens: int | None = None,
+    same: Callable[[Any], Any] | None = None,
+    joined: bool = False,
 ) -> list[list[Any]]:
     """Consecutive runs of ``rows`` (tuples whose first item is a Rollout), in the given order.
 
     ``tokens`` None: at most ``size`` rows per micro-batch. Otherwise a micro-batch takes the next row while its
-    packed shape (rows x (longest prompt + longest completion), padding counted as :func:`pack` lays it out)
-    stays within ``tokens``; a row longer than that goes alone. ``same``: a key that every row of one
-    micro-batch shares (grpo: the prompt length).
+    packed shape (rows x (longest prompt + longest completion), padding counted as :func:`pack` lays it out;
+    ``joined``: rows x longest prompt + completion, as :func:`completion_hidden` lays it out) stays within
+    ``tokens``; a row longer than that goes alone. ``same``: a key that every row of one micro-batch shares
+    (grpo: the prompt length).
     """
     groups: list[list[Any]] = []
     pmax = lmax = 0
     for row in rows:
         r = row[0]
         p, c = len(r.prompt_token_ids), max(1, len(r.completion_token_ids))
+        if joined:  # one length: prompt + completion back to back
+            p, c = p + c, 0
         if groups and (same is None or same(groups[-1][0]) == same(row)):
             g = groups[-1]
             wp, wl = max(pmax, p), max(lmax, c)
@@ -281,6 +288,7 @@ def token_logprobs(
     temperature: float = 1.0,
     entropy: bool = False,
     chunk_tokens: int | None = None,
+    joined: bool = False,
 ) -> tuple[Any, Any]:
     """Per completion token log-prob (and entropy) under ``model``; shape (rows, completion width).
 
@@ -290,19 +298,25 @@ def token_logprobs(
     ``chunk_tokens``: when the micro-batch's rows x completion width exceeds it, the log-probs come from
     :func:`chunked_token_logprobs` (the fp32 ``(rows, width, vocab)`` logits never exist; padded positions
     are 0 there). Otherwise, and with None, the whole micro-batch in one piece, as before the option.
+    ``joined``: the decoder runs over each row's prompt and completion back to back, right padded
+    (:func:`completion_hidden`), instead of the packed layout's longest prompt + longest completion.
     """
     import torch
 
     rows, width = batch["completion_ids"].shape
     if chunk_tokens is not None and rows * width > chunk_tokens:
-        return chunked_token_logprobs(model, batch, temperature, entropy, chunk_tokens)
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1, use_cache=False
-    )
-    logits = out.logits[:, :-1, :].float()
+        return chunked_token_logprobs(model, batch, temperature, entropy, chunk_tokens, joined)
+    if joined:
+        causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+        logits = causal.get_output_embeddings()(completion_hidden(causal.get_decoder(), batch, True)).float()
+    else:
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1, use_cache=False
+        )
+        logits = out.logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -311,8 +325,45 @@ def token_logprobs(
     return logp, ent
 
 
+def completion_hidden(decoder: Any, batch: dict[str, Any], joined: bool) -> Any:
+    """The decoder's last hidden states at the positions that predict each completion token: (rows, width, d).
+
+    ``joined``: rows laid out as prompt then completion, right padded to the longest row (padding only
+    where the row is shorter than the longest prompt + completion of the micro-batch, not where its prompt
+    is shorter than the longest prompt and its completion shorter than the longest completion).
+    """
+    import torch
+
+    prompt_mask, comp_mask = batch["prompt_mask"], batch["completion_mask"]
+    width = comp_mask.shape[1]
+    if not joined:
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([prompt_mask, comp_mask], dim=1)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        # the positions that predict the completion tokens (the one-piece path's logits_to_keep=width+1, minus the last)
+        return hidden.last_hidden_state[:, -(width + 1) : -1, :]
+    plen, clen = prompt_mask.sum(dim=1), comp_mask.sum(dim=1)
+    total = plen + clen
+    longest = int(total.max())
+    rows = prompt_mask.shape[0]
+    input_ids = batch["prompt_ids"].new_zeros((rows, longest))
+    for r in range(rows):
+        p, c = int(plen[r]), int(clen[r])
+        input_ids[r, :p] = batch["prompt_ids"][r, prompt_mask.shape[1] - p :]
+        input_ids[r, p : p + c] = batch["completion_ids"][r, :c]
+    columns = torch.arange(longest, device=input_ids.device)
+    mask = (columns[None, :] < total[:, None]).long()
+    positions = columns[None, :].expand(rows, -1)
+    hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    # completion token j of row r is predicted at column plen_r + j - 1 (padded j: any column, masked later)
+    at = (plen[:, None] - 1 + torch.arange(width, device=input_ids.device)[None, :]).clamp(max=longest - 1)
+    state = hidden.last_hidden_state
+    return state.gather(1, at[:, :, None].expand(-1, -1, state.shape[-1]))
+
+
 def chunked_token_logprobs(
-    model: Any, batch: dict[str, Any], temperature: float, entropy: bool, chunk_tokens: int
+    model: Any, batch: dict[str, Any], temperature: float, entropy: bool, chunk_tokens: int, joined: bool = False
 ) -> tuple[Any, Any]:
     """:func:`token_logprobs` from the decoder's last hidden states, ``chunk_tokens`` completion tokens at a time.
 
@@ -327,13 +378,7 @@ def chunked_token_logprobs(
 
     causal = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = causal.get_decoder(), causal.get_output_embeddings()
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    width = batch["completion_ids"].shape[1]
-    hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
-    # the positions that predict the completion tokens (the one-piece path's logits_to_keep=width+1, minus the last)
-    hidden = hidden.last_hidden_state[:, -(width + 1) : -1, :]
+    hidden = completion_hidden(decoder, batch, joined)
     real = batch["completion_mask"].bool()
     h, targets = hidden[real], batch["completion_ids"][real]
     fn = _logp_entropy_function()

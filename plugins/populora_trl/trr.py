@@ -114,7 +114,8 @@ class TRRTrainer(LoraTrainerBase):
             opt = self._optimizer(member_id, params)
             with self._training() as model:
                 pad = int(host.tokenizer.pad_token_id)
-                chunks = micro_batches(rows, p.micro_batch_size, p.micro_batch_tokens)
+                joined = p.sequence_layout == "joined"
+                chunks = micro_batches(rows, p.micro_batch_size, p.micro_batch_tokens, joined=joined)
                 old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
                 ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
                 for _ in range(p.epochs):
@@ -122,7 +123,7 @@ class TRRTrainer(LoraTrainerBase):
                     loss_sum = ent_sum = clipped = kl_sum = 0.0
                     for c, chunk in enumerate(chunks):
                         batch = pack([r for r, _ in chunk], pad, host.device)
-                        logp, ent = token_logprobs(model, batch, p.temperature, True, p.logprob_chunk_tokens)
+                        logp, ent = token_logprobs(model, batch, p.temperature, True, p.logprob_chunk_tokens, joined)
                         mask = batch["completion_mask"].to(logp.dtype)
                         adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
                         if old[c] is None:
@@ -136,7 +137,7 @@ class TRRTrainer(LoraTrainerBase):
                             if ref[c] is None:
                                 with torch.no_grad(), model.disable_adapter():
                                     ref[c], _ = token_logprobs(
-                                        model, batch, p.temperature, False, p.logprob_chunk_tokens
+                                        model, batch, p.temperature, False, p.logprob_chunk_tokens, joined
                                     )
                             kl_mean = (low_var_kl(logp, ref[c]) * mask).sum() / total
                             loss = loss + p.kl_coef * kl_mean

@@ -1,0 +1,312 @@
+"""The ``hf`` engine's own decode loop: a static KV cache, finished rows dropped, per-row counter-based sampling.
+
+``transformers.generate`` at the nano model's scale spends most of a step outside the model's arithmetic:
+its ``DynamicCache`` concatenates every layer's keys and values at every token (the whole cache copied per
+token), and rows that finished or are left padding keep being computed until the longest row ends. Here:
+
+* keys and values go into buffers preallocated for prompt + ``max_tokens`` (written in place); attention reads
+  only the filled part;
+* when a quarter of the rows have finished, the buffers, the masks and the per-row LoRA weights are narrowed
+  to the live rows, and leading columns that are padding in every live row are cut off;
+* sampling draws each row's token by inverse CDF from one uniform per (row, token) made by a counter-based hash
+  of the row's key and the token index: a row's samples depend on its key alone, not on its batch, the
+  batch's order, compaction or the device.
+
+It runs through the model's ordinary forward (``past_key_values`` is an object with the Cache ``update``
+method; the 4D boolean mask is passed as prepared, which transformers uses as is), so the model's own
+layers, RoPE and the LoRA hooks are those of a training forward. Models with sliding-window layers use
+``generate`` instead (:func:`supported`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+_M32 = 0xFFFF_FFFF
+# odd multipliers below 2**31, so x * m of a 32-bit x stays inside int64 (no signed overflow)
+_MULTIPLIERS = (0x7FEB352D, 0x5BD1E995, 0x1B873593)
+
+
+def row_key(*parts: object) -> int:
+    """A 32-bit sampling key for one row (e.g. call seed, request index, sample index)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+def _hash32(x: Any) -> Any:
+    """A 32-bit integer mix (xorshift-multiply rounds), elementwise over an int64 tensor of 32-bit values."""
+    for m in _MULTIPLIERS:
+        x = x ^ (x >> 16)
+        x = (x * m) & _M32
+    return x ^ (x >> 16)
+
+
+def uniforms(keys: Any, step: int) -> Any:
+    """One float64 uniform in (0, 1) per row for token ``step``: a pure function of (key, step)."""
+    x = _hash32(keys ^ _hash32(keys.new_tensor(step & _M32)))
+    x = _hash32(x ^ ((keys * 0x2C1B3C6D) & _M32))
+    return (x.double() + 0.5) / 2.0**32
+
+
+def sample(logits: Any, temperature: float, top_p: float, u: Any) -> Any:
+    """Token per row from float32 ``logits`` (rows, vocab): greedy at temperature 0, else inverse CDF with ``u``.
+
+    top-p keeps the fewest most probable tokens whose mass reaches ``top_p`` (at least one), as transformers'
+    ``TopPLogitsWarper`` does, and samples among them in proportion to their probabilities. The target
+    ``u x mass`` is below the last CDF value (u <= 1 - 2**-33), so a zero-probability token is never drawn.
+    """
+    import torch
+
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        above = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked before each one
+        probs = probs.masked_fill(above >= top_p, 0.0)
+    cdf = probs.cumsum(dim=-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1)
+    return pick if order is None else order.gather(1, pick.unsqueeze(1)).squeeze(1)
+
+
+def supported(model: Any) -> bool:
+    """Whether the decode loop applies: every layer attends over the full context (no sliding windows)."""
+    config = getattr(model, "config", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return not getattr(config, "use_sliding_window", False)
+
+
+ATTENTION = "populora_decode"
+
+
+def _decode_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
+) -> tuple[Any, None]:
+    """Attention of one new token per row as two plain matmuls (the query heads of one KV head together).
+
+    At decode shapes SDPA's CPU flash kernel costs about twice this; prompts (several query tokens) still go
+    to SDPA. Same signature and output layout as transformers' ``sdpa_attention_forward``.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows, heads, q_len, dim = query.shape
+    if q_len != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    kv_heads = key.shape[1]
+    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped by their KV head
+    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim**-0.5 if scaling is None else scaling)
+    scores = scores.masked_fill(~attention_mask[:, :, :, : key.shape[2]], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value).reshape(rows, heads, 1, dim)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def decode_attention(model: Any) -> Iterator[None]:
+    """Within the block, ``model``'s attention layers use :func:`_decode_attention`."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _decode_attention)
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+class StaticKV:
+    """Preallocated keys and values per layer, (rows, kv heads, columns, head dim); the Cache ``update`` API."""
+
+    def __init__(self, capacity: int) -> None:
+        self.keys: dict[int, Any] = {}
+        self.values: dict[int, Any] = {}
+        self.length = 0  # filled columns
+        self.capacity = capacity
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        import torch
+
+        if layer_idx not in self.keys:
+            rows, heads, _, dim = key_states.shape
+            shape = (rows, heads, self.capacity, dim)
+            self.keys[layer_idx] = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
+            self.values[layer_idx] = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
+        end = self.length + key_states.shape[2]
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k[:, :, self.length : end] = key_states
+        v[:, :, self.length : end] = value_states
+        return k[:, :, :end], v[:, :, :end]
+
+    def narrow(self, rows: Any, first_column: int) -> None:
+        """Keep rows ``rows`` and the columns from ``first_column`` on (contiguous copies)."""
+        for store in (self.keys, self.values):
+            for layer, t in store.items():
+                store[layer] = t[rows, :, first_column:].contiguous()
+        self.length -= first_column
+        self.capacity -= first_column
+
+
+@dataclass
+class Decoded:
+    tokens: list[list[int]]  # per row, up to and including EOS
+    logprobs: list[list[float]] | None  # raw-distribution log-prob of each token, when asked
+
+
+def decode(
+    model: Any,
+    prompts: list[list[int]],
+    keys: list[int],
+    *,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: list[int],
+    pad_id: int,
+    device: str,
+    row_adapters: Any = None,
+    logprobs: bool = False,
+    stopped: Any = None,
+    narrow_at: float = 0.75,
+    prefill_row: list[int] | None = None,
+) -> Decoded:
+    """Generate up to ``max_tokens`` per row; a row ends at an EOS id or when ``stopped(row, tokens)`` is true.
+
+    ``keys``: each row's sampling key (:func:`row_key`). ``row_adapters``: the call's
+    :class:`~populora_engines.batched_lora.RowAdapters`, narrowed along with the rows. When the unfinished
+    rows are at most ``narrow_at`` of the rows in the batch, the batch is narrowed to them.
+    ``prefill_row``: per row, a row with the same prompt and adapter (e.g. the first of a request's ``n``
+    samples): each distinct prompt then runs once and its keys, values and logits are copied to its rows.
+    """
+
+    with decode_attention(model):
+        return _decode(
+            model,
+            prompts,
+            keys,
+            max_tokens,
+            temperature,
+            top_p,
+            eos_ids,
+            pad_id,
+            device,
+            row_adapters,
+            logprobs,
+            stopped,
+            narrow_at,
+            prefill_row,
+        )
+
+
+def _decode(
+    model: Any,
+    prompts: list[list[int]],
+    keys: list[int],
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: list[int],
+    pad_id: int,
+    device: str,
+    row_adapters: Any,
+    logprobs: bool,
+    stopped: Any,
+    narrow_at: float,
+    prefill_row: list[int] | None,
+) -> Decoded:
+    import torch
+
+    n = len(prompts)
+    firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
+    if row_adapters is not None and len(firsts) < n:
+        row_adapters.select(torch.tensor(firsts, dtype=torch.long, device=device))
+    kv, valid, next_pos, logits = _prefill(model, [prompts[f] for f in firsts], max_tokens, pad_id, device)
+    if len(firsts) < n:
+        assert prefill_row is not None
+        spread = torch.tensor([firsts.index(f) for f in prefill_row], dtype=torch.long, device=device)
+        kv.narrow(spread, 0)
+        valid, next_pos, logits = valid[spread], next_pos[spread], logits[spread]
+        if row_adapters is not None:
+            row_adapters.select(spread)
+    eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.long, device=device)
+    row_keys = torch.tensor(keys, dtype=torch.long, device=device)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    logps: list[list[float]] | None = [[] for _ in range(n)] if logprobs else None
+    rows = list(range(n))  # the original row of each current row
+    running = [True] * n  # per current row: not finished
+    for t in range(max_tokens):
+        chosen = sample(logits, temperature, top_p, uniforms(row_keys, t))
+        hit_eos = torch.isin(chosen, eos).tolist()
+        chosen_list = chosen.tolist()
+        if logps is not None:
+            chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+        for i, row in enumerate(rows):
+            if not running[i]:
+                continue
+            tokens[row].append(chosen_list[i])
+            if logps is not None:
+                logps[row].append(chosen_logp[i])
+            if hit_eos[i] or (stopped is not None and stopped(row, tokens[row])):
+                running[i] = False
+        if t + 1 == max_tokens or not any(running):
+            break
+        valid[:, kv.length] = True  # the chosen token's column (finished rows compute padding for themselves)
+        if sum(running) <= narrow_at * len(rows):
+            keep_list = [i for i, r in enumerate(running) if r]
+            keep = torch.tensor(keep_list, dtype=torch.long, device=device)
+            # columns that are padding in every kept row are dropped too (positions are explicit)
+            first = int((~valid[keep, : kv.length]).all(dim=0).long().cumprod(dim=0).sum())
+            kv.narrow(keep, first)
+            valid = valid[keep, first:]
+            chosen, next_pos, row_keys = chosen[keep], next_pos[keep], row_keys[keep]
+            rows, running = [rows[i] for i in keep_list], [True] * len(keep_list)
+            if row_adapters is not None:
+                row_adapters.select(keep)
+        out = model(
+            input_ids=chosen.unsqueeze(1),
+            attention_mask=valid[:, None, None, : kv.length + 1],
+            position_ids=next_pos.unsqueeze(1),
+            past_key_values=kv,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+        kv.length += 1
+        next_pos = next_pos + 1
+        logits = out.logits[:, -1, :].float()
+    return Decoded(tokens, logps)
+
+
+def _prefill(model: Any, prompts: list[list[int]], max_tokens: int, pad_id: int, device: str) -> tuple[Any, ...]:
+    """Left-padded prompts through the model: (cache, valid columns, next positions, last logits)."""
+    import torch
+
+    n, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    valid = torch.zeros((n, width + max_tokens), dtype=torch.bool)  # the columns each row attends to
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        valid[r, width - len(p) : width] = True
+    valid = valid.to(device)
+    positions = (valid[:, :width].long().cumsum(dim=1) - 1).clamp(min=0)
+    # causal over real tokens; a padding query attends to itself only (a fully masked row would be NaN)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    diagonal = torch.eye(width, dtype=torch.bool, device=device)
+    kv = StaticKV(width + max_tokens)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=((causal & valid[:, None, :width]) | diagonal)[:, None],
+        position_ids=positions,
+        past_key_values=kv,
+        use_cache=False,
+        logits_to_keep=1,
+    )
+    kv.length = width
+    return kv, valid, positions[:, -1] + 1, out.logits[:, -1, :].float()

@@ -1,0 +1,143 @@
+"""The ``hf`` engine's decode loop: per-row counter-based sampling, narrowing, shared prefill, the reference path."""
+
+from __future__ import annotations
+
+import pytest
+
+from populora_core.components import GenerationRequest, LoraSettings, SamplingParams
+from tests.test_engines import PROMPTS, _tokens, make_engine
+
+LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir):
+    from populora_core.components import BaseModel
+
+    return BaseModel(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def adapters(base, tmp_path_factory):
+    from tests.tiny_model import fresh_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return [fresh_adapter(base, f"d{i}@v0", LORA, seed=200 + i, out_dir=root / f"d{i}_v0") for i in range(3)]
+
+
+def test_uniforms_are_a_pure_function_of_key_and_step_and_look_uniform():
+    import torch
+    from populora_engines.decode import row_key, uniforms
+
+    keys = torch.tensor([row_key(7, k, j) for k in range(200) for j in range(10)], dtype=torch.long)
+    a, b = uniforms(keys, 3), uniforms(keys, 3)
+    assert torch.equal(a, b) and not torch.equal(a, uniforms(keys, 4))
+    assert torch.equal(uniforms(keys[5:9], 3), a[5:9])  # a row's value does not depend on the others
+    draws = torch.cat([uniforms(keys, t) for t in range(20)])
+    assert bool(((draws > 0) & (draws < 1)).all())
+    counts = torch.histc(draws.float(), bins=10, min=0, max=1)
+    expected = draws.numel() / 10
+    assert float(((counts - expected) ** 2 / expected).sum()) < 30  # chi-square, 9 dof: p ~ 4e-4
+    assert abs(float(torch.corrcoef(torch.stack([draws[:-1], draws[1:]]))[0, 1])) < 0.02
+
+
+def test_sample_draws_in_proportion_inside_the_nucleus_only():
+    import torch
+    from populora_engines.decode import row_key, sample, uniforms
+
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.07, 0.03]])).expand(20000, -1)
+    u = uniforms(torch.tensor([row_key(1, i) for i in range(20000)], dtype=torch.long), 0)
+    free = torch.bincount(sample(logits, 1.0, 1.0, u), minlength=5).double() / 20000
+    assert free.tolist() == pytest.approx([0.5, 0.25, 0.15, 0.07, 0.03], abs=0.015)
+    # top_p 0.8: the fewest tokens reaching 0.8 are the first three (0.9), renormalised
+    nucleus = torch.bincount(sample(logits, 1.0, 0.8, u), minlength=5).double() / 20000
+    assert nucleus[3:].sum() == 0
+    assert nucleus[:3].tolist() == pytest.approx([0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9], abs=0.015)
+    assert torch.equal(sample(logits[:3], 0.0, 1.0, u[:3]), torch.zeros(3, dtype=torch.long))  # greedy
+
+
+def test_a_sampled_row_does_not_depend_on_its_batch(base, adapters):
+    """Alone, mixed with other adapters, in small or large batches: the same sampled tokens (per-row keys)."""
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None) for i, p in enumerate(PROMPTS * 2)]
+    s = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_tokens=12, seed=5)
+    big = make_engine("hf", base).generate(reqs, s)
+    small = make_engine("hf", base, token_budget=40).generate(reqs, s)
+    assert _tokens(big) == _tokens(small)
+    assert len({tuple(c.token_ids) for c in big[0]}) > 1
+
+
+def test_the_loop_and_transformers_generate_agree_on_greedy_tokens_and_logprobs(base, adapters):
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 5 != 4 else None) for i, p in enumerate(PROMPTS * 3)]
+    s = SamplingParams(n=1, temperature=0.0, max_tokens=10, logprobs=True)
+    loop = make_engine("hf", base, decode="loop").generate(reqs, s)
+    reference = make_engine("hf", base, decode="generate").generate(reqs, s)
+    assert _tokens(loop) == _tokens(reference)
+    for a, b in zip(loop, reference):
+        assert [c.finish_reason for c in a] == [c.finish_reason for c in b]
+        assert a[0].logprobs == pytest.approx(b[0].logprobs, abs=1e-4)
+
+
+def _decode(base, prompts, keys, adapter_keys, **kw):
+    import torch
+    from populora_engines.batched_lora import batched_adapters
+    from populora_engines.decode import decode
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    with torch.no_grad(), batched_adapters(host, adapter_keys) as rows:
+        return decode(host.base_model, prompts, keys, pad_id=0, device=host.device, row_adapters=rows, **kw)
+
+
+def test_narrowed_batches_and_shared_prefill_give_each_row_its_tokens_alone(base, adapters):
+    """Rows that end early (a frequent token is EOS here) are dropped and padding columns cut: every row still
+    gets what it gets decoded alone, and rows sharing a prompt prefill once with the same result."""
+    from populora_engines.decode import row_key
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    tok = host.tokenizer
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 2
+    prompts += [prompts[0]] * 3  # three samples of one request
+    names = [host.ensure(adapters[i % 3]) for i in range(len(prompts))]
+    names[-3:] = [names[0]] * 3
+    keys = [row_key("narrow", r) for r in range(len(prompts))]
+    kw = dict(max_tokens=16, temperature=1.0, top_p=1.0, logprobs=True)
+    free = _decode(base, prompts, keys, names, eos_ids=[], **kw)
+    eos = [max(set(free.tokens[0]), key=free.tokens[0].count)]  # the first row's most frequent token
+    together = _decode(base, prompts, keys, names, eos_ids=eos, **kw)
+    lengths = [len(t) for t in together.tokens]
+    assert len(set(lengths)) > 2 and min(lengths) < 16  # rows really ended at different steps
+    for r in range(len(prompts)):
+        alone = _decode(base, [prompts[r]], [keys[r]], [names[r]], eos_ids=eos, **kw)
+        assert together.tokens[r] == alone.tokens[0]
+        assert together.logprobs[r] == pytest.approx(alone.logprobs[0], abs=1e-4)
+    first = list(range(len(prompts)))
+    first[-3:] = [0, 0, 0]
+    shared = _decode(base, prompts, keys, names, eos_ids=eos, prefill_row=first, **kw)
+    assert shared.tokens == together.tokens
+    assert shared.tokens[-3:] != [together.tokens[0]] * 3  # one prefill, three different samples
+
+
+def test_stop_strings_end_a_row_in_the_loop_as_in_generate(base, adapters):
+    engine = make_engine("hf", base, decode="loop")
+    reference = make_engine("hf", base, decode="generate")
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    req, free = next(
+        (r, out)
+        for a in adapters
+        for p in PROMPTS
+        for r in [[GenerationRequest(p, a)]]
+        for out in [engine.generate(r, greedy)[0][0]]
+        if out.finish_reason == "length"
+    )
+    text = free.text
+    stop = next(  # a stop string that first occurs mid-way in the free-running text
+        text[i : i + 2]
+        for i in range(3, len(text) - 1)
+        if text[i : i + 2].isprintable() and text.find(text[i : i + 2]) == i
+    )
+    cut = engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,)))[0][0]
+    assert cut == reference.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,)))[0][0]
+    assert cut.finish_reason == "stop" and free.text.startswith(cut.text) and stop not in cut.text
