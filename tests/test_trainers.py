@@ -803,3 +803,29 @@ def test_joined_micro_batches_count_prompt_and_completion_together():
     rows = [rollout(10, 2), rollout(2, 10)]
     assert [len(g) for g in micro_batches(rows, 8, tokens=24)] == [1, 1]  # split: 2 x (10 + 10) > 24
     assert [len(g) for g in micro_batches(rows, 8, tokens=24, joined=True)] == [2]  # joined: 2 x 12
+
+
+@pytest.mark.parametrize("name", ["trr++", "grpo"])
+def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_update(base, adapters, tmp_path, name):
+    """The fused LoRA forward (one addmm) against PEFT's layer forward: the same gradients within fp32 rounding,
+    with the KL term's adapters-off reference in the loss, and PEFT's own forward back after the update."""
+    import torch
+
+    from populora_core.modelhost import get_host
+
+    rollouts = _rollouts("m0", n=9, seed=5)
+    common = dict(lr=1e-3, micro_batch_size=4)
+    common.update(dict(kl_coef=0.1, entropy_coef=0.01) if name == "trr++" else dict(beta=0.1))
+    fused = make("trainer", name, base, lora_forward="fused", **common)
+    peft = make("trainer", name, base, lora_forward="peft", **common)
+    g1, g2 = _capture_gradients(fused), _capture_gradients(peft)
+    s1 = fused.update("m0", adapters[0], rollouts, tmp_path / "fused")
+    s2 = peft.update("m0", adapters[0], rollouts, tmp_path / "peft")
+    assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-5)
+    assert g1.keys() == g2.keys() and all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
+    from populora_trl.common import SCRATCH, fused_lora
+
+    layers = [m for m in get_host(base).peft.modules() if hasattr(m, "lora_A")]
+    assert layers and not any("forward" in vars(m) for m in layers)  # no instance forward left behind
+    with fused_lora(get_host(base).peft, SCRATCH):  # and the fused forward really replaces every layer's
+        assert all("forward" in vars(m) for m in layers)

@@ -50,6 +50,11 @@ class _Common(Params):
         "checkpointing, non-reentrant) instead of storing them, switched on for the update only; "
         "auto: on when the trainer's device is CUDA, off on the CPU",
     )
+    lora_forward: Literal["fused", "peft"] = Field(
+        "fused",
+        description="fused: the LoRA product added to the base output in one addmm, scaling on the rank-r factor "
+        "(populora_trl.common.fused_lora); peft: PEFT's LoRA layer forward. The same gradients up to fp32 rounding",
+    )
     temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
 
     @field_validator("gradient_checkpointing", mode="before")
