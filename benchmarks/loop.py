@@ -7,11 +7,11 @@
 
 Two runs of the same recipe and seed step in turn in one process: the current code path and the reference
 (``engine.decode=generate``: transformers' ``generate``; ``trainer.sequence_layout=split``: TRL's padded
-layout), so both see the same machine at the same time. Their samples differ (the two paths draw different
-random streams), so each run's tokens are counted and the FLOPs it needed come from the model shape and those
-tokens (:func:`step_flops`); ``flops_efficiency`` = needed FLOPs / (step time x matmul FLOP/s measured here at
-the same thread count). The first step of each run is reported but excluded from the averages (one-off
-warm-up). Last line: one JSON object.
+layout; ``trainer.lora_forward=peft``: PEFT's LoRA layers), so both see the same machine at the same time.
+Their samples differ (the two paths draw different random streams), so each run's tokens are counted and
+the FLOPs it needed come from the model shape and those tokens (:func:`step_flops`); ``flops_efficiency`` =
+needed FLOPs / (step time x matmul FLOP/s measured here at the same thread count). The first step of each
+run is reported but excluded from the averages (one-off warm-up). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = ["engine.params.decode=generate", "trainer.params.sequence_layout=split"]
+REFERENCE = [
+    "engine.params.decode=generate",
+    "trainer.params.sequence_layout=split",
+    "trainer.params.lora_forward=peft",
+]
 
 
 def matmul_flops(size: int = 2048, repeats: int = 5) -> float:

@@ -128,7 +128,10 @@ def _bmm_hook(rows: RowAdapters, m: int) -> Any:
         x = args[0]
         if x.dim() != 3 or x.shape[0] != a_rows.shape[0]:
             raise RuntimeError(f"batched LoRA expects ({a_rows.shape[0]}, T, d) inputs, got {tuple(x.shape)}")
-        return output + torch.bmm(torch.bmm(x.to(a_rows.dtype), a_rows), b_rows).to(output.dtype)
+        low = torch.bmm(x.to(a_rows.dtype), a_rows)
+        if output.dtype == b_rows.dtype:  # the product accumulated into the base output: one pass over it
+            return torch.baddbmm(output, low, b_rows)
+        return output + torch.bmm(low, b_rows).to(output.dtype)
 
     return hook
 
