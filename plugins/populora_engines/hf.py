@@ -1,10 +1,13 @@
-"""``hf`` engine: transformers ``generate`` on the shared base with PEFT mixed-adapter batches.
+"""``hf`` engine: transformers + PEFT on the shared base, mixed-adapter batches, populora's decode loop.
 
-Every row of a batch names its adapter version through PEFT's ``adapter_names`` (``__base__`` for the
-bare base), so one forward pass serves the whole population. Rows are left padded and packed into
-batches under a token budget (rows x (longest prompt + max_tokens)); prompts of similar length go
-together. Sampling is seeded per call through a forked torch RNG, so it neither depends on nor
-disturbs global random state. Log-probs (only when ``SamplingParams.logprobs``) are those of the raw
+Every row of a batch names its adapter version (``__base__`` for the bare base); forward hooks add each
+row's LoRA delta (batched_lora.py), so one forward pass serves the whole population. Rows are left padded
+and packed into batches under a token budget (rows x (longest prompt + max_tokens)); prompts of similar
+length go together. ``decode: loop`` (the default; decode.py) runs a static KV cache, drops finished rows,
+prefills a request's prompt once for its ``n`` samples, and samples every row from its own counter-based
+stream keyed by (call seed, request, sample): a row's tokens depend neither on its batch nor on the
+global random state. ``decode: generate`` is transformers' ``generate`` with one forked, seeded torch RNG
+per batch (the reference path). Log-probs (only when ``SamplingParams.logprobs``) are those of the raw
 model distribution (before temperature / top-p), as vLLM reports them by default.
 """
 
