@@ -5,8 +5,9 @@
 
 Part 1 (end to end): a tiny Llama (tests/tiny_model.py) plus one LoRA adapter with random non-zero B,
 evaluated through the ``hf`` engine and the sandbox on every benchmark whose data ships offline
-(humaneval, mbpp, aime24, aime25, math500, gsm8k) with ``--no-base`` (only the member), greedy,
-``--max-tokens`` capped (the tiny model has 512 positions; AZR's 16k budgets are for real models).
+(humaneval, mbpp, aime24, math500, gsm8k; AIME 2025 ships only half its problems, so it comes from the
+hub or a file) with ``--no-base`` (only the member), greedy, ``--max-tokens`` capped (the tiny model
+has 512 positions; AZR's 16k budgets are for real models).
 Reports wall time per phase and in total, cold (no cache) and warm (all cached).
 
 Part 2 (grading throughput): HumanEval canonical solutions (164 jobs) and MBPP reference solutions

@@ -4,6 +4,7 @@
     python -m benchmarks.loop --quick    # 3 steps each, smaller rollouts, evolution at step 2
     python -m benchmarks.loop --smoke    # 2 steps each, tiny rollouts (CI: does it run)
     python -m benchmarks.loop --no-reference   # the current path only
+    python -m benchmarks.loop --no-reference --steps 2 --profile   # + where step 2's time goes, by op and function
 
 Two runs of the same recipe and seed step in turn in one process: the current code path and the reference
 (``engine.decode=generate``: transformers' ``generate``; ``trainer.sequence_layout=split``: TRL's padded
@@ -117,6 +118,23 @@ class TokenCounter:
         return out
 
 
+def _profiled(step: Any) -> Any:
+    """``step()`` under torch.profiler and cProfile; prints the top ops by self CPU time and the top functions."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    python = cProfile.Profile()
+    with profile(activities=[ProfilerActivity.CPU]) as ops:
+        python.enable()
+        out = step()
+        python.disable()
+    print(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
+    pstats.Stats(python, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+    return out
+
+
 def _summary(records: list[dict[str, Any]], flops: list[float], gen: list[int], train: list[int], peak: float) -> dict:
     from populora_core.metrics import MODEL_PHASES
 
@@ -149,6 +167,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--smoke", action="store_true", help="2 steps of tiny rollouts: checks every phase runs, not its speed"
     )
     parser.add_argument("--no-reference", action="store_true", help="time the current code path only")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile the current path's last step (torch ops and Python functions)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra key.sub=value recipe overrides (both runs)")
     args = parser.parse_args(argv)
 
@@ -191,9 +212,12 @@ def main(argv: list[str] | None = None) -> dict:
         gen_tokens: dict[str, list[int]] = defaultdict(list)
         train_tokens: dict[str, list[int]] = defaultdict(list)
         try:
-            for _ in range(steps):
+            for step in range(1, steps + 1):
                 for name, run in runs.items():
-                    records[name].append(run.run_step())
+                    if args.profile and name == "current" and step == steps:
+                        records[name].append(_profiled(run.run_step))
+                    else:
+                        records[name].append(run.run_step())
                     generated, trained = counters[name].take()
                     flops[name].append(step_flops(arch, recipe.lora.rank, generated, trained))
                     gen_tokens[name].append(sum(sum(c) for _, c in generated))
