@@ -65,10 +65,11 @@ def _erf_pos(z):  # pragma: no cover - compiled
 def _drop(x, prob, seed, index, rs):  # pragma: no cover - compiled
     """Keep x with probability ``prob`` (divided by prob when rs = 1, as is when rs = 0), else 0."""
     q = prob * rs + (np.float32(1.0) - rs)
-    return x / q if np.float32(uniform24(seed, index)) < prob * np.float32(U24) else np.float32(0.0)
+    keep = np.float32(np.float32(np.int32(uniform24(seed, index))) < prob * np.float32(U24))  # < 2^24: exact
+    return x * keep / q  # branch-free, so the loop vectorizes
 
 
-@numba.njit(fastmath=True)
+@numba.njit(fastmath=True, error_model="numpy")
 def _sparsify_row(xr, frac, method, thr, seed, base, density, epsilon, rescale, exact):  # pragma: no cover
     """Drop entries of one row of delta W in place; rescale the kept ones by 1/keep-probability."""
     n = xr.shape[0]
@@ -81,7 +82,7 @@ def _sparsify_row(xr, frac, method, thr, seed, base, density, epsilon, rescale, 
         else:
             tu = np.uint32(t)
             for j in range(n):
-                xr[j] = xr[j] * sc if uniform24(seed, base + j) < tu else np.float32(0.0)
+                xr[j] = xr[j] * (sc * np.float32(uniform24(seed, base + j) < tu))
     elif method == MAGNITUDE:
         th = np.float32(thr)
         if exact:
