@@ -8,10 +8,11 @@ Parents are synthetic but trained-looking (decaying spectra, A at init scale, B 
 see populora_lora_ops.synthetic). Per child: wall time and peak extra RSS over the parents already in
 memory (sampled every 2 ms). The ``svd`` child is also made end to end in one process (read both
 parents' PEFT dirs, operate, write the child: ``svd_child_total_s``, alias ``svd_crossover_io_s``, with
-its phases) and by ``populora evolve svd`` in a new process (``svd_evolve_cli_s``, start-up included). For the ``svd`` crossover, side by side: PEFT's
-``add_weighted_adapter(combination_type="svd")`` on the same parents, timed on ONE layer and
-extrapolated to all layers (its dense SVD per module takes tens of seconds at these shapes), and the
-relative error of both against a dense fp32 reference (weighted sum, truncated SVD) on that layer.
+its phases) and by ``populora evolve svd`` in a new process (``svd_evolve_cli_s``, start-up included).
+For the ``svd`` crossover, side by side: PEFT's ``add_weighted_adapter(combination_type="svd")`` on
+the same parents, timed on ONE layer and extrapolated to all layers (its dense SVD per module takes
+tens of seconds at these shapes), and the relative error of both against a dense fp32 reference
+(weighted sum, truncated SVD) on that layer.
 The ``populora`` package on PyPI (lucidrains) and its runtime requirements (torch excluded) are installed
 with --no-deps into a throwaway ``pip --target`` dir, never this venv; its mutations are timed on the same
 parents, each beside our mutation that does the same job (LUCID_COUNTERPARTS), and its factor-space

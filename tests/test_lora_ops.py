@@ -551,16 +551,16 @@ def reference_merge(
     return stack.sum(0)
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        DeltaMergeParams(method="random", density=0.3, sign_election=False),
-        DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
-        DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
-        DeltaMergeParams(method="della"),
-        DeltaMergeParams(method="della", ranking="exact", sign_election=False),
-    ],
-)
+MERGE_CASES = [
+    DeltaMergeParams(method="random", density=0.3, sign_election=False),
+    DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
+    DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
+    DeltaMergeParams(method="della"),
+    DeltaMergeParams(method="della", ranking="exact", sign_election=False),
+]
+
+
+@pytest.mark.parametrize("params", MERGE_CASES)
 def test_compiled_merge_matches_eager_reference(params: DeltaMergeParams) -> None:
     ps = [adapter(1), adapter(2), adapter(5)]
     k = "base_model.model.model.layers.0.mlp.down_proj"
@@ -569,3 +569,18 @@ def test_compiled_merge_matches_eager_reference(params: DeltaMergeParams) -> Non
     ref = reference_merge(fs, [0.6, 0.5, -0.2], params, torch.Generator().manual_seed(0))
     assert float((ours != 0).float().mean()) < 0.9  # something was dropped
     assert rel(ours, ref) < 1e-4
+
+
+@pytest.mark.parametrize("params", MERGE_CASES)
+def test_torch_merge_path_matches_the_kernel(params: DeltaMergeParams) -> None:
+    """The torch ops that merge CUDA tensors keep the same entries as the CPU kernel (run here on CPU)."""
+    from populora_lora_ops.merge import _merge_into
+
+    ps = [adapter(1), adapter(2), adapter(5)]
+    fs = [p.modules["base_model.model.model.layers.0.mlp.down_proj"] for p in ps]
+    seeds = torch.tensor([11, 2**32 - 5, 77])
+    kernel, eager = torch.empty(48, 96), torch.empty(48, 96)
+    _merge_into(fs, [0.6, 0.5, -0.2], params, seeds, kernel, compiled=True)
+    _merge_into(fs, [0.6, 0.5, -0.2], params, seeds, eager, compiled=False)
+    assert torch.equal(kernel != 0, eager != 0)  # the same keep decisions
+    assert rel(eager, kernel) < 1e-6

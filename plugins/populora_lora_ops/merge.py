@@ -78,40 +78,116 @@ def _merge_into(
     seeds: torch.Tensor,
     out: torch.Tensor,
     omega: torch.Tensor | None = None,
+    *,
+    compiled: bool | None = None,
 ) -> torch.Tensor | None:
-    """Fill ``out`` (d_out x d_in) with the merged dense delta W; returns out @ omega if given."""
-    from . import _merge_kernel as kernel
+    """Fill ``out`` (d_out x d_in) with the merged dense delta W; returns out @ omega if given.
 
+    ``compiled`` (default: on CPU) picks the numba kernel; elsewhere (CUDA) the same arithmetic runs
+    as torch ops on the tensors' device.
+    """
     as_ = torch.stack([f.A.float() for f in fs])  # (k, r, d_in)
     bs = torch.stack([f.B.float() * (f.scale * w) for f, w in zip(fs, weights)])  # weighted before sparsifying, as PEFT
-    thr = _row_thresholds(p, list(as_), list(bs)).float().contiguous().numpy()
+    thr = _row_thresholds(p, list(as_), list(bs)).float().contiguous()
     k, d_out, d_in = len(fs), out.shape[0], out.shape[1]
     rows = max(1, min(d_out, BLOCK_ENTRIES // d_in))
-    scratch = torch.empty(k * rows * d_in)
-    sketch = None if omega is None else torch.empty(d_out, omega.shape[1])
-    seeds_u64 = seeds.cpu().numpy().astype("uint64")
-    method = {"random": kernel.RANDOM, "magnitude": kernel.MAGNITUDE, "della": kernel.DELLA}[p.method]
+    scratch = torch.empty(k * rows * d_in, device=out.device)
+    sketch = None if omega is None else torch.empty(d_out, omega.shape[1], device=out.device)
+    sparsify = (
+        _compiled_sparsify(p, thr, seeds) if (out.device.type == "cpu" if compiled is None else compiled) else None
+    )
     for i0 in range(0, d_out, rows):
         n = min(rows, d_out - i0)
         xs = scratch[: k * n * d_in].view(k, n, d_in)
         torch.bmm(bs[:, i0 : i0 + n], as_, out=xs)
-        kernel.sparsify_rows(
-            xs.numpy(),
-            thr,
-            seeds_u64,
-            i0,
-            out[i0 : i0 + n].numpy(),
-            method,
-            float(p.density),
-            float(p.epsilon),
-            bool(p.rescale),
-            bool(p.sign_election),
-            p.majority_sign_method == "frequency",
-            p.ranking == "exact",
-        )
+        if sparsify is not None:
+            sparsify(xs, i0, out[i0 : i0 + n])
+        else:
+            out[i0 : i0 + n] = _sparsify_combine(xs, thr[:, i0 : i0 + n], seeds.tolist(), i0, p)
         if sketch is not None and omega is not None:
             torch.mm(out[i0 : i0 + n], omega, out=sketch[i0 : i0 + n])
     return sketch
+
+
+def _compiled_sparsify(p: Any, thr: torch.Tensor, seeds: torch.Tensor) -> Any:
+    """The numba kernel with this merge's settings bound: (xs, row0, out rows) -> None."""
+    from . import _merge_kernel as kernel
+
+    thr_np, seeds_u64 = thr.numpy(), seeds.cpu().numpy().astype("uint64")
+    method = {"random": kernel.RANDOM, "magnitude": kernel.MAGNITUDE, "della": kernel.DELLA}[p.method]
+    settings = (float(p.density), float(p.epsilon), bool(p.rescale), bool(p.sign_election))
+    flags = (p.majority_sign_method == "frequency", p.ranking == "exact")
+
+    def run(xs: torch.Tensor, row0: int, out_rows: torch.Tensor) -> None:
+        kernel.sparsify_rows(xs.numpy(), thr_np, seeds_u64, row0, out_rows.numpy(), method, *settings, *flags)
+
+    return run
+
+
+_U24 = 1 << 24
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for 0 <= x, c < 2^32 in int64, split so that no product overflows."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
+
+def _uniform24(seed: int, index: torch.Tensor) -> torch.Tensor:
+    """The kernel's keep-decision stream (lowbias32 of index XOR seed, top 24 bits) in torch ops."""
+    x = (index & 0xFFFFFFFF) ^ seed
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    x = x ^ (x >> 16)
+    return x >> 8
+
+
+def _erf_pos(z: torch.Tensor) -> torch.Tensor:
+    """The kernel's erf for z >= 0 (Abramowitz & Stegun 7.1.28), so both paths keep the same entries."""
+    z = z.clamp(max=6.0)
+    c = (0.0000430638, 0.0002765672, 0.0001520143, 0.0092705272, 0.0422820123, 0.0705230784)
+    t = torch.full_like(z, c[0])
+    for coef in c[1:]:
+        t = t * z + coef
+    t = t * z + 1.0
+    t8 = t.square().square().square()
+    return 1.0 - 1.0 / t8.square()
+
+
+def _sparsify_combine(xs: torch.Tensor, thr: torch.Tensor, seeds: list[int], row0: int, p: Any) -> torch.Tensor:
+    """:func:`_merge_kernel.sparsify_rows` as torch ops on any device (thr: this block's rows)."""
+    _, n, d_in = xs.shape
+    index = torch.arange(row0 * d_in, (row0 + n) * d_in, device=xs.device).view(n, d_in)
+    kept = []
+    for x, row_thr, seed in zip(xs, thr, seeds):
+        if p.method == "random":
+            t = max(1, round(p.density * _U24))
+            scale = _U24 / t if p.rescale else 1.0
+            x = x * scale if t >= _U24 else x * ((_uniform24(seed, index) < t) * scale)
+        elif p.method == "magnitude":
+            if p.ranking == "exact":
+                keep = max(1, math.ceil(p.density * d_in))
+                row_thr = x.abs().kthvalue(d_in - keep + 1, dim=1).values
+            scale = 1.0 / p.density if p.rescale else 1.0
+            x = torch.where(x.abs() >= row_thr[:, None], x * scale, torch.zeros_like(x))
+        else:
+            if p.ranking == "exact":
+                frac = x.abs().argsort(dim=1).argsort(dim=1).float() / max(d_in - 1, 1)
+            else:
+                inv = torch.where(row_thr > 0, 1.0 / (row_thr * math.sqrt(2.0)), torch.zeros_like(row_thr))
+                frac = _erf_pos(x.abs() * inv[:, None])
+            prob = (p.density - p.epsilon) + (2.0 * p.epsilon) * frac
+            keep_mask = _uniform24(seed, index).float() < prob * _U24
+            x = x * keep_mask / (prob if p.rescale else 1.0)
+        kept.append(x)
+    stack = torch.stack(kept)
+    if not p.sign_election:
+        return stack.sum(0)
+    votes = stack.sign() if p.majority_sign_method == "frequency" else stack
+    elected = torch.where(votes.sum(0) >= 0, 1.0, -1.0)  # + on ties, as PEFT
+    agree = (stack * elected > 0).float()  # a dropped (zero) entry never agrees
+    return (stack * agree).sum(0) / agree.sum(0).clamp(min=1.0)
 
 
 def dense_merge(
@@ -124,7 +200,7 @@ def dense_merge(
     """
     seeds = torch.randint(0, 1 << 32, (len(fs),), generator=generator, dtype=torch.int64, device=generator.device)
     shape = (fs[0].B.shape[0], fs[0].A.shape[1])
-    out = torch.empty(shape) if buffer is None else buffer[: shape[0] * shape[1]].view(shape)
+    out = torch.empty(shape, device=fs[0].A.device) if buffer is None else buffer[: shape[0] * shape[1]].view(shape)
     _merge_into(fs, weights, p, seeds, out)
     return out
 
@@ -141,7 +217,7 @@ def _merge_module(
         u, s, vh = u[:, :rank], s[:rank], vh[:rank]
     else:
         probe, _ = torch.linalg.qr(torch.cat([f.A.float() for f in fs], dim=0).T)  # parents' row space: the signal
-        omega = torch.cat([probe, draws.gauss], dim=1)
+        omega = torch.cat([probe, draws.gauss.to(probe.device)], dim=1)
         sketch = _merge_into(fs, weights, p, draws.seeds, merged, omega)
         assert sketch is not None
         u, s, vh = la.sketched_svd(merged, sketch, rank, niter=p.niter)
@@ -170,7 +246,7 @@ def delta_merge(parents: list[LoraWeights], params: Any, generator: torch.Genera
     workers = max(1, min(la.workers(), len(names), BUFFER_BUDGET // (4 * max(sizes))))
     buffers: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
     for _ in range(workers):
-        buffers.put(torch.empty(max(sizes)))
+        buffers.put(torch.empty(max(sizes), device=fss[0][0].A.device))
 
     def merge_one(i: int) -> LoraFactors:
         buffer = buffers.get()
