@@ -2,7 +2,9 @@
 
 delta W = s * B @ A with B (d_out x r), A (r x d_in). QR of B and of A^T reduce everything to an
 r x r (or k r x k r for k stacked adapters) core whose SVD is the SVD of delta W: O((d_in + d_out) r^2)
-per module instead of a dense SVD's O(d_in d_out min(d_in, d_out)).
+per module instead of a dense SVD's O(d_in d_out min(d_in, d_out)). :func:`svds` gets those R factors
+from Gram matrices (Cholesky-QR: GEMMs, batched over modules; Householder where ill-conditioned) and
+never copies a factor; per-module work runs on single-threaded workers (:func:`parallel_map`).
 """
 
 from __future__ import annotations
@@ -326,11 +328,6 @@ def refactor(
     return a.to(dtype).contiguous(), b.to(dtype).contiguous()
 
 
-def random_orthonormal(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
-    """A rows x cols matrix with orthonormal columns, Haar-distributed (sign-fixed QR of a Gaussian)."""
-    return sign_fixed_q(torch.randn(rows, cols, generator=generator))
-
-
 def sign_fixed_pairs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(U, Vh) with each pair (u_i, v_i) flipped so that v_i's largest-magnitude entry is positive.
 
@@ -366,27 +363,9 @@ def sign_fixed_q(x: torch.Tensor, max_cond: float = MAX_GRAM_COND) -> torch.Tens
     return q * torch.where(diag < 0, -torch.ones_like(diag), torch.ones_like(diag))[None, :]
 
 
-def randomized_svd(
-    m: torch.Tensor,
-    rank: int,
-    generator: torch.Generator,
-    *,
-    probe: torch.Tensor | None = None,
-    oversample: int = 8,
-    niter: int = 1,
-) -> Svd:
-    """Top-``rank`` SVD of a dense m (Halko et al.), seeded by ``generator``.
-
-    ``probe`` (d_in x p) are extra probe directions (for a merge, the parents' row space: the signal
-    lives there) next to ``rank + oversample - p`` Gaussian ones.
-    """
-    omega = probe_matrix(m.shape[1], rank, generator, probe=probe, oversample=oversample, limit=min(m.shape))
-    return sketched_svd(m, m @ omega.to(m.device), rank, niter=niter)
-
-
 def sketched_svd(m: torch.Tensor, sketch: torch.Tensor, rank: int, *, niter: int = 0) -> Svd:
-    """The rest of :func:`randomized_svd` given the sketch m @ omega (a merge computes it while it
-    builds m, block by block)."""
+    """Top-``rank`` SVD of a dense m from its sketch m @ omega (Halko et al.'s randomized SVD; a merge
+    computes the sketch while it builds m, block by block), with ``niter`` power iterations."""
     q, _ = torch.linalg.qr(sketch)
     for _ in range(niter):
         z, _ = torch.linalg.qr(m.T @ q)
@@ -395,18 +374,8 @@ def sketched_svd(m: torch.Tensor, sketch: torch.Tensor, rank: int, *, niter: int
     return (q @ ub)[:, :rank], s[:rank], vh[:rank]
 
 
-def probe_matrix(
-    d_in: int, rank: int, generator: torch.Generator, *, probe: torch.Tensor | None, oversample: int, limit: int
-) -> torch.Tensor:
-    """Probe columns of a randomized range finder: the given directions plus Gaussian ones."""
-    n_probe = 0 if probe is None else probe.shape[1]
-    gauss = torch.randn(
-        d_in, gaussian_probes(rank, n_probe, oversample, limit), generator=generator, device=generator.device
-    )
-    return gauss if probe is None else torch.cat([probe.float(), gauss.to(probe.device)], dim=1)
-
-
 def gaussian_probes(rank: int, n_probe: int, oversample: int, limit: int) -> int:
-    """How many Gaussian columns :func:`probe_matrix` draws next to ``n_probe`` given directions."""
+    """How many Gaussian probe columns a randomized SVD draws next to ``n_probe`` given directions
+    (for a merge, the parents' row space: the signal lives there), capped by min(m.shape)."""
     n_rand = max(rank + oversample - n_probe, oversample, 1)
     return max(min(n_rand, limit - n_probe), 0) if limit > n_probe else 0
