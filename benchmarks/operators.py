@@ -6,13 +6,17 @@
 
 Parents are synthetic but trained-looking (decaying spectra, A at init scale, B carrying the magnitude;
 see populora_lora_ops.synthetic). Per child: wall time and peak extra RSS over the parents already in
-memory (sampled every 2 ms). For the ``svd`` crossover, side by side: PEFT's
-``add_weighted_adapter(combination_type="svd")`` on the same parents, timed on ONE layer and
-extrapolated to all layers (its dense SVD per module takes tens of seconds at these shapes), and the
-relative error of both against a dense fp32 reference (weighted sum, truncated SVD) on that layer.
+memory (sampled every 2 ms). The ``svd`` child is also made end to end in one process (read both
+parents' PEFT dirs, operate, write the child: ``svd_child_total_s``, alias ``svd_crossover_io_s``, with
+its phases) and by ``populora evolve svd`` in a new process (``svd_evolve_cli_s``, start-up included).
+For the ``svd`` crossover, side by side: PEFT's ``add_weighted_adapter(combination_type="svd")`` on
+the same parents, timed on ONE layer and extrapolated to all layers (its dense SVD per module takes
+tens of seconds at these shapes), and the relative error of both against a dense fp32 reference
+(weighted sum, truncated SVD) on that layer.
 The ``populora`` package on PyPI (lucidrains) and its runtime requirements (torch excluded) are installed
 with --no-deps into a throwaway ``pip --target`` dir, never this venv; its mutations are timed on the same
-parents and its factor-space crossovers measured against the true average of the parents' delta W.
+parents, each beside our mutation that does the same job (LUCID_COUNTERPARTS), and its factor-space
+crossovers measured against the true average of the parents' delta W.
 Last line: one JSON object.
 """
 
@@ -136,6 +140,15 @@ def peft_svd_one_layer(
 
 # --- lucidrains' populora from PyPI ---------------------------------------------------------------
 
+#: Our mutation -> lucidrains' mutation that does the same job (same M1..M5 of the PopuLoRA recipe).
+LUCID_COUNTERPARTS = {
+    "svd_structured": "svd_structured",
+    "layer_gaussian": "layer_selective_gaussian",
+    "component_mask": "component_masking",
+    "gaussian": "full_gaussian",
+    "neftune": "neftune_style",
+}
+
 
 def _pip_target(target: Path, *specs: str) -> str | None:
     """pip install --no-deps --target; None on success, else pip's last line."""
@@ -248,6 +261,19 @@ def bench_lucidrains(
     return out
 
 
+def evolve_cli_seconds(d: Path) -> float:
+    """Wall time of ``populora evolve svd`` on the saved parents in a new process: Python start-up,
+    imports, plugin discovery, reading, the operator, writing and lineage (what a scheduler pays)."""
+    code = "import sys; from populora_core.cli import main; sys.argv[0] = 'populora'; sys.exit(main())"
+    cmd = [sys.executable, "-c", code, "evolve", "svd", "--parent", str(d / "p0"), "--parent", str(d / "p1")]
+    t0 = time.perf_counter()
+    res = subprocess.run([*cmd, "--out", str(d / "cli_child"), "--seed", "0"], capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"populora evolve failed: {res.stderr.strip()[-500:]}")
+    return dt
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -296,15 +322,33 @@ def bench_rank(
     for i, p in enumerate(parents):
         save_lora(p, d / f"p{i}")
 
+    phases: dict[str, float] = {}
+
     def io_svd() -> None:
-        ps = [load_lora(d / "p0"), load_lora(d / "p1")]
-        save_lora(ops.svd_crossover(ps, OPERATORS["svd"][1](), torch.Generator()), d / "child")
+        t0 = time.perf_counter()
+        ps = [load_lora(d / "p0"), load_lora(d / "p1")]  # safetensors memory-maps: no copy until touched
+        t1 = time.perf_counter()
+        child = ops.svd_crossover(ps, OPERATORS["svd"][1](), torch.Generator())
+        t2 = time.perf_counter()
+        save_lora(child, d / "child")
+        phases.update(read=t1 - t0, operate=t2 - t1, write=time.perf_counter() - t2)
 
     _, dt_io, mb_io = _timed(io_svd)
     rows.append(
-        {"operator": "svd (load+op+save)", "rank": rank, "seconds": dt_io, "cpu_s": _CPU["last"], "peak_mb": mb_io}
+        {"operator": "svd (read+op+write)", "rank": rank, "seconds": dt_io, "cpu_s": _CPU["last"], "peak_mb": mb_io}
     )
-    result["svd_io_s"] = dt_io
+    result.update(
+        svd_io_s=dt_io, svd_read_s=phases["read"], svd_operate_in_io_s=phases["operate"], svd_write_s=phases["write"]
+    )
+    result["svd_evolve_cli_s"] = evolve_cli_seconds(d)
+    rows.append(
+        {
+            "operator": "populora evolve svd (new process)",
+            "rank": rank,
+            "seconds": result["svd_evolve_cli_s"],
+            "peak_mb": float("nan"),
+        }
+    )
     shutil.rmtree(d, ignore_errors=True)
 
     if not do_peft:
@@ -487,6 +531,20 @@ def main(argv: list[str] | None = None) -> None:
     else:
         lucid_note = f"lucidrains populora: not compared ({lucid_info})"
     print(f"# {lucid_note}")
+    print(
+        f"# svd child in one process: read {head['svd_read_s']:.3f} + operate {head['svd_operate_in_io_s']:.3f} + "
+        f"write {head['svd_write_s']:.3f} = {head['svd_io_s']:.3f} s; `populora evolve svd` in a new process "
+        f"(Python start-up, imports, lineage) {head['svd_evolve_cli_s']:.2f} s"
+    )
+
+    vs_lucid: dict[str, dict[str, Any]] = {}
+    for ours, theirs in LUCID_COUNTERPARTS.items():
+        if ours in head and theirs in lucid.get("mutations_s", {}):
+            t_ours, t_theirs = head[ours][0], lucid["mutations_s"][theirs]
+            vs_lucid[ours] = {"s": t_ours, "lucidrains": theirs, "lucidrains_s": t_theirs, "ratio": t_ours / t_theirs}
+    vs_lucid_s = [v["lucidrains_s"] for v in vs_lucid.values()]
+    for ours, v in vs_lucid.items():
+        print(f"# {ours} {v['s']:.3f} s vs lucidrains {v['lucidrains']} {v['lucidrains_s']:.3f} s (x{v['ratio']:.2f})")
 
     def first(key: str) -> Any:
         v = head.get(key)
@@ -502,6 +560,11 @@ def main(argv: list[str] | None = None) -> None:
         "rank": 16 if 16 in per_rank else ranks[0],
         "svd_crossover_s": first("svd"),
         "svd_crossover_io_s": head["svd_io_s"],
+        "svd_child_total_s": head["svd_io_s"],
+        "svd_read_s": head["svd_read_s"],
+        "svd_operate_in_io_s": head["svd_operate_in_io_s"],
+        "svd_write_s": head["svd_write_s"],
+        "svd_evolve_cli_s": head["svd_evolve_cli_s"],
         "load_average_1min": os.getloadavg()[0],
         "peft_svd_s": head.get("peft_s"),
         "peft_scope": head.get("peft_scope"),
@@ -531,10 +594,16 @@ def main(argv: list[str] | None = None) -> None:
             default=None,
         ),
         "lucidrains_mutation_s": max(lucid["mutations_s"].values()) if lucid else None,
+        "lucidrains_max_mutation_s": max(vs_lucid_s) if vs_lucid_s else None,
+        "mutations_vs_lucidrains": vs_lucid or None,
+        "every_mutation_at_or_below_lucidrains": all(v["ratio"] <= 1.0 for v in vs_lucid.values())
+        if vs_lucid
+        else None,
         "lucidrains_mutations_s": lucid.get("mutations_s"),
         "lucidrains_factor_average_rel_error": lucid.get("factor_average_rel_error"),
         "lucidrains_dare_rel_error": lucid.get("dare_rel_error"),
         "lucidrains_note": lucid_note,
+        "operators": {n: {"s": v[0], "peak_mb": v[1], "cpu_s": v[2]} for n, v in head.items() if isinstance(v, tuple)},
         "per_rank": {
             str(r): {k: (list(v) if isinstance(v, tuple) else v) for k, v in res.items()} for r, res in per_rank.items()
         },

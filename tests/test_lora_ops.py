@@ -74,6 +74,99 @@ def test_refactor_keeps_delta_and_floors_a_rows() -> None:
     assert float(b[:, -1].abs().max()) == 0.0
 
 
+def _stack(p1: LoraWeights, p2: LoraWeights, k: str) -> list[la.Block]:
+    return [(p.modules[k].B, p.modules[k].A, 0.5 * p.modules[k].scale) for p in (p1, p2)]
+
+
+def _exact_truncated(stack: list[la.Block], r: int) -> torch.Tensor:
+    w = sum(x * (b.double() @ a.double()) for b, a, x in stack)
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    return (u[:, :r] * s[:r]) @ vh[:r]
+
+
+def test_cholesky_qr_is_exact_on_trained_like_parents() -> None:
+    p1, p2 = adapter(1), adapter(2)
+    for k in p1.modules:
+        stack = _stack(p1, p2, k)
+        (sv,) = la.svds([stack], RANK)
+        assert sv.cholesky  # well-conditioned: the GEMM path, not the Householder fallback
+        assert rel((sv.u() * sv.s) @ sv.vh(), _exact_truncated(stack, RANK)) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["duplicate", "nearly_parallel", "zero_b"])
+def test_cholesky_qr_falls_back_to_householder_when_ill_conditioned(case: str) -> None:
+    """Singular Grams (the same parent twice, B = 0) and ill-conditioned ones (nearly parallel B,
+    cancelling A: Cholesky succeeds, the condition number is over MAX_GRAM_COND) take the
+    Householder path, and the result stays exact."""
+    p1 = adapter(1)
+    k = "base_model.model.model.layers.0.mlp.down_proj"
+    f = p1.modules[k]
+    gen = torch.Generator().manual_seed(0)
+    if case == "duplicate":
+        g = LoraFactors(f.A.clone(), f.B.clone(), f.scale)
+    elif case == "nearly_parallel":
+        b = f.B + 1e-3 * f.B.abs().mean() * torch.randn(f.B.shape, generator=gen)
+        g = LoraFactors(-f.A + torch.randn(f.A.shape, generator=gen) / 10, b, f.scale)
+    else:
+        g = LoraFactors(torch.randn(f.A.shape, generator=gen), torch.zeros_like(f.B), f.scale)
+    stack = [(f.B, f.A, f.scale), (g.B, g.A, g.scale)]
+    (sv,) = la.svds([stack], RANK)
+    assert not sv.cholesky
+    assert rel((sv.u() * sv.s) @ sv.vh(), _exact_truncated(stack, RANK)) < 1e-5
+    if case == "nearly_parallel":  # the threshold, not a failed factorization, chose Householder
+        (forced,) = la.svds([stack], RANK, max_cond=float("inf"))
+        assert forced.cholesky
+
+
+@pytest.mark.parametrize("name", ["svd", "xes", "svd_subspace", "gaussian", "component_mask", "svd_structured"])
+def test_batched_and_per_module_results_are_equal(name: str) -> None:
+    """All modules in one batched call give the same child as one call per module (mutations draw
+    module by module, so only the first module sees the same draws alone)."""
+    parents = parents_for(name)
+    whole = run(name, parents)
+    names = list(parents[0].modules)
+    for k in names[:1] if OPERATORS[name][2] == (1, 1) else names:
+        alone = run(name, [p.with_modules({k: p.modules[k]}) for p in parents])
+        assert torch.allclose(alone.modules[k].A, whole.modules[k].A, rtol=1e-5, atol=1e-6), k
+        assert torch.allclose(alone.modules[k].B, whole.modules[k].B, rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_thread_count_does_not_change_the_child(name: str) -> None:
+    """Modules run in parallel, one per worker: 1 or 3 workers give the same bytes."""
+    parents = parents_for(name)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run(name, parents, seed=3)
+        torch.set_num_threads(3)
+        three = run(name, parents, seed=3)
+    finally:
+        torch.set_num_threads(before)
+    for k, f in one.items():
+        assert torch.equal(f.A, three.modules[k].A) and torch.equal(f.B, three.modules[k].B), k
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_operators_run_on_the_parents_device(name: str, device: str) -> None:
+    """The child lives where the parents do (a CPU generator drives CUDA parents alike), contiguous,
+    and matches the child made from CPU parents."""
+    cpu = parents_for(name)
+    parents = [
+        p.with_modules({k: LoraFactors(f.A.to(device), f.B.to(device), f.scale) for k, f in p.items()}) for p in cpu
+    ]
+    child = run(name, parents, seed=5)
+    reference = run(name, cpu, seed=5)
+    for k, f in child.items():
+        assert f.A.device.type == device and f.B.device.type == device, k
+        assert f.A.is_contiguous() and f.B.is_contiguous()
+        assert rel(f.delta().cpu(), reference.modules[k].delta()) < 1e-4, k
+
+
 # --- acceptance: shapes, exactness, symmetry, seeds, no no-ops ----------------------------------
 
 
@@ -345,7 +438,7 @@ def fresh(seed: int = 9) -> LoraWeights:
     return p.with_modules({k: LoraFactors(f.A, torch.zeros_like(f.B), f.scale) for k, f in p.items()})
 
 
-@pytest.mark.parametrize("name", [n for n, v in OPERATORS.items() if v[2] == 1 and n != "clone"])
+@pytest.mark.parametrize("name", [n for n, v in OPERATORS.items() if v[2] == (1, 1) and n != "clone"])
 def test_mutations_of_fresh_adapters_use_a_floor_or_warn(name: str) -> None:
     parent = fresh()
     child = run(name, [parent], floor_std=1e-4)
@@ -458,16 +551,16 @@ def reference_merge(
     return stack.sum(0)
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        DeltaMergeParams(method="random", density=0.3, sign_election=False),
-        DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
-        DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
-        DeltaMergeParams(method="della"),
-        DeltaMergeParams(method="della", ranking="exact", sign_election=False),
-    ],
-)
+MERGE_CASES = [
+    DeltaMergeParams(method="random", density=0.3, sign_election=False),
+    DeltaMergeParams(method="magnitude", density=0.2, rescale=False),
+    DeltaMergeParams(method="magnitude", density=0.2, ranking="exact", majority_sign_method="frequency"),
+    DeltaMergeParams(method="della"),
+    DeltaMergeParams(method="della", ranking="exact", sign_election=False),
+]
+
+
+@pytest.mark.parametrize("params", MERGE_CASES)
 def test_compiled_merge_matches_eager_reference(params: DeltaMergeParams) -> None:
     ps = [adapter(1), adapter(2), adapter(5)]
     k = "base_model.model.model.layers.0.mlp.down_proj"
@@ -476,3 +569,18 @@ def test_compiled_merge_matches_eager_reference(params: DeltaMergeParams) -> Non
     ref = reference_merge(fs, [0.6, 0.5, -0.2], params, torch.Generator().manual_seed(0))
     assert float((ours != 0).float().mean()) < 0.9  # something was dropped
     assert rel(ours, ref) < 1e-4
+
+
+@pytest.mark.parametrize("params", MERGE_CASES)
+def test_torch_merge_path_matches_the_kernel(params: DeltaMergeParams) -> None:
+    """The torch ops that merge CUDA tensors keep the same entries as the CPU kernel (run here on CPU)."""
+    from populora_lora_ops.merge import _merge_into
+
+    ps = [adapter(1), adapter(2), adapter(5)]
+    fs = [p.modules["base_model.model.model.layers.0.mlp.down_proj"] for p in ps]
+    seeds = torch.tensor([11, 2**32 - 5, 77])
+    kernel, eager = torch.empty(48, 96), torch.empty(48, 96)
+    _merge_into(fs, [0.6, 0.5, -0.2], params, seeds, kernel, compiled=True)
+    _merge_into(fs, [0.6, 0.5, -0.2], params, seeds, eager, compiled=False)
+    assert torch.equal(kernel != 0, eager != 0)  # the same keep decisions
+    assert rel(eager, kernel) < 1e-6

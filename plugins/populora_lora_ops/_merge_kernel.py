@@ -1,14 +1,15 @@
-"""The compiled dense merge behind ``dare``/``ties``/``della``: one pass per row of delta W, all cores.
+"""The compiled dense merge behind ``dare``/``ties``/``della``: sparsify and combine blocks of delta W rows.
 
 Imported only when a merge runs, never at plugin load: numba is slow to import, and vLLM cannot be
 imported after numba's llvmlite in the same process (vLLM's kernel-override scan trips over it).
 
-Per row of the output, each parent's row of delta W = B[i] @ A is rebuilt in L1 from its factors,
-sparsified, weighted and combined (sum, or TIES sign election + disjoint mean), and written once.
-At 7B shapes that is 6.5 G entries per parent; eager torch needed ~20 memory passes over each and a
-sequential Mersenne-Twister draw per entry, which dominated the time. The keep decisions come from a
-counter-based hash of (per-parent seed, entry index): reproducible from the operator's generator,
-independent of the thread count, and cheap enough to vectorize.
+The caller rebuilds a block of each parent's delta W rows with one GEMM of its factors (matmul speed);
+here each row is sparsified, weighted and combined (sum, or TIES sign election + disjoint mean) while
+the block is in cache, and written once. At 7B shapes that is 6.5 G entries per parent; eager torch
+needed ~20 memory passes over each and a sequential Mersenne-Twister draw per entry, which dominated
+the time. The keep decisions come from a counter-based hash of (per-parent seed, entry index):
+reproducible from the operator's generator, independent of blocking and thread count, and cheap
+enough to vectorize.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import numpy as np
 
 RANDOM, MAGNITUDE, DELLA = 0, 1, 2
 U24 = 1 << 24  # keep decisions compare 24 random bits: probabilities are quantised to 2^-24
-_ROWS = 16  # rows per parallel work item (scratch is allocated once per item)
 
 
 @numba.njit(inline="always")
@@ -65,10 +65,11 @@ def _erf_pos(z):  # pragma: no cover - compiled
 def _drop(x, prob, seed, index, rs):  # pragma: no cover - compiled
     """Keep x with probability ``prob`` (divided by prob when rs = 1, as is when rs = 0), else 0."""
     q = prob * rs + (np.float32(1.0) - rs)
-    return x / q if np.float32(uniform24(seed, index)) < prob * np.float32(U24) else np.float32(0.0)
+    keep = np.float32(np.float32(np.int32(uniform24(seed, index))) < prob * np.float32(U24))  # < 2^24: exact
+    return x * keep / q  # branch-free, so the loop vectorizes
 
 
-@numba.njit(fastmath=True)
+@numba.njit(fastmath=True, error_model="numpy")
 def _sparsify_row(xr, frac, method, thr, seed, base, density, epsilon, rescale, exact):  # pragma: no cover
     """Drop entries of one row of delta W in place; rescale the kept ones by 1/keep-probability."""
     n = xr.shape[0]
@@ -81,7 +82,7 @@ def _sparsify_row(xr, frac, method, thr, seed, base, density, epsilon, rescale, 
         else:
             tu = np.uint32(t)
             for j in range(n):
-                xr[j] = xr[j] * sc if uniform24(seed, base + j) < tu else np.float32(0.0)
+                xr[j] = xr[j] * (sc * np.float32(uniform24(seed, base + j) < tu))
     elif method == MAGNITUDE:
         th = np.float32(thr)
         if exact:
@@ -107,62 +108,52 @@ def _sparsify_row(xr, frac, method, thr, seed, base, density, epsilon, rescale, 
                 xr[j] = _drop(xr[j], lo + span * _erf_pos(abs(xr[j]) * inv), seed, base + j, rs)
 
 
-@numba.njit(parallel=True, fastmath=True, nogil=True, cache=True, error_model="numpy")
-def merge_rows(
-    as_, bs, thr, seeds, out, method, density, epsilon, rescale, sign_election, frequency, exact
+@numba.njit(fastmath=True, nogil=True, cache=True, error_model="numpy")
+def sparsify_rows(
+    xs, thr, seeds, row0, out, method, density, epsilon, rescale, sign_election, frequency, exact
 ):  # pragma: no cover - compiled
-    """out = combine_p sparsify(bs[p] @ as_[p]), row by row.
+    """out = combine_p sparsify(xs[p]) for a block of rows of delta W (xs is overwritten).
 
-    as_ (k, r, d_in) and bs (k, d_out, r): each parent's factors, B already scaled and weighted;
-    thr (k, d_out): per row the magnitude cut (magnitude, normal ranking) or the row RMS (della,
-    normal ranking); seeds (k,) uint64 < 2^32: each parent's keep-decision stream.
+    xs (k, rows, d_in): rows row0.. of each parent's weighted delta W (a GEMM of its factors, while
+    they are in cache); thr (k, d_out): per row the magnitude cut (magnitude, normal ranking) or the
+    row RMS (della, normal ranking); seeds (k,) uint64 < 2^32: each parent's keep-decision stream,
+    indexed by the entry's position in the whole module. One thread: the caller runs modules in
+    parallel, so nothing here waits for another core.
     """
-    k, r, d_in = as_.shape
-    d_out = out.shape[0]
-    for item in numba.prange((d_out + _ROWS - 1) // _ROWS):
-        x = np.empty((k, d_in), np.float32)  # small scratch: under malloc's mmap threshold
-        frac = np.empty(d_in, np.float32)
-        tot = np.empty(d_in, np.float32)
-        cnt = np.empty(d_in, np.float32)
-        for i in range(item * _ROWS, min(d_out, (item + 1) * _ROWS)):
-            for p in range(k):  # row i of B[p] @ A[p], rebuilt in L1
-                xr = x[p]
-                c0 = bs[p, i, 0]
-                a0 = as_[p, 0]
-                for j in range(d_in):
-                    xr[j] = c0 * a0[j]
-                for q in range(1, r):
-                    c = bs[p, i, q]
-                    aq = as_[p, q]
-                    for j in range(d_in):
-                        xr[j] += c * aq[j]
-                _sparsify_row(xr, frac, method, thr[p, i], seeds[p], i * d_in, density, epsilon, rescale, exact)
-            orow = out[i]
-            if not sign_election:
-                for j in range(d_in):
-                    orow[j] = x[0, j]
-                for p in range(1, k):
-                    for j in range(d_in):
-                        orow[j] += x[p, j]
-                continue
-            # PEFT's calculate_majority_sign_mask + disjoint_merge, branch-free so the loops vectorize
+    k, rows, d_in = xs.shape
+    frac = np.empty(d_in, np.float32)
+    tot = np.empty(d_in, np.float32)
+    cnt = np.empty(d_in, np.float32)
+    for i in range(rows):
+        base = (row0 + i) * d_in
+        for p in range(k):
+            _sparsify_row(xs[p, i], frac, method, thr[p, row0 + i], seeds[p], base, density, epsilon, rescale, exact)
+        orow = out[i]
+        if not sign_election:
             for j in range(d_in):
-                tot[j] = np.float32(0.0)
-                orow[j] = np.float32(0.0)
-                cnt[j] = np.float32(0.0)
-            for p in range(k):
-                if frequency:
-                    for j in range(d_in):
-                        tot[j] += np.float32(x[p, j] > 0) - np.float32(x[p, j] < 0)
-                else:
-                    for j in range(d_in):
-                        tot[j] += x[p, j]
-            for j in range(d_in):  # the elected sign: + on ties, as PEFT
-                tot[j] = np.float32(1.0) if tot[j] >= 0 else np.float32(-1.0)
-            for p in range(k):
+                orow[j] = xs[0, i, j]
+            for p in range(1, k):
                 for j in range(d_in):
-                    agree = np.float32(x[p, j] * tot[j] > 0)  # a dropped (zero) entry never agrees
-                    orow[j] += x[p, j] * agree
-                    cnt[j] += agree
+                    orow[j] += xs[p, i, j]
+            continue
+        # PEFT's calculate_majority_sign_mask + disjoint_merge, branch-free so the loops vectorize
+        for j in range(d_in):
+            tot[j] = np.float32(0.0)
+            orow[j] = np.float32(0.0)
+            cnt[j] = np.float32(0.0)
+        for p in range(k):
+            if frequency:
+                for j in range(d_in):
+                    tot[j] += np.float32(xs[p, i, j] > 0) - np.float32(xs[p, i, j] < 0)
+            else:
+                for j in range(d_in):
+                    tot[j] += xs[p, i, j]
+        for j in range(d_in):  # the elected sign: + on ties, as PEFT
+            tot[j] = np.float32(1.0) if tot[j] >= 0 else np.float32(-1.0)
+        for p in range(k):
             for j in range(d_in):
-                orow[j] = orow[j] / max(cnt[j], np.float32(1.0))
+                agree = np.float32(xs[p, i, j] * tot[j] > 0)  # a dropped (zero) entry never agrees
+                orow[j] += xs[p, i, j] * agree
+                cnt[j] += agree
+        for j in range(d_in):
+            orow[j] = orow[j] / max(cnt[j], np.float32(1.0))

@@ -19,7 +19,17 @@ from populora_core.adapters import LoraFactors, LoraWeights
 from populora_core.errors import UserError
 
 from . import linalg as la
-from .common import ZeroDeltaWarning, _copy, _is_zero, _refactored, _warn_zero_crossover, check_parents
+from .common import (
+    ZeroDeltaWarning,
+    _copy,
+    _is_zero,
+    _refactored,
+    _refactored_svd,
+    _warn_zero_crossover,
+    check_parents,
+    rand,
+    randn,
+)
 from .merge import delta_merge
 
 __all__ = [
@@ -45,7 +55,8 @@ def _mutation_input(
     """The parent, with B = 0 modules given a noise floor (``floor``) or listed to skip (``warn``)."""
     check_parents(parents, 1, op)
     parent = parents[0]
-    zero = [name for name, f in parent.items() if _is_zero(f)]
+    names = list(parent.modules)
+    zero = [n for n, z in zip(names, la.parallel_map(lambda n: _is_zero(parent.modules[n]), names)) if z]
     if not zero:
         return parent, set()
     if params.zero_delta == "warn":
@@ -62,10 +73,10 @@ def _mutation_input(
         f = modules[name]
         a = f.A.float()
         if not torch.any(a):
-            a = torch.randn(a.shape, generator=gen) / math.sqrt(a.shape[1])
+            a = randn(tuple(a.shape), gen, a.device) / math.sqrt(a.shape[1])
         # entry variance of s * B @ A with B ~ N(0, c^2) is s^2 c^2 ||A||_F^2 / d_in
         c = params.floor_std * math.sqrt(a.shape[1]) / (f.scale * float(a.norm()))
-        b = torch.randn(f.B.shape, generator=gen) * c
+        b = randn(tuple(f.B.shape), gen, f.B.device) * c
         modules[name] = LoraFactors(a.to(f.A.dtype), b.to(f.B.dtype), f.scale)
     return parent.with_modules(modules), set()
 
@@ -79,20 +90,27 @@ def _delta_std(f: LoraFactors) -> float:
     return max(sumsq / n - mean * mean, 0.0) ** 0.5
 
 
-def _with_lowrank_noise(f: LoraFactors, eps: float, gen: torch.Generator, params: Any) -> LoraFactors:
-    """Best rank-r approximation of delta W + N, N = G1 G2 / sqrt(r) * eps * std(delta W).
+def _with_lowrank_noise(fs: list[LoraFactors], eps: float, gen: torch.Generator, params: Any) -> list[LoraFactors]:
+    """Per module, the best rank-r approximation of delta W + N, N = G1 G2 / sqrt(r) * eps * std(delta W).
 
     G1 G2 / sqrt(r) has unit-variance entries, so N is Gaussian-like noise of the stated std that
-    stays low-rank; the exact rank-r truncation keeps the child's rank.
+    stays low-rank; the exact rank-r truncation keeps the child's rank. G1 and G2 are drawn module
+    by module (the generator's order), the algebra then runs batched and in parallel.
     """
-    r = f.A.shape[0]
-    sigma = eps * _delta_std(f) / math.sqrt(r)
-    g1 = torch.randn(f.B.shape[0], r, generator=gen)
-    g2 = torch.randn(r, f.A.shape[1], generator=gen)
-    u, s, vh = la.best_rank(
-        torch.cat([f.scale * f.B.float(), sigma * g1], dim=1), torch.cat([f.A.float(), g2], dim=0), r
-    )
-    return _refactored(u, s, vh, f, [f.A], params)
+    stds = la.parallel_map(_delta_std, fs)
+    stacks: list[list[la.Block]] = []
+    for f, std in zip(fs, stds):
+        r = f.A.shape[0]
+        g1 = randn((f.B.shape[0], r), gen, f.B.device)
+        g2 = randn((r, f.A.shape[1]), gen, f.A.device)
+        stacks.append([(f.B, f.A, f.scale), (g1, g2, eps * std / math.sqrt(r))])
+    svs = la.svds(stacks, [f.A.shape[0] for f in fs])
+    return la.parallel_map(lambda i: _refactored_svd(svs[i], fs[i], [fs[i].A], params), list(range(len(fs))))
+
+
+def _canonical(fs: list[LoraFactors]) -> list[la.FactoredSvd]:
+    """Exact SVD of each module's delta W (batched Cholesky-QR, Householder where ill-conditioned)."""
+    return la.svds([[(f.B, f.A, f.scale)] for f in fs], [f.A.shape[0] for f in fs])
 
 
 # --- mutations ----------------------------------------------------------------------------------
@@ -103,86 +121,107 @@ def _mutate_modules(
     params: Any,
     generator: torch.Generator,
     op: str,
-    mutate: Callable[[LoraFactors], LoraFactors],
+    mutate: Callable[[list[LoraFactors]], list[LoraFactors]],
     only: set[str] | None = None,
 ) -> LoraWeights:
-    """``mutate`` every module of the one parent (or those in ``only``); the rest are copied.
+    """``mutate`` the modules of the one parent (all, or those in ``only``) in one batch; the rest are copied.
 
     B = 0 modules get the noise floor first, or are copied unchanged under ``zero_delta: warn``.
     """
     parent, skip = _mutation_input(parents, params, generator, op)
-    return parent.with_modules(
-        {
-            name: mutate(f) if name not in skip and (only is None or name in only) else _copy(f)
-            for name, f in parent.items()
-        }
-    )
+    names = [n for n in parent.modules if n not in skip and (only is None or n in only)]
+    mutated = dict(zip(names, mutate([parent.modules[n] for n in names]))) if names else {}
+    return parent.with_modules({name: mutated[name] if name in mutated else _copy(f) for name, f in parent.items()})
 
 
+@la.module_parallel
 def svd_structured(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M1: S' = S exp(sigma z) and a small rotation of U and V, on the exact SVD of delta W."""
 
-    def mutate(f: LoraFactors) -> LoraFactors:
-        u, s, vh = la.canonical(f.A, f.B, f.scale)
-        s = s * torch.exp(params.sigma * torch.randn(s.shape, generator=generator))
-        u = la.rotate(u, params.eps, generator)
-        v = la.rotate(vh.T, params.eps, generator)
-        return _refactored(u, s, v.T, f, [f.A], params)
+    def mutate(fs: list[LoraFactors]) -> list[LoraFactors]:
+        svs = _canonical(fs)
+        draws = []
+        for f, sv in zip(fs, svs):
+            k = sv.s.shape[0]
+            z = randn((k,), generator, sv.s.device)
+            draws.append(
+                (z, randn((f.B.shape[0], k), generator, f.B.device), randn((f.A.shape[1], k), generator, f.A.device))
+            )
+
+        def one(i: int) -> LoraFactors:
+            sv, (z, gu, gv), f = svs[i], draws[i], fs[i]
+            s = sv.s * torch.exp(params.sigma * z)
+            u, vh = la.sign_fixed_pairs(sv.u(), sv.vh())  # the noise meets the same U, V on any backend
+            u = la.rotated(u, gu, params.eps)
+            v = la.rotated(vh.T, gv, params.eps)
+            return _refactored(u, s, v.T, f, [f.A], params)
+
+        return la.parallel_map(one, list(range(len(fs))))
 
     return _mutate_modules(parents, params, generator, "svd_structured", mutate)
 
 
+@la.module_parallel
 def layer_gaussian(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M2: low-rank Gaussian noise of std eps * std(delta W) on a random fraction of the modules."""
     check_parents(parents, 1, "layer_gaussian")
     names = list(parents[0].modules)
     m = max(1, round(params.fraction * len(names)))
-    chosen = {names[int(i)] for i in torch.randperm(len(names), generator=generator)[:m]}
+    chosen = {names[int(i)] for i in torch.randperm(len(names), generator=generator, device=generator.device)[:m]}
     return _mutate_modules(
         parents,
         params,
         generator,
         "layer_gaussian",
-        lambda f: _with_lowrank_noise(f, params.eps, generator, params),
+        lambda fs: _with_lowrank_noise(fs, params.eps, generator, params),
         chosen,
     )
 
 
+@la.module_parallel
 def gaussian(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M4: low-rank Gaussian noise of std eps * std(delta W) on every module."""
     return _mutate_modules(
-        parents, params, generator, "gaussian", lambda f: _with_lowrank_noise(f, params.eps, generator, params)
+        parents, params, generator, "gaussian", lambda fs: _with_lowrank_noise(fs, params.eps, generator, params)
     )
 
 
+@la.module_parallel
 def component_mask(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M3: zero ceil(rho r) singular values of delta W (their A rows stay, so they can regrow)."""
 
-    def mutate(f: LoraFactors) -> LoraFactors:
-        u, s, vh = la.canonical(f.A, f.B, f.scale)
-        k = s.shape[0]
-        m = min(max(math.ceil(params.rho * f.A.shape[0]), 1), max(k - 1, 1))
-        if params.which == "random":
-            idx = torch.randperm(k, generator=generator)[:m]
-        elif params.which == "smallest":
-            idx = torch.arange(k - m, k)
-        else:
-            idx = torch.arange(m)
-        s = s.clone()
-        s[idx] = 0.0
-        return _refactored(u, s, vh, f, [f.A], params)
+    def mutate(fs: list[LoraFactors]) -> list[LoraFactors]:
+        svs = _canonical(fs)
+        masked = []
+        for f, sv in zip(fs, svs):
+            k = sv.s.shape[0]
+            m = min(max(math.ceil(params.rho * f.A.shape[0]), 1), max(k - 1, 1))
+            if params.which == "random":
+                idx = torch.randperm(k, generator=generator, device=generator.device)[:m]
+            elif params.which == "smallest":
+                idx = torch.arange(k - m, k)
+            else:
+                idx = torch.arange(m)
+            s = sv.s.clone()
+            s[idx.to(s.device)] = 0.0
+            masked.append(sv.with_s(s))
+        return la.parallel_map(lambda i: _refactored_svd(masked[i], fs[i], [fs[i].A], params), list(range(len(fs))))
 
     return _mutate_modules(parents, params, generator, "component_mask", mutate)
 
 
+@la.module_parallel
 def neftune(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M5: uniform noise in [-b, b], b = alpha / sqrt(d_in r), on the down factor A only."""
 
-    def mutate(f: LoraFactors) -> LoraFactors:
-        r, d_in = f.A.shape
-        bound = params.alpha / math.sqrt(d_in * r)
-        noise = (torch.rand(f.A.shape, generator=generator) * 2.0 - 1.0) * bound
-        return LoraFactors((f.A.float() + noise).to(f.A.dtype), f.B.clone(), f.scale)
+    def mutate(fs: list[LoraFactors]) -> list[LoraFactors]:
+        out = []
+        for f in fs:
+            r, d_in = f.A.shape
+            bound = params.alpha / math.sqrt(d_in * r)
+            noise = (rand((r, d_in), generator, f.A.device) * 2.0 - 1.0) * bound
+            out.append(LoraFactors((f.A.float() + noise).to(f.A.dtype), f.B.clone(), f.scale))
+        return out
 
     return _mutate_modules(parents, params, generator, "neftune", mutate)
 
@@ -199,15 +238,19 @@ def _weights(params_weights: list[float] | None, k: int, op: str) -> list[float]
 
 
 def weighted_lowrank(parents: list[LoraWeights], weights: list[float], params: Any) -> LoraWeights:
-    """Per module, the exact best rank-r approximation of sum_i w_i delta W_i."""
-    out = {}
-    for name, f in parents[0].items():
-        fs = [p.modules[name] for p in parents]
-        u, s, vh = la.weighted_best_rank([(g.A, g.B, g.scale) for g in fs], weights, f.A.shape[0])
-        out[name] = _refactored(u, s, vh, f, [g.A for g in fs], params)
-    return parents[0].with_modules(out)
+    """Per module, the exact best rank-r approximation of sum_i w_i delta W_i (all modules batched)."""
+    names = list(parents[0].modules)
+    fss = [[p.modules[n] for p in parents] for n in names]
+    svs = la.svds(
+        [[(g.B, g.A, w * g.scale) for g, w in zip(fs, weights)] for fs in fss], [fs[0].A.shape[0] for fs in fss]
+    )
+    out = la.parallel_map(
+        lambda i: _refactored_svd(svs[i], fss[i][0], [g.A for g in fss[i]], params), list(range(len(names)))
+    )
+    return parents[0].with_modules(dict(zip(names, out)))
 
 
+@la.module_parallel
 def svd_crossover(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """Exact best rank-r approximation of the weighted sum of the parents' delta W."""
     check_parents(parents, 0, "svd")
@@ -215,14 +258,18 @@ def svd_crossover(parents: list[LoraWeights], params: Any, generator: torch.Gene
     return weighted_lowrank(parents, _weights(params.weights, len(parents), "svd"), params)
 
 
+@la.module_parallel
 def extrapolate(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X4: worse + eta (better - worse), eta ~ U(eta_low, eta_high); parents = [better, worse]."""
     check_parents(parents, 2, "extrapolate")
     _warn_zero_crossover(parents, "extrapolate")
-    eta = params.eta_low + (params.eta_high - params.eta_low) * float(torch.rand((), generator=generator))
+    eta = params.eta_low + (params.eta_high - params.eta_low) * float(
+        torch.rand((), generator=generator, device=generator.device)
+    )
     return weighted_lowrank(parents, [eta, 1.0 - eta], params)
 
 
+@la.module_parallel
 def xes(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X5: mean + step * sum_i z_i (delta W_i - mean) / k, z the parents' fitness z-scores."""
     check_parents(parents, 0, "xes")
@@ -238,22 +285,27 @@ def xes(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> 
     return weighted_lowrank(parents, weights, params)
 
 
+@la.module_parallel
 def svd_subspace(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X3: top-k singular triplets of parent 1's delta W plus the top r - k of parent 2's."""
     check_parents(parents, 2, "svd_subspace")
     _warn_zero_crossover(parents, "svd_subspace")
-    out = {}
-    for name, f in parents[0].items():
-        g = parents[1].modules[name]
-        r = f.A.shape[0]
+    names = list(parents[0].modules)
+    fss = [(parents[0].modules[n], parents[1].modules[n]) for n in names]
+    canon = _canonical([f for pair in fss for f in pair])
+
+    def taken(i: int) -> list[la.Block]:
+        r = fss[i][0].A.shape[0]
         k = min(max(round(params.k_frac * r), 1), r - 1) if r > 1 else 1
-        u1, s1, vh1 = la.canonical(f.A, f.B, f.scale)
-        u2, s2, vh2 = la.canonical(g.A, g.B, g.scale)
-        bs = torch.cat([u1[:, :k] * s1[:k], u2[:, : r - k] * s2[: r - k]], dim=1)
-        as_ = torch.cat([vh1[:k], vh2[: r - k]], dim=0)
-        u, s, vh = la.best_rank(bs, as_, r)
-        out[name] = _refactored(u, s, vh, f, [f.A, g.A], params)
-    return parents[0].with_modules(out)
+        first, second = canon[2 * i].top(k), canon[2 * i + 1].top(r - k)
+        return [(first.u(first.s), first.vh(), 1.0), (second.u(second.s), second.vh(), 1.0)]
+
+    stacks = la.parallel_map(taken, list(range(len(names))))
+    svs = la.svds(stacks, [f.A.shape[0] for f, _ in fss])
+    out = la.parallel_map(
+        lambda i: _refactored_svd(svs[i], fss[i][0], [fss[i][0].A, fss[i][1].A], params), list(range(len(names)))
+    )
+    return parents[0].with_modules(dict(zip(names, out)))
 
 
 def _unit(name: str, granularity: str) -> str:
@@ -264,6 +316,7 @@ def _unit(name: str, granularity: str) -> str:
     return name
 
 
+@la.module_parallel
 def layerwise(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X2: each module's (or layer's) factors copied unchanged from one parent; each parent used."""
     check_parents(parents, 0, "layerwise")
@@ -273,21 +326,22 @@ def layerwise(parents: list[LoraWeights], params: Any, generator: torch.Generato
         raise UserError(f"layerwise: {len(units)} {params.granularity}(s) cannot take from {k} parents")
     n = len(units)
     if k == 2:
-        choice = (torch.rand(n, generator=generator) >= params.p).long()
+        choice = (torch.rand(n, generator=generator, device=generator.device) >= params.p).long().cpu()
     else:
-        choice = torch.randint(0, k, (n,), generator=generator)
+        choice = torch.randint(0, k, (n,), generator=generator, device=generator.device).cpu()
     for j in range(k):  # every parent contributes, or the child would be a clone
         if bool((choice == j).any()):
             continue
         counts = torch.bincount(choice, minlength=k)
         donors = [i for i in range(n) if int(counts[choice[i]]) > 1]
-        choice[donors[int(torch.randint(0, len(donors), (1,), generator=generator))]] = j
+        choice[donors[int(torch.randint(0, len(donors), (1,), generator=generator, device=generator.device))]] = j
     pick = {u: int(c) for u, c in zip(units, choice)}
     return parents[0].with_modules(
         {name: _copy(parents[pick[_unit(name, params.granularity)]].modules[name]) for name in parents[0].modules}
     )
 
 
+@la.module_parallel
 def clone(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X6: an exact copy (the child is a new member; mutate it for exploit-and-explore PBT)."""
     check_parents(parents, 1, "clone")
