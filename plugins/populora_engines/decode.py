@@ -187,101 +187,67 @@ def decode(
     samples): each distinct prompt then runs once and its keys, values and logits are copied to its rows.
     """
 
-    with decode_attention(model):
-        return _decode(
-            model,
-            prompts,
-            keys,
-            max_tokens,
-            temperature,
-            top_p,
-            eos_ids,
-            pad_id,
-            device,
-            row_adapters,
-            logprobs,
-            stopped,
-            narrow_at,
-            prefill_row,
-        )
-
-
-def _decode(
-    model: Any,
-    prompts: list[list[int]],
-    keys: list[int],
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    eos_ids: list[int],
-    pad_id: int,
-    device: str,
-    row_adapters: Any,
-    logprobs: bool,
-    stopped: Any,
-    narrow_at: float,
-    prefill_row: list[int] | None,
-) -> Decoded:
     import torch
 
-    n = len(prompts)
-    firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
-    if row_adapters is not None and len(firsts) < n:
-        row_adapters.select(torch.tensor(firsts, dtype=torch.long, device=device))
-    kv, valid, next_pos, logits = _prefill(model, [prompts[f] for f in firsts], max_tokens, pad_id, device)
-    if len(firsts) < n:
-        assert prefill_row is not None
-        spread = torch.tensor([firsts.index(f) for f in prefill_row], dtype=torch.long, device=device)
-        kv.narrow(spread, 0)
-        valid, next_pos, logits = valid[spread], next_pos[spread], logits[spread]
-        if row_adapters is not None:
-            row_adapters.select(spread)
-    eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.long, device=device)
-    row_keys = torch.tensor(keys, dtype=torch.long, device=device)
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logps: list[list[float]] | None = [[] for _ in range(n)] if logprobs else None
-    rows = list(range(n))  # the original row of each current row
-    running = [True] * n  # per current row: not finished
-    for t in range(max_tokens):
-        chosen = sample(logits, temperature, top_p, uniforms(row_keys, t))
-        hit_eos = torch.isin(chosen, eos).tolist()
-        chosen_list = chosen.tolist()
-        if logps is not None:
-            chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
-        for i, row in enumerate(rows):
-            if not running[i]:
-                continue
-            tokens[row].append(chosen_list[i])
-            if logps is not None:
-                logps[row].append(chosen_logp[i])
-            if hit_eos[i] or (stopped is not None and stopped(row, tokens[row])):
-                running[i] = False
-        if t + 1 == max_tokens or not any(running):
-            break
-        valid[:, kv.length] = True  # the chosen token's column (finished rows compute padding for themselves)
-        if sum(running) <= narrow_at * len(rows):
-            keep_list = [i for i, r in enumerate(running) if r]
-            keep = torch.tensor(keep_list, dtype=torch.long, device=device)
-            # columns that are padding in every kept row are dropped too (positions are explicit)
-            first = int((~valid[keep, : kv.length]).all(dim=0).long().cumprod(dim=0).sum())
-            kv.narrow(keep, first)
-            valid = valid[keep, first:]
-            chosen, next_pos, row_keys = chosen[keep], next_pos[keep], row_keys[keep]
-            rows, running = [rows[i] for i in keep_list], [True] * len(keep_list)
+    with decode_attention(model):
+        n = len(prompts)
+        firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
+        if row_adapters is not None and len(firsts) < n:
+            row_adapters.select(torch.tensor(firsts, dtype=torch.long, device=device))
+        kv, valid, next_pos, logits = _prefill(model, [prompts[f] for f in firsts], max_tokens, pad_id, device)
+        if len(firsts) < n:
+            assert prefill_row is not None
+            spread = torch.tensor([firsts.index(f) for f in prefill_row], dtype=torch.long, device=device)
+            kv.narrow(spread, 0)
+            valid, next_pos, logits = valid[spread], next_pos[spread], logits[spread]
             if row_adapters is not None:
-                row_adapters.select(keep)
-        out = model(
-            input_ids=chosen.unsqueeze(1),
-            attention_mask=valid[:, None, None, : kv.length + 1],
-            position_ids=next_pos.unsqueeze(1),
-            past_key_values=kv,
-            use_cache=False,
-            logits_to_keep=1,
-        )
-        kv.length += 1
-        next_pos = next_pos + 1
-        logits = out.logits[:, -1, :].float()
-    return Decoded(tokens, logps)
+                row_adapters.select(spread)
+        eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.long, device=device)
+        row_keys = torch.tensor(keys, dtype=torch.long, device=device)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] | None = [[] for _ in range(n)] if logprobs else None
+        rows = list(range(n))  # the original row of each current row
+        running = [True] * n  # per current row: not finished
+        for t in range(max_tokens):
+            chosen = sample(logits, temperature, top_p, uniforms(row_keys, t))
+            hit_eos = torch.isin(chosen, eos).tolist()
+            chosen_list = chosen.tolist()
+            if logps is not None:
+                chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+            for i, row in enumerate(rows):
+                if not running[i]:
+                    continue
+                tokens[row].append(chosen_list[i])
+                if logps is not None:
+                    logps[row].append(chosen_logp[i])
+                if hit_eos[i] or (stopped is not None and stopped(row, tokens[row])):
+                    running[i] = False
+            if t + 1 == max_tokens or not any(running):
+                break
+            valid[:, kv.length] = True  # the chosen token's column (finished rows compute padding for themselves)
+            if sum(running) <= narrow_at * len(rows):
+                keep_list = [i for i, r in enumerate(running) if r]
+                keep = torch.tensor(keep_list, dtype=torch.long, device=device)
+                # columns that are padding in every kept row are dropped too (positions are explicit)
+                first = int((~valid[keep, : kv.length]).all(dim=0).long().cumprod(dim=0).sum())
+                kv.narrow(keep, first)
+                valid = valid[keep, first:]
+                chosen, next_pos, row_keys = chosen[keep], next_pos[keep], row_keys[keep]
+                rows, running = [rows[i] for i in keep_list], [True] * len(keep_list)
+                if row_adapters is not None:
+                    row_adapters.select(keep)
+            out = model(
+                input_ids=chosen.unsqueeze(1),
+                attention_mask=valid[:, None, None, : kv.length + 1],
+                position_ids=next_pos.unsqueeze(1),
+                past_key_values=kv,
+                use_cache=False,
+                logits_to_keep=1,
+            )
+            kv.length += 1
+            next_pos = next_pos + 1
+            logits = out.logits[:, -1, :].float()
+        return Decoded(tokens, logps)
 
 
 def _prefill(model: Any, prompts: list[list[int]], max_tokens: int, pad_id: int, device: str) -> tuple[Any, ...]:
