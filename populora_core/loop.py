@@ -308,9 +308,8 @@ class Run:
             results = [self.trainer.update(job.member_id, job.adapter, job.rollouts, job.out_dir) for _, job in jobs]
         stats: dict[str, dict[str, Any]] = {}
         for (member, job), result in zip(jobs, results, strict=True):
-            own = job.rollouts
-            member.counters.rollouts += len(own)
-            member.counters.trained_tokens += sum(len(r.completion_token_ids) for r in own)
+            member.counters.rollouts += len(job.rollouts)
+            member.counters.trained_tokens += sum(len(r.completion_token_ids) for r in job.rollouts)
             member.counters.updates += 1
             stats[member.id] = asdict(result)
         return stats

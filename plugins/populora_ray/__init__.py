@@ -37,6 +37,13 @@ class RayClusterParams(Params):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Ray placement-group strategy for the workers' bundles (STRICT_PACK: one node)"
     )
+    generation_split: Literal["exact", "always"] = Field(
+        "exact",
+        description="exact: a generation call is split across engine workers only when the engine is row-seeded "
+        "(its samples do not depend on the other requests of a call), else it runs whole on one worker, so "
+        "results equal the single process's; always: every call is split by token budget, faster with a "
+        "batch-seeded engine (hf, vllm today), but samples then depend on the number of engine workers",
+    )
     threads_per_worker: int | None = Field(
         None,
         ge=1,
@@ -51,6 +58,7 @@ class RayClusterParams(Params):
         None, ge=0, description="a local cluster's GPUs (address empty); None: Ray counts; more than exist: fake ones"
     )
     start_timeout_s: float = Field(60.0, gt=0, description="how long to wait for the workers to be placed")
+    connect_timeout_s: float = Field(10.0, gt=0, description="how long a HOST:PORT address may take to answer")
 
     @model_validator(mode="after")
     def _consistent(self) -> RayClusterParams:

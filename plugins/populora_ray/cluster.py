@@ -10,6 +10,7 @@ Everything Ray-specific is imported inside functions: loading the plugin needs n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -54,6 +55,13 @@ class RemoteTime:
         return max(0.0, self.wall_s - self.inside_s)
 
 
+def absolute(ref: Any) -> Any:
+    """An AdapterRef with an absolute path: workers do not run in the driver's working directory."""
+    if ref is None or Path(ref.path).is_absolute():
+        return ref
+    return dataclasses.replace(ref, path=str(Path(ref.path).absolute()))
+
+
 def import_ray() -> Any:
     try:
         import ray
@@ -70,7 +78,7 @@ class RayCluster:
 
     def __init__(self, params: Any, *, run_dir: str | os.PathLike[str]) -> None:
         self.params = params
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).absolute()  # workers do not share the driver's working directory
         self.ray = import_ray()
         self.time = RemoteTime()
         self.workers: list[Worker] = []
@@ -95,6 +103,7 @@ class RayCluster:
             return
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
         if p.address:
+            check_reachable(p.address, p.connect_timeout_s)
             kwargs["address"] = p.address
         else:
             kwargs.update(num_cpus=p.local_cpus, num_gpus=p.local_gpus)
@@ -115,10 +124,11 @@ class RayCluster:
         if p.layout == "colocated":
             return [("colocated", dict(bundle)) for _ in range(p.workers)]
         engines = p.engine_workers or 1
-        return [("engine", dict(bundle)) for _ in range(engines)] + [("trainer", dict(bundle)) for _ in range(p.workers)]
+        engine_roles = [("engine", dict(bundle)) for _ in range(engines)]
+        return engine_roles + [("trainer", dict(bundle)) for _ in range(p.workers)]
 
     def _check_resources(self) -> None:
-        """More CPUs or GPUs asked than the cluster has is an error naming the settings (a placement group would wait)."""
+        """More CPUs or GPUs asked than the cluster has: an error naming the setting (a placement group would wait)."""
         total = self.ray.cluster_resources()
         bundles = [b for _, b in self._bundles()]
         for resource, setting in (("GPU", "gpus_per_worker"), ("CPU", "cpus_per_worker")):
@@ -205,7 +215,8 @@ class RayCluster:
         traits = self.call(
             "build", [(w, w.actor.build.remote("engine", name, params, context)) for w in workers], timed=False
         )
-        return RayEngine(self, workers, row_seeded=all(t["row_seeded"] for t in traits))
+        row_seeded = all(t["row_seeded"] for t in traits)
+        return RayEngine(self, workers, split=row_seeded or self.params.generation_split == "always")
 
     def trainer(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> Any:
         from .trainer import RayTrainer
@@ -269,6 +280,24 @@ class RayCluster:
             remove_placement_group(self._placement_group)
         if self._started_ray:
             ray.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) address must answer within ``timeout_s``: Ray itself retries an
+    unreachable one for minutes before it gives up. ``auto`` is left to Ray (it fails fast without a cluster)."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(
+            f"cluster.params.address: no Ray cluster answers at {address!r} within {timeout_s:g} s "
+            f"({exc.strerror or type(exc).__name__}); start one with `ray start --head`, or give its address"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

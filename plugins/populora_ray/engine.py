@@ -5,7 +5,8 @@ per request), one part per worker, and the parts' completions are concatenated b
 Splitting is exact only for an engine whose sampling of a request does not depend on the other requests
 of the call (``row_seeded``, see populora_core.components.RolloutEngine): each part's requests then carry
 their index in the whole call. An engine that seeds per batch (the hf engine today) gets every call whole
-on one worker, so the cluster's results stay those of the single process.
+on one worker, so the cluster's results stay those of the single process (unless the recipe asks for
+``generation_split: always``, trading that identity for parallel generation).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from populora_core.components import Completion, GenerationRequest, SamplingParams
+
+from .cluster import absolute
 
 
 def token_budget(request: GenerationRequest, sampling: SamplingParams) -> int:
@@ -40,22 +43,22 @@ def split_by_budget(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
 
 
 class RayEngine:
-    def __init__(self, cluster: Any, workers: list[Any], *, row_seeded: bool) -> None:
+    def __init__(self, cluster: Any, workers: list[Any], *, split: bool) -> None:
         self.cluster = cluster
         self.workers = workers
-        self.row_seeded = row_seeded
+        self.split = split  # row-seeded engine, or cluster.params.generation_split: always
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         if not requests:
             return []
-        if self.row_seeded and len(self.workers) > 1:
+        if self.split and len(self.workers) > 1:
             ranges = split_by_budget([token_budget(r, sampling) for r in requests], len(self.workers))
         else:
             ranges = [(0, len(requests))]
         calls = []
         for worker, (start, end) in zip(self.workers, ranges):
             part = [
-                dataclasses.replace(r, index=r.index if r.index is not None else i)
+                dataclasses.replace(r, adapter=absolute(r.adapter), index=r.index if r.index is not None else i)
                 for i, r in enumerate(requests[start:end], start=start)
             ]
             calls.append((worker, worker.actor.generate.remote(part, sampling)))

@@ -2,10 +2,10 @@
 
 Where a member trains never changes what it computes (each update depends only on the member's adapter,
 rollouts and optimizer state), so placement is free to follow load. Rules: a new member goes to the
-least-loaded worker (lowest index on ties); a child that inherits its parent's optimizer state starts on the
-parent's worker, where the copy is local; before each step's updates, while two workers differ by more than
-one member, the most recently placed member of the fullest worker moves to the emptiest (so an inheriting
-child, not a long-lived member, is what moves, with its moments).
+least-loaded worker (lowest index on ties; a child bred after the member it replaces left finds that
+member's worker emptiest); before each step's updates, while two workers differ by more than one member,
+the most recently placed member of the fullest worker moves to the emptiest (a newcomer moves, not a
+long-lived member).
 """
 
 from __future__ import annotations
