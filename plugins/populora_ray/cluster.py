@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from populora_core.errors import UserError
+from populora_core.errors import PopuloraError, UserError
 
 from .worker import PopulationWorker
 
@@ -239,7 +239,7 @@ class RayCluster:
     def call(self, what: str, calls: list[tuple[Worker, Any]], *, timed: bool = True) -> list[Any]:
         """Results of remote calls in order. Timed calls return (result, seconds inside); their wall time beyond
         the slowest worker's is Ray's overhead. A dead worker is a :class:`WorkerLost`; an error a component
-        raised on purpose (a UserError) comes back as itself."""
+        raised on purpose (a PopuloraError) comes back as itself."""
         ray = self.ray
         start = time.perf_counter()
         results = []
@@ -253,7 +253,7 @@ class RayCluster:
                 ) from None
             except ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
-                if isinstance(cause, UserError):
+                if isinstance(cause, PopuloraError):  # a clear error a component raised on purpose
                     raise cause from None
                 raise
         if not timed:

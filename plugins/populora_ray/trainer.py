@@ -78,12 +78,13 @@ class RayTrainer:
         self._pending[target_member] = source_member
 
     def forget(self, member_id: str) -> None:
-        self._settle(member_id)
+        self._settle(member_id)  # a copy that reads this member's state happens before it goes
         self._pending.pop(member_id, None)
         worker = self.placement.owner.get(member_id)
         if worker is not None:
             self._call("forget", worker, "forget", member_id)
             self.placement.drop(member_id)
+        self._settle()  # a child waiting for the member it replaces to leave takes that worker now
 
     def _settle(self, *involved: str) -> None:
         """Carry out pending copies: all of them, or (with ``involved``) those whose source or target is named
