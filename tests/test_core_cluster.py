@@ -137,7 +137,7 @@ def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(e
 def test_cluster_settings_errors_and_a_failed_start_leaves_no_run_directory(env, tmp_path):
     pm = _manager_with_cluster()
     with pytest.raises(RecipeError, match=r"cluster 'local' .* takes no params"):
-        load_recipe(RECIPE, ["cluster.params.workers=2"], pm.registry)
+        load_recipe(RECIPE, ["cluster=local", "cluster.params.workers=2"], pm.registry)
     with pytest.raises(RecipeError, match="unknown cluster 'nowhere'"):
         load_recipe(RECIPE, ["cluster=nowhere"], pm.registry)
     recipe, resolved = load_recipe(RECIPE, ["cluster=in_process", "cluster.params.fail=true"], pm.registry)
