@@ -23,6 +23,7 @@ PUBLIC_MODULES = {
     "populora_core.modelhost": "the process-wide shared base model that engines and trainers add adapters to",
     "populora_core.probe": "greedy probe accuracy of adapters on a set of problems",
     "populora_core.evolution": "operator arity and apply_operator, the checked way to make one child",
+    "populora_core.trainer_state": "a checkpoint's trainer state: one file per member plus a manifest",
 }
 
 __all__ = [

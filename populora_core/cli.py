@@ -173,15 +173,20 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 
 @cli.command()
 @click.argument("run_dir", type=click.Path())
+@click.argument("cluster_overrides", nargs=-1)
 @click.option("--progress/--no-progress", default=None)
 @click.pass_obj
-def resume(manager: Any, run_dir: str, progress: bool | None) -> None:
-    """Continue a run from its last complete checkpoint (one killed before its first starts over)."""
+def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progress: bool | None) -> None:
+    """Continue a run from its last complete checkpoint (one killed before its first starts over).
+
+    CLUSTER_OVERRIDES (``cluster.name=ray cluster.params.workers=4``, or ``cluster.name=local cluster.params={}``)
+    continue it on other hardware with the same result; nothing else of the recipe may change.
+    """
     from .loop import resume_run
     from .progress import execute_with_progress
     from .run import RunDir
 
-    run_obj = resume_run(RunDir(run_dir), manager)
+    run_obj = resume_run(RunDir(run_dir), manager, cluster_overrides)
     click.echo(f"resuming {run_dir} at step {run_obj.step}", err=True)
     execute_with_progress(run_obj, progress=progress)
     click.echo(f"run complete: {run_dir}")

@@ -77,6 +77,9 @@ DROPPED = ("prompt_too_long", "error")
 class GenerationRequest:
     prompt: str
     adapter: AdapterRef | None = None  # None: the base model alone
+    # the request's position in the whole logical call when a caller split one call into parts (a cluster
+    # spreading generation over workers); None: its position in this call. A row-seeded engine seeds by it.
+    index: int | None = None
 
 
 @dataclass
@@ -99,6 +102,11 @@ class RolloutEngine(Protocol):
 
         A request the engine cannot serve (prompt over ``sampling.max_prompt_tokens``, or rejected) gets
         ``n`` completions with a :data:`DROPPED` finish reason; it never fails the other requests.
+
+        An engine may declare ``row_seeded = True``: each request's completions then depend only on
+        ``sampling.seed``, the request's index (``GenerationRequest.index``, else its position in the call),
+        the sample index and the adapter, never on the other requests of the call. Only then may a cluster
+        split one call across workers and still get exactly what the single process gets.
         """
         ...
 
@@ -143,8 +151,25 @@ class UpdateStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UpdateJob:
+    """One member's policy update, as :meth:`Trainer.update` takes it: a value so many can be handed over at once."""
+
+    member_id: str
+    adapter: AdapterRef
+    rollouts: Sequence[Rollout]
+    out_dir: Path
+
+
 @runtime_checkable
 class Trainer(Protocol):
+    """One policy update per member and step, from the member's current version to a new one.
+
+    A trainer may also provide ``update_many(jobs: list[UpdateJob]) -> list[UpdateStats]`` (stats in job order):
+    the loop then hands it the whole step's updates at once, so it can run members in parallel (a cluster
+    trains the members each worker owns, all workers at once); without it the loop calls :meth:`update` per member.
+    """
+
     #: True when ``update`` reads ``Rollout.logprobs`` (the sampling policy's): the loop then asks engines for them.
     needs_sampling_logprobs: bool
 
@@ -163,6 +188,33 @@ class Trainer(Protocol):
     def save_state(self, directory: Path) -> None: ...
 
     def load_state(self, directory: Path) -> None: ...
+
+
+@runtime_checkable
+class MemberStateTrainer(Trainer, Protocol):
+    """A trainer whose optimizer state moves member by member: what a cluster needs to spread members over
+    workers, move a member (a child bred on another worker) and save or load each worker's share of a
+    checkpoint. The checkpoint layout is :mod:`populora_core.trainer_state`'s manifest plus one file per member."""
+
+    def members(self) -> list[str]:
+        """Members that have state, sorted."""
+        ...
+
+    def export_member(self, member_id: str) -> Any:
+        """A picklable copy of one member's state (None: it has none), for :meth:`import_member` elsewhere."""
+        ...
+
+    def import_member(self, member_id: str, state: Any) -> None:
+        """Take a state :meth:`export_member` made (None: forget the member)."""
+        ...
+
+    def save_members(self, directory: Path, member_ids: Sequence[str]) -> dict[str, str]:
+        """Write these members' states, one file each, under ``directory``; returns member -> relative path."""
+        ...
+
+    def load_members(self, directory: Path, files: dict[str, str]) -> None:
+        """Load the members in ``files`` (member -> path relative to ``directory``, from the manifest)."""
+        ...
 
 
 # --- execution and tasks ----------------------------------------------------------------------------
@@ -324,6 +376,26 @@ class Replacement:
 @runtime_checkable
 class Selector(Protocol):
     def select(self, members: Sequence[Any], rng: Any) -> list[Replacement]: ...
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    """Where the heavy components run (recipe ``cluster``): built before the engine and the trainer, it builds
+    them on its workers so they can share them, and hands back driver-side objects with their contracts.
+    The run itself (population, ratings, RNG streams, checkpoints) stays in the driver. ``local`` (no
+    cluster object) is the single process."""
+
+    def engine(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> RolloutEngine:
+        """The recipe's engine ``name`` with raw ``params``, on the workers; ``context``: its factory's arguments."""
+        ...
+
+    def trainer(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> Trainer:
+        """The recipe's trainer ``name`` with raw ``params``, on the workers."""
+        ...
+
+    def close(self) -> None:
+        """Release every worker and reservation (called once, when the run ends or fails)."""
+        ...
 
 
 @runtime_checkable

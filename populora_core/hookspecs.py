@@ -100,6 +100,15 @@ def register_sinks(register: Any) -> None:
 
 
 @hookspec
+def register_clusters(register: Any) -> None:
+    """Register clusters: where the engine and the trainer run (recipe ``cluster``; ``local`` is built in).
+
+    ``factory(params, *, run_dir) -> components.Cluster``; ``run_dir`` is the run directory the workers
+    must see (adapters and checkpoints are exchanged through it).
+    """
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add subcommands to the ``populora`` click group (``@cli.command()``), as simonw/llm does."""
 

@@ -24,6 +24,7 @@ from . import evolution, solving, state
 from .components import (
     AdapterRef,
     BaseModel,
+    Cluster,
     GenerationRequest,
     LoraSettings,
     Match,
@@ -31,6 +32,7 @@ from .components import (
     Problem,
     Rollout,
     SamplingParams,
+    UpdateJob,
 )
 from .errors import UserError
 from .metrics import PhaseTimer, problem_records, step_metrics
@@ -38,7 +40,7 @@ from .plugins import PluginManager
 from .population import Member, Population
 from .probe import ProbeTarget, probe_records, probe_set
 from .problems import Proposal
-from .recipe import Recipe
+from .recipe import LOCAL_CLUSTER, Recipe
 from .registry import Component
 from .rng import derived_rng, derived_seed
 from .run import RunDir
@@ -59,6 +61,27 @@ class Run:
         self.base_model = base_model or reg.base_model(recipe.base_model.name, recipe.base_model.params)
         lora = recipe.lora
         self.lora = LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.init_std)
+        # built first: the engine and the trainer go onto its workers (None: this process, today's behaviour)
+        self.cluster: Cluster | None = None
+        if recipe.cluster.name != LOCAL_CLUSTER:
+            self.cluster = reg.get("cluster", recipe.cluster.name).build(recipe.cluster.params, run_dir=run_dir.path)
+        try:
+            self._build_components(recipe, run_dir)
+        except BaseException:
+            if self.cluster is not None:
+                self.cluster.close()
+            raise
+        self.population = Population.create(
+            recipe.population.teachers, recipe.population.students, shared=self.single_agent
+        )
+        self.step = 0
+        self.coverage: dict[str, set[str]] = defaultdict(set)
+        self._probe: dict[str, list[Problem]] | None = None
+        self.dropped: Counter[str] = Counter()  # this step's requests the engine did not generate for, by reason
+        self._last_checkpoint_s = 0.0
+
+    def _build_components(self, recipe: Recipe, run_dir: RunDir) -> None:
+        reg = self.manager.registry
         self.executor = reg.get("executor", recipe.executor.name).build(recipe.executor.params)
         self.tasks: dict[str, Any] = {}  # filled in recipe order; each task factory may take it as `tasks`
         for i, ref in enumerate(recipe.tasks):
@@ -69,9 +92,13 @@ class Run:
                 ref.params, executor=self.executor, rng=rng, tasks=self.tasks
             )
         ctx = {"base_model": self.base_model, "lora": self.lora, "seed": recipe.seed}
-        limit = recipe.rollout.max_prompt_tokens
-        self.engine = reg.get("engine", recipe.engine.name).build(recipe.engine.params, **ctx, max_prompt_tokens=limit)
-        self.trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.params, **ctx)
+        engine_ctx = {**ctx, "max_prompt_tokens": recipe.rollout.max_prompt_tokens}
+        if self.cluster is None:
+            self.engine = reg.get("engine", recipe.engine.name).build(recipe.engine.params, **engine_ctx)
+            self.trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.params, **ctx)
+        else:
+            self.engine = self.cluster.engine(recipe.engine.name, recipe.engine.params, engine_ctx)
+            self.trainer = self.cluster.trainer(recipe.trainer.name, recipe.trainer.params, ctx)
         self.matchmaker = reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.params)
         evo = recipe.evolution
         self.selector = reg.get("selector", evo.selector.name).build(evo.selector.params) if evo.every else None
@@ -80,14 +107,6 @@ class Run:
             comp = reg.get("operator", ref.name)
             self.operators.append((comp, comp.parse_params(ref.params), ref.weight))
         self.sinks = [reg.get("sink", ref.name).build(ref.params, run_dir=run_dir.path) for ref in recipe.sinks]
-        self.population = Population.create(
-            recipe.population.teachers, recipe.population.students, shared=self.single_agent
-        )
-        self.step = 0
-        self.coverage: dict[str, set[str]] = defaultdict(set)
-        self._probe: dict[str, list[Problem]] | None = None
-        self.dropped: Counter[str] = Counter()  # this step's requests the engine did not generate for, by reason
-        self._last_checkpoint_s = 0.0
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -269,17 +288,28 @@ class Run:
         return outcomes
 
     def _train(self, rollouts: list[Rollout]) -> dict[str, dict[str, Any]]:
-        """One policy update per member that has rollouts; each writes the member's next version."""
-        stats: dict[str, dict[str, Any]] = {}
+        """One policy update per member that has rollouts; each writes the member's next version.
+
+        A trainer with ``update_many`` gets the step's updates at once (a cluster runs them in parallel);
+        otherwise they run one member at a time.
+        """
+        jobs: list[tuple[Member, UpdateJob]] = []
         for member in list(self.population.members.values()):
             own = [r for r in rollouts if r.member_id == member.id]
             if not own:
                 continue
             parent = self.adapter_ref(member)
             member.version += 1
-            result = self.trainer.update(member.id, parent, own, self.dir.adapter_path(member.version_name))
-            member.counters.rollouts += len(own)
-            member.counters.trained_tokens += sum(len(r.completion_token_ids) for r in own)
+            jobs.append((member, UpdateJob(member.id, parent, own, self.dir.adapter_path(member.version_name))))
+        update_many = getattr(self.trainer, "update_many", None)
+        if update_many is not None:
+            results = update_many([job for _, job in jobs])
+        else:
+            results = [self.trainer.update(job.member_id, job.adapter, job.rollouts, job.out_dir) for _, job in jobs]
+        stats: dict[str, dict[str, Any]] = {}
+        for (member, job), result in zip(jobs, results, strict=True):
+            member.counters.rollouts += len(job.rollouts)
+            member.counters.trained_tokens += sum(len(r.completion_token_ids) for r in job.rollouts)
             member.counters.updates += 1
             stats[member.id] = asdict(result)
         return stats
@@ -309,7 +339,7 @@ class Run:
         return records
 
     def close(self) -> None:
-        for closer in (self.engine, self.executor, *self.sinks):
+        for closer in (self.engine, self.executor, *self.sinks, self.cluster):
             close = getattr(closer, "close", None)
             if close is not None:
                 close()
@@ -318,17 +348,33 @@ class Run:
 def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
     run_dir.create(resolved)
-    run = Run(recipe, run_dir, manager, base_model=base)
+    try:
+        run = Run(recipe, run_dir, manager, base_model=base)
+    except BaseException:
+        run_dir.discard_new()  # a run that never started (no cluster, bad component) leaves no run directory
+        raise
     run.initialise()
     return run
 
 
-def resume_run(run_dir: RunDir, manager: PluginManager) -> Run:
-    """The run from its last complete checkpoint; one killed before its first starts over from step 0."""
-    from .recipe import parse_recipe
+def resume_run(run_dir: RunDir, manager: PluginManager, cluster_overrides: tuple[str, ...] = ()) -> Run:
+    """The run from its last complete checkpoint; one killed before its first starts over from step 0.
 
-    recipe = parse_recipe(run_dir.read_recipe(), manager.registry, recipe=str(run_dir.path / "recipe.yaml"))
+    ``cluster_overrides`` (``cluster.name=ray``, ``cluster.params.workers=1``) move the run to other
+    hardware: where the components run never changes what a run computes, so only the ``cluster``
+    section may change on resume; the new section is written to the run's recipe once the run is built.
+    """
+    from .recipe import apply_overrides, parse_recipe
+
+    recipe_file = str(run_dir.path / "recipe.yaml")
+    for item in cluster_overrides:
+        if not item.split("=", 1)[0].startswith("cluster"):
+            raise UserError(f"resume override {item!r}: only the cluster section may change when a run resumes")
+    data = apply_overrides(run_dir.read_recipe(), cluster_overrides, recipe=recipe_file)
+    recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
     run = Run(recipe, run_dir, manager)
+    if cluster_overrides:
+        run_dir.write_recipe(recipe.model_dump(mode="json"))
     if run_dir.latest_checkpoint() is None:
         run_dir.clear()
         run.initialise()

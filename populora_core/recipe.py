@@ -155,6 +155,10 @@ class EvalSection(_Strict):
     )
 
 
+#: The built-in cluster: today's single process, no cluster component (engine and trainer in the driver).
+LOCAL_CLUSTER = "local"
+
+
 class Recipe(_Strict):
     name: str
     seed: int = 0
@@ -177,6 +181,16 @@ class Recipe(_Strict):
     seeds: SeedsSection = Field(default_factory=SeedsSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    cluster: ComponentRef = Field(
+        default_factory=lambda: ComponentRef(name=LOCAL_CLUSTER),
+        description="where the engine and the trainer run: local (this process) or a registered cluster (ray)",
+    )
+
+    @model_validator(mode="after")
+    def _local_cluster_takes_no_params(self) -> Recipe:
+        if self.cluster.name == LOCAL_CLUSTER and self.cluster.params:
+            raise ValueError("cluster 'local' (this process) takes no params; name a cluster such as ray")
+        return self
 
     def component_refs(self) -> list[tuple[str, str, ComponentRef]]:
         """(yaml path, kind, ref) of every component the recipe names."""
@@ -187,6 +201,8 @@ class Recipe(_Strict):
             ("trainer", "trainer", self.trainer),
             ("matchmaker", "matchmaker", self.matchmaker),
         ]
+        if self.cluster.name != LOCAL_CLUSTER:
+            refs.append(("cluster", "cluster", self.cluster))
         refs += [(f"tasks.{i}", "task", ref) for i, ref in enumerate(self.tasks)]
         refs += [(f"sinks.{i}", "sink", ref) for i, ref in enumerate(self.sinks)]
         if self.evolution.every:
@@ -328,8 +344,22 @@ def recipe_json_schema(registry: Registry) -> dict[str, Any]:
                 "additionalProperties": False,
             }
         )
-    fields = {"executor": "executor", "engine": "engine", "trainer": "trainer", "matchmaker": "matchmaker"}
+    fields = {
+        "executor": "executor",
+        "engine": "engine",
+        "trainer": "trainer",
+        "matchmaker": "matchmaker",
+        "cluster": "cluster",
+    }
     props = schema["properties"]
+    local = {
+        "type": "object",
+        "title": "cluster local (built in)",
+        "properties": {"name": {"const": LOCAL_CLUSTER}, "params": {"type": "object", "maxProperties": 0}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    by_kind["cluster"] = [local, *by_kind.get("cluster", [])]
     for field_name, kind in fields.items():
         if by_kind.get(kind):
             props[field_name] = {

@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "evaluator": "register_evaluators",
     "base_model": "register_base_models",
     "sink": "register_sinks",
+    "cluster": "register_clusters",
 }
 
 

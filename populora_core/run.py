@@ -69,7 +69,21 @@ class RunDir:
             )
         for sub in ("adapters", "checkpoints", "tasks"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+        self.write_recipe(resolved_recipe)
+
+    def write_recipe(self, resolved_recipe: dict[str, Any]) -> None:
+        """Replace the resolved recipe (resume on another cluster changes its ``cluster`` section)."""
         atomic_write_text(self.path / "recipe.yaml", yaml.safe_dump(resolved_recipe, sort_keys=False))
+
+    def discard_new(self) -> None:
+        """Remove what :meth:`create` wrote, while nothing else is there (a run that failed to start)."""
+        for sub in ("adapters", "checkpoints", "tasks"):
+            folder = self.path / sub
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        (self.path / "recipe.yaml").unlink(missing_ok=True)
+        if self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()
 
     def read_recipe(self) -> dict[str, Any]:
         file = self.path / "recipe.yaml"

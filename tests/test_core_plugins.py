@@ -86,7 +86,7 @@ def test_cli_startup_does_not_import_torch():
     code = (
         "import sys; from populora_core.plugins import get_manager; get_manager(); "
         "import populora_core.cli; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft', 'numba', "
-        "'llvmlite') if m in sys.modules]; print(','.join(heavy))"
+        "'llvmlite', 'ray') if m in sys.modules]; print(','.join(heavy))"
     )
     import subprocess
     import sys
@@ -205,6 +205,10 @@ class EveryKind:
     @hookimpl
     def register_sinks(self, register):
         register("k_sink", lambda params, *, run_dir: None)
+
+    @hookimpl
+    def register_clusters(self, register):
+        register("k_cluster", lambda params, *, run_dir: None)
 
 
 def test_every_register_hook_records_name_plugin_version_and_params():

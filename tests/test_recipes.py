@@ -126,3 +126,25 @@ def test_every_7b_population_has_the_baselines_per_slot_budget():
     reference, _ = budget(RECIPE_DIR / "azr_7b.yaml")
     for path in [*SEVEN_B, RECIPE_DIR / "azr_llama3.1_8b.yaml"]:
         assert budget(path)[0] == reference, path.name
+
+
+@pytest.mark.parametrize(
+    ("ray_recipe", "base"),
+    [
+        ("nano_ray", "nano"),
+        ("azr_7b_ray_node", "azr_7b"),
+        ("populora_8t8s_7b_ray_nodes", "populora_8t8s_7b"),
+    ],
+)
+def test_ray_recipes_are_their_base_recipe_on_a_ray_cluster(ray_recipe, base, registry):
+    """Where a run computes never changes what it computes: only the name and the cluster section differ."""
+    on_ray = yaml.safe_load((RECIPE_DIR / f"{ray_recipe}.yaml").read_text())
+    reference = yaml.safe_load((RECIPE_DIR / f"{base}.yaml").read_text())
+    assert on_ray["cluster"]["name"] == "ray" and "cluster" not in reference
+    for key in set(on_ray) | set(reference):
+        if key not in ("name", "cluster"):
+            assert on_ray.get(key) == reference.get(key), f"{ray_recipe}: {key} differs from {base}"
+    model, _ = load_recipe(RECIPE_DIR / f"{ray_recipe}.yaml", [], registry)
+    params = registry.get("cluster", "ray").parse_params(model.cluster.params)
+    members = model.population.teachers + model.population.students
+    assert members % params.workers == 0, "every worker should own the same number of members"

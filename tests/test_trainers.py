@@ -305,6 +305,45 @@ def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
         restored.load_state(tmp_path / "nowhere")
 
 
+def test_state_is_one_file_per_member_with_a_manifest_and_old_single_files_still_load(base, adapters, tmp_path):
+    import torch
+
+    from populora_core.trainer_state import read_manifest
+
+    trainer = make("trainer", "trr++", base, lr=1e-3)
+    for m, a in (("m0", adapters[0]), ("m2", adapters[2])):
+        trainer.update(m, a, _rollouts(m, seed=1), tmp_path / f"{m}_v1")
+    trainer.save_state(tmp_path / "ckpt")
+    manifest = read_manifest(tmp_path / "ckpt", "trr++")
+    assert manifest is not None and manifest["members"] == {"m0": "members/m0.pt", "m2": "members/m2.pt"}
+    # a worker loads only the members it owns; a state moves between trainers exactly
+    part = make("trainer", "trr++", base, lr=1e-3)
+    part.load_members(tmp_path / "ckpt", {"m2": manifest["members"]["m2"]})
+    assert part.members() == ["m2"]
+    other = make("trainer", "trr++", base, lr=1e-3)
+    other.import_member("m0", trainer.export_member("m0"))
+    assert other.export_member("nobody") is None
+    # the layout before manifests: every member in one trainer_state.pt
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    torch.save(
+        {"format": 1, "algorithm": "trr++", "updates": 2, "members": trainer._states, "extra": {}},
+        legacy / "trainer_state.pt",
+    )
+    old = make("trainer", "trr++", base, lr=1e-3)
+    old.load_state(legacy)
+    assert old.members() == ["m0", "m2"]
+    for m in ("m0", "m2"):
+        v1 = AdapterRef(f"{m}@v1", str(tmp_path / f"{m}_v1"))
+        for who, t in (("a", trainer), ("b", old)):
+            t.update(m, v1, _rollouts(m, seed=2), tmp_path / f"{m}_v2{who}")
+        assert _same(_tensors(tmp_path / f"{m}_v2a"), _tensors(tmp_path / f"{m}_v2b"))
+    other.update("m0", AdapterRef("m0@v1", str(tmp_path / "m0_v1")), _rollouts("m0", seed=2), tmp_path / "m0_v2c")
+    assert _same(_tensors(tmp_path / "m0_v2a"), _tensors(tmp_path / "m0_v2c"))
+    with pytest.raises(UserError, match="saved by trainer 'trr\\+\\+', not 'grpo'"):
+        make("trainer", "grpo", base).load_state(tmp_path / "ckpt")
+
+
 def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters, tmp_path):
     from populora_trl.common import scheduled_lr
 

@@ -15,7 +15,7 @@ from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollou
 from populora_core.errors import UserError
 
 SCRATCH = "__train__"
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.pt"  # every member in one file: the layout before populora_core.trainer_state
 
 
 def check_update(member_id: str, rollouts: Sequence[Rollout], out_dir: Path) -> Path:
@@ -63,7 +63,6 @@ class LoraTrainerBase:
         self.seed = int(seed)
         self.host = get_host(base_model, params.device)
         self._states: dict[str, dict[str, Any]] = {}
-        self._updates = 0
 
     @classmethod
     def factory(cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> Any:
@@ -166,10 +165,7 @@ class LoraTrainerBase:
 
     def copy_state(self, source_member: str, target_member: str) -> None:
         """PBT inheritance: the child starts from a copy of the parent's AdamW moments."""
-        if source_member in self._states:
-            self._states[target_member] = copy.deepcopy(self._states[source_member])
-        else:
-            self._states.pop(target_member, None)
+        self.import_member(target_member, self.export_member(source_member))
 
     def forget(self, member_id: str) -> None:
         self._states.pop(member_id, None)
@@ -177,29 +173,68 @@ class LoraTrainerBase:
     def members(self) -> list[str]:
         return sorted(self._states)
 
-    def save_state(self, directory: Path) -> None:
-        """All members' optimizer states in one torch file, written atomically."""
+    def export_member(self, member_id: str) -> dict[str, Any] | None:
+        """A copy of one member's AdamW state and per-member extras (None: no state), to move it elsewhere."""
+        if member_id not in self._states:
+            return None
+        return {"optimizer_state": copy.deepcopy(self._states[member_id]), "extra": self._member_extra(member_id)}
+
+    def import_member(self, member_id: str, state: dict[str, Any] | None) -> None:
+        self.forget(member_id)
+        if state is not None:
+            self._states[member_id] = copy.deepcopy(state["optimizer_state"])
+            self._load_member_extra(member_id, state["extra"])
+
+    def save_members(self, directory: Path, member_ids: Sequence[str]) -> dict[str, str]:
+        """One torch file per member (populora_core.trainer_state's layout), each written atomically."""
         import torch
+
+        from populora_core.trainer_state import member_file
+
+        files = {}
+        for member_id in member_ids:
+            state = self.export_member(member_id)
+            if state is None:  # nothing to keep: it loads as a member without state
+                continue
+            rel = member_file(member_id)
+            target = Path(directory) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            os.close(fd)
+            try:
+                torch.save(state, tmp)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            files[member_id] = rel
+        return files
+
+    def load_members(self, directory: Path, files: dict[str, str]) -> None:
+        import torch
+
+        for member_id, rel in files.items():
+            payload = torch.load(Path(directory) / rel, map_location="cpu", weights_only=False)
+            self.import_member(member_id, payload)
+
+    def save_state(self, directory: Path) -> None:
+        """Every member's optimizer state in its own file plus the manifest (written last)."""
+        from populora_core.trainer_state import write_manifest
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "format": 1,
-            "algorithm": self.algorithm,
-            "updates": self._updates,
-            "members": self._states,
-            "extra": self._extra_state(),
-        }
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=directory)
-        os.close(fd)
-        try:
-            torch.save(payload, tmp)
-            os.replace(tmp, directory / STATE_FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_manifest(directory, self.algorithm, self.save_members(directory, self.members()))
 
     def load_state(self, directory: Path) -> None:
+        """The manifest layout, or one ``trainer_state.pt`` for every member (states saved before manifests)."""
+        from populora_core.trainer_state import read_manifest
+
+        for member_id in self.members():
+            self.forget(member_id)
+        manifest = read_manifest(Path(directory), self.algorithm)
+        if manifest is not None:
+            self.load_members(Path(directory), manifest["members"])
+            return
         import torch
 
         file = Path(directory) / STATE_FILE
@@ -209,14 +244,17 @@ class LoraTrainerBase:
         if payload.get("algorithm") != self.algorithm:
             raise UserError(f"{file}: saved by trainer {payload.get('algorithm')!r}, not {self.algorithm!r}")
         self._states = payload["members"]
-        self._updates = int(payload.get("updates", 0))
         self._load_extra_state(payload.get("extra") or {})
 
-    def _extra_state(self) -> dict[str, Any]:
+    def _member_extra(self, member_id: str) -> dict[str, Any]:
+        """What else a member's state holds beyond its AdamW moments (grpo: its reference adapter)."""
         return {}
 
-    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+    def _load_member_extra(self, member_id: str, extra: dict[str, Any]) -> None:
         pass
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        """The trainer-wide extras of a single-file state (saved before the per-member layout)."""
 
 
 @contextmanager

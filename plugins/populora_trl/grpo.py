@@ -205,7 +205,6 @@ class GRPOLoraTrainer(LoraTrainerBase):
                 metrics = {k: list(v) for k, v in trainer._metrics["train"].items()}
                 trainer._metrics["train"].clear()
             self._finish(adapter, config, out_dir)
-        self._updates += 1
         extra = {
             "reward_mean": sum(float(r.reward) for r in rollouts) / len(rollouts),
             "sequences": float(n_seq),
@@ -228,8 +227,14 @@ class GRPOLoraTrainer(LoraTrainerBase):
         values = trainer._metrics["train"].get("entropy") or [0.0]
         return float(values[-1])
 
-    def _extra_state(self) -> dict[str, Any]:
-        return {"refs": {m: [r.name, r.path] for m, r in self._refs.items()}}
+    def _member_extra(self, member_id: str) -> dict[str, Any]:
+        ref = self._refs.get(member_id)
+        return {"ref": [ref.name, ref.path]} if ref is not None else {}
+
+    def _load_member_extra(self, member_id: str, extra: dict[str, Any]) -> None:
+        if extra.get("ref"):
+            name, path = extra["ref"]
+            self._refs[member_id] = AdapterRef(name, path)
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
         self._refs = {m: AdapterRef(n, path) for m, (n, path) in (extra.get("refs") or {}).items()}
@@ -237,10 +242,3 @@ class GRPOLoraTrainer(LoraTrainerBase):
     def forget(self, member_id: str) -> None:
         super().forget(member_id)
         self._refs.pop(member_id, None)
-
-    def copy_state(self, source_member: str, target_member: str) -> None:
-        super().copy_state(source_member, target_member)
-        if source_member in self._refs:
-            self._refs[target_member] = self._refs[source_member]
-        else:
-            self._refs.pop(target_member, None)

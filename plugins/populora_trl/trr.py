@@ -150,7 +150,6 @@ class TRRTrainer(LoraTrainerBase):
                 self._keep(member_id, opt, params)
                 opt.zero_grad(set_to_none=True)
             self._finish(adapter, config, out_dir)
-        self._updates += 1
         rewards = [float(r.reward) for r in rollouts]
         used = [a for r, a in zip(rollouts, advantages) if r.completion_token_ids]
         return UpdateStats(
@@ -169,6 +168,3 @@ class TRRTrainer(LoraTrainerBase):
                 **({"kl": kl_sum} if p.kl_coef else {}),
             },
         )
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {}

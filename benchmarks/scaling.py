@@ -1,0 +1,162 @@
+"""Benchmark: step time of the nano recipe on 1 and 2 Ray workers against the single process, and Ray's overhead.
+
+    python -m benchmarks.scaling            # nano 2T-2S and a 4T-4S variant: local, 1 and 2 Ray workers, 4 steps
+    python -m benchmarks.scaling --quick    # 3 steps of smaller rollouts
+    python -m benchmarks.scaling --smoke    # 2 tiny steps, local and 2 workers of 2T-2S (CI: does it run)
+
+Every configuration runs at one torch thread per process (the single process and each worker), as the
+bit-identity of the Ray run needs. Step time is the mean of ``time/step`` over the steps after the first
+(which pays model loading and warm-ups); Ray's start-up (cluster, actors, base models) is reported apart.
+Ray overhead = driver wall time of the remote calls beyond the slowest worker's time inside them
+(serialization, scheduling, transfers), as a share of step time. ``generation_split: exact`` (the default)
+generates each call whole on one worker (the hf engine seeds per batch); the ``split`` rows spread
+generation over the workers too (not bit-identical to the single process). Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from populora_core import hookimpl
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "nano_ray.yaml"
+
+
+class OverheadByStep:
+    """Records the cluster's cumulative Ray overhead at the end of every step (a lifecycle hookimpl)."""
+
+    def __init__(self) -> None:
+        self.at_step_end: dict[int, float] = {}
+
+    @hookimpl
+    def on_step_end(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
+        if run.cluster is not None:
+            self.at_step_end[step] = run.cluster.time.overhead_s
+
+
+def measure(manager: Any, recorder: OverheadByStep, overrides: list[str], workdir: Path, label: str) -> dict:
+    from populora_core.loop import execute, start_run
+    from populora_core.recipe import load_recipe
+    from populora_core.run import RunDir
+
+    recorder.at_step_end.clear()
+    recipe, resolved = load_recipe(RECIPE, overrides, manager.registry)
+    started = time.perf_counter()
+    run = start_run(recipe, resolved, RunDir(workdir / label), manager)
+    startup_s = time.perf_counter() - started
+    execute(run)
+    steps = [e for e in RunDir(workdir / label).read_log("events.jsonl") if e["event"] == "step"]
+    timed = steps[1:] or steps
+    step_s = statistics.fmean(s["time/step"] for s in timed)
+    train_s = statistics.fmean(s["time/train"] for s in timed)
+    generate_s = statistics.fmean(
+        sum(s.get(f"time/{p}", 0.0) for p in ("generate_propose", "generate_solve", "generate_buffer")) for s in timed
+    )
+    overhead = recorder.at_step_end
+    first = timed[0]["step"]
+    overhead_s = (overhead[timed[-1]["step"]] - overhead.get(first - 1, 0.0)) / len(timed) if overhead else 0.0
+    return {
+        "config": label,
+        "step_s": step_s,
+        "generate_s": generate_s,
+        "train_s": train_s,
+        "ray_overhead_s": overhead_s,
+        "startup_s": startup_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="2 tiny steps: checks it runs, not its speed")
+    args = parser.parse_args(argv)
+
+    import ray
+
+    from populora_core.plugins import get_manager
+
+    steps = 2 if args.smoke else 3 if args.quick else args.steps
+    common = [f"steps={steps}", "probe.enabled=false", "evolution.every=0", f"checkpoint.every={steps}"]
+    if args.smoke:
+        common += [
+            "rollout.proposals_per_teacher=1",
+            "rollout.solver_samples=2",
+            "rollout.propose_max_tokens=48",
+            "rollout.solve_max_tokens=24",
+        ]
+    elif args.quick:
+        common += ["rollout.proposals_per_teacher=3", "rollout.solver_samples=3"]
+    populations = (
+        {"2t2s": []} if args.smoke else {"2t2s": [], "4t4s": ["population.teachers=4", "population.students=4"]}
+    )
+    ray_settings = ["cluster.params.threads_per_worker=1", "cluster.params.cpus_per_worker=1"]
+    configs = {
+        "local": ["cluster=local"],
+        "ray-1": ["cluster.params.workers=1", *ray_settings],
+        "ray-2": ["cluster.params.workers=2", *ray_settings],
+        "ray-2-split": ["cluster.params.workers=2", "cluster.params.generation_split=always", *ray_settings],
+    }
+    if args.smoke:
+        configs = {k: v for k, v in configs.items() if k in ("local", "ray-2")}
+
+    recorder = OverheadByStep()
+    manager = get_manager()
+    manager.add_plugin(recorder, "scaling-benchmark")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")  # one cluster for every Ray row
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="populora-scaling-") as tmp:
+            for population, extra in populations.items():
+                for label, settings in configs.items():
+                    row = measure(manager, recorder, common + extra + settings, Path(tmp), f"{population}-{label}")
+                    row["population"] = population
+                    rows.append(row)
+                    print(
+                        f"{row['config']:>18}: step {row['step_s']:6.2f} s (generate {row['generate_s']:5.2f}, "
+                        f"train {row['train_s']:5.2f}, ray overhead {row['ray_overhead_s']:5.3f}); "
+                        f"start-up {row['startup_s']:5.1f} s",
+                        flush=True,
+                    )
+    finally:
+        ray.shutdown()
+
+    def step_of(population: str, label: str) -> float | None:
+        found = [r["step_s"] for r in rows if r["population"] == population and r["config"].endswith(label)]
+        return found[0] if found else None
+
+    headline = "2t2s" if args.smoke else "4t4s"
+    result: dict[str, Any] = {"benchmark": "scaling", "steps": steps, "rows": rows}
+    for population in populations:
+        local = step_of(population, "-local")
+        for label in ("ray-1", "ray-2", "ray-2-split"):
+            other = step_of(population, f"-{label}")
+            if local and other:
+                result[f"speedup_{population}_{label.replace('-', '_')}"] = local / other
+    two = next(r for r in rows if r["population"] == headline and r["config"].endswith("-ray-2"))
+    result["speedup_2_workers"] = result[f"speedup_{headline}_ray_2"]
+    result["ray_overhead_share"] = two["ray_overhead_s"] / two["step_s"]
+    if f"speedup_{headline}_ray_2_split" in result:
+        result["speedup_2_workers_split_generation"] = result[f"speedup_{headline}_ray_2_split"]
+    print(
+        f"{headline}: 2 workers {result['speedup_2_workers']:.2f}x the single process's step rate "
+        f"(target 1.6x), Ray overhead {100 * result['ray_overhead_share']:.1f} % of step time (target <= 5 %)"
+    )
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

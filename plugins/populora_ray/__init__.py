@@ -1,0 +1,81 @@
+"""``ray`` cluster: the population's engine and trainer on Ray workers, the run itself in the driver.
+
+Recipe: ``cluster: {name: ray, params: {workers: 2}}``. The driver keeps the population, ratings, RNG
+streams, evolution and checkpoints; worker actors in one placement group each host the base once and run
+the recipe's engine and trainer (``colocated``) or one of them (``disaggregated``). Results are those of
+the single process at equal thread counts (see README.md). No Ray import here: the plugin loads, and
+``populora --help`` answers, without Ray installed; a run that asks for it without Ray is a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from populora_core import Params, hookimpl
+
+
+class RayClusterParams(Params):
+    """Where the workers run and what each one gets."""
+
+    address: str = Field(
+        "",
+        description="a running Ray cluster: 'auto' or HOST:PORT of `ray start --head`; empty: the Ray this "
+        "process already joined, else a local cluster started for the run (and stopped after it)",
+    )
+    layout: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="colocated: every worker runs an engine and a trainer on one copy of the base (generation "
+        "and training take turns on its device); disaggregated: engine workers serve every adapter while "
+        "`workers` trainer workers own members",
+    )
+    workers: int = Field(2, ge=1, description="colocated: all workers; disaggregated: the trainer workers")
+    engine_workers: int | None = Field(None, ge=1, description="disaggregated only: engine workers (default 1)")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker (its placement-group bundle)")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs reserved per worker: 1 is one GPU each")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy for the workers' bundles (STRICT_PACK: one node)"
+    )
+    generation_split: Literal["exact", "always"] = Field(
+        "exact",
+        description="exact: a generation call is split across engine workers only when the engine is row-seeded "
+        "(its samples do not depend on the other requests of a call), else it runs whole on one worker, so "
+        "results equal the single process's; always: every call is split by token budget, faster with a "
+        "batch-seeded engine (hf, vllm today), but samples then depend on the number of engine workers",
+    )
+    threads_per_worker: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads in each worker; results depend on it, so it is pinned. None: the driver's "
+        "OMP_NUM_THREADS, else cpus_per_worker",
+    )
+    runtime_env: dict[str, Any] = Field(
+        default_factory=dict, description="Ray runtime_env of the workers (env_vars are merged with the pinned ones)"
+    )
+    local_cpus: int | None = Field(None, ge=1, description="a local cluster's CPUs (address empty); None: Ray counts")
+    local_gpus: int | None = Field(
+        None, ge=0, description="a local cluster's GPUs (address empty); None: Ray counts; more than exist: fake ones"
+    )
+    start_timeout_s: float = Field(60.0, gt=0, description="how long to wait for the workers to be placed")
+    connect_timeout_s: float = Field(10.0, gt=0, description="how long a HOST:PORT address may take to answer")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RayClusterParams:
+        if self.layout == "colocated" and self.engine_workers is not None:
+            raise ValueError("engine_workers is for layout: disaggregated (colocated workers all run an engine)")
+        if self.address and (self.local_cpus is not None or self.local_gpus is not None):
+            raise ValueError("local_cpus / local_gpus size a local cluster; with an address the cluster has its own")
+        return self
+
+
+@hookimpl
+def register_clusters(register):
+    from .cluster import RayCluster
+
+    register(
+        "ray",
+        RayCluster,
+        params=RayClusterParams,
+        description="worker actors in a Ray placement group: colocated engine + trainer, or disaggregated",
+    )

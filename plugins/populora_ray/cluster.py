@@ -1,0 +1,308 @@
+"""The ``ray`` cluster: worker actors in one placement group, each hosting the base once.
+
+Started (or joined) once per run, before the engine and the trainer, which it then builds on its workers.
+Layouts: ``colocated`` (every worker runs an engine and a trainer on one copy of the base, verl's hybrid
+shape) and ``disaggregated`` (engine workers serve every adapter; trainer workers own members). The run
+directory is the exchange: adapters are immutable PEFT directories in it and checkpoints are written into
+it by the workers that own the state, so it must be on a filesystem every node shares (checked at start).
+Everything Ray-specific is imported inside functions: loading the plugin needs no Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from populora_core.errors import PopuloraError, UserError
+
+from .worker import PopulationWorker
+
+
+class WorkerLost(UserError):
+    """A worker died (killed, out of memory, node lost): the run stops; ``populora resume`` continues it."""
+
+    exit_code = 1  # a failure of the machine, not bad input
+
+
+@dataclass
+class Worker:
+    index: int
+    role: str  # colocated | engine | trainer
+    actor: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def where(self) -> str:
+        info = self.info
+        return f"ray worker {self.index} ({self.role}, pid {info.get('pid', '?')} on {info.get('node', '?')})"
+
+
+@dataclass
+class RemoteTime:
+    """Seconds of every remote call: wall time seen by the driver and the slowest worker's time inside."""
+
+    wall_s: float = 0.0
+    inside_s: float = 0.0
+    calls: int = 0
+
+    @property
+    def overhead_s(self) -> float:
+        """Serialization, scheduling and transfer: what the driver waited beyond the slowest worker's work."""
+        return max(0.0, self.wall_s - self.inside_s)
+
+
+def absolute(ref: Any) -> Any:
+    """An AdapterRef with an absolute path: workers do not run in the driver's working directory."""
+    if ref is None or Path(ref.path).is_absolute():
+        return ref
+    return dataclasses.replace(ref, path=str(Path(ref.path).absolute()))
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserError(
+            "cluster.name: ray needs the ray package, which is not installed "
+            "(pip install 'populora-toolkit[ray]', or pip install ray==2.60.0)"
+        ) from None
+    return ray
+
+
+class RayCluster:
+    """Components on Ray workers, the run in the driver. ``close`` releases every actor and the placement group."""
+
+    def __init__(self, params: Any, *, run_dir: str | os.PathLike[str]) -> None:
+        self.params = params
+        self.run_dir = Path(run_dir).absolute()  # workers do not share the driver's working directory
+        self.ray = import_ray()
+        self.time = RemoteTime()
+        self.workers: list[Worker] = []
+        self._placement_group: Any = None
+        self._started_ray = False
+        self._closed = False
+        self._connect()
+        try:
+            self._check_resources()
+            self._start_workers()
+            self._check_shared_run_dir()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- start-up ---------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Join ``address`` (or the Ray this process already joined), else start a local cluster here."""
+        ray, p = self.ray, self.params
+        if ray.is_initialized():
+            return
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
+        if p.address:
+            check_reachable(p.address, p.connect_timeout_s)
+            kwargs["address"] = p.address
+        else:
+            kwargs.update(num_cpus=p.local_cpus, num_gpus=p.local_gpus)
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+            where = f"at {p.address!r}" if p.address else "on this machine"
+            setting = "cluster.params.address" if p.address else "cluster.params.local_cpus / local_gpus"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"{setting}: cannot start or reach a Ray cluster {where}: {first}") from None
+        self._started_ray = True
+
+    def _bundles(self) -> list[tuple[str, dict[str, float]]]:
+        p = self.params
+        bundle = {"CPU": float(p.cpus_per_worker)}
+        if p.gpus_per_worker:
+            bundle["GPU"] = float(p.gpus_per_worker)
+        if p.layout == "colocated":
+            return [("colocated", dict(bundle)) for _ in range(p.workers)]
+        engines = p.engine_workers or 1
+        engine_roles = [("engine", dict(bundle)) for _ in range(engines)]
+        return engine_roles + [("trainer", dict(bundle)) for _ in range(p.workers)]
+
+    def _check_resources(self) -> None:
+        """More CPUs or GPUs asked than the cluster has: an error naming the setting (a placement group would wait)."""
+        total = self.ray.cluster_resources()
+        bundles = [b for _, b in self._bundles()]
+        for resource, setting in (("GPU", "gpus_per_worker"), ("CPU", "cpus_per_worker")):
+            want = sum(b.get(resource, 0.0) for b in bundles)
+            have = float(total.get(resource, 0.0))
+            if want > have + 1e-9:
+                count = f"{len(bundles)} workers" + (
+                    " (workers + engine_workers)" if self.params.layout == "disaggregated" else ""
+                )
+                raise UserError(
+                    f"cluster.params.{setting}: {count} x {bundles[0].get(resource, 0.0):g} {resource} = {want:g} "
+                    f"{resource}, but the Ray cluster has {have:g}; lower cluster.params.workers or {setting}"
+                )
+
+    def _start_workers(self) -> None:
+        ray, p = self.ray, self.params
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        roles = self._bundles()
+        self._placement_group = placement_group([b for _, b in roles], strategy=p.placement_strategy)
+        ready, _ = ray.wait([self._placement_group.ready()], timeout=p.start_timeout_s)
+        if not ready:
+            raise UserError(
+                f"cluster.params.placement_strategy: the Ray cluster could not place {len(roles)} workers "
+                f"({roles[0][1]} each, {p.placement_strategy}) within {p.start_timeout_s:g} s; "
+                "free resources, lower cluster.params.workers, or use PACK/SPREAD"
+            )
+        actor_class = ray.remote(PopulationWorker)
+        threads = self.threads()
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH"):
+            if var in os.environ:
+                env[var] = os.environ[var]
+        runtime_env = dict(p.runtime_env)
+        runtime_env["env_vars"] = {**env, **dict(runtime_env.get("env_vars") or {})}
+        for index, (role, bundle) in enumerate(roles):
+            actor = actor_class.options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0.0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement_group, index),
+                runtime_env=runtime_env,
+                max_restarts=0,
+            ).remote(index, role, threads)
+            self.workers.append(Worker(index, role, actor))
+        infos = self.call("start", [(w, w.actor.describe.remote()) for w in self.workers], timed=False)
+        for worker, info in zip(self.workers, infos):
+            worker.info = info
+
+    def _check_shared_run_dir(self) -> None:
+        """Every worker must see a file the driver just wrote into the run directory."""
+        token = secrets.token_hex(16)
+        probe = self.run_dir / f".cluster-check-{token[:8]}"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+        try:
+            seen = self.call("start", [(w, w.actor.sees.remote(str(probe), token)) for w in self.workers], timed=False)
+        finally:
+            probe.unlink(missing_ok=True)
+        blind = [w for w, ok in zip(self.workers, seen) if not ok]
+        if blind:
+            raise UserError(
+                f"--run-dir {self.run_dir}: {blind[0].where()} cannot see a file the driver wrote there; "
+                "adapters and checkpoints are exchanged through the run directory, so it must be on a "
+                "filesystem every Ray node mounts at the same path (NFS, a cluster filesystem)"
+            )
+
+    def threads(self) -> int:
+        """Threads each worker's torch uses: pinned, since results depend on it (Ray would pick its own)."""
+        if self.params.threads_per_worker is not None:
+            return int(self.params.threads_per_worker)
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        return int(env) if env.isdigit() and int(env) > 0 else max(1, int(self.params.cpus_per_worker))
+
+    # --- components ---------------------------------------------------------------------------------
+
+    def with_role(self, *roles: str) -> list[Worker]:
+        return [w for w in self.workers if w.role in roles]
+
+    def engine(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        from .engine import RayEngine
+
+        workers = self.with_role("colocated", "engine")
+        traits = self.call(
+            "build", [(w, w.actor.build.remote("engine", name, params, context)) for w in workers], timed=False
+        )
+        row_seeded = all(t["row_seeded"] for t in traits)
+        return RayEngine(self, workers, split=row_seeded or self.params.generation_split == "always")
+
+    def trainer(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        from .trainer import RayTrainer
+
+        workers = self.with_role("colocated", "trainer")
+        traits = self.call(
+            "build", [(w, w.actor.build.remote("trainer", name, params, context)) for w in workers], timed=False
+        )
+        first = traits[0]
+        if not first["member_states"]:
+            raise UserError(
+                f"trainer {name!r} (plugin {first['plugin']}) cannot be spread over Ray workers: it does not hand "
+                "its optimizer state over member by member (populora_core.components.MemberStateTrainer); "
+                "use cluster: local"
+            )
+        return RayTrainer(self, workers, algorithm=first["algorithm"], needs_logprobs=first["needs_sampling_logprobs"])
+
+    # --- calls ----------------------------------------------------------------------------------------
+
+    def call(self, what: str, calls: list[tuple[Worker, Any]], *, timed: bool = True) -> list[Any]:
+        """Results of remote calls in order. Timed calls return (result, seconds inside); their wall time beyond
+        the slowest worker's is Ray's overhead. A dead worker is a :class:`WorkerLost`; an error a component
+        raised on purpose (a PopuloraError) comes back as itself."""
+        ray = self.ray
+        start = time.perf_counter()
+        results = []
+        for worker, ref in calls:
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerLost(
+                    f"{worker.where()} died during {what}: {_first_line(exc)}. The run stopped; "
+                    f"`populora resume {self.run_dir}` continues it from its last checkpoint"
+                ) from None
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, PopuloraError):  # a clear error a component raised on purpose
+                    raise cause from None
+                raise
+        if not timed:
+            return results
+        self.time.wall_s += time.perf_counter() - start
+        self.time.inside_s += max((seconds for _, seconds in results), default=0.0)
+        self.time.calls += 1
+        return [result for result, _ in results]
+
+    def close(self) -> None:
+        """Kill the actors, remove the placement group, and stop Ray if this run started it."""
+        if self._closed:
+            return
+        self._closed = True
+        ray = self.ray
+        for worker in self.workers:
+            try:
+                ray.kill(worker.actor, no_restart=True)
+            except Exception:  # already dead: nothing left to release
+                pass
+        if self._placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._placement_group)
+        if self._started_ray:
+            ray.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) address must answer within ``timeout_s``: Ray itself retries an
+    unreachable one for minutes before it gives up. ``auto`` is left to Ray (it fails fast without a cluster)."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(
+            f"cluster.params.address: no Ray cluster answers at {address!r} within {timeout_s:g} s "
+            f"({exc.strerror or type(exc).__name__}); start one with `ray start --head`, or give its address"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__

@@ -1,0 +1,71 @@
+"""The driver's rollout engine on a Ray cluster: one call split across the engine workers, order kept.
+
+A call is split into contiguous parts of about equal token budget (prompt characters / 4 + n x max_tokens
+per request), one part per worker, and the parts' completions are concatenated back in request order.
+Splitting is exact only for an engine whose sampling of a request does not depend on the other requests
+of the call (``row_seeded``, see populora_core.components.RolloutEngine): each part's requests then carry
+their index in the whole call. An engine that seeds per batch (the hf engine today) gets every call whole
+on one worker, so the cluster's results stay those of the single process (unless the recipe asks for
+``generation_split: always``, trading that identity for parallel generation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from populora_core.components import Completion, GenerationRequest, SamplingParams
+
+from .cluster import absolute
+
+
+def token_budget(request: GenerationRequest, sampling: SamplingParams) -> int:
+    """What a request costs to generate, estimated without a tokenizer (about 4 characters per token)."""
+    return len(request.prompt) // 4 + 1 + sampling.n * sampling.max_tokens
+
+
+def split_by_budget(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` ranges, at most ``parts`` and none empty, each near an equal share of the cost."""
+    total, bounds, running, start = sum(costs), [], 0, 0
+    for part in range(1, parts):
+        goal = total * part / parts
+        end = start
+        while end < len(costs) and running + costs[end] / 2 < goal:
+            running += costs[end]
+            end += 1
+        if end > start:
+            bounds.append((start, end))
+            start = end
+    if start < len(costs):
+        bounds.append((start, len(costs)))
+    return bounds
+
+
+class RayEngine:
+    def __init__(self, cluster: Any, workers: list[Any], *, split: bool) -> None:
+        self.cluster = cluster
+        self.workers = workers
+        self.split = split  # row-seeded engine, or cluster.params.generation_split: always
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        if not requests:
+            return []
+        if self.split and len(self.workers) > 1:
+            ranges = split_by_budget([token_budget(r, sampling) for r in requests], len(self.workers))
+        else:
+            ranges = [(0, len(requests))]
+        calls = []
+        for worker, (start, end) in zip(self.workers, ranges):
+            part = [
+                dataclasses.replace(r, adapter=absolute(r.adapter), index=r.index if r.index is not None else i)
+                for i, r in enumerate(requests[start:end], start=start)
+            ]
+            calls.append((worker, worker.actor.generate.remote(part, sampling)))
+        return [row for part in self.cluster.call("generate", calls) for row in part]
+
+    def sleep(self) -> None:
+        self.cluster.call("sleep", [(w, w.actor.sleep.remote()) for w in self.workers])
+
+    def close(self) -> None:
+        """The workers belong to the cluster, which releases them when the run closes it."""

@@ -1,0 +1,143 @@
+"""The driver's trainer on a Ray cluster: members owned by trainer workers, every worker training at once.
+
+Each worker runs the recipe's trainer on its own copy of the base for the members it owns
+(:mod:`.placement`). A child takes the place of the member it replaces, on that member's worker; when it
+inherits its parent's optimizer state (``evolution.child_optimizer: inherit``) from another worker, the
+moments move through the object store (``export_member`` -> ``import_member``). A member that moves to
+restore the balance takes its state along the same way. Checkpoints: every worker writes its own members' files into
+the checkpoint folder on the shared run directory, then the driver writes the manifest
+(populora_core.trainer_state), so a checkpoint loads on any number of workers, or in a single process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from populora_core.components import AdapterRef, Rollout, UpdateJob, UpdateStats
+from populora_core.trainer_state import read_manifest, write_manifest
+
+from .cluster import absolute
+from .placement import MemberPlacement
+
+
+class RayTrainer:
+    def __init__(self, cluster: Any, workers: list[Any], *, algorithm: str, needs_logprobs: bool) -> None:
+        self.cluster = cluster
+        self.workers = workers
+        self.algorithm = algorithm
+        self.needs_sampling_logprobs = needs_logprobs
+        self.placement = MemberPlacement(len(workers))
+        self._pending: dict[str, str] = {}  # child -> parent whose optimizer state it inherits (copy_state)
+
+    def _call(self, what: str, worker_index: int, method: str, *args: Any) -> Any:
+        worker = self.workers[worker_index]
+        return self.cluster.call(what, [(worker, worker.actor.trainer_call.remote(method, *args))])[0]
+
+    def _on_all(self, what: str, method: str, args_of: Any) -> list[Any]:
+        calls = [(w, w.actor.trainer_call.remote(method, *args_of(i))) for i, w in enumerate(self.workers)]
+        return self.cluster.call(what, calls)
+
+    # --- updates ------------------------------------------------------------------------------------
+
+    def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
+        return self.update_many([UpdateJob(member_id, adapter, rollouts, out_dir)])[0]
+
+    def update_many(self, jobs: list[UpdateJob]) -> list[UpdateStats]:
+        """Place new members, rebalance (moving state with a member), then every worker trains its own at once."""
+        self._settle()
+        jobs = [dataclasses.replace(j, adapter=absolute(j.adapter), out_dir=Path(j.out_dir).absolute()) for j in jobs]
+        for job in jobs:
+            self.placement.place(job.member_id)
+        for move in self.placement.rebalance():
+            state = self._call("move", move.source, "export_member", move.member)
+            self._call("move", move.target, "import_member", move.member, state)
+            self._call("move", move.source, "forget", move.member)
+        by_worker: dict[int, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_worker.setdefault(self.placement.owner[job.member_id], []).append(i)
+        calls = [
+            (self.workers[w], self.workers[w].actor.update_many.remote([jobs[i] for i in idx]))
+            for w, idx in sorted(by_worker.items())
+        ]
+        results: list[UpdateStats | None] = [None] * len(jobs)
+        for (_, idx), stats in zip(sorted(by_worker.items()), self.cluster.call("train", calls)):
+            for i, s in zip(idx, stats):
+                results[i] = s
+        return [s for s in results if s is not None]
+
+    # --- member state -------------------------------------------------------------------------------
+
+    def copy_state(self, source_member: str, target_member: str) -> None:
+        """Recorded now, done at the next call: the loop forgets the dead member right after, so the child can
+        then take the dead member's worker (the least loaded), its parent's moments moved there if need be."""
+        self._settle(source_member, target_member)
+        self.forget(target_member)
+        self._pending[target_member] = source_member
+
+    def forget(self, member_id: str) -> None:
+        self._settle(member_id)  # a copy that reads this member's state happens before it goes
+        self._pending.pop(member_id, None)
+        worker = self.placement.owner.get(member_id)
+        if worker is not None:
+            self._call("forget", worker, "forget", member_id)
+            self.placement.drop(member_id)
+        self._settle()  # a child waiting for the member it replaces to leave takes that worker now
+
+    def _settle(self, *involved: str) -> None:
+        """Carry out pending copies: all of them, or (with ``involved``) those whose source or target is named
+        (a copy must read its source before anything changes or forgets it)."""
+        for target, source in list(self._pending.items()):
+            if involved and source not in involved and target not in involved:
+                continue
+            del self._pending[target]
+            owner = self.placement.owner.get(source)
+            if owner is None:  # a source without state: the child starts fresh
+                continue
+            worker = self.placement.place(target)
+            if worker == owner:
+                self._call("inherit", worker, "copy_state", source, target)
+            else:
+                state = self._call("inherit", owner, "export_member", source)
+                self._call("inherit", worker, "import_member", target, state)
+
+    def members(self) -> list[str]:
+        self._settle()
+        return sorted(self.placement.owner)
+
+    def save_state(self, directory: Path) -> None:
+        """Each worker writes its members' files; the manifest, written last, makes the folder complete."""
+        self._settle()
+        directory = Path(directory).absolute()
+        directory.mkdir(parents=True, exist_ok=True)
+        parts = self._on_all("checkpoint", "save_members", lambda i: (str(directory), self.placement.members_of(i)))
+        files = {member: rel for part in parts for member, rel in part.items()}
+        write_manifest(directory, self.algorithm, files)
+
+    def load_state(self, directory: Path) -> None:
+        """Members placed afresh over this cluster's workers, each loading only its own (any saved worker count)."""
+        self._pending.clear()
+        directory = Path(directory).absolute()
+        for member in self.members():
+            self.forget(member)
+        manifest = read_manifest(Path(directory), self.algorithm)
+        if manifest is None:  # one file for every member (saved before manifests): each worker keeps its own
+            self._on_all("resume", "load_state", lambda i: (str(directory),))
+            loaded = self._on_all("resume", "members", lambda i: ())
+            for member in loaded[0]:
+                self.placement.place(member)
+            for i, held in enumerate(loaded):
+                for member in held:
+                    if self.placement.owner[member] != i:
+                        self._call("resume", i, "forget", member)
+            return
+        files = manifest["members"]
+        for member in sorted(files):
+            self.placement.place(member)
+        self._on_all(
+            "resume",
+            "load_members",
+            lambda i: (str(directory), {m: files[m] for m in self.placement.members_of(i)}),
+        )

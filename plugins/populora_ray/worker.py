@@ -1,0 +1,99 @@
+"""What runs inside one Ray worker actor: the recipe's engine and/or trainer on this worker's copy of the base.
+
+The class is plain Python (``ray.remote`` is applied by the cluster at start-up, so importing this module
+needs no Ray). Components are built from the worker's own plugin registry by name, with the context the
+driver would have handed their factories, and share the worker's one base model
+(populora_core.modelhost), as the engine and trainer of a single process do. Every method returns its
+result with the seconds it spent inside, so the driver can tell Ray's overhead from the work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from populora_core.components import GenerationRequest, SamplingParams, UpdateJob
+
+#: Trainer methods the driver may call on a worker's trainer (the MemberStateTrainer contract).
+TRAINER_CALLS = frozenset(
+    {"copy_state", "forget", "members", "export_member", "import_member", "save_members", "load_members", "load_state"}
+)
+
+
+class PopulationWorker:
+    """One worker: a role (``colocated``, ``engine`` or ``trainer``) and the components it was asked to build."""
+
+    def __init__(self, index: int, role: str, threads: int) -> None:
+        self.index, self.role, self.threads = index, role, threads
+        self.engine: Any = None
+        self.trainer: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        """Where this worker runs: what placement tests and error messages name."""
+        import ray
+
+        return {
+            "index": self.index,
+            "role": self.role,
+            "pid": os.getpid(),
+            "node": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        }
+
+    def sees(self, path: str, token: str) -> bool:
+        """True when ``path`` exists here with ``token`` in it: the run directory is shared with the driver."""
+        try:
+            return Path(path).read_text() == token
+        except OSError:
+            return False
+
+    def build(self, kind: str, name: str, params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+        """Build the recipe's engine or trainer here; returns what the driver needs to know about it."""
+        import torch
+
+        torch.set_num_threads(self.threads)  # Ray sets OMP_NUM_THREADS from the actor's CPUs; results depend on it
+        from populora_core import get_registry
+
+        component = get_registry().get(kind, name)
+        built = component.build(params, **context)
+        if kind == "engine":
+            self.engine = built
+            return {"row_seeded": bool(getattr(built, "row_seeded", False))}
+        self.trainer = built
+        from populora_core.components import MemberStateTrainer
+
+        return {
+            "needs_sampling_logprobs": bool(built.needs_sampling_logprobs),
+            "algorithm": str(getattr(built, "algorithm", name)),
+            "member_states": isinstance(built, MemberStateTrainer),
+            "plugin": component.plugin,
+        }
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> tuple[Any, float]:
+        start = time.perf_counter()
+        return self.engine.generate(requests, sampling), time.perf_counter() - start
+
+    def sleep(self) -> tuple[None, float]:
+        start = time.perf_counter()
+        self.engine.sleep()
+        return None, time.perf_counter() - start
+
+    def update_many(self, jobs: Sequence[UpdateJob]) -> tuple[list[Any], float]:
+        """This worker's members' updates, one after another, in the order given."""
+        start = time.perf_counter()
+        stats = [self.trainer.update(j.member_id, j.adapter, j.rollouts, j.out_dir) for j in jobs]
+        return stats, time.perf_counter() - start
+
+    def trainer_call(self, method: str, *args: Any) -> tuple[Any, float]:
+        if method not in TRAINER_CALLS:
+            raise ValueError(f"not a trainer call a worker takes: {method!r}")
+        start = time.perf_counter()
+        return getattr(self.trainer, method)(*args), time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()

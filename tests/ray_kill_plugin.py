@@ -1,0 +1,18 @@
+"""Test plugin: SIGKILL one Ray worker of the run right before step ``POPULORA_TEST_KILL_STEP`` trains.
+
+Loaded with ``populora --plugin tests/ray_kill_plugin.py``; the worker dies the way a crashed or OOM-killed
+process does, in the middle of a step (generated and rewarded, not yet trained).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from populora_core import hookimpl
+
+
+@hookimpl
+def after_rewards(run, step, rollouts):
+    if str(step) == os.environ.get("POPULORA_TEST_KILL_STEP"):
+        os.kill(run.trainer.workers[-1].info["pid"], signal.SIGKILL)

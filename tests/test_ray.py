@@ -1,0 +1,313 @@
+"""The population on Ray (populora_ray), on a local Ray cluster (Ray 2.60 has no local mode).
+
+The nano recipe on 2 Ray trainer workers gives the single process's adapters (sha256), lineage, problems,
+probe results and metrics (timings aside) at pinned equal thread counts (one); a checkpoint of one mode
+resumes in the other (local -> Ray, Ray -> local, 2 -> 1 workers) to the same result; children inherit
+their parents' optimizer state from the other worker; a killed worker stops the run with a clear error and
+``populora resume`` completes it to the same result; placement on a fake 8-GPU cluster follows the layout
+and releases everything; and without Ray installed the core and the CLI still work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from populora_ray.engine import split_by_budget
+from populora_ray.placement import MemberPlacement, Move
+
+from populora_core import UserError
+from populora_core.loop import execute, resume_run, start_run
+from populora_core.plugins import PluginManager
+from populora_core.recipe import load_recipe
+from populora_core.run import RunDir
+from tests.cli_helpers import POPULORA, REPO
+
+pytestmark = pytest.mark.slow
+NANO_RAY = REPO / "recipes" / "nano_ray.yaml"
+#: a few steps of the quickstart: a child born at step 2 (inheriting its parent's moments) trains at step 3
+FEW_STEPS = [
+    "steps=3",
+    "rollout.proposals_per_teacher=3",
+    "rollout.solver_samples=3",
+    "evolution.every=2",
+    "evolution.child_optimizer=inherit",
+    "checkpoint.every=1",
+    "checkpoint.keep=3",
+    "probe.problems_per_type=4",
+]
+LOCAL = ["cluster=local"]
+RAY_2 = ["cluster.params.workers=2", "cluster.params.threads_per_worker=1"]
+FAKE_GPUS = 8
+
+
+# --- no Ray needed ------------------------------------------------------------------------------------
+
+
+def test_placement_is_balanced_and_moves_the_newest_member():
+    placement = MemberPlacement(2)
+    assert [placement.place(m) for m in ("t0", "t1", "s0", "s1")] == [0, 1, 0, 1]
+    placement.drop("t1")
+    assert placement.place("t2") == 1  # a child takes the worker the member it replaced left
+    placement.assign("s2", 0)  # e.g. placed by hand next to a parent
+    assert placement.loads() == [3, 2] and placement.rebalance() == []
+    placement.assign("s3", 0)
+    assert placement.rebalance() == [Move("s3", 0, 1)] and placement.loads() == [3, 3]
+    with pytest.raises(ValueError):
+        MemberPlacement(0)
+
+
+def test_split_by_budget_keeps_order_and_shares_the_tokens():
+    assert split_by_budget([5, 5, 5, 5], 2) == [(0, 2), (2, 4)]
+    assert split_by_budget([1, 1, 10], 2) == [(0, 2), (2, 3)]
+    assert split_by_budget([3], 4) == [(0, 1)]  # never an empty part
+    parts = split_by_budget(list(range(1, 40)), 3)
+    assert parts[0][0] == 0 and parts[-1][1] == 39 and all(a[1] == b[0] for a, b in itertools.pairwise(parts))
+
+
+def test_without_ray_the_core_and_the_cli_work_and_a_ray_recipe_is_a_clear_error(tmp_path):
+    """``sys.modules['ray'] = None`` makes ``import ray`` fail as if Ray were not installed."""
+    prelude = "import sys; sys.modules['ray'] = None; sys.argv = ['populora'] + sys.argv[1:]; "
+    cli = prelude + "from populora_core.cli import main; main()"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+    def populora(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", cli, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+        )
+
+    assert populora("--help").returncode == 0
+    listed = populora("plugins")
+    assert listed.returncode == 0 and "cluster:ray" in listed.stdout and "FAILED" not in listed.stdout
+    assert populora("validate", str(NANO_RAY)).returncode == 0
+    run_dir = tmp_path / "run"
+    failed = populora("run", str(NANO_RAY), "--run-dir", str(run_dir), "--no-progress")
+    assert failed.returncode == 2, failed.stderr
+    assert "needs the ray package" in failed.stderr and "Traceback" not in failed.stderr
+    assert not run_dir.exists()  # nothing left behind
+
+
+# --- on a local Ray cluster ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=FAKE_GPUS, include_dashboard=False, logging_level="warning")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def manager():
+    pm = PluginManager()
+    pm.load_entry_points()
+    assert "ray" in pm.plugins and not pm.plugins["ray"].error
+    return pm
+
+
+def _run(manager, run_dir: Path, overrides: list[str], keep_run: bool = False):
+    recipe, resolved = load_recipe(NANO_RAY, FEW_STEPS + overrides, manager.registry)
+    run = start_run(recipe, resolved, RunDir(run_dir), manager)
+    execute(run)
+    return run if keep_run else run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, manager):
+    return _run(manager, tmp_path_factory.mktemp("ray") / "local", LOCAL)
+
+
+@pytest.fixture(scope="module")
+def on_ray(tmp_path_factory, manager, ray_cluster):
+    run_dir = tmp_path_factory.mktemp("ray") / "ray2"
+    run = _run(manager, run_dir, RAY_2, keep_run=True)
+    return run_dir, run
+
+
+def _hashes(run_dir: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
+        for p in sorted((run_dir / "adapters").iterdir())
+    }
+
+
+def _untimed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("time/") and not k.endswith("/train/seconds")}
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    assert _hashes(a) == _hashes(b)
+    for log in ("lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl"):
+        assert (a / log).read_text() == (b / log).read_text(), log
+    events_a, events_b = RunDir(a).read_log("events.jsonl"), RunDir(b).read_log("events.jsonl")
+    assert [_untimed(e) for e in events_a] == [_untimed(e) for e in events_b]
+    assert json.loads((a / "members.json").read_text()) == json.loads((b / "members.json").read_text())
+
+
+def test_two_ray_trainer_workers_give_the_single_process_run_bit_for_bit(reference, on_ray):
+    run_dir, run = on_ray
+    assert_same_run(reference, run_dir)
+    steps = [e for e in RunDir(run_dir).read_log("events.jsonl") if e["event"] == "step"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert len(_hashes(run_dir)) > 4 * 2 and len(set(_hashes(run_dir).values())) > 4  # the members did train
+    owners = run.trainer.placement.owner
+    assert sorted(owners.values()) == [0, 0, 1, 1]  # both workers trained, two members each
+    assert run.cluster.time.calls > 0 and run.cluster.time.wall_s >= run.cluster.time.inside_s
+
+
+def test_children_inherit_their_parents_moments_across_workers(on_ray):
+    run_dir, run = on_ray
+    owners = run.trainer.placement.owner
+    children = [e for e in RunDir(run_dir).read_log("lineage.jsonl") if e["operator"] not in ("init",)]
+    assert len(children) == 2
+    for child in children:
+        parent = child["parents"][0].split("@")[0]
+        assert owners[child["member"]] != owners[parent], child  # bred on the other worker: moments moved
+    # the moments arrived before the child's first update: checkpoint 2 (after breeding) holds its state
+    manifest = json.loads((run_dir / "checkpoints" / "00000002" / "trainer" / "manifest.json").read_text())
+    assert {c["member"] for c in children} <= set(manifest["members"])
+
+
+def _resume_copy(source: Path, target: Path, step: int, manager, cluster: tuple[str, ...]) -> Path:
+    shutil.copytree(source, target)
+    (target / "checkpoints" / "LATEST").write_text(f"{step:08d}\n")
+    run = resume_run(RunDir(target), manager, cluster)
+    assert run.step == step
+    execute(run)
+    return target
+
+
+def test_local_checkpoint_resumes_on_ray(reference, manager, ray_cluster, tmp_path):
+    moved = _resume_copy(reference, tmp_path / "moved", 2, manager, ("cluster=ray", *RAY_2))
+    assert_same_run(reference, moved)
+
+
+def test_ray_checkpoint_resumes_locally_and_on_fewer_workers(reference, on_ray, manager, tmp_path):
+    run_dir, _ = on_ray
+    assert_same_run(reference, _resume_copy(run_dir, tmp_path / "local", 2, manager, ("cluster=local",)))
+    one = ("cluster.params.workers=1",)
+    assert_same_run(reference, _resume_copy(run_dir, tmp_path / "one", 1, manager, one))
+
+
+def test_a_killed_worker_stops_the_run_clearly_and_resume_completes_it(reference, on_ray, ray_cluster, tmp_path):
+    run_dir, _ = on_ray
+    killed = tmp_path / "killed"
+    shutil.copytree(run_dir, killed)
+    (killed / "checkpoints" / "LATEST").write_text("00000002\n")
+    address = ray_cluster.get_runtime_context().gcs_address
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "POPULORA_TEST_KILL_STEP": "3"}
+    join = f"cluster.params.address={address}"
+    plugin = str(Path(__file__).parent / "ray_kill_plugin.py")
+    failed = subprocess.run(
+        [POPULORA, "--plugin", plugin, "resume", str(killed), join, "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=900,
+    )
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert re.search(r"ray worker 1 \(colocated, pid \d+ on \S+\) died during", failed.stderr), failed.stderr
+    assert f"populora resume {killed}" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert (killed / "checkpoints" / "LATEST").read_text().strip() == "00000002"
+    done = subprocess.run(
+        [POPULORA, "resume", str(killed), join, "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(reference, killed)
+
+
+def _cluster(run_dir: Path, **params):
+    from populora_ray import RayClusterParams
+    from populora_ray.cluster import RayCluster
+
+    return RayCluster(RayClusterParams(**params), run_dir=run_dir)
+
+
+def _released(ray, timeout_s: float = 30.0) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if ray.available_resources().get("GPU", 0.0) == FAKE_GPUS and ray.available_resources().get("CPU") == 2:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_placement_on_a_fake_8_gpu_cluster_follows_the_layout_and_releases_everything(ray_cluster, tmp_path):
+    from ray.util import placement_group_table
+
+    cluster = _cluster(workers=8, gpus_per_worker=1, cpus_per_worker=0.25, run_dir=tmp_path)
+    try:
+        (table,) = [t for t in placement_group_table().values() if t["state"] == "CREATED"]
+        assert list(table["bundles"].values()) == [{"CPU": 0.25, "GPU": 1.0}] * 8
+        assert [w.role for w in cluster.workers] == ["colocated"] * 8
+        assert sorted(w.info["gpu_ids"][0] for w in cluster.workers) == [str(i) for i in range(8)]
+        assert all(len(w.info["gpu_ids"]) == 1 for w in cluster.workers)
+    finally:
+        cluster.close()
+    assert _released(ray_cluster)
+
+    split = _cluster(
+        layout="disaggregated", workers=6, engine_workers=2, gpus_per_worker=1, cpus_per_worker=0.25, run_dir=tmp_path
+    )
+    try:
+        assert [w.role for w in split.workers] == ["engine"] * 2 + ["trainer"] * 6
+        assert len({w.info["gpu_ids"][0] for w in split.workers}) == 8
+    finally:
+        split.close()
+    assert _released(ray_cluster)
+
+
+def test_bad_cluster_settings_are_errors_naming_the_setting(ray_cluster, tmp_path):
+    with pytest.raises(UserError, match=r"cluster.params.gpus_per_worker: 9 workers x 1 GPU = 9 GPU.*has 8"):
+        _cluster(workers=9, gpus_per_worker=1, cpus_per_worker=0.1, run_dir=tmp_path)
+    with pytest.raises(UserError, match=r"cluster\.params\.cpus_per_worker"):
+        _cluster(workers=3, cpus_per_worker=1, run_dir=tmp_path)
+    assert _released(ray_cluster)
+
+
+def test_a_run_dir_the_workers_cannot_see_is_an_error_naming_it(ray_cluster, tmp_path):
+    """Workers on other nodes would not see a local run directory; here one that reads nothing stands for them."""
+    from types import SimpleNamespace
+
+    from populora_ray.cluster import RayCluster, RemoteTime, Worker
+
+    cluster = RayCluster.__new__(RayCluster)
+    cluster.ray, cluster.run_dir, cluster.time = ray_cluster, tmp_path / "run", RemoteTime()
+    blind = SimpleNamespace(sees=SimpleNamespace(remote=lambda path, token: ray_cluster.put(False)))
+    cluster.workers = [Worker(0, "colocated", blind, {"pid": 1, "node": "10.0.0.2"})]
+    with pytest.raises(UserError, match=r"--run-dir .*run: ray worker 0 .* cannot see a file the driver wrote"):
+        cluster._check_shared_run_dir()
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".cluster-check")]
+
+
+def test_an_unreachable_address_is_a_clear_error_and_leaves_no_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [POPULORA, "run", str(NANO_RAY), "cluster.params.address=127.0.0.1:9", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "cluster.params.address: no Ray cluster answers at '127.0.0.1:9'" in result.stderr
+    assert "Traceback" not in result.stderr and not run_dir.exists()
