@@ -8,14 +8,15 @@ Every configuration runs at one torch thread per process (the single process and
 bit-identity of the Ray run needs. Step time is the mean of ``time/step`` over the steps after the first
 (which pays model loading and warm-ups); Ray's start-up (cluster, actors, base models) is reported apart.
 Ray overhead = driver wall time of the remote calls beyond the slowest worker's time inside them
-(serialization, scheduling, transfers), as a share of step time. ``generation_split: exact`` (the default)
-generates each call whole on one worker (the hf engine seeds per batch); the ``split`` rows spread
-generation over the workers too (not bit-identical to the single process). Last line: one JSON object.
+(serialization, scheduling, transfers), as a share of step time. The hf engine is row-seeded, so the
+workers split every generation call by token budget and each Ray row's adapters are checked against the
+single process's (``identical``: the same sha256 for every adapter). Last line: one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -69,11 +70,19 @@ def measure(manager: Any, recorder: OverheadByStep, overrides: list[str], workdi
     overhead_s = (overhead[timed[-1]["step"]] - overhead.get(first - 1, 0.0)) / len(timed) if overhead else 0.0
     return {
         "config": label,
+        "adapters": adapter_hashes(workdir / label),
         "step_s": step_s,
         "generate_s": generate_s,
         "train_s": train_s,
         "ray_overhead_s": overhead_s,
         "startup_s": startup_s,
+    }
+
+
+def adapter_hashes(run_dir: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
+        for p in sorted((run_dir / "adapters").iterdir())
     }
 
 
@@ -107,7 +116,6 @@ def main(argv: list[str] | None = None) -> dict:
         "local": ["cluster=local"],
         "ray-1": ["cluster.params.workers=1", *ray_settings],
         "ray-2": ["cluster.params.workers=2", *ray_settings],
-        "ray-2-split": ["cluster.params.workers=2", "cluster.params.generation_split=always", *ray_settings],
     }
     if args.smoke:
         configs = {k: v for k, v in configs.items() if k in ("local", "ray-2")}
@@ -123,11 +131,16 @@ def main(argv: list[str] | None = None) -> dict:
                 for label, settings in configs.items():
                     row = measure(manager, recorder, common + extra + settings, Path(tmp), f"{population}-{label}")
                     row["population"] = population
+                    hashes = row.pop("adapters")
+                    if label == "local":
+                        local_hashes = hashes
+                    row["identical"] = hashes == local_hashes
                     rows.append(row)
                     print(
                         f"{row['config']:>18}: step {row['step_s']:6.2f} s (generate {row['generate_s']:5.2f}, "
                         f"train {row['train_s']:5.2f}, ray overhead {row['ray_overhead_s']:5.3f}); "
-                        f"start-up {row['startup_s']:5.1f} s",
+                        f"start-up {row['startup_s']:5.1f} s; adapters identical to the single process: "
+                        f"{row['identical']}",
                         flush=True,
                     )
     finally:
@@ -141,18 +154,18 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, Any] = {"benchmark": "scaling", "steps": steps, "rows": rows}
     for population in populations:
         local = step_of(population, "-local")
-        for label in ("ray-1", "ray-2", "ray-2-split"):
+        for label in ("ray-1", "ray-2"):
             other = step_of(population, f"-{label}")
             if local and other:
                 result[f"speedup_{population}_{label.replace('-', '_')}"] = local / other
     two = next(r for r in rows if r["population"] == headline and r["config"].endswith("-ray-2"))
     result["speedup_2_workers"] = result[f"speedup_{headline}_ray_2"]
     result["ray_overhead_share"] = two["ray_overhead_s"] / two["step_s"]
-    if f"speedup_{headline}_ray_2_split" in result:
-        result["speedup_2_workers_split_generation"] = result[f"speedup_{headline}_ray_2_split"]
+    result["identical"] = all(r["identical"] for r in rows)
     print(
         f"{headline}: 2 workers {result['speedup_2_workers']:.2f}x the single process's step rate "
-        f"(target 1.6x), Ray overhead {100 * result['ray_overhead_share']:.1f} % of step time (target <= 5 %)"
+        f"(target 1.6x), Ray overhead {100 * result['ray_overhead_share']:.1f} % of step time (target <= 5 %); "
+        f"every Ray run's adapters identical to the single process's: {result['identical']}"
     )
     print(json.dumps(result))
     return result

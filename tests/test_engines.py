@@ -211,9 +211,11 @@ def _encoded_len(base, prompt):
     return len(AutoTokenizer.from_pretrained(base.path)(prompt)["input_ids"])
 
 
-def test_a_prompt_over_max_prompt_tokens_is_as_if_it_were_not_in_the_call(base, adapters):
-    """The long request gets n "prompt_too_long" completions; the others draw exactly what the call without
-    it draws (it is removed before batching: batch seeds and, with no seed, the call counter do not move)."""
+@pytest.mark.parametrize("decode", ["loop", "generate"])
+def test_a_prompt_over_max_prompt_tokens_changes_nothing_for_the_others(base, adapters, decode):
+    """The long request gets n "prompt_too_long" completions; the others draw exactly what they draw without
+    it: in the loop they keep their keys whatever holds its position (here a short prompt instead), with
+    ``generate`` it is removed before batching (batch seeds and, with no seed, the call counter do not move)."""
     from populora_core.components import Completion
 
     long_prompt = PROMPTS[0] * 6
@@ -223,11 +225,16 @@ def test_a_prompt_over_max_prompt_tokens_is_as_if_it_were_not_in_the_call(base, 
     with_long = [*short[:2], GenerationRequest(long_prompt, adapters[0]), *short[2:]]
     for seed in (7, None):  # None: seeds from (engine seed, call number) on fresh engines
         s = SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=seed, max_prompt_tokens=cap)
-        alone = make_engine("hf", base, token_budget=40)  # several batches: batch seeds are by batch index
-        mixed = make_engine("hf", base, token_budget=40)
+        alone = make_engine("hf", base, token_budget=40, decode=decode)  # several batches
+        mixed = make_engine("hf", base, token_budget=40, decode=decode)
         if seed is None:  # a call with nothing to generate is not a call
             assert mixed.generate([with_long[2]], s)[0][0].finish_reason == "prompt_too_long"
-        expected, got = alone.generate(short, s), mixed.generate(with_long, s)
+        if decode == "loop":
+            other = alone.generate([*short[:2], GenerationRequest(PROMPTS[3], adapters[1]), *short[2:]], s)
+            expected = other[:2] + other[3:]
+        else:
+            expected = alone.generate(short, s)
+        got = mixed.generate(with_long, s)
         assert _tokens(got[:2] + got[3:]) == _tokens(expected)
         dropped = got[2]
         ids = dropped[0].prompt_token_ids

@@ -66,6 +66,26 @@ def test_a_sampled_row_does_not_depend_on_its_batch(base, adapters):
     assert len({tuple(c.token_ids) for c in big[0]}) > 1
 
 
+def test_a_call_split_in_parts_with_their_indices_draws_what_the_whole_call_draws(base, adapters):
+    """The row_seeded contract a cluster relies on: a request's samples depend on its index in the logical
+    call (``GenerationRequest.index``), not on its position in the part it was sent in."""
+    from dataclasses import replace
+
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None) for i, p in enumerate(PROMPTS * 2)]
+    s = SamplingParams(n=2, temperature=1.0, top_p=0.95, max_tokens=10, seed=11)
+    engine = make_engine("hf", base)
+    assert engine.row_seeded and not make_engine("hf", base, decode="generate").row_seeded
+    whole = engine.generate(reqs, s)
+    cut = 3
+    parts = [
+        engine.generate([replace(r, index=i) for i, r in enumerate(reqs[:cut])], s),
+        engine.generate([replace(r, index=i) for i, r in enumerate(reqs[cut:], start=cut)], s),
+    ]
+    assert _tokens(parts[0] + parts[1]) == _tokens(whole)
+    unindexed = engine.generate(reqs[cut:], s)  # positions 0.. in its own call: other keys, other samples
+    assert _tokens(unindexed) != _tokens(whole[cut:])
+
+
 def test_the_loop_and_transformers_generate_agree_on_greedy_tokens_and_logprobs(base, adapters):
     reqs = [GenerationRequest(p, adapters[i % 3] if i % 5 != 4 else None) for i, p in enumerate(PROMPTS * 3)]
     s = SamplingParams(n=1, temperature=0.0, max_tokens=10, logprobs=True)

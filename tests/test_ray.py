@@ -163,6 +163,7 @@ def test_two_ray_trainer_workers_give_the_single_process_run_bit_for_bit(referen
     assert len(_hashes(run_dir)) > 4 * 2 and len(set(_hashes(run_dir).values())) > 4  # the members did train
     owners = run.trainer.placement.owner
     assert sorted(owners.values()) == [0, 0, 1, 1]  # both workers trained, two members each
+    assert run.engine.split and len(run.engine.workers) == 2  # generation split too (the hf engine is row-seeded)
     assert run.cluster.time.calls > 0 and run.cluster.time.wall_s >= run.cluster.time.inside_s
 
 

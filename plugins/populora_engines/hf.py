@@ -5,10 +5,12 @@ row's LoRA delta (batched_lora.py), so one forward pass serves the whole populat
 and packed into batches under a token budget (rows x (longest prompt + max_tokens)); prompts of similar
 length go together. ``decode: loop`` (the default; decode.py) runs a static KV cache, drops finished rows,
 prefills a request's prompt once for its ``n`` samples, and samples every row from its own counter-based
-stream keyed by (call seed, request, sample): a row's tokens depend neither on its batch nor on the
-global random state. ``decode: generate`` is transformers' ``generate`` with one forked, seeded torch RNG
-per batch (the reference path). Log-probs (only when ``SamplingParams.logprobs``) are those of the raw
-model distribution (before temperature / top-p), as vLLM reports them by default.
+stream keyed by (call seed, request index, sample): a row's tokens depend neither on its batch nor on
+the other requests of the call nor on the global random state, so the engine is ``row_seeded`` and a
+cluster may split a call exactly (the request index is ``GenerationRequest.index`` when a caller set it,
+else the request's position in the call). ``decode: generate`` is transformers' ``generate`` with one
+forked, seeded torch RNG per batch (the reference path). Log-probs (only when ``SamplingParams.logprobs``)
+are those of the raw model distribution (before temperature / top-p), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ class HFEngine:
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``sampling.n`` completions per request, in request order, all adapters mixed in each batch.
 
-        A prompt over ``sampling.max_prompt_tokens`` gets ``n`` "prompt_too_long" completions and is
-        otherwise as if it were not in the call: it is removed before batching (batches are seeded by
-        their index), so the other requests get exactly what the same call without it gives.
+        A prompt over ``sampling.max_prompt_tokens`` gets ``n`` "prompt_too_long" completions and changes
+        nothing for the others: in the decode loop every request draws from its own key whatever the rest
+        of the call holds; ``decode: generate`` removes it before batching (batches are seeded by their
+        index), so the others get exactly what the same call without it gives.
         """
         from populora_core.errors import UserError
 
@@ -127,6 +130,7 @@ class HFEngine:
             host.capacity = max(host.capacity, len(distinct))
             keys = [host.ensure(requests[i].adapter) if requests[i].adapter is not None else BASE for i in served]
             kept = [prompts[i] for i in served]
+            call_index = [requests[i].index if requests[i].index is not None else i for i in served]
             rows = [(k, j) for k in range(len(served)) for j in range(sampling.n)]
             slots: list[list[Completion | None]] = [[None] * sampling.n for _ in served]
             loop = self._decode_loop()
@@ -140,7 +144,7 @@ class HFEngine:
                         batch_prompts,
                         batch_keys,
                         sampling,
-                        [row_key(seed, k, j) for k, j in batch_rows],
+                        [row_key(seed, call_index[k], j) for k, j in batch_rows],
                         [first[k] for k, _ in batch_rows],
                     )
                 else:
@@ -150,6 +154,11 @@ class HFEngine:
         for k, i in enumerate(served):
             results[i] = [c for c in slots[k] if c is not None]
         return results
+
+    @property
+    def row_seeded(self) -> bool:
+        """True with the decode loop (per-row keys); ``generate`` seeds per batch."""
+        return self._decode_loop()
 
     def _decode_loop(self) -> bool:
         mode = self.params.decode

@@ -42,7 +42,7 @@ class RayClusterParams(Params):
         description="exact: a generation call is split across engine workers only when the engine is row-seeded "
         "(its samples do not depend on the other requests of a call), else it runs whole on one worker, so "
         "results equal the single process's; always: every call is split by token budget, faster with a "
-        "batch-seeded engine (hf, vllm today), but samples then depend on the number of engine workers",
+        "batch-seeded engine (vllm, hf with decode: generate), but samples then depend on the number of engine workers",
     )
     threads_per_worker: int | None = Field(
         None,
