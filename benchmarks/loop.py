@@ -8,10 +8,11 @@
 
 Two runs of the same recipe and seed step in turn in one process: the current code path and the reference
 (``engine.decode=generate``: transformers' ``generate``; ``trainer.sequence_layout=split``: TRL's padded
-layout; ``trainer.lora_forward=peft``: PEFT's LoRA layers), so both see the same machine at the same time.
+layout; ``trainer.lora_forward=peft``: PEFT's LoRA layers; ``trainer.parallel_updates=1``: one member at a
+time), so both see the same machine at the same time.
 Their samples differ (the two paths draw different random streams), so each run's tokens are counted and
 the FLOPs it needed come from the model shape and those tokens (:func:`step_flops`); ``flops_efficiency`` =
-needed FLOPs / (step time x matmul FLOP/s measured here at the same thread count). The first step of each
+needed FLOPs / (step time x the machine's matmul FLOP/s, all cores, measured in the run). The first step of each
 run is reported but excluded from the averages (one-off warm-up). Last line: one JSON object.
 """
 
@@ -36,16 +37,26 @@ REFERENCE = [
     "engine.params.decode=generate",
     "trainer.params.sequence_layout=split",
     "trainer.params.lora_forward=peft",
+    "trainer.params.parallel_updates=1",
 ]
 
 
 def matmul_flops(size: int = 2048, repeats: int = 5) -> float:
-    """The best FLOP/s of an fp32 ``size`` x ``size`` matmul at torch's current thread count."""
+    """The machine's matmul speed: the best FLOP/s of an fp32 ``size`` x ``size`` matmul on all its cores.
+
+    All cores, not torch's thread count of the run: a step that uses a second core (parallel_updates) is
+    measured against what both can do, and a one-thread path counts the idle core as lost.
+    """
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(threads)
     return 2 * size**3 / best
 
 
@@ -94,7 +105,7 @@ class TokenCounter:
     def __init__(self, run: Any) -> None:
         self.generated: list[tuple[int, list[int]]] = []
         self.trained: list[tuple[int, int]] = []
-        generate, update = run.engine.generate, run.trainer.update
+        generate = run.engine.generate
 
         def counted_generate(requests: Any, sampling: Any) -> Any:
             out = generate(requests, sampling)
@@ -103,14 +114,30 @@ class TokenCounter:
                     self.generated.append((len(row[0].prompt_token_ids), [len(c.token_ids) for c in row]))
             return out
 
-        def counted_update(member_id: str, adapter: Any, rollouts: Any, out_dir: Any) -> Any:
+        def count(rollouts: Any) -> None:
             for r in rollouts:
                 if r.completion_token_ids:
                     self.trained.append((len(r.prompt_token_ids), len(r.completion_token_ids)))
-            return update(member_id, adapter, rollouts, out_dir)
 
         run.engine.generate = counted_generate
-        run.trainer.update = counted_update
+        # the loop hands a trainer with update_many the whole step (which may call update): wrap one of them
+        update_many = getattr(run.trainer, "update_many", None)
+        if update_many is not None:
+
+            def counted_update_many(jobs: Any) -> Any:
+                for job in jobs:
+                    count(job.rollouts)
+                return update_many(jobs)
+
+            run.trainer.update_many = counted_update_many
+        else:
+            update = run.trainer.update
+
+            def counted_update(member_id: str, adapter: Any, rollouts: Any, out_dir: Any) -> Any:
+                count(rollouts)
+                return update(member_id, adapter, rollouts, out_dir)
+
+            run.trainer.update = counted_update
 
     def take(self) -> tuple[list[tuple[int, list[int]]], list[tuple[int, int]]]:
         out = (self.generated, self.trained)

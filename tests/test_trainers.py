@@ -868,3 +868,56 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     assert layers and not any("forward" in vars(m) for m in layers)  # no instance forward left behind
     with fused_lora(get_host(base).peft, SCRATCH):  # and the fused forward really replaces every layer's
         assert all("forward" in vars(m) for m in layers)
+
+
+def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, adapters, tmp_path):
+    """Three members, two threads (each job in its own slot, each thread's fused forward adding its own):
+    the adapters, the optimizer states and the stats (time aside) of three updates one after another, over
+    two steps so the second loads saved moments; afterwards only the scratch slot is active, nothing trains."""
+    import torch
+    from populora_trl.common import SCRATCH
+
+    from populora_core.components import UpdateJob
+    from populora_core.modelhost import get_host
+
+    common = dict(lr=1e-2, micro_batch_size=4, entropy_coef=0.01)
+    one = make("trainer", "trr++", base, **common)
+    two = make("trainer", "trr++", base, parallel_updates=2, **common)
+    runs = {}
+    for label, trainer in (("one", one), ("two", two)):
+        current = {f"m{i}": adapters[i] for i in range(3)}
+        stats = []
+        for step in range(2):
+            jobs = [
+                UpdateJob(
+                    m, current[m], _rollouts(m, n=6 + 3 * i, seed=10 * step + i), tmp_path / label / f"{m}_{step}"
+                )
+                for i, m in enumerate(sorted(current))
+            ]
+            stats += trainer.update_many(jobs)
+            current = {j.member_id: AdapterRef(f"{j.member_id}@v{step + 1}", str(j.out_dir)) for j in jobs}
+        runs[label] = (current, stats)
+    for m in runs["one"][0]:
+        assert _same(_tensors(runs["one"][0][m].path), _tensors(runs["two"][0][m].path)), m
+        a, b = one.export_member(m)["optimizer_state"], two.export_member(m)["optimizer_state"]
+        assert a["names"] == b["names"]
+        for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+            assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    for sa, sb in zip(runs["one"][1], runs["two"][1]):
+        assert (sa.loss, sa.grad_norm, sa.entropy, sa.tokens, sa.extra) == (
+            sb.loss,
+            sb.grad_norm,
+            sb.entropy,
+            sb.tokens,
+            sb.extra,
+        )
+    assert not _same(_tensors(runs["two"][0]["m0"].path), _tensors(adapters[0].path))  # it did train
+    peft = get_host(base).peft
+    assert list(peft.base_model.active_adapters) == [SCRATCH]
+    assert not any(p.requires_grad for p in peft.parameters())
+
+
+def test_parallel_updates_need_the_fused_forward_and_no_kl(base):
+    for bad in (dict(lora_forward="peft"), dict(kl_coef=0.1)):
+        with pytest.raises(UserError, match="parallel_updates > 1 needs lora_forward: fused and kl_coef: 0"):
+            make("trainer", "trr++", base, parallel_updates=2, **bad)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from populora_core import Params, hookimpl
 
@@ -103,6 +103,22 @@ class TRRParams(_Common):
         "log-softmax and entropy per chunk, each chunk recomputed in backward), so the (rows, tokens, vocab) "
         "fp32 logits never exist; smaller ones, and None, in one piece (the same values up to fp32 rounding)",
     )
+    parallel_updates: int = Field(
+        1,
+        ge=1,
+        description="members updated at once in threads sharing the base, each in its own adapter slot; results "
+        "bit-identical to 1 (one at a time). On the CPU a small model's update uses one core per thread "
+        "(set it to the cores, with OMP_NUM_THREADS=1); on a GPU keep 1. The single process's: a Ray worker trains "
+        "its members one after another on its own cores. Needs lora_forward: fused and kl_coef: 0",
+    )
+
+    @model_validator(mode="after")
+    def _parallel_needs_fused_forward(self) -> TRRParams:
+        # PEFT's forward adds every active adapter and the KL reference switches adapters off for the whole
+        # model: with several members active at once only the fused forward picks each thread's own slot
+        if self.parallel_updates > 1 and (self.lora_forward != "fused" or self.kl_coef):
+            raise ValueError("parallel_updates > 1 needs lora_forward: fused and kl_coef: 0")
+        return self
 
 
 class GRPOParams(_Common):

@@ -6,6 +6,7 @@ import copy
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -70,17 +71,27 @@ class LoraTrainerBase:
 
     # --- scratch slot and optimizer -------------------------------------------------------------
 
-    def _activate(self, adapter: AdapterRef) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Copy ``adapter`` into the scratch slot; only it is trainable. Returns (config, params)."""
-        host = self.host
-        config = host.load_into(SCRATCH, adapter)
-        host.peft.set_adapter(SCRATCH)
-        for name, p in host.peft.named_parameters():
-            p.requires_grad_(f".{SCRATCH}." in name)
-        params = host.params(SCRATCH)
-        if not params:
+    def _activate(self, adapter: AdapterRef, slot: str = SCRATCH) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Copy ``adapter`` into ``slot``; only it is trainable and active. Returns (config, params)."""
+        config = self._load_slot(adapter, slot)
+        self._make_trainable([slot])
+        return config, self.host.params(slot)
+
+    def _load_slot(self, adapter: AdapterRef, slot: str) -> dict[str, Any]:
+        config = self.host.load_into(slot, adapter)
+        if not self.host.params(slot):
             raise UserError(f"adapter {adapter.name!r} at {adapter.path}: no LoRA parameters in the base model")
-        return config, params
+        return config
+
+    def _make_trainable(self, slots: list[str]) -> None:
+        """``slots`` active (PEFT's LoraModel takes a list) and the only ones with gradients."""
+        peft = self.host.peft
+        if len(slots) == 1:
+            peft.set_adapter(slots[0])
+        else:
+            peft.base_model.set_adapter(slots)
+        for name, p in peft.named_parameters():
+            p.requires_grad_(any(f".{slot}." in name for slot in slots))
 
     def _optimizer(self, member_id: str, params: dict[str, Any]) -> Any:
         import torch
@@ -125,7 +136,7 @@ class LoraTrainerBase:
         self._states[member_id] = {"names": list(params), "optimizer": copy.deepcopy(state)}
 
     @contextmanager
-    def _training(self) -> Iterator[Any]:
+    def _training(self, slots: Sequence[str] = (SCRATCH,)) -> Iterator[Any]:
         """The PeftModel in train mode, with gradient checkpointing on for the update only when asked.
 
         Checkpointing is a flag on the shared base's decoder layers that transformers honours only in train
@@ -143,7 +154,7 @@ class LoraTrainerBase:
             except ValueError as exc:
                 raise UserError(f"trainer.gradient_checkpointing: {exc}; set it to off") from None
         model.train()
-        fused = fused_lora(model, SCRATCH) if self.params.lora_forward == "fused" else nullcontext()
+        fused = fused_lora(model, slots) if self.params.lora_forward == "fused" else nullcontext()
         try:
             with fused:
                 yield model
@@ -154,10 +165,10 @@ class LoraTrainerBase:
                 if not had_hooks and getattr(base, "_require_grads_hooks", None):
                     base.disable_input_require_grads()
 
-    def _finish(self, adapter: AdapterRef, config: dict[str, Any], out_dir: Path) -> Path:
-        out = self.host.save(SCRATCH, out_dir, config)
+    def _finish(self, adapter: AdapterRef, config: dict[str, Any], out_dir: Path, slot: str = SCRATCH) -> Path:
+        out = self.host.save(slot, out_dir, config)
         self.host.peft.eval()
-        for p in self.host.params(SCRATCH).values():
+        for p in self.host.params(slot).values():
             p.requires_grad_(False)
         return out
 
@@ -257,30 +268,48 @@ class LoraTrainerBase:
         """The trainer-wide extras of a single-file state (saved before the per-member layout)."""
 
 
+_SELECTED = threading.local()  # the adapter this thread's fused forwards add, when a block fuses several
+
+
 @contextmanager
-def fused_lora(model: Any, adapter: str) -> Iterator[None]:
-    """Within the block, ``adapter``'s LoRA layers add ``((x A^T) s) B^T`` to the base output in one ``addmm``.
+def fused_adapter(name: str) -> Iterator[None]:
+    """In this thread, the fused forwards of a :func:`fused_lora` block over several adapters add ``name``."""
+    previous = getattr(_SELECTED, "name", None)
+    _SELECTED.name = name
+    try:
+        yield
+    finally:
+        _SELECTED.name = previous
+
+
+@contextmanager
+def fused_lora(model: Any, adapters: str | Sequence[str]) -> Iterator[None]:
+    """Within the block, the LoRA layers add ``((x A^T) s) B^T`` of an adapter to the base output in one ``addmm``.
 
     PEFT's layer computes ``base(x) + lora_B(lora_A(x)) * s``: the rank-r product, the scaling and the sum are
     three passes over the (tokens, d_out) output, and the rank-8 matmul that writes it runs at a few
     GFLOP/s on the CPU; together about a third of a nano update. Here the scaling goes on the (tokens, r)
     factor and the product is accumulated into the base output. The same parameters get the gradients
-    (the same values up to fp32 rounding). A layer with dropout, DoRA, other active adapters or the adapters
-    disabled (the KL reference) runs PEFT's own forward, checked at every call.
+    (the same values up to fp32 rounding). With several ``adapters`` (members trained at once, all of them
+    active), each thread names its own with :func:`fused_adapter`. A layer with dropout, DoRA, other active
+    adapters or the adapters disabled (the KL reference) runs PEFT's own forward, checked at every call.
     """
     import torch
 
+    names = [adapters] if isinstance(adapters, str) else list(adapters)
     patched = []
     for module in model.modules():
         lora_a = getattr(module, "lora_A", None)
-        if lora_a is None or adapter not in lora_a or not isinstance(module.lora_dropout[adapter], torch.nn.Identity):
+        if lora_a is None or any(
+            name not in lora_a or not isinstance(module.lora_dropout[name], torch.nn.Identity) for name in names
+        ):
             continue
-        if module.use_dora.get(adapter, False) or getattr(module, "lora_bias", {}).get(adapter, False):
+        if any(module.use_dora.get(n, False) or getattr(module, "lora_bias", {}).get(n, False) for n in names):
             continue
         if not isinstance(module.get_base_layer(), torch.nn.Linear):
             continue
         patched.append(module)
-        module.forward = _fused_forward(module, adapter)
+        module.forward = _fused_forward(module, names)
     try:
         yield
     finally:
@@ -288,17 +317,21 @@ def fused_lora(model: Any, adapter: str) -> Iterator[None]:
             del module.forward  # the class's (PEFT's) forward again
 
 
-def _fused_forward(module: Any, adapter: str) -> Callable[..., Any]:
+def _fused_forward(module: Any, names: list[str]) -> Callable[..., Any]:
     import torch
 
     peft_forward = type(module).forward.__get__(module)
     base = module.get_base_layer()
-    lora_a, lora_b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
-    scale = module.scaling[adapter]
+    factors = {n: (module.lora_A[n].weight, module.lora_B[n].weight, module.scaling[n]) for n in names}
+    only = names[0] if len(names) == 1 else None
 
     def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
-        if module.disable_adapters or module.merged or list(module.active_adapters) != [adapter] or args or kwargs:
+        if module.disable_adapters or module.merged or list(module.active_adapters) != names or args or kwargs:
             return peft_forward(x, *args, **kwargs)
+        name = only or getattr(_SELECTED, "name", None)
+        if name not in factors:
+            raise RuntimeError(f"fused LoRA forward over {names}: this thread selected {name!r} (fused_adapter)")
+        lora_a, lora_b, scale = factors[name]
         result = base(x)
         low = torch.nn.functional.linear(x.to(lora_a.dtype), lora_a) * scale
         if result.dtype != low.dtype:

@@ -19,13 +19,14 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import AdapterRef, Rollout, UpdateStats
+from populora_core.components import AdapterRef, Rollout, UpdateJob, UpdateStats
 from populora_core.errors import UserError
 
-from .common import LoraTrainerBase, check_update, micro_batches, pack, token_logprobs
+from .common import SCRATCH, LoraTrainerBase, check_update, fused_adapter, micro_batches, pack, token_logprobs
 
 
 def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
@@ -91,15 +92,83 @@ def low_var_kl(logp: Any, ref_logp: Any) -> Any:
     return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, min=-10, max=10)
 
 
+@dataclass
+class _Plan:
+    """An update's checked input, before the weights are touched: its rows (rollout, advantage), longest last."""
+
+    out_dir: Path
+    advantages: list[float]
+    rows: list[tuple[Rollout, float]]
+    total: int  # completion tokens: every micro-batch's loss sum is divided by it
+
+
+@dataclass
+class _Result:
+    loss: float
+    entropy: float
+    clipped: float
+    kl: float
+    grad_norm: float
+
+
 class TRRTrainer(LoraTrainerBase):
     """AZR's TRR++ over one shared base: one member, one adapter version, one AdamW step per update."""
 
     algorithm = "trr++"
 
     def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
-        import torch
-
         start = time.perf_counter()
+        plan = self._plan(member_id, rollouts, out_dir)
+        with self.host.lock:
+            config, params = self._activate(adapter)
+            opt = self._optimizer(member_id, params)
+            with self._training() as model:
+                result = self._train(model, member_id, plan, opt, params)
+            self._finish(adapter, config, plan.out_dir)
+        return self._stats(rollouts, plan, result, time.perf_counter() - start)
+
+    def update_many(self, jobs: Sequence[UpdateJob]) -> list[UpdateStats]:
+        """The step's updates, stats in job order: one at a time, or ``parallel_updates`` at once in threads.
+
+        Threads share the base weights: every job gets its own adapter slot (loaded before any thread
+        starts, saved after all have ended), each thread's fused LoRA forward adds its own slot
+        (populora_trl.common.fused_adapter), and torch releases the GIL inside its kernels, so a small
+        model's updates use as many cores as threads. Each job runs the operations it runs alone on the
+        same values, so adapters and optimizer states are bit-identical to one at a time. Each job's
+        ``seconds`` is the wall time of the whole group (they ran together).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        workers = min(self.params.parallel_updates, len(jobs))
+        if workers <= 1:
+            return [self.update(j.member_id, j.adapter, j.rollouts, j.out_dir) for j in jobs]
+        start = time.perf_counter()
+        plans = [self._plan(j.member_id, j.rollouts, j.out_dir) for j in jobs]  # bad input fails before training
+        slots = [SCRATCH if i == 0 else f"{SCRATCH}{i}" for i in range(len(jobs))]
+        host = self.host
+        with host.lock:
+            configs = [self._load_slot(j.adapter, slot) for j, slot in zip(jobs, slots)]
+            params = [host.params(slot) for slot in slots]
+            opts = [self._optimizer(j.member_id, ps) for j, ps in zip(jobs, params)]
+            self._make_trainable(slots)
+            try:
+                with self._training(slots) as model, ThreadPoolExecutor(workers) as pool:
+
+                    def train(i: int) -> _Result:
+                        with fused_adapter(slots[i]):
+                            return self._train(model, jobs[i].member_id, plans[i], opts[i], params[i])
+
+                    results = list(pool.map(train, range(len(jobs))))  # a failure is raised once all have ended
+                for job, config, slot in zip(jobs, configs, slots):
+                    self._finish(job.adapter, config, job.out_dir, slot)
+            finally:
+                self._make_trainable([SCRATCH])
+                for p in host.params(SCRATCH).values():
+                    p.requires_grad_(False)
+        seconds = time.perf_counter() - start
+        return [self._stats(j.rollouts, plan, result, seconds) for j, plan, result in zip(jobs, plans, results)]
+
+    def _plan(self, member_id: str, rollouts: Sequence[Rollout], out_dir: Path) -> _Plan:
         out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
         advantages = trr_advantages(rollouts, p.normalize, p.adv_eps, p.baseline)
@@ -107,64 +176,68 @@ class TRRTrainer(LoraTrainerBase):
             ((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
             key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids),
         )
-        total = sum(len(r.completion_token_ids) for r, _ in rows)
-        host = self.host
-        with host.lock:
-            config, params = self._activate(adapter)
-            opt = self._optimizer(member_id, params)
-            with self._training() as model:
-                pad = int(host.tokenizer.pad_token_id)
-                joined = p.sequence_layout == "joined"
-                chunks = micro_batches(rows, p.micro_batch_size, p.micro_batch_tokens, joined=joined)
-                old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
-                ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
-                for _ in range(p.epochs):
-                    opt.zero_grad(set_to_none=True)
-                    loss_sum = ent_sum = clipped = kl_sum = 0.0
-                    for c, chunk in enumerate(chunks):
-                        batch = pack([r for r, _ in chunk], pad, host.device)
-                        logp, ent = token_logprobs(model, batch, p.temperature, True, p.logprob_chunk_tokens, joined)
-                        mask = batch["completion_mask"].to(logp.dtype)
-                        adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
-                        if old[c] is None:
-                            old[c] = logp.detach()
-                        ratio = torch.exp(logp - old[c])
-                        surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1 - p.clip_eps, 1 + p.clip_eps))
-                        pg = -(surrogate * mask).sum() / total
-                        ent_mean = (ent * mask).sum() / total
-                        loss = pg - p.entropy_coef * ent_mean if p.entropy_coef else pg
-                        if p.kl_coef:
-                            if ref[c] is None:
-                                with torch.no_grad(), model.disable_adapter():
-                                    ref[c], _ = token_logprobs(
-                                        model, batch, p.temperature, False, p.logprob_chunk_tokens, joined
-                                    )
-                            kl_mean = (low_var_kl(logp, ref[c]) * mask).sum() / total
-                            loss = loss + p.kl_coef * kl_mean
-                            kl_sum += float(kl_mean.detach())
-                        loss.backward()
-                        loss_sum += float(loss.detach())
-                        ent_sum += float(ent_mean.detach())
-                        clipped += float((((ratio - 1).abs() > p.clip_eps).to(logp.dtype) * mask).sum())
-                    grad_norm = self._step(member_id, opt, params)
-                self._keep(member_id, opt, params)
-                opt.zero_grad(set_to_none=True)
-            self._finish(adapter, config, out_dir)
+        return _Plan(out_dir, advantages, rows, sum(len(r.completion_token_ids) for r, _ in rows))
+
+    def _train(self, model: Any, member_id: str, plan: _Plan, opt: Any, params: dict[str, Any]) -> _Result:
+        """The update's epochs on the active slot (the caller holds the host and the training mode)."""
+        import torch
+
+        p, host, total = self.params, self.host, plan.total
+        pad = int(host.tokenizer.pad_token_id)
+        joined = p.sequence_layout == "joined"
+        chunks = micro_batches(plan.rows, p.micro_batch_size, p.micro_batch_tokens, joined=joined)
+        old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
+        ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
+        for _ in range(p.epochs):
+            opt.zero_grad(set_to_none=True)
+            loss_sum = ent_sum = clipped = kl_sum = 0.0
+            for c, chunk in enumerate(chunks):
+                batch = pack([r for r, _ in chunk], pad, host.device)
+                logp, ent = token_logprobs(model, batch, p.temperature, True, p.logprob_chunk_tokens, joined)
+                mask = batch["completion_mask"].to(logp.dtype)
+                adv = torch.tensor([a for _, a in chunk], dtype=logp.dtype, device=logp.device)[:, None]
+                if old[c] is None:
+                    old[c] = logp.detach()
+                ratio = torch.exp(logp - old[c])
+                surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1 - p.clip_eps, 1 + p.clip_eps))
+                pg = -(surrogate * mask).sum() / total
+                ent_mean = (ent * mask).sum() / total
+                loss = pg - p.entropy_coef * ent_mean if p.entropy_coef else pg
+                if p.kl_coef:
+                    if ref[c] is None:
+                        with torch.no_grad(), model.disable_adapter():
+                            ref[c], _ = token_logprobs(
+                                model, batch, p.temperature, False, p.logprob_chunk_tokens, joined
+                            )
+                    kl_mean = (low_var_kl(logp, ref[c]) * mask).sum() / total
+                    loss = loss + p.kl_coef * kl_mean
+                    kl_sum += float(kl_mean.detach())
+                loss.backward()
+                loss_sum += float(loss.detach())
+                ent_sum += float(ent_mean.detach())
+                clipped += float((((ratio - 1).abs() > p.clip_eps).to(logp.dtype) * mask).sum())
+            grad_norm = self._step(member_id, opt, params)
+        self._keep(member_id, opt, params)
+        opt.zero_grad(set_to_none=True)
+        return _Result(loss_sum, ent_sum, clipped, kl_sum, float(grad_norm))
+
+    def _stats(self, rollouts: Sequence[Rollout], plan: _Plan, result: _Result, seconds: float) -> UpdateStats:
+        p = self.params
         rewards = [float(r.reward) for r in rollouts]
-        used = [a for r, a in zip(rollouts, advantages) if r.completion_token_ids]
+        used = [a for r, a in zip(rollouts, plan.advantages) if r.completion_token_ids]
         return UpdateStats(
-            loss=loss_sum,
-            grad_norm=float(grad_norm),
-            entropy=ent_sum,
-            tokens=total,
-            seconds=time.perf_counter() - start,
+            loss=result.loss,
+            grad_norm=result.grad_norm,
+            entropy=result.entropy,
+            tokens=plan.total,
+            seconds=seconds,
             extra={
                 "reward_mean": sum(rewards) / len(rewards),
                 "adv_abs_mean": sum(abs(a) for a in used) / max(1, len(used)),
-                "sequences": float(len(rows)),
+                "sequences": float(len(plan.rows)),
                 "groups": float(len({r.group for r in rollouts})),
                 "lr": float(p.lr),
-                "clip_fraction": clipped / max(1, total),
-                **({"kl": kl_sum} if p.kl_coef else {}),
+                "clip_fraction": result.clipped / max(1, plan.total),
+                **({"kl": result.kl} if p.kl_coef else {}),
             },
         )
