@@ -71,7 +71,7 @@ def test_offline_run_holds_every_step_metric_the_probe_and_the_recipe(tiny_model
     rows: dict[int, dict] = {}
     for r in records:
         if r.WhichOneof("record_type") == "history":
-            row = {item.key: json.loads(item.value_json) for item in r.history.item}
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
             rows.setdefault(row["_step"], {}).update(row)
     assert sorted(rows) == [0, 1, 2, 3]  # the base's probe at step 0, then every step
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
