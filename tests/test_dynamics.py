@@ -98,6 +98,8 @@ def test_coverage_growth_counts_new_signatures_in_the_last_third():
     late_steps = coverage_growth(saturated, STEPS)
     assert late_steps["new_per_step"] == 0.0 and late_steps["new_per_valid_proposal"] == 0.0
     assert coverage_growth([], [])["new_per_step"] is None
+    two_steps = coverage_growth([p for p in problems if p["step"] <= 2], [1, 2])
+    assert two_steps["last_third_from"] == 2 and two_steps["new_per_step"] == 1.0
 
 
 def _probe(step, member, by_type, n=10):

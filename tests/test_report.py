@@ -158,6 +158,9 @@ def test_summary_numbers_match_the_logs(runs, multi):
     assert pop["final_step"] == 4 and single["final_step"] == 4
     assert pop["children_born"] == sum(r["operator"] != "init" for r in lineage) == 2
     assert single["children_born"] == 0 and bare["children_born"] == 0 and bare["probe_best"] is None
+    # the loop's end of run wrote the run's own summary.json (before this test wrote probe.jsonl)
+    end_of_run = json.loads((runs["pop"] / "summary.json").read_text())
+    assert (end_of_run["steps"], end_of_run["children_born"], end_of_run["students"]) == (4, 2, {})
     assert (pop["members"], pop["teachers"], pop["students"]) == (4, 2, 2)
     members = json.loads((runs["pop"] / "members.json").read_text())["members"]
     for m in members:

@@ -163,7 +163,7 @@ def coverage_growth(problems: Sequence[dict[str, Any]], steps: Iterable[int] = (
     xs, new, valid = coverage_series(problems, steps)
     if not xs:
         return {"new_per_step": None, "new_per_valid_proposal": None, "distinct": 0, "last_third_from": None}
-    first = max(xs) - (max(xs) - min(xs) + 1) // 3 + 1
+    first = max(xs) - max(1, (max(xs) - min(xs) + 1) // 3) + 1  # a run of 1 or 2 steps: its last step
     late = [(n, v) for x, n, v in zip(xs, new, valid) if x >= first]
     late_valid = sum(v for _, v in late)
     return {
