@@ -198,7 +198,9 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
         for future in [pool.submit(_run_once, recipe, seed, run_dir, extra, env) for recipe, seed, run_dir in jobs]:
             future.result()
-    rows = [{"seed": seed, **{label: summarize(out / f"{label}-seed{seed}") for label, _ in arms}} for seed in seeds]
+    rows: list[dict[str, Any]] = [
+        {"seed": seed, **{label: summarize(out / f"{label}-seed{seed}") for label, _ in arms}} for seed in seeds
+    ]
 
     def over_seeds(value: Any) -> dict[str, Any]:
         return dynamics.pooled(value(r) for r in rows)

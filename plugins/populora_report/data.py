@@ -382,7 +382,7 @@ def arms(runs: list[RunData]) -> list[Arm]:
         key = json.dumps({k: v for k, v in run.recipe.items() if k not in ("seed", "cluster")}, sort_keys=True)
         groups.setdefault(key, []).append(run)
     out = [Arm(members[0].name, members) for members in groups.values()]
-    names = defaultdict(int)
+    names: dict[str, int] = defaultdict(int)
     for arm in out:
         names[arm.label] += 1
     for arm in out:

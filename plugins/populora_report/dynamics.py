@@ -223,7 +223,7 @@ def measure_run(
     return out
 
 
-def pooled(values: Iterable[float | None]) -> dict[str, float | int | None]:
+def pooled(values: Iterable[float | None]) -> dict[str, Any]:
     """Mean over seeds with a 95 % t-interval (None bounds with a single value; Nones are left out)."""
     xs = [v for v in values if v is not None]
     if not xs:
@@ -235,7 +235,7 @@ def pooled(values: Iterable[float | None]) -> dict[str, float | int | None]:
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(xs)}
 
 
-def pool(runs: Sequence[dict[str, float | None]]) -> dict[str, dict[str, float | int | None]]:
+def pool(runs: Sequence[dict[str, float | None]]) -> dict[str, dict[str, Any]]:
     """Each measure of :func:`measure_run` pooled over runs (the seeds of one arm)."""
     keys = list(dict.fromkeys(k for r in runs for k in r))
     return {k: pooled(r.get(k) for r in runs) for k in keys}

@@ -591,14 +591,14 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
     width = 0.8 / max(len(groups), 1)
     for i, arm in enumerate(groups):
         stats = [pooled[arm.label][f"probe/{g}"] for g in groups_x]
-        xs = [g + (i - (len(groups) - 1) / 2) * width for g in range(len(groups_x))]
+        positions = [g + (i - (len(groups) - 1) / 2) * width for g in range(len(groups_x))]
         heights = [s["mean"] if s["mean"] is not None else 0.0 for s in stats]
         errors = [
             [(s["mean"] - s["low"]) if s["low"] is not None else 0.0 for s in stats],
             [(s["high"] - s["mean"]) if s["high"] is not None else 0.0 for s in stats],
         ]
         ax.bar(
-            xs,
+            positions,
             heights,
             width=width,
             color=color[arm.label],
