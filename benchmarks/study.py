@@ -162,11 +162,20 @@ def _run_once(recipe: str, seed: int, run_dir: Path, extra: list[str], env: dict
     print(done.stdout + f"{run_dir.name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
-def _stat(stat: dict[str, Any], pct: bool = True) -> str:
-    """``mean [low, high]`` of a pooled value, in points (``pct``) or as a signed number."""
+FORMATS = {  # how a pooled measure is printed, by the start of its name; probe accuracies in points
+    "complexity_slope/": "+.4f",
+    "oscillation/swings": ".1f",
+    "oscillation/amplitude": ".3f",
+    "coverage/": ".2f",
+}
+
+
+def _stat(stat: dict[str, Any], key: str = "probe/") -> str:
+    """``mean [low, high]`` of a pooled value: probe accuracies (and differences) in points, else by FORMATS."""
     if stat["mean"] is None:
         return "-"
-    scale, fmt = (100, ".1f") if pct else (1, "+.4f")
+    fmt = next((f for prefix, f in FORMATS.items() if key.startswith(prefix)), ".1f")
+    scale = 100 if key.startswith("probe/") else 1
     text = format(scale * stat["mean"], fmt)
     return text if stat["low"] is None else f"{text} [{scale * stat['low']:{fmt}}, {scale * stat['high']:{fmt}}]"
 
@@ -246,9 +255,8 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     )
     dyn = ["| measure | population | single agent | population - single (paired by seed) |", "|---|---|---|---|"]
     for key in measures:
-        pct = key.startswith("probe/")
         dyn.append(
-            f"| {key} | {_stat(pp[key], pct)} | {_stat(pb[key], pct)} | {_stat(paired[f'{key}_minus_single'], pct)} |"
+            f"| {key} | {_stat(pp[key], key)} | {_stat(pb[key], key)} | {_stat(paired[f'{key}_minus_single'], key)} |"
         )
     per_seed = ["| seed | arm | " + " | ".join(measures) + " |", "|---|---|" + "---|" * len(measures)]
     for r in rows:
