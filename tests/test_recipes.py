@@ -148,3 +148,12 @@ def test_ray_recipes_are_their_base_recipe_on_a_ray_cluster(ray_recipe, base, re
     params = registry.get("cluster", "ray").parse_params(model.cluster.params)
     members = model.population.teachers + model.population.students
     assert members % params.workers == 0, "every worker should own the same number of members"
+
+
+@pytest.mark.parametrize(("long", "base"), [("nano_long", "nano"), ("nano_long_single_agent", "nano_single_agent")])
+def test_long_study_recipes_are_the_nano_recipes_run_longer(long, base):
+    """The long study changes only how many steps a run takes, so its arms compare as the short study's do."""
+    longer = yaml.safe_load((RECIPE_DIR / f"{long}.yaml").read_text())
+    reference = yaml.safe_load((RECIPE_DIR / f"{base}.yaml").read_text())
+    assert {k for k in set(longer) | set(reference) if longer.get(k) != reference.get(k)} == {"name", "steps"}
+    assert longer["steps"] == 120 > reference["steps"]

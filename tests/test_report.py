@@ -23,11 +23,20 @@ from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
 from tests.cli_helpers import run_cli
+from tests.synthetic_runs import write_run
 
 TESTS = Path(__file__).parent
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
-FIGURE_IDS = ("fig-solve-rates", "fig-complexity", "fig-coverage", "fig-ratings", "fig-lineage", "fig-probe")
-PNGS = ("solve_rates.png", "complexity.png", "coverage.png", "ratings.png", "lineage.png", "probe.png")
+FIGURE_IDS = (
+    "fig-arms",
+    "fig-solve-rates",
+    "fig-complexity",
+    "fig-coverage",
+    "fig-ratings",
+    "fig-lineage",
+    "fig-probe",
+)
+PNGS = ("arms.png", "solve_rates.png", "complexity.png", "coverage.png", "ratings.png", "lineage.png", "probe.png")
 
 
 def _record(pm: PluginManager, run_dir: Path, overrides: list[str]) -> Path:
@@ -116,6 +125,7 @@ def test_single_run_report_default_out_dir(runs):
     for fig_id in FIGURE_IDS:
         assert f'<section id="{fig_id}">' in page and f'id="{fig_id}-img" alt="' in page, fig_id
     for title in (
+        "Arms side by side: the four dynamics",
         "Student solve rates over time",
         "Teacher program complexity over time",
         "Cumulative problem-space coverage",
@@ -148,6 +158,9 @@ def test_summary_numbers_match_the_logs(runs, multi):
     assert pop["final_step"] == 4 and single["final_step"] == 4
     assert pop["children_born"] == sum(r["operator"] != "init" for r in lineage) == 2
     assert single["children_born"] == 0 and bare["children_born"] == 0 and bare["probe_best"] is None
+    # the loop's end of run wrote the run's own summary.json (before this test wrote probe.jsonl)
+    end_of_run = json.loads((runs["pop"] / "summary.json").read_text())
+    assert (end_of_run["steps"], end_of_run["children_born"], end_of_run["students"]) == (4, 2, {})
     assert (pop["members"], pop["teachers"], pop["students"]) == (4, 2, 2)
     members = json.loads((runs["pop"] / "members.json").read_text())["members"]
     for m in members:
@@ -253,3 +266,42 @@ def test_problem_metrics_and_coverage_come_from_valid_proposals_only(tmp_path):
     assert run.problem_metric_mean("ast_depth") == ([1, 2, 3], [3.0, 6.0, 1.0])
     assert run.problem_metric_mean("loc") == ([1], [4.0])
     assert run.proposal_coverage() == ([1, 2, 3], [2, 2, 3])
+
+
+def test_two_arms_side_by_side_pool_their_seeds(tmp_path):
+    """Runs differing only in seed are one arm; the page and dynamics.json give each arm's pooled measures."""
+    from populora_report.dynamics import measure_run, pool
+    from populora_report.render import dynamics_rows
+
+    pop = [
+        write_run(tmp_path / f"pop-{s}", seed=s, depth_slope=0.02, swing=0.15, students={"s0": 0.3 + 0.02 * s})
+        for s in range(3)
+    ]
+    single = [
+        write_run(tmp_path / f"single-{s}", name="synthetic-single", mode="single_agent", seed=s, students={"a0": 0.2})
+        for s in range(3)
+    ]
+    res = run_cli("report", *map(str, pop + single), "--out", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "out" / "report.html").read_text()
+    _assert_self_contained(page, tmp_path / "out")
+    assert '<section id="fig-arms">' in page and "id='dynamics-table'" in page
+    assert "synthetic-2t2s: 3 run(s), seeds 0, 1, 2" in page
+    rows = json.loads((tmp_path / "out" / "dynamics.json").read_text())
+    assert [(r["arm"], len(r["runs"])) for r in rows] == [("synthetic-2t2s", 3), ("synthetic-single", 3)]
+    population, baseline = rows
+    expected = pool([measure_run(r.steps, r.problems, r.probe) for r in map(load_run, pop)])
+    assert population["pooled"].keys() == expected.keys()
+    for key, stat in expected.items():
+        assert population["pooled"][key] == pytest.approx(stat), key
+    assert population["pooled"]["probe/mean"]["mean"] == pytest.approx(0.32)
+    assert population["pooled"]["complexity_slope/ast_depth"]["low"] > 0  # the planted rise, seen in every seed
+    assert population["pooled"]["oscillation/swings"]["mean"] > 3  # the planted swings
+    assert baseline["pooled"]["oscillation/swings"]["mean"] == 0  # none planted
+    assert baseline["pooled"]["probe/weakest"] == pytest.approx({"mean": 0.2, "low": 0.2, "high": 0.2, "n": 3})
+    # different settings (here: steps) are different arms even under one recipe name
+    other = write_run(tmp_path / "pop-short", steps=30)
+    assert [r["arm"] for r in dynamics_rows(load_runs([pop[0], other]))] == [
+        "pop-0 (synthetic-2t2s)",
+        "pop-short (synthetic-2t2s)",
+    ]

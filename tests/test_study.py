@@ -1,12 +1,15 @@
-"""The study's summary of a recorded run: the best student's gain over the base and its paired interval."""
+"""The study's summary of recorded runs: the best student's gain over the base with its paired interval, and
+the whole study (pooled over seeds, its report page) from finished run directories."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks.study import paired_gain_interval, summarize
+from benchmarks.study import main, paired_gain_interval, summarize
+from tests.synthetic_runs import write_run
 
 
 def _write_probe(run_dir, records):
@@ -70,3 +73,33 @@ def test_summarize_reads_the_best_student_and_its_interval(tmp_path):
     # runs recorded before per-problem outcomes were written still summarise, without an interval
     _write_probe(run, [{k: v for k, v in r.items() if k != "correct"} for r in records])
     assert summarize(run)["best_gain_interval"] is None
+
+
+def test_the_long_study_reads_finished_runs_pools_seeds_and_writes_its_report(tmp_path):
+    """Finished runs (a summary.json each) are read, not rerun: the study's tables from recorded logs."""
+    for seed in range(3):
+        pop = write_run(tmp_path / f"population-seed{seed}", seed=seed, depth_slope=0.02, swing=0.15)
+        single = write_run(
+            tmp_path / f"baseline-seed{seed}",
+            name="single",
+            mode="single_agent",
+            seed=seed,
+            students={"a0": 0.2 + 0.01 * seed},
+        )
+        for run_dir in (pop, single):
+            (run_dir / "summary.json").write_text("{}")
+    summary = main(["--recipe", "long", "--seeds", "0", "1", "2", "--out", str(tmp_path)])
+    text = (tmp_path / "study.md").read_text()
+    assert "Recipes `nano_long.yaml` and `nano_long_single_agent.yaml`, seeds 0, 1, 2" in text
+    assert summary["population_mean"] == pytest.approx(0.275) and summary["single_agent"] == pytest.approx(0.21)
+    assert summary["mean_minus_single"] == pytest.approx(
+        {"mean": 0.065, "low": 0.065 - 0.01 * 4.303 / 3**0.5, "high": 0.065 + 0.01 * 4.303 / 3**0.5, "n": 3}
+    )
+    assert summary["depth_slope_population"]["low"] > 0 > summary["depth_slope_single_agent"]["low"]
+    assert summary["swings_population"]["mean"] > 3 and summary["swings_single_agent"]["mean"] == 0
+    assert summary["new_signatures_per_step_population"]["mean"] == 2.0
+    study_json = json.loads((tmp_path / "study.json").read_text())
+    assert study_json["paired"]["oscillation/swings_minus_single"]["mean"] == summary["swings_population"]["mean"]
+    assert Path(summary["report"]) == tmp_path / "report" / "report.html"
+    page = Path(summary["report"]).read_text()
+    assert "synthetic-2t2s: 3 run(s), seeds 0, 1, 2" in page and "single: 3 run(s)" in page

@@ -1,5 +1,6 @@
 """``populora report``: the paper's figures for one or several runs side by side, as PNGs and one
-self-contained HTML page (images embedded as data URIs, so the single file can be mailed around).
+self-contained HTML page (images embedded as data URIs, so the single file can be mailed around);
+and the summary every completed run prints and writes to ``summary.json``, so a run tells its result.
 
 Reads only the run directory's logs (recipe.yaml, events.jsonl, lineage.jsonl, members.json,
 tasks/problems.jsonl, probe.jsonl); matplotlib is imported only when a report is rendered.
@@ -7,7 +8,11 @@ tasks/problems.jsonl, probe.jsonl); matplotlib is imported only when a report is
 
 from __future__ import annotations
 
+import time
+
 from populora_core import hookimpl
+
+_started: dict[int, float] = {}  # id(run) -> perf_counter at on_run_start
 
 
 @hookimpl
@@ -27,3 +32,22 @@ def register_commands(cli):
         from .render import render_report
 
         click.echo(str(render_report(list(run_dirs), out)))
+
+
+@hookimpl
+def on_run_start(run):
+    _started[id(run)] = time.perf_counter()
+
+
+@hookimpl
+def on_run_end(run, status):
+    """A completed run prints its summary table and writes summary.json; a failed one leaves its error alone."""
+    start = _started.pop(id(run), None)
+    if status != "completed":
+        return
+    import click
+
+    from .summary import format_summary, write_summary
+
+    summary = write_summary(run.dir.path, wall_s=None if start is None else time.perf_counter() - start)
+    click.echo(format_summary(summary))

@@ -17,6 +17,8 @@ import yaml
 
 from populora_core import UserError
 
+from . import dynamics
+
 COUNTERS = ("rollouts", "estimation_rollouts", "tokens", "trained_tokens", "updates")
 COMPLEXITY = (("ast_depth", "AST depth"), ("cyclomatic", "cyclomatic complexity"), ("loc", "lines of code"))
 
@@ -210,6 +212,10 @@ class RunData:
         )
         return {"total": total, "model": model}
 
+    def measures(self) -> dict[str, float | None]:
+        """The study's dynamics measures of this run (:func:`dynamics.measure_run`)."""
+        return dynamics.measure_run(self.steps, self.problems or [], self.probe or [])
+
     # --- probe ------------------------------------------------------------------------------
 
     def probe_summaries(self) -> list[ProbeSummary]:
@@ -354,3 +360,32 @@ def load_runs(paths: list[str | Path]) -> list[RunData]:
         if seen[run.label] > 1:
             run.label = f"{run.label} #{seen[run.label]}"
     return runs
+
+
+@dataclass
+class Arm:
+    """Runs of one experiment that differ only in their seed: pooled, they give an interval over seeds."""
+
+    label: str
+    runs: list[RunData]
+
+    @property
+    def is_baseline(self) -> bool:
+        return all(r.is_baseline for r in self.runs)
+
+
+def arms(runs: list[RunData]) -> list[Arm]:
+    """Group runs into arms: equal resolved recipes but for ``seed`` and ``cluster`` (where a run computes
+    never changes what it computes), in order of first appearance; labelled by recipe name."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.recipe.items() if k not in ("seed", "cluster")}, sort_keys=True)
+        groups.setdefault(key, []).append(run)
+    out = [Arm(members[0].name, members) for members in groups.values()]
+    names: dict[str, int] = defaultdict(int)
+    for arm in out:
+        names[arm.label] += 1
+    for arm in out:
+        if names[arm.label] > 1:  # same recipe name, different settings: name the arm by its first run
+            arm.label = arm.runs[0].label
+    return out

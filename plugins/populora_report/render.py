@@ -10,7 +10,8 @@ from typing import Any
 
 from populora_core import UserError
 
-from .data import COUNTERS, RunData, load_runs
+from . import dynamics
+from .data import COUNTERS, RunData, arms, load_runs
 from .figures import FIGURES, FigureOut
 
 
@@ -175,6 +176,58 @@ def _lineage_table(run: RunData) -> str:
     )
 
 
+MEASURES = (
+    ("complexity_slope/ast_depth", "AST depth / step", 4),
+    ("complexity_slope/cyclomatic", "cyclomatic / step", 4),
+    ("complexity_slope/loc", "LOC / step", 4),
+    ("oscillation/swings", "solve-rate swings", 1),
+    ("oscillation/amplitude", "swing amplitude", 3),
+    ("coverage/new_per_step", "new signatures / step (last third)", 2),
+    ("coverage/new_per_valid_proposal", "new / valid proposal (last third)", 3),
+    ("probe/base", "probe: base", 3),
+    ("probe/mean", "probe: students' mean", 3),
+    ("probe/best", "probe: best", 3),
+    ("probe/weakest", "probe: weakest", 3),
+)
+
+
+def dynamics_rows(runs: list[RunData]) -> list[dict[str, Any]]:
+    """Per arm (runs differing only in seed): each run's dynamics measures and their pooled interval."""
+    out = []
+    for arm in arms(runs):
+        per_run = {r.label: r.measures() for r in arm.runs}
+        out.append({"arm": arm.label, "runs": per_run, "pooled": dynamics.pool(list(per_run.values()))})
+    return out
+
+
+def _stat(stat: dict[str, Any], digits: int) -> str:
+    if stat["mean"] is None:
+        return "—"
+    text = f"{stat['mean']:.{digits}f}"
+    return text if stat["low"] is None else f"{text} [{stat['low']:.{digits}f}, {stat['high']:.{digits}f}]"
+
+
+def _dynamics_table(rows: list[dict[str, Any]]) -> str:
+    head = "<th class='l'>arm</th><th>runs</th>" + "".join(f"<th>{_e(title)}</th>" for _, title, _ in MEASURES)
+    body = "".join(
+        f"<tr><td class='l'>{_e(row['arm'])}</td><td>{len(row['runs'])}</td>"
+        + "".join(f"<td>{_e(_stat(row['pooled'][key], digits))}</td>" for key, _, digits in MEASURES)
+        + "</tr>"
+        for row in rows
+    )
+    per_run = "".join(
+        f"<tr><td class='l'>{_e(label)}</td><td>1</td>"
+        + "".join(f"<td>{_e(_fmt(values[key], digits))}</td>" for key, _, digits in MEASURES)
+        + "</tr>"
+        for row in rows
+        for label, values in row["runs"].items()
+    )
+    return (
+        f"<table id='dynamics-table'><tr>{head}</tr>{body}</table>"
+        f"<details><summary>Per run</summary><table><tr>{head}</tr>{per_run}</table></details>"
+    )
+
+
 def _figure_html(fig: FigureOut, out_dir: Path) -> str:
     data = base64.b64encode((out_dir / fig.file).read_bytes()).decode("ascii")
     notes = "".join(f"<li>{_e(n)}</li>" for n in fig.notes)
@@ -199,6 +252,8 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
     baselines = [r for r in runs if r.is_baseline]
     rows = [summarize(r, baselines) for r in runs]
     (out_dir / "summary.json").write_text(json.dumps(rows, indent=1, default=str))
+    measured = dynamics_rows(runs)
+    (out_dir / "dynamics.json").write_text(json.dumps(measured, indent=1))
 
     run_notes = "".join(
         f"<li><b>{_e(r.label)}</b> (<code>{_e(r.path)}</code>, {_e(r.mode)}"
@@ -219,6 +274,14 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
         "“best − base” is the issue's target quantity. Compute counters add up every member "
         "that ever lived (children start from zero); a slot is one place in the population, and the "
         "baseline is compute-matched when its adapter's trained tokens equal a slot's (ratio ≈ 1).</p>"
+        + "<h2>Dynamics per arm</h2>"
+        + _dynamics_table(measured)
+        + "<p class='note'>Mean over an arm's runs (runs whose recipes differ only in seed) with the 95 % "
+        "t-interval over seeds. Slopes: least-squares slope per step of the per-step mean over valid proposals. "
+        "Swings: changes between excursions of the detrended 5-step mean solve rate beyond ±h (3 standard errors "
+        "of a window mean of the step-to-step noise, at least 0.01), amplitude peak to trough. New signatures: "
+        "task signatures of valid proposals first seen at a step, in the last third of the run. Probe: "
+        "n-weighted over task types at the last probe step.</p>"
         + "".join(_counters_table(r, row) for r, row in zip(runs, rows))
         + "".join(_lineage_table(r) for r in runs)
         + "</section>"
