@@ -9,7 +9,7 @@
 Two runs of the same recipe and seed step in turn in one process: the current code path and the reference
 (``engine.decode=generate``: transformers' ``generate``; ``trainer.sequence_layout=split``: TRL's padded
 layout; ``trainer.lora_forward=peft``: PEFT's LoRA layers; ``trainer.parallel_updates=1``: one member at a
-time), so both see the same machine at the same time.
+time; ``engine.parallel_batches=1``: one decoding thread), so both see the same machine at the same time.
 Their samples differ (the two paths draw different random streams), so each run's tokens are counted and
 the FLOPs it needed come from the model shape and those tokens (:func:`step_flops`); ``flops_efficiency`` =
 needed FLOPs / (step time x the machine's matmul FLOP/s, all cores, measured in the run). The first step of each
@@ -38,6 +38,7 @@ REFERENCE = [
     "trainer.params.sequence_layout=split",
     "trainer.params.lora_forward=peft",
     "trainer.params.parallel_updates=1",
+    "engine.params.parallel_batches=1",
 ]
 
 

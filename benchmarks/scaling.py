@@ -5,8 +5,10 @@
     python -m benchmarks.scaling --smoke    # 2 tiny steps, local and 2 workers of 2T-2S (CI: does it run)
 
 Every configuration runs at one torch thread per process (the single process and each worker), as the
-bit-identity of the Ray run needs. Step time is the mean of ``time/step`` over the steps after the first
-(which pays model loading and warm-ups); Ray's start-up (cluster, actors, base models) is reported apart.
+bit-identity of the Ray run needs; the ``threads`` row is the single process using both cores itself
+(``parallel_batches`` and ``parallel_updates`` 2: Python threads, the same results). Step time is the mean
+of ``time/step`` over the steps after the first (which pays model loading and warm-ups); Ray's start-up
+(cluster, actors, base models) is reported apart.
 Ray overhead = driver wall time of the remote calls beyond the slowest worker's time inside them
 (serialization, scheduling, transfers), as a share of step time. The hf engine is row-seeded, so the
 workers split every generation call by token budget and each Ray row's adapters are checked against the
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
     ray_settings = ["cluster.params.threads_per_worker=1", "cluster.params.cpus_per_worker=1"]
     configs = {
         "local": ["cluster=local"],
+        # the single process on both cores: two decoding threads, two members trained at once
+        "threads": ["cluster=local", "engine.params.parallel_batches=2", "trainer.params.parallel_updates=2"],
         "ray-1": ["cluster.params.workers=1", *ray_settings],
         "ray-2": ["cluster.params.workers=2", *ray_settings],
     }
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, Any] = {"benchmark": "scaling", "steps": steps, "rows": rows}
     for population in populations:
         local = step_of(population, "-local")
-        for label in ("ray-1", "ray-2"):
+        for label in ("threads", "ray-1", "ray-2"):
             other = step_of(population, f"-{label}")
             if local and other:
                 result[f"speedup_{population}_{label.replace('-', '_')}"] = local / other
@@ -162,6 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
     result["speedup_2_workers"] = result[f"speedup_{headline}_ray_2"]
     result["ray_overhead_share"] = two["ray_overhead_s"] / two["step_s"]
     result["identical"] = all(r["identical"] for r in rows)
+    threads = step_of(headline, "-threads")
+    if threads:  # Ray's 2 workers against the single process that uses both cores itself
+        result["speedup_2_workers_vs_threads"] = threads / two["step_s"]
     print(
         f"{headline}: 2 workers {result['speedup_2_workers']:.2f}x the single process's step rate "
         f"(target 1.6x), Ray overhead {100 * result['ray_overhead_share']:.1f} % of step time (target <= 5 %); "

@@ -200,8 +200,8 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         extra = ["steps=3", "probe.problems_per_type=10"]
     else:
         extra = []
-    if args.parallel > 1:  # one core per run: members one at a time (the same results as parallel_updates 2)
-        extra.append("trainer.params.parallel_updates=1")
+    if args.parallel > 1:  # one core per run: one decoding thread, members one at a time (the same results)
+        extra += ["engine.params.parallel_batches=1", "trainer.params.parallel_updates=1"]
     extra += args.overrides
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     arms = (("population", args.population), ("baseline", args.baseline))

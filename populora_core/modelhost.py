@@ -173,6 +173,10 @@ class ModelHost:
             raise KeyError(path)
         return module
 
+    def linears(self) -> list[Any]:
+        """Every base ``nn.Linear`` (inside PEFT's wrapper when wrapped), e.g. for hooks on all of them."""
+        return list(self._linears().values())
+
     def _linears(self) -> dict[str, Any]:
         torch = self._torch
         if self._linear_cache is None:

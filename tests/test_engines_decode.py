@@ -64,6 +64,8 @@ def test_a_sampled_row_does_not_depend_on_its_batch(base, adapters):
     small = make_engine("hf", base, token_budget=40).generate(reqs, s)
     assert _tokens(big) == _tokens(small)
     assert len({tuple(c.token_ids) for c in big[0]}) > 1
+    for threads in (2, 3):  # the rows split into runs decoded at once in threads through the one base
+        assert _tokens(make_engine("hf", base, parallel_batches=threads).generate(reqs, s)) == _tokens(big)
 
 
 def test_a_call_split_in_parts_with_their_indices_draws_what_the_whole_call_draws(base, adapters):

@@ -31,6 +31,14 @@ class HFEngineParams(Params):
     # generate with one seeded generator per batch (the reference path); auto: loop unless the model has
     # sliding-window layers
     decode: Literal["auto", "loop", "generate"] = "auto"
+    parallel_batches: int = Field(
+        1,
+        ge=1,
+        description="the decode loop's rows split into this many runs of about equal cost, decoded at once in "
+        "threads through the one shared base (the same tokens as 1: every row samples from its own key). On "
+        "the CPU a small model decodes on one core per thread (set it to the cores, with OMP_NUM_THREADS=1); "
+        "on a GPU keep 1. decode: generate ignores it",
+    )
 
 
 class VLLMEngineParams(Params):

@@ -12,15 +12,22 @@ slot) are disabled. Two ways to add the deltas:
   whole cost (a mixed batch only ~2.5x faster than adapter by adapter, 6-7x with ``bmm``).
 * ``loop``: one pair of matmuls per distinct adapter on its rows (PEFT's scheme): no per-row copies of
   the weights, for large batches of large adapters where the gathered ``bmm`` weights would not fit.
+
+The hooks read the rows of the calling thread (:func:`serving`), so several threads can decode their own
+batches through the one shared base at once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 BASE = "__base__"
+_THREAD = threading.local()  # .rows: the RowAdapters of this thread's forwards
+_SERVING_LOCK = threading.Lock()
+_SERVING: dict[int, list[Any]] = {}  # id(host) -> [depth, hook handles, PEFT's disable context]
 
 
 def _modules(host: Any, names: Sequence[str]) -> dict[str, list[tuple[int, Any, Any]]]:
@@ -58,6 +65,7 @@ class RowAdapters:
         # the current rows gather from them (bmm: per-row factors; loop: (rows, A^T, B^T) per adapter)
         self._modules: list[tuple[Any, Any, Any]] = []
         self._rows: list[Any] = []
+        self._position: dict[int, int] = {}  # id(base linear) -> its index in _modules
         slots = [0 if k == BASE else names.index(k) + 1 for k in keys]
         with torch.no_grad():
             for path, entries in _modules(host, names).items():
@@ -70,6 +78,7 @@ class RowAdapters:
                     a_all[slot, :, : a.shape[0]] = a.t()
                     b_all[slot, : a.shape[0], :] = b.t()
                 dtype = linear.weight.dtype
+                self._position[id(linear)] = len(self._modules)
                 self._modules.append((linear, a_all.to(dtype), b_all.to(dtype)))
                 self._rows.append(None)
             index = torch.tensor(slots, device=self._modules[0][0].weight.device) if self._modules else None
@@ -97,51 +106,66 @@ class RowAdapters:
                         for rows in [(index == slot).nonzero().flatten()]
                     ]
 
-    def hooks(self) -> list[Any]:
-        """Forward hooks on the base linears that add each row's delta (read at call time, so they follow
-        :meth:`select`)."""
-        return [
-            linear.register_forward_hook(_bmm_hook(self, m) if self.mode == "bmm" else _loop_hook(self, m))
-            for m, (linear, _, _) in enumerate(self._modules)
-        ]
+    def add_delta(self, linear: Any, x: Any, output: Any) -> Any:
+        """``output`` of base ``linear`` on ``x`` plus each row's LoRA delta (unchanged where no adapter has it)."""
+        import torch
+
+        m = self._position.get(id(linear))
+        if m is None:
+            return output
+        if self.mode == "bmm":
+            a_rows, b_rows = self._rows[m]
+            if x.dim() != 3 or x.shape[0] != a_rows.shape[0]:
+                raise RuntimeError(f"batched LoRA expects ({a_rows.shape[0]}, T, d) inputs, got {tuple(x.shape)}")
+            low = torch.bmm(x.to(a_rows.dtype), a_rows)
+            if output.dtype == b_rows.dtype:  # the product accumulated into the base output: one pass over it
+                return torch.baddbmm(output, low, b_rows)
+            return output + torch.bmm(low, b_rows).to(output.dtype)
+        out = output.clone()
+        for index, a_t, b_t in self._rows[m]:
+            out[index] += ((x[index].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
+        return out
+
+
+@contextmanager
+def serving(host: Any) -> Iterator[None]:
+    """Within the block (re-entrant, from any thread), the base linears add the calling thread's row deltas
+    and PEFT's own adapters (the trainers' slots) are off. The outermost block installs and removes the
+    hooks, so a caller that fans batches out to threads holds it around them."""
+    key = id(host)
+    with _SERVING_LOCK:
+        state = _SERVING.get(key)
+        if state is None:
+            disable = host.peft.disable_adapter() if host.peft is not None else nullcontext()
+            disable.__enter__()
+            handles = [linear.register_forward_hook(_row_delta) for linear in host.linears()]
+            state = _SERVING[key] = [0, handles, disable]
+        state[0] += 1
+    try:
+        yield
+    finally:
+        with _SERVING_LOCK:
+            state[0] -= 1
+            if state[0] == 0:
+                del _SERVING[key]
+                for h in state[1]:
+                    h.remove()
+                state[2].__exit__(None, None, None)
 
 
 @contextmanager
 def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Iterator[RowAdapters]:
-    """Within the block, row i of every forward of ``host.model`` uses version ``keys[i]``."""
+    """Within the block, row i of every forward of ``host.model`` in this thread uses version ``keys[i]``."""
     rows = RowAdapters(host, keys, mode)
-    handles = rows.hooks()
-    try:
-        disable = host.peft.disable_adapter() if host.peft is not None else nullcontext()
-        with disable:
+    previous = getattr(_THREAD, "rows", None)
+    with serving(host):
+        _THREAD.rows = rows
+        try:
             yield rows
-    finally:
-        for h in handles:
-            h.remove()
+        finally:
+            _THREAD.rows = previous
 
 
-def _bmm_hook(rows: RowAdapters, m: int) -> Any:
-    import torch
-
-    def hook(module: Any, args: Any, output: Any) -> Any:
-        a_rows, b_rows = rows._rows[m]
-        x = args[0]
-        if x.dim() != 3 or x.shape[0] != a_rows.shape[0]:
-            raise RuntimeError(f"batched LoRA expects ({a_rows.shape[0]}, T, d) inputs, got {tuple(x.shape)}")
-        low = torch.bmm(x.to(a_rows.dtype), a_rows)
-        if output.dtype == b_rows.dtype:  # the product accumulated into the base output: one pass over it
-            return torch.baddbmm(output, low, b_rows)
-        return output + torch.bmm(low, b_rows).to(output.dtype)
-
-    return hook
-
-
-def _loop_hook(rows: RowAdapters, m: int) -> Any:
-    def hook(module: Any, args: Any, output: Any) -> Any:
-        x = args[0]
-        out = output.clone()
-        for index, a_t, b_t in rows._rows[m]:
-            out[index] += ((x[index].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
-        return out
-
-    return hook
+def _row_delta(module: Any, args: Any, output: Any) -> Any:
+    rows = getattr(_THREAD, "rows", None)
+    return output if rows is None else rows.add_delta(module, args[0], output)

@@ -27,9 +27,9 @@ from populora_core.components import (
     SamplingParams,
 )
 
-from .batched_lora import BASE, batched_adapters, gathered_bytes
+from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
 from .common import check_sampling, cut_completion, encode_prompts, not_generated
-from .decode import decode, row_key, supported
+from .decode import decode, decode_attention, row_key, supported
 
 
 def _derive_seed(*parts: object) -> int:
@@ -74,11 +74,29 @@ class HFEngine:
 
     # --- batching -------------------------------------------------------------------------------
 
-    def _batches(self, rows: list[tuple[int, int]], prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        """Row indices grouped so rows x (longest prompt + max_tokens) stays under the token budget."""
+    def _batches(
+        self, rows: list[tuple[int, int]], prompts: list[list[int]], max_tokens: int, parts: int = 1
+    ) -> list[list[list[int]]]:
+        """Row indices in ``parts`` runs of about equal cost (prompt + max_tokens per row), each grouped into
+        batches whose rows x (longest prompt + max_tokens) stays under the token budget."""
         order = list(range(len(rows)))
         if self.params.sort_by_length:
             order.sort(key=lambda r: -len(prompts[rows[r][0]]))
+        costs = [len(prompts[rows[r][0]]) + max_tokens for r in order]
+        total, runs, done = sum(costs), [], 0
+        for part in range(parts):
+            end, spent = done, sum(costs[:done])
+            while end < len(order) and (part == parts - 1 or spent + costs[end] / 2 <= total * (part + 1) / parts):
+                spent += costs[end]
+                end += 1
+            if end > done:
+                runs.append(self._budgeted(order[done:end], rows, prompts, max_tokens))
+            done = end
+        return runs
+
+    def _budgeted(
+        self, order: list[int], rows: list[tuple[int, int]], prompts: list[list[int]], max_tokens: int
+    ) -> list[list[int]]:
         batches: list[list[int]] = []
         current: list[int] = []
         longest = 0
@@ -134,22 +152,39 @@ class HFEngine:
             rows = [(k, j) for k in range(len(served)) for j in range(sampling.n)]
             slots: list[list[Completion | None]] = [[None] * sampling.n for _ in served]
             loop = self._decode_loop()
-            for b, batch in enumerate(self._batches(rows, kept, sampling.max_tokens)):
-                batch_rows = [rows[r] for r in batch]
-                batch_prompts = [kept[k] for k, _ in batch_rows]
-                batch_keys = [keys[k] for k, _ in batch_rows]
-                if loop:  # each row sampled from its own key: the same tokens however the rows are batched
-                    first = {k: i for i, (k, _) in reversed(list(enumerate(batch_rows)))}
-                    outs = self._run_loop(
-                        batch_prompts,
-                        batch_keys,
-                        sampling,
-                        [row_key(seed, call_index[k], j) for k, j in batch_rows],
-                        [first[k] for k, _ in batch_rows],
-                    )
-                else:
-                    outs = self._run(batch_prompts, batch_keys, sampling, _derive_seed(seed, b))
-                for (k, j), comp in zip(batch_rows, outs):
+            parts = self.params.parallel_batches if loop else 1
+            runs = self._batches(rows, kept, sampling.max_tokens, parts)
+
+            def run(batches: list[list[int]], first_index: int) -> list[tuple[list[int], list[Completion]]]:
+                done = []
+                for b, batch in enumerate(batches, start=first_index):
+                    batch_rows = [rows[r] for r in batch]
+                    batch_prompts = [kept[k] for k, _ in batch_rows]
+                    batch_keys = [keys[k] for k, _ in batch_rows]
+                    if loop:  # each row sampled from its own key: the same tokens however the rows are batched
+                        first = {k: i for i, (k, _) in reversed(list(enumerate(batch_rows)))}
+                        outs = self._run_loop(
+                            batch_prompts,
+                            batch_keys,
+                            sampling,
+                            [row_key(seed, call_index[k], j) for k, j in batch_rows],
+                            [first[k] for k, _ in batch_rows],
+                        )
+                    else:
+                        outs = self._run(batch_prompts, batch_keys, sampling, _derive_seed(seed, b))
+                    done.append((batch, outs))
+                return done
+
+            if len(runs) > 1:  # the runs decode at once, one thread each, through the one shared base
+                from concurrent.futures import ThreadPoolExecutor
+
+                with serving(host), decode_attention(host.base_model), ThreadPoolExecutor(len(runs)) as pool:
+                    finished = [b for part in pool.map(run, runs, [0] * len(runs)) for b in part]
+            else:
+                finished = run(runs[0], 0) if runs else []
+            for batch, outs in finished:
+                for r, comp in zip(batch, outs):
+                    k, j = rows[r]
                     slots[k][j] = comp
         for k, i in enumerate(served):
             results[i] = [c for c in slots[k] if c is not None]

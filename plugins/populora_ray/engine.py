@@ -5,8 +5,9 @@ per request), one part per worker, and the parts' completions are concatenated b
 Splitting is exact only for an engine whose sampling of a request does not depend on the other requests
 of the call (``row_seeded``, see populora_core.components.RolloutEngine; the hf engine's decode loop): each
 part's requests then carry their index in the whole call. An engine that seeds per batch (vllm, hf with
-``decode: generate``) gets every call whole on one worker, so the cluster's results stay those of the single process (unless the recipe asks for
-``generation_split: always``, trading that identity for parallel generation).
+``decode: generate``) gets every call whole on one worker, so the cluster's results stay those of the single
+process (unless the recipe asks for ``generation_split: always``, trading that identity for parallel
+generation).
 """
 
 from __future__ import annotations
