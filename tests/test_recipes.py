@@ -128,14 +128,6 @@ def test_every_7b_population_has_the_baselines_per_slot_budget():
         assert budget(path)[0] == reference, path.name
 
 
-@pytest.mark.parametrize(
-    ("ray_recipe", "base"),
-    [
-        ("nano_ray", "nano"),
-        ("azr_7b_ray_node", "azr_7b"),
-        ("populora_8t8s_7b_ray_nodes", "populora_8t8s_7b"),
-    ],
-)
 def _without_threads(section):
     """A component section less its thread counts (parallel_batches, parallel_updates: never the results)."""
     if not isinstance(section, dict) or not isinstance(section.get("params"), dict):
@@ -144,6 +136,14 @@ def _without_threads(section):
     return {**section, "params": params}
 
 
+@pytest.mark.parametrize(
+    ("ray_recipe", "base"),
+    [
+        ("nano_ray", "nano"),
+        ("azr_7b_ray_node", "azr_7b"),
+        ("populora_8t8s_7b_ray_nodes", "populora_8t8s_7b"),
+    ],
+)
 def test_ray_recipes_are_their_base_recipe_on_a_ray_cluster(ray_recipe, base, registry):
     """Where a run computes never changes what it computes: only the name, the cluster section and the thread
     counts differ (a worker has its own cores)."""
