@@ -23,10 +23,8 @@ class HFEngineParams(Params):
     max_loaded_adapters: int = 64  # adapter versions kept in memory (LRU); older ones reload from disk
     sort_by_length: bool = True  # batch prompts of similar length together (less padding)
     # mixed-adapter LoRA (batched_lora.py): bmm = per-row stacked weights, two batched matmuls per module;
-    # loop = one matmul pair per distinct adapter on its rows; segments = one matmul pair per run of rows
-    # with one adapter (the decode loop orders rows by adapter); auto = segments in the decode loop, else
-    # bmm while it fits bmm_budget_mb
-    mixed_lora: Literal["auto", "bmm", "loop", "segments"] = "auto"
+    # loop = one matmul pair per distinct adapter on its rows; auto = bmm while it fits bmm_budget_mb
+    mixed_lora: Literal["auto", "bmm", "loop"] = "auto"
     bmm_budget_mb: int = 512
     # loop: populora's decode loop (decode.py: static KV cache, finished rows dropped, every row sampled from
     # its own counter-based stream, so its tokens do not depend on batching); generate: transformers'

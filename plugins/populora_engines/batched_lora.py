@@ -12,11 +12,6 @@ slot) are disabled. Two ways to add the deltas:
   whole cost (a mixed batch only ~2.5x faster than adapter by adapter, 6-7x with ``bmm``).
 * ``loop``: one pair of matmuls per distinct adapter on its rows (PEFT's scheme): no per-row copies of
   the weights, for large batches of large adapters where the gathered ``bmm`` weights would not fit.
-* ``segments``: one pair of matmuls per run of consecutive rows with one adapter, on slices of the input
-  and output (views: nothing gathered or copied), accumulated into the base output. The decode loop orders
-  a batch's rows by adapter, so a batch of a few members is a few runs. At decode shapes ``bmm`` reads
-  every row's gathered factors at every step (on nano 7x the base weights' bytes); this reads each
-  adapter's once.
 
 The hooks read the rows of the calling thread (:func:`serving`), so several threads can decode their own
 batches through the one shared base at once.
@@ -61,14 +56,13 @@ class RowAdapters:
     def __init__(self, host: Any, keys: Sequence[str], mode: str) -> None:
         import torch
 
-        if mode not in ("bmm", "loop", "segments"):
-            raise ValueError(f"unknown mixed-LoRA mode {mode!r} (bmm, loop, segments)")
+        if mode not in ("bmm", "loop"):
+            raise ValueError(f"unknown mixed-LoRA mode {mode!r} (bmm, loop)")
         names = sorted({k for k in keys if k != BASE})
         self.mode = mode
         self.index: Any = None  # slot per row (0: base)
         # per module: the base linear, its stacked (slots, d_in, r) / (slots, r, d_out) factors, and what
-        # the current rows gather from them (bmm: per-row factors; loop: (rows, A^T, B^T) per adapter;
-        # segments: (start, end, A^T, B^T) per run of consecutive rows with one adapter)
+        # the current rows gather from them (bmm: per-row factors; loop: (rows, A^T, B^T) per adapter)
         self._modules: list[tuple[Any, Any, Any]] = []
         self._rows: list[Any] = []
         self._position: dict[int, int] = {}  # id(base linear) -> its index in _modules
@@ -100,13 +94,10 @@ class RowAdapters:
         import torch
 
         self.index = index
-        runs = _runs(index.tolist()) if self.mode == "segments" else []
         with torch.no_grad():
             for m, (_, a_all, b_all) in enumerate(self._modules):
                 if self.mode == "bmm":
                     self._rows[m] = (a_all[index], b_all[index])
-                elif self.mode == "segments":
-                    self._rows[m] = [(start, end, a_all[slot], b_all[slot]) for start, end, slot in runs if slot]
                 else:
                     self._rows[m] = [
                         (rows, a_all[slot], b_all[slot])
@@ -130,16 +121,6 @@ class RowAdapters:
             if output.dtype == b_rows.dtype:  # the product accumulated into the base output: one pass over it
                 return torch.baddbmm(output, low, b_rows)
             return output + torch.bmm(low, b_rows).to(output.dtype)
-        if self.mode == "segments":
-            d_in, d_out = x.shape[-1], output.shape[-1]
-            for start, end, a_t, b_t in self._rows[m]:
-                low = x[start:end].reshape(-1, d_in).to(a_t.dtype) @ a_t
-                part = output[start:end].view(-1, d_out)
-                if part.dtype == b_t.dtype:
-                    part.addmm_(low, b_t)
-                else:
-                    part += (low @ b_t).to(part.dtype)
-            return output
         out = output.clone()
         for index, a_t, b_t in self._rows[m]:
             out[index] += ((x[index].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
@@ -183,17 +164,6 @@ def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Itera
             yield rows
         finally:
             _THREAD.rows = previous
-
-
-def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
-    """``(start, end, slot)`` of each run of consecutive equal slots."""
-    runs: list[tuple[int, int, int]] = []
-    for i, slot in enumerate(slots):
-        if runs and runs[-1][2] == slot:
-            runs[-1] = (runs[-1][0], i + 1, slot)
-        else:
-            runs.append((i, i + 1, slot))
-    return runs
 
 
 def _row_delta(module: Any, args: Any, output: Any) -> Any:

@@ -158,8 +158,6 @@ class HFEngine:
             def run(batches: list[list[int]], first_index: int) -> list[tuple[list[int], list[Completion]]]:
                 done = []
                 for b, batch in enumerate(batches, start=first_index):
-                    if loop:  # rows of one adapter side by side: runs of rows for the segments LoRA mode
-                        batch = sorted(batch, key=lambda r: keys[rows[r][0]])
                     batch_rows = [rows[r] for r in batch]
                     batch_prompts = [kept[k] for k, _ in batch_rows]
                     batch_keys = [keys[k] for k, _ in batch_rows]
@@ -326,8 +324,6 @@ class HFEngine:
         mode = self.params.mixed_lora
         if mode != "auto":
             return mode
-        if self._decode_loop():
-            return "segments"
         return "bmm" if gathered_bytes(self.host, keys) <= self.params.bmm_budget_mb * 2**20 else "loop"
 
     # --- adapters and lifetime --------------------------------------------------------------------
