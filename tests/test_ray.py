@@ -210,27 +210,18 @@ def test_a_killed_worker_stops_the_run_clearly_and_resume_completes_it(reference
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "POPULORA_TEST_KILL_STEP": "3"}
     join = f"cluster.params.address={address}"
     plugin = str(Path(__file__).parent / "ray_kill_plugin.py")
-    failed = subprocess.run(
-        [POPULORA, "--plugin", plugin, "resume", str(killed), join, "--no-progress"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=900,
-    )
+
+    def resume(*plugin_options: str) -> subprocess.CompletedProcess[str]:
+        cmd = [POPULORA, *plugin_options, "resume", str(killed), join, "--no-progress"]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+
+    failed = resume("--plugin", plugin)
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert re.search(r"ray worker 1 \(colocated, pid \d+ on \S+\) died during", failed.stderr), failed.stderr
     assert f"populora resume {killed}" in failed.stderr
     assert "Traceback" not in failed.stderr
     assert (killed / "checkpoints" / "LATEST").read_text().strip() == "00000002"
-    done = subprocess.run(
-        [POPULORA, "resume", str(killed), join, "--no-progress"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=900,
-    )
+    done = resume()
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(reference, killed)
 
