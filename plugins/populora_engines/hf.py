@@ -155,9 +155,9 @@ class HFEngine:
             parts = self.params.parallel_batches if loop else 1
             runs = self._batches(rows, kept, sampling.max_tokens, parts)
 
-            def run(batches: list[list[int]], first_index: int) -> list[tuple[list[int], list[Completion]]]:
+            def run(batches: list[list[int]]) -> list[tuple[list[int], list[Completion]]]:
                 done = []
-                for b, batch in enumerate(batches, start=first_index):
+                for b, batch in enumerate(batches):  # b seeds a generate batch (one run: no threads)
                     batch_rows = [rows[r] for r in batch]
                     batch_prompts = [kept[k] for k, _ in batch_rows]
                     batch_keys = [keys[k] for k, _ in batch_rows]
@@ -179,9 +179,9 @@ class HFEngine:
                 from concurrent.futures import ThreadPoolExecutor
 
                 with serving(host), decode_attention(host.base_model), ThreadPoolExecutor(len(runs)) as pool:
-                    finished = [b for part in pool.map(run, runs, [0] * len(runs)) for b in part]
+                    finished = [b for part in pool.map(run, runs) for b in part]
             else:
-                finished = run(runs[0], 0) if runs else []
+                finished = run(runs[0]) if runs else []
             for batch, outs in finished:
                 for r, comp in zip(batch, outs):
                     k, j = rows[r]
