@@ -73,15 +73,17 @@ class LoraTrainerBase:
 
     def _activate(self, adapter: AdapterRef, slot: str = SCRATCH) -> tuple[dict[str, Any], dict[str, Any]]:
         """Copy ``adapter`` into ``slot``; only it is trainable and active. Returns (config, params)."""
-        config = self._load_slot(adapter, slot)
+        loaded = self._load_slot(adapter, slot)
         self._make_trainable([slot])
-        return config, self.host.params(slot)
+        return loaded
 
-    def _load_slot(self, adapter: AdapterRef, slot: str) -> dict[str, Any]:
+    def _load_slot(self, adapter: AdapterRef, slot: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Copy ``adapter`` into ``slot``. Returns (config, params)."""
         config = self.host.load_into(slot, adapter)
-        if not self.host.params(slot):
+        params = self.host.params(slot)
+        if not params:
             raise UserError(f"adapter {adapter.name!r} at {adapter.path}: no LoRA parameters in the base model")
-        return config
+        return config, params
 
     def _make_trainable(self, slots: list[str]) -> None:
         """``slots`` active (PEFT's LoraModel takes a list) and the only ones with gradients."""

@@ -147,8 +147,7 @@ class TRRTrainer(LoraTrainerBase):
         slots = [SCRATCH if i == 0 else f"{SCRATCH}{i}" for i in range(len(jobs))]
         host = self.host
         with host.lock:
-            configs = [self._load_slot(j.adapter, slot) for j, slot in zip(jobs, slots)]
-            params = [host.params(slot) for slot in slots]
+            configs, params = zip(*(self._load_slot(j.adapter, slot) for j, slot in zip(jobs, slots)))
             opts = [self._optimizer(j.member_id, ps) for j, ps in zip(jobs, params)]
             self._make_trainable(slots)
             try:
