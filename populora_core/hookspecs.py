@@ -103,8 +103,10 @@ def register_sinks(register: Any) -> None:
 def register_clusters(register: Any) -> None:
     """Register clusters: where the engine and the trainer run (recipe ``cluster``; ``local`` is built in).
 
-    ``factory(params, *, run_dir) -> components.Cluster``; ``run_dir`` is the run directory the workers
-    must see (adapters and checkpoints are exchanged through it).
+    ``factory(params, *, run_dir, plugin_files) -> components.Cluster``; ``run_dir`` is the run directory the
+    workers must see (adapters and checkpoints are exchanged through it); ``plugin_files`` are the absolute
+    paths of the ``--plugin`` files this process loaded, which the workers must load too, so that a component
+    from one of them can be built there.
     """
 
 

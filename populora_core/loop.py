@@ -64,7 +64,9 @@ class Run:
         # built first: the engine and the trainer go onto its workers (None: this process, today's behaviour)
         self.cluster: Cluster | None = None
         if recipe.cluster.name != LOCAL_CLUSTER:
-            self.cluster = reg.get("cluster", recipe.cluster.name).build(recipe.cluster.params, run_dir=run_dir.path)
+            self.cluster = reg.get("cluster", recipe.cluster.name).build(
+                recipe.cluster.params, run_dir=run_dir.path, plugin_files=manager.plugin_files
+            )
         try:
             self._build_components(recipe, run_dir)
         except BaseException:

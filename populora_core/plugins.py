@@ -80,7 +80,7 @@ class PluginManager:
 
     def load_file(self, path: str | os.PathLike[str]) -> None:
         """Load a local, unpackaged plugin file (``--plugin path.py``) for this process."""
-        file = Path(path)
+        file = Path(path).absolute()  # a cluster's workers, elsewhere, load the same path
         if not file.is_file():
             raise UserError(f"plugin file not found: {file}")
         name = f"file:{file.stem}"
@@ -147,6 +147,11 @@ class PluginManager:
         self.plugins[name] = PluginInfo(name, source, version, [], error)
 
     # --- queries ------------------------------------------------------------------------------
+
+    @property
+    def plugin_files(self) -> list[str]:
+        """The ``--plugin`` files loaded here (absolute paths): what a cluster's workers must load as well."""
+        return [info.source for name, info in self.plugins.items() if name.startswith("file:")]
 
     def hook_names(self) -> list[str]:
         return sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "populora_spec"))

@@ -16,7 +16,7 @@ from populora_core import Params, RecipeError, UserError, hookimpl
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
-from tests.test_core_loop import RECIPE, _manager
+from tests.test_core_loop import FAKE, RECIPE, _manager
 
 
 @pytest.fixture()
@@ -34,10 +34,10 @@ class InProcessCluster:
 
     opened: ClassVar[list[InProcessCluster]] = []
 
-    def __init__(self, params: InProcessParams, *, run_dir: Any) -> None:
+    def __init__(self, params: InProcessParams, *, run_dir: Any, plugin_files: list[str]) -> None:
         if params.fail:
             raise UserError("cluster.params.fail: this cluster cannot start")
-        self.run_dir = run_dir
+        self.run_dir, self.plugin_files = run_dir, plugin_files
         self.batches: list[list[str]] = []
         self.closed = 0
         self.registry: Any = None
@@ -74,8 +74,8 @@ class ClusterPlugin:
     def register_clusters(self, register):
         plugin = self
 
-        def factory(params: InProcessParams, *, run_dir: Any) -> InProcessCluster:
-            cluster = InProcessCluster(params, run_dir=run_dir)
+        def factory(params: InProcessParams, *, run_dir: Any, plugin_files: list[str]) -> InProcessCluster:
+            cluster = InProcessCluster(params, run_dir=run_dir, plugin_files=plugin_files)
             cluster.registry = plugin.manager.registry
             return cluster
 
@@ -110,6 +110,7 @@ def test_a_cluster_builds_the_components_and_gets_every_update_of_a_step_at_once
     clustered = _run(pm, tmp_path / "cluster", ["steps=3", "cluster=in_process"])
     (cluster,) = InProcessCluster.opened
     assert cluster.closed == 1
+    assert cluster.plugin_files == [str(Path(FAKE).absolute())]  # the fake stack's --plugin file
     assert len(cluster.batches) == 3 and all(sorted(b) == sorted(set(b)) and len(b) == 4 for b in cluster.batches)
     assert _adapter_hashes(local.path) == _adapter_hashes(clustered.path)
     assert (local.path / "lineage.jsonl").read_text() == (clustered.path / "lineage.jsonl").read_text()

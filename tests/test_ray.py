@@ -226,11 +226,11 @@ def test_a_killed_worker_stops_the_run_clearly_and_resume_completes_it(reference
     assert_same_run(reference, killed)
 
 
-def _cluster(run_dir: Path, **params):
+def _cluster(run_dir: Path, plugin_files: tuple[str, ...] = (), **params):
     from populora_ray import RayClusterParams
     from populora_ray.cluster import RayCluster
 
-    return RayCluster(RayClusterParams(**params), run_dir=run_dir)
+    return RayCluster(RayClusterParams(**params), run_dir=run_dir, plugin_files=plugin_files)
 
 
 def _released(ray, timeout_s: float = 30.0) -> bool:
@@ -288,6 +288,56 @@ def test_a_run_dir_the_workers_cannot_see_is_an_error_naming_it(ray_cluster, tmp
     with pytest.raises(UserError, match=r"--run-dir .*run: ray worker 0 .* cannot see a file the driver wrote"):
         cluster._check_shared_run_dir()
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".cluster-check")]
+
+
+#: a --plugin file with a trainer that only says where it was built (a MemberStateTrainer, so a cluster takes it)
+FILE_TRAINER = """
+import os
+from populora_core import NoParams, hookimpl
+
+
+class WhereTrainer:
+    needs_sampling_logprobs = False
+
+    def update(self, member_id, adapter, rollouts, out_dir): raise NotImplementedError
+    def copy_state(self, source_member, target_member): pass
+    def forget(self, member_id): pass
+    def save_state(self, directory): pass
+    def load_state(self, directory): pass
+    def members(self): return [f"built in pid {os.getpid()}"]
+    def export_member(self, member_id): return None
+    def import_member(self, member_id, state): pass
+    def save_members(self, directory, member_ids): return {}
+    def load_members(self, directory, files): pass
+
+
+@hookimpl
+def register_trainers(register):
+    register("where", lambda params: WhereTrainer(), params=NoParams)
+"""
+
+
+def test_a_component_from_a_plugin_file_is_built_on_every_worker(ray_cluster, tmp_path, monkeypatch):
+    (tmp_path / "where_plugin.py").write_text(FILE_TRAINER)
+    monkeypatch.chdir(tmp_path)  # a relative path, as a user types it: workers get it absolute
+    cluster = _cluster(workers=2, cpus_per_worker=1, run_dir=tmp_path / "run", plugin_files=("where_plugin.py",))
+    try:
+        cluster.trainer("where", {}, {})
+        built = cluster.call("test", [(w, w.actor.trainer_call.remote("members")) for w in cluster.workers])
+        assert sorted(built) == sorted([[f"built in pid {w.info['pid']}"] for w in cluster.workers])
+        assert os.getpid() not in {w.info["pid"] for w in cluster.workers}
+    finally:
+        cluster.close()
+    assert _released(ray_cluster)
+
+
+def test_a_plugin_file_a_worker_cannot_see_is_an_error_naming_it(tmp_path):
+    """A worker on another node would not see a file only the driver's disk holds; a missing path stands for it."""
+    from populora_ray.worker import PopulationWorker
+
+    missing = str(tmp_path / "elsewhere" / "my_plugin.py")
+    with pytest.raises(UserError, match=rf"--plugin {re.escape(missing)}: ray worker 3 .*cannot see this file"):
+        PopulationWorker(3, "colocated", 1).load_plugin_files([missing])
 
 
 def test_an_unreachable_address_is_a_clear_error_and_leaves_no_run_dir(tmp_path):

@@ -76,9 +76,12 @@ def import_ray() -> Any:
 class RayCluster:
     """Components on Ray workers, the run in the driver. ``close`` releases every actor and the placement group."""
 
-    def __init__(self, params: Any, *, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, params: Any, *, run_dir: str | os.PathLike[str], plugin_files: tuple[str, ...] | list[str] = ()
+    ) -> None:
         self.params = params
         self.run_dir = Path(run_dir).absolute()  # workers do not share the driver's working directory
+        self.plugin_files = [str(Path(f).absolute()) for f in plugin_files]
         self.ray = import_ray()
         self.time = RemoteTime()
         self.workers: list[Worker] = []
@@ -177,6 +180,10 @@ class RayCluster:
         infos = self.call("start", [(w, w.actor.describe.remote()) for w in self.workers], timed=False)
         for worker, info in zip(self.workers, infos):
             worker.info = info
+        if self.plugin_files:  # a recipe may name a component a --plugin file registers
+            self.call(
+                "start", [(w, w.actor.load_plugin_files.remote(self.plugin_files)) for w in self.workers], timed=False
+            )
 
     def _check_shared_run_dir(self) -> None:
         """Every worker must see a file the driver just wrote into the run directory."""

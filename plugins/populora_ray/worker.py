@@ -1,10 +1,10 @@
 """What runs inside one Ray worker actor: the recipe's engine and/or trainer on this worker's copy of the base.
 
 The class is plain Python (``ray.remote`` is applied by the cluster at start-up, so importing this module
-needs no Ray). Components are built from the worker's own plugin registry by name, with the context the
-driver would have handed their factories, and share the worker's one base model
-(populora_core.modelhost), as the engine and trainer of a single process do. Every method returns its
-result with the seconds it spent inside, so the driver can tell Ray's overhead from the work.
+needs no Ray). Components are built from the worker's own plugin registry by name (the driver's ``--plugin``
+files are loaded here first), with the context the driver would have handed their factories, and share the
+worker's one base model (populora_core.modelhost), as the engine and trainer of a single process do. Every
+method returns its result with the seconds it spent inside, so the driver can tell Ray's overhead from the work.
 """
 
 from __future__ import annotations
@@ -50,6 +50,18 @@ class PopulationWorker:
             return Path(path).read_text() == token
         except OSError:
             return False
+
+    def load_plugin_files(self, files: list[str]) -> None:
+        """Load the driver's ``--plugin`` files here too; one this worker cannot read is an error naming it."""
+        from populora_core import UserError, get_registry
+
+        for file in files:
+            if not Path(file).is_file():
+                raise UserError(
+                    f"--plugin {file}: ray worker {self.index} (pid {os.getpid()}) cannot see this file; plugin "
+                    "files must be on a filesystem every Ray node mounts at the same path, as the run directory is"
+                )
+        get_registry(files)  # into this process's registry, which build() reads
 
     def build(self, kind: str, name: str, params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
         """Build the recipe's engine or trainer here; returns what the driver needs to know about it."""
