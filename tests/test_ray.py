@@ -226,6 +226,64 @@ def test_a_killed_worker_stops_the_run_clearly_and_resume_completes_it(reference
     assert_same_run(reference, killed)
 
 
+def test_without_a_shared_run_dir_files_move_through_the_object_store(reference, manager, ray_cluster, tmp_path):
+    """transfer: object_store: same run bit for bit; the workers' mirrors go with the cluster; a checkpoint the
+    driver holds resumes on one worker through the store."""
+    store = tmp_path / "store"
+    run = _run(manager, store, [*RAY_2, "cluster.params.transfer=object_store"], keep_run=True)
+    assert_same_run(reference, store)
+    mirrors = [Path(w.info["mirror"]) for w in run.cluster.workers]
+    assert len(set(mirrors)) == 2 and not any(m.exists() for m in mirrors)  # removed when the run closed
+    adapters = store / "adapters"
+    assert all(any(p.startswith(str(adapters)) for p in held) for held in run.cluster.mirrored.values())
+    assert run.cluster.moved_bytes > 0
+    assert_same_run(reference, _resume_copy(store, tmp_path / "one", 2, manager, ("cluster.params.workers=1",)))
+
+
+def test_a_mirroring_worker_reads_and_writes_only_its_mirror(tmp_path):
+    """What keeps a worker off the driver's run directory: every path it is handed is mapped into its mirror."""
+    from populora_ray import transfer
+    from populora_ray.worker import PopulationWorker
+
+    from populora_core.components import AdapterRef, GenerationRequest, UpdateJob
+
+    seen: list[str] = []
+
+    class Recorder:
+        def generate(self, requests, sampling):
+            seen.extend(r.adapter.path for r in requests if r.adapter is not None)
+            return [[] for _ in requests]
+
+        def update(self, member_id, adapter, rollouts, out_dir):
+            seen.extend([adapter.path, str(out_dir)])
+
+        def save_members(self, directory, member_ids):
+            seen.append(directory)
+            return {}
+
+        def close(self):
+            pass
+
+    run_dir = tmp_path / "run"
+    version = run_dir / "adapters" / "s0" / "v1"
+    version.mkdir(parents=True)
+    (version / "adapter_model.safetensors").write_bytes(b"weights")
+    worker = PopulationWorker(0, "colocated", 1)
+    worker.engine = worker.trainer = Recorder()
+    mirror = Path(worker.use_mirror())
+    worker.receive(transfer.pack([str(version)]), [])
+    assert (transfer.mirrored(mirror, version) / "adapter_model.safetensors").read_bytes() == b"weights"
+    ref = AdapterRef("s0@v1", str(version))
+    worker.generate([GenerationRequest("p", ref), GenerationRequest("q")], None)
+    worker.update_many([UpdateJob("s0", ref, [], run_dir / "adapters" / "s0" / "v2")])
+    worker.trainer_call("save_members", str(run_dir / "checkpoints" / "00000001" / "trainer"), [])
+    assert len(seen) == 4 and all(Path(p).is_relative_to(mirror) for p in seen), seen
+    worker.receive({}, [str(version)])  # the run deleted that version: so does the mirror
+    assert not transfer.mirrored(mirror, version).exists()
+    worker.close()
+    assert not mirror.exists()
+
+
 def _cluster(run_dir: Path, plugin_files: tuple[str, ...] = (), **params):
     from populora_ray import RayClusterParams
     from populora_ray.cluster import RayCluster

@@ -44,6 +44,13 @@ class RayClusterParams(Params):
         "results equal the single process's; always: every call is split by token budget, faster with a "
         "batch-seeded engine (vllm, hf with decode: generate), but samples then depend on the number of engine workers",
     )
+    transfer: Literal["run_dir", "object_store"] = Field(
+        "run_dir",
+        description="run_dir: adapters and checkpoint files are exchanged through the run directory, which "
+        "every node must mount at the same path (checked at start); object_store: each worker keeps a private "
+        "mirror and the driver ships and fetches those files through Ray's object store (nodes without a shared "
+        "filesystem; every adapter version a worker reads crosses the network once)",
+    )
     threads_per_worker: int | None = Field(
         None,
         ge=1,

@@ -4,7 +4,8 @@ Started (or joined) once per run, before the engine and the trainer, which it th
 Layouts: ``colocated`` (every worker runs an engine and a trainer on one copy of the base, verl's hybrid
 shape) and ``disaggregated`` (engine workers serve every adapter; trainer workers own members). The run
 directory is the exchange: adapters are immutable PEFT directories in it and checkpoints are written into
-it by the workers that own the state, so it must be on a filesystem every node shares (checked at start).
+it by the workers that own the state, so it must be on a filesystem every node shares (checked at start),
+unless ``transfer: object_store`` moves those files through Ray's object store (transfer.py).
 Everything Ray-specific is imported inside functions: loading the plugin needs no Ray.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from populora_core.errors import PopuloraError, UserError
 
+from . import transfer
 from .worker import PopulationWorker
 
 
@@ -88,11 +90,20 @@ class RayCluster:
         self._placement_group: Any = None
         self._started_ray = False
         self._closed = False
+        # transfer: object_store: the driver paths each worker's mirror holds, and the bytes moved both ways
+        self.mirrored: dict[int, set[str]] = {}
+        self.moved_bytes = 0
         self._connect()
         try:
             self._check_resources()
             self._start_workers()
-            self._check_shared_run_dir()
+            if params.transfer == "object_store":
+                mirrors = self.call("start", [(w, w.actor.use_mirror.remote()) for w in self.workers], timed=False)
+                for worker, mirror in zip(self.workers, mirrors):
+                    worker.info["mirror"] = mirror
+                self.mirrored = {w.index: set() for w in self.workers}
+            else:
+                self._check_shared_run_dir()
         except BaseException:
             self.close()
             raise
@@ -200,7 +211,8 @@ class RayCluster:
             raise UserError(
                 f"--run-dir {self.run_dir}: {blind[0].where()} cannot see a file the driver wrote there; "
                 "adapters and checkpoints are exchanged through the run directory, so it must be on a "
-                "filesystem every Ray node mounts at the same path (NFS, a cluster filesystem)"
+                "filesystem every Ray node mounts at the same path (NFS, a cluster filesystem), or set "
+                "cluster.params.transfer: object_store to move them through Ray's object store"
             )
 
     def threads(self) -> int:
@@ -270,12 +282,46 @@ class RayCluster:
         self.time.calls += 1
         return [result for result, _ in results]
 
+    # --- run-directory files (transfer: object_store; no-ops when the run directory is shared) ----------
+
+    def ship(self, worker: Worker, paths: list[str], *, again: bool = False) -> None:
+        """Before a call that reads these run-directory paths on ``worker``: copy the ones its mirror lacks
+        (``again``: all of them; a checkpoint folder may be rewritten, an adapter version never is), and drop
+        mirrored paths the run has deleted since."""
+        held = self.mirrored.get(worker.index)
+        if held is None:
+            return
+        wanted = [p for p in dict.fromkeys(paths) if again or p not in held]
+        gone = sorted(p for p in held if not os.path.exists(p))
+        if not wanted and not gone:
+            return
+        bundle = transfer.pack(wanted)
+        self.moved_bytes += transfer.size(bundle)
+        self.call("transfer", [(worker, worker.actor.receive.remote(bundle, gone))])
+        held.difference_update(gone)
+        held.update(wanted)
+
+    def fetch(self, worker: Worker, paths: list[str]) -> None:
+        """After a call that wrote these run-directory paths on ``worker``: write them into the run directory."""
+        held = self.mirrored.get(worker.index)
+        if held is None or not paths:
+            return
+        (bundle,) = self.call("transfer", [(worker, worker.actor.send.remote(paths))])
+        self.moved_bytes += transfer.size(bundle)
+        transfer.unpack(bundle)
+        held.update(paths)
+
     def close(self) -> None:
         """Kill the actors, remove the placement group, and stop Ray if this run started it."""
         if self._closed:
             return
         self._closed = True
         ray = self.ray
+        if self.mirrored:  # the workers' mirrors: removed by the workers, which the kill below would not let run
+            try:
+                ray.get([w.actor.close.remote() for w in self.workers], timeout=30)
+            except Exception:  # a dead worker's mirror is its node's temporary directory to clean
+                pass
         for worker in self.workers:
             try:
                 ray.kill(worker.actor, no_restart=True)

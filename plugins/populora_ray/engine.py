@@ -62,6 +62,7 @@ class RayEngine:
                 dataclasses.replace(r, adapter=absolute(r.adapter), index=r.index if r.index is not None else i)
                 for i, r in enumerate(requests[start:end], start=start)
             ]
+            self.cluster.ship(worker, [r.adapter.path for r in part if r.adapter is not None])
             calls.append((worker, worker.actor.generate.remote(part, sampling)))
         return [row for part in self.cluster.call("generate", calls) for row in part]
 

@@ -4,9 +4,10 @@ Each worker runs the recipe's trainer on its own copy of the base for the member
 (:mod:`.placement`). A child takes the place of the member it replaces, on that member's worker; when it
 inherits its parent's optimizer state (``evolution.child_optimizer: inherit``) from another worker, the
 moments move through the object store (``export_member`` -> ``import_member``). A member that moves to
-restore the balance takes its state along the same way. Checkpoints: every worker writes its own members' files into
-the checkpoint folder on the shared run directory, then the driver writes the manifest
-(populora_core.trainer_state), so a checkpoint loads on any number of workers, or in a single process.
+restore the balance takes its state along the same way. Checkpoints: every worker writes its own members' files
+into the checkpoint folder on the shared run directory (``transfer: object_store``: into its mirror, and the
+driver fetches them), then the driver writes the manifest (populora_core.trainer_state), so a checkpoint
+loads on any number of workers, or in a single process.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class RayTrainer:
         by_worker: dict[int, list[int]] = {}
         for i, job in enumerate(jobs):
             by_worker.setdefault(self.placement.owner[job.member_id], []).append(i)
+        for w, idx in by_worker.items():
+            self.cluster.ship(self.workers[w], [jobs[i].adapter.path for i in idx])
         calls = [
             (self.workers[w], self.workers[w].actor.update_many.remote([jobs[i] for i in idx]))
             for w, idx in sorted(by_worker.items())
@@ -66,6 +69,8 @@ class RayTrainer:
         for (_, idx), stats in zip(sorted(by_worker.items()), self.cluster.call("train", calls)):
             for i, s in zip(idx, stats):
                 results[i] = s
+        for w, idx in sorted(by_worker.items()):
+            self.cluster.fetch(self.workers[w], [str(jobs[i].out_dir) for i in idx])
         return [s for s in results if s is not None]
 
     # --- member state -------------------------------------------------------------------------------
@@ -113,6 +118,8 @@ class RayTrainer:
         directory = Path(directory).absolute()
         directory.mkdir(parents=True, exist_ok=True)
         parts = self._on_all("checkpoint", "save_members", lambda i: (str(directory), self.placement.members_of(i)))
+        for worker, part in zip(self.workers, parts):
+            self.cluster.fetch(worker, [str(directory / rel) for rel in part.values()])
         files = {member: rel for part in parts for member, rel in part.items()}
         write_manifest(directory, self.algorithm, files)
 
@@ -124,6 +131,8 @@ class RayTrainer:
             self.forget(member)
         manifest = read_manifest(Path(directory), self.algorithm)
         if manifest is None:  # one file for every member (saved before manifests): each worker keeps its own
+            for worker in self.workers:
+                self.cluster.ship(worker, [str(directory)], again=True)
             self._on_all("resume", "load_state", lambda i: (str(directory),))
             loaded = self._on_all("resume", "members", lambda i: ())
             for member in loaded[0]:
@@ -136,6 +145,9 @@ class RayTrainer:
         files = manifest["members"]
         for member in sorted(files):
             self.placement.place(member)
+        for i, worker in enumerate(self.workers):
+            mine = [str(directory / files[m]) for m in self.placement.members_of(i)]
+            self.cluster.ship(worker, mine, again=True)
         self._on_all(
             "resume",
             "load_members",

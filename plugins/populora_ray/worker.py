@@ -9,18 +9,25 @@ method returns its result with the seconds it spent inside, so the driver can te
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import GenerationRequest, SamplingParams, UpdateJob
+from populora_core.components import AdapterRef, GenerationRequest, SamplingParams, UpdateJob
+
+from . import transfer
 
 #: Trainer methods the driver may call on a worker's trainer (the MemberStateTrainer contract).
 TRAINER_CALLS = frozenset(
     {"copy_state", "forget", "members", "export_member", "import_member", "save_members", "load_members", "load_state"}
 )
+#: Those of them whose first argument is a run-directory path (a checkpoint's trainer folder).
+TRAINER_CALLS_ON_A_DIRECTORY = frozenset({"save_members", "load_members", "load_state"})
 
 
 class PopulationWorker:
@@ -30,6 +37,7 @@ class PopulationWorker:
         self.index, self.role, self.threads = index, role, threads
         self.engine: Any = None
         self.trainer: Any = None
+        self.mirror: Path | None = None  # transfer: object_store; None: the run directory is shared
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs: what placement tests and error messages name."""
@@ -85,8 +93,34 @@ class PopulationWorker:
             "plugin": component.plugin,
         }
 
+    # --- run-directory files through the object store (transfer: object_store) ------------------------
+
+    def use_mirror(self) -> str:
+        """Keep the driver's run-directory files in a private mirror from now on; returns its path."""
+        self.mirror = Path(tempfile.mkdtemp(prefix=f"populora-ray-worker{self.index}-"))
+        return str(self.mirror)
+
+    def receive(self, bundle: transfer.Bundle, gone: Sequence[str]) -> tuple[None, float]:
+        """Files the driver shipped, and mirrored paths it deleted. All transfer, so no time inside is counted."""
+        assert self.mirror is not None, "receive needs use_mirror first"
+        transfer.unpack(bundle, self.mirror)
+        transfer.remove(gone, self.mirror)
+        return None, 0.0
+
+    def send(self, paths: Sequence[str]) -> tuple[transfer.Bundle, float]:
+        """The mirrored files at these driver paths, for the driver to write into the run directory."""
+        return transfer.pack(paths, self.mirror), 0.0
+
+    def _here(self, ref: AdapterRef | None) -> AdapterRef | None:
+        if ref is None or self.mirror is None:
+            return ref
+        return dataclasses.replace(ref, path=str(transfer.mirrored(self.mirror, ref.path)))
+
+    # --- the components' calls --------------------------------------------------------------------------
+
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> tuple[Any, float]:
         start = time.perf_counter()
+        requests = [dataclasses.replace(r, adapter=self._here(r.adapter)) for r in requests]
         return self.engine.generate(requests, sampling), time.perf_counter() - start
 
     def sleep(self) -> tuple[None, float]:
@@ -97,15 +131,24 @@ class PopulationWorker:
     def update_many(self, jobs: Sequence[UpdateJob]) -> tuple[list[Any], float]:
         """This worker's members' updates, one after another, in the order given."""
         start = time.perf_counter()
-        stats = [self.trainer.update(j.member_id, j.adapter, j.rollouts, j.out_dir) for j in jobs]
+        stats = []
+        for job in jobs:
+            out_dir = transfer.mirrored(self.mirror, job.out_dir)
+            if self.mirror is not None:
+                out_dir.parent.mkdir(parents=True, exist_ok=True)
+            stats.append(self.trainer.update(job.member_id, self._here(job.adapter), job.rollouts, out_dir))
         return stats, time.perf_counter() - start
 
     def trainer_call(self, method: str, *args: Any) -> tuple[Any, float]:
         if method not in TRAINER_CALLS:
             raise ValueError(f"not a trainer call a worker takes: {method!r}")
+        if method in TRAINER_CALLS_ON_A_DIRECTORY:
+            args = (str(transfer.mirrored(self.mirror, args[0])), *args[1:])
         start = time.perf_counter()
         return getattr(self.trainer, method)(*args), time.perf_counter() - start
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        if self.mirror is not None:
+            shutil.rmtree(self.mirror, ignore_errors=True)

@@ -1,0 +1,64 @@
+"""Moving run-directory files through Ray's object store, for clusters whose nodes share no filesystem.
+
+With ``cluster.params.transfer: object_store`` each worker keeps a private mirror of the driver's run
+directory (``mirror / <driver path>``): the driver ships the adapter versions a call reads before the call
+(once per worker: versions are immutable) and fetches back what a worker wrote (new adapter versions, its
+members' checkpoint files). The run directory on the driver stays the one complete record, as it is with a
+shared filesystem. Pure file helpers here; the calls live in cluster.py and worker.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+#: driver path (a file or a directory) -> its files: relative name ("" for the path itself) -> bytes
+Bundle = dict[str, dict[str, bytes]]
+
+
+def mirrored(mirror: Path | None, path: str | os.PathLike[str]) -> Path:
+    """Where a worker with ``mirror`` keeps the driver's ``path`` (the path itself without a mirror)."""
+    path = Path(path)
+    return path if mirror is None else mirror / path.relative_to(path.anchor)
+
+
+def pack(paths: Iterable[str], mirror: Path | None = None) -> Bundle:
+    """The files at (or under) each driver path, read from ``mirror`` (None: from the path itself)."""
+    bundle: Bundle = {}
+    for path in paths:
+        here = mirrored(mirror, path)
+        if here.is_file():
+            bundle[path] = {"": here.read_bytes()}
+        else:
+            files = sorted(f for f in here.rglob("*") if f.is_file())
+            bundle[path] = {str(f.relative_to(here)): f.read_bytes() for f in files}
+    return bundle
+
+
+def size(bundle: Bundle) -> int:
+    return sum(len(data) for files in bundle.values() for data in files.values())
+
+
+def unpack(bundle: Bundle, mirror: Path | None = None) -> None:
+    """Write a bundle under ``mirror`` (None: at the driver paths), each file whole or not at all."""
+    for path, files in bundle.items():
+        root = mirrored(mirror, path)
+        for name, data in files.items():
+            target = root / name if name else root
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.partial")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+
+
+def remove(paths: Iterable[str], mirror: Path) -> None:
+    """Drop mirrored copies of driver paths the run has deleted (old adapter versions): disk stays bounded."""
+    import shutil
+
+    for path in paths:
+        here = mirrored(mirror, path)
+        if here.is_dir():
+            shutil.rmtree(here, ignore_errors=True)
+        else:
+            here.unlink(missing_ok=True)
