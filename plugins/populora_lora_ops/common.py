@@ -63,6 +63,14 @@ def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.devi
     return torch.randn(shape, generator=generator, device=generator.device).to(device)
 
 
+def module_generators(generator: torch.Generator, count: int) -> list[torch.Generator]:
+    """One generator per module, seeded from ``generator`` one draw at a time (module i's stream depends only
+    on the draws before it), so modules can draw their noise on parallel threads: one CPU stream draws about
+    180 M uniforms a second, the bulk of a noise mutation at 7B shapes."""
+    seeds = [int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)) for _ in range(count)]
+    return [torch.Generator(device=generator.device).manual_seed(seed) for seed in seeds]
+
+
 def rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """Uniform [0, 1) draws, as :func:`randn`."""
     return torch.rand(shape, generator=generator, device=generator.device).to(device)

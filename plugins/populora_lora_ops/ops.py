@@ -27,6 +27,7 @@ from .common import (
     _refactored_svd,
     _warn_zero_crossover,
     check_parents,
+    module_generators,
     rand,
     randn,
 )
@@ -94,16 +95,19 @@ def _with_lowrank_noise(fs: list[LoraFactors], eps: float, gen: torch.Generator,
     """Per module, the best rank-r approximation of delta W + N, N = G1 G2 / sqrt(r) * eps * std(delta W).
 
     G1 G2 / sqrt(r) has unit-variance entries, so N is Gaussian-like noise of the stated std that
-    stays low-rank; the exact rank-r truncation keeps the child's rank. G1 and G2 are drawn module
-    by module (the generator's order), the algebra then runs batched and in parallel.
+    stays low-rank; the exact rank-r truncation keeps the child's rank. G1 and G2 come from each
+    module's own stream (:func:`module_generators`), drawn in parallel; the algebra then runs batched.
     """
-    stds = la.parallel_map(_delta_std, fs)
-    stacks: list[list[la.Block]] = []
-    for f, std in zip(fs, stds):
+    gens = module_generators(gen, len(fs))
+
+    def noisy(i: int) -> list[la.Block]:
+        f = fs[i]
         r = f.A.shape[0]
-        g1 = randn((f.B.shape[0], r), gen, f.B.device)
-        g2 = randn((r, f.A.shape[1]), gen, f.A.device)
-        stacks.append([(f.B, f.A, f.scale), (g1, g2, eps * std / math.sqrt(r))])
+        g1 = randn((f.B.shape[0], r), gens[i], f.B.device)
+        g2 = randn((r, f.A.shape[1]), gens[i], f.A.device)
+        return [(f.B, f.A, f.scale), (g1, g2, eps * _delta_std(f) / math.sqrt(r))]
+
+    stacks = la.parallel_map(noisy, list(range(len(fs))))
     svs = la.svds(stacks, [f.A.shape[0] for f in fs])
     return la.parallel_map(lambda i: _refactored_svd(svs[i], fs[i], [fs[i].A], params), list(range(len(fs))))
 
@@ -131,7 +135,9 @@ def _mutate_modules(
     parent, skip = _mutation_input(parents, params, generator, op)
     names = [n for n in parent.modules if n not in skip and (only is None or n in only)]
     mutated = dict(zip(names, mutate([parent.modules[n] for n in names]))) if names else {}
-    return parent.with_modules({name: mutated[name] if name in mutated else _copy(f) for name, f in parent.items()})
+    kept = [name for name in parent.modules if name not in mutated]
+    copies = dict(zip(kept, la.parallel_map(lambda name: _copy(parent.modules[name]), kept)))
+    return parent.with_modules({name: mutated[name] if name in mutated else copies[name] for name in parent.modules})
 
 
 @la.module_parallel
@@ -140,16 +146,13 @@ def svd_structured(parents: list[LoraWeights], params: Any, generator: torch.Gen
 
     def mutate(fs: list[LoraFactors]) -> list[LoraFactors]:
         svs = _canonical(fs)
-        draws = []
-        for f, sv in zip(fs, svs):
-            k = sv.s.shape[0]
-            z = randn((k,), generator, sv.s.device)
-            draws.append(
-                (z, randn((f.B.shape[0], k), generator, f.B.device), randn((f.A.shape[1], k), generator, f.A.device))
-            )
+        gens = module_generators(generator, len(fs))
 
         def one(i: int) -> LoraFactors:
-            sv, (z, gu, gv), f = svs[i], draws[i], fs[i]
+            sv, f, gen = svs[i], fs[i], gens[i]
+            k = sv.s.shape[0]
+            z = randn((k,), gen, sv.s.device)
+            gu, gv = randn((f.B.shape[0], k), gen, f.B.device), randn((f.A.shape[1], k), gen, f.A.device)
             s = sv.s * torch.exp(params.sigma * z)
             u, vh = la.sign_fixed_pairs(sv.u(), sv.vh())  # the noise meets the same U, V on any backend
             u = la.rotated(u, gu, params.eps)
@@ -215,13 +218,16 @@ def neftune(parents: list[LoraWeights], params: Any, generator: torch.Generator)
     """M5: uniform noise in [-b, b], b = alpha / sqrt(d_in r), on the down factor A only."""
 
     def mutate(fs: list[LoraFactors]) -> list[LoraFactors]:
-        out = []
-        for f in fs:
+        gens = module_generators(generator, len(fs))
+
+        def one(i: int) -> LoraFactors:
+            f = fs[i]
             r, d_in = f.A.shape
             bound = params.alpha / math.sqrt(d_in * r)
-            noise = (rand((r, d_in), generator, f.A.device) * 2.0 - 1.0) * bound
-            out.append(LoraFactors((f.A.float() + noise).to(f.A.dtype), f.B.clone(), f.scale))
-        return out
+            a = rand((r, d_in), gens[i], f.A.device).mul_(2.0 * bound).sub_(bound).add_(f.A)  # A + U(-b, b)
+            return LoraFactors(a.to(f.A.dtype), f.B.clone(), f.scale)
+
+        return la.parallel_map(one, list(range(len(fs))))
 
     return _mutate_modules(parents, params, generator, "neftune", mutate)
 
