@@ -39,7 +39,11 @@ def register_tasks(register: Any) -> None:
 
 @hookspec
 def register_executors(register: Any) -> None:
-    """Register program executors (the sandbox). ``factory(params) -> components.Executor``."""
+    """Register program executors (the sandbox). ``factory(params, *, plugin_files) -> components.Executor``.
+
+    ``plugin_files`` (a factory may leave it out): the absolute paths of the ``--plugin`` files this process
+    loaded, for an executor that builds another one in other processes (the ``ray`` executor's actors).
+    """
 
 
 @hookspec

@@ -84,7 +84,9 @@ class Run:
 
     def _build_components(self, recipe: Recipe, run_dir: RunDir) -> None:
         reg = self.manager.registry
-        self.executor = reg.get("executor", recipe.executor.name).build(recipe.executor.params)
+        self.executor = reg.get("executor", recipe.executor.name).build(
+            recipe.executor.params, plugin_files=self.manager.plugin_files
+        )
         self.tasks: dict[str, Any] = {}  # filled in recipe order; each task factory may take it as `tasks`
         for i, ref in enumerate(recipe.tasks):
             if ref.name in self.tasks:

@@ -25,7 +25,8 @@ import pytest
 from populora_ray.engine import split_by_budget
 from populora_ray.placement import MemberPlacement, Move
 
-from populora_core import UserError
+from populora_core import RecipeError, UserError
+from populora_core.components import ExecJob
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
@@ -414,3 +415,65 @@ def test_an_unreachable_address_is_a_clear_error_and_leaves_no_run_dir(tmp_path)
     assert result.returncode == 2, result.stderr
     assert "cluster.params.address: no Ray cluster answers at '127.0.0.1:9'" in result.stderr
     assert "Traceback" not in result.stderr and not run_dir.exists()
+
+
+# --- the ray executor: the sandbox's programs on Ray CPU actors ----------------------------------------
+
+#: jobs of every outcome, and a hash-variant pair (AZR's determinism check) whose values differ by variant
+EXEC_JOBS = [
+    *(ExecJob("def f(x):\n    return [x] * 2\n", f"f({i})") for i in range(7)),
+    *(ExecJob("s = {'apple', 'pear', 'fig', 'kiwi'}", "list(s)", hash_variant=v) for v in (0, 1)),
+    ExecJob("raise ValueError('no')"),
+    ExecJob("while True:\n    pass", timeout_s=1),
+]
+RAY_EXECUTOR = (
+    "executor={name: ray, params: {actors: 2, cpus_per_actor: 0.5, "
+    "executor: {name: sandbox, params: {timeout_s: 5, memory_mb: 512}}}}"
+)
+
+
+def _outcomes(results) -> list[tuple]:
+    return [(r.status, r.value, r.stdout, r.error) for r in results]
+
+
+def _ray_executor(**params):
+    from populora_ray import RayExecutorParams
+    from populora_ray.executor import RayExecutor
+
+    return RayExecutor(RayExecutorParams(**params))
+
+
+def test_the_ray_executor_gives_the_sandboxs_results_and_reruns_a_lost_actors_jobs(ray_cluster, manager):
+    with manager.registry.get("executor", "sandbox").build({"workers": 1}) as sandbox:
+        expected = _outcomes(sandbox.run_batch(EXEC_JOBS))
+    assert expected[7][1] != expected[8][1]  # the variants order the set differently: the check can tell
+    executor = _ray_executor(actors=2, cpus_per_actor=0.5)
+    try:
+        assert len({w["pid"] for w in executor.where} | {os.getpid()}) == 3  # two actors, neither the driver
+        assert _outcomes(executor.run_batch(EXEC_JOBS)) == expected
+        assert executor.run_batch([]) == []
+        ray_cluster.kill(executor.actors[1])  # e.g. its node lost: its share of the next batch runs again
+        assert _outcomes(executor.run_batch(EXEC_JOBS)) == expected
+        assert executor.restarts == 1
+    finally:
+        executor.close()
+    assert not executor.actors and _released(ray_cluster)
+
+
+def test_bad_executor_settings_are_errors_naming_the_setting(ray_cluster, manager):
+    with pytest.raises(UserError, match=r"executor\.params\.actors: 3 actors x 1 CPU = 3 CPU.*has 2 CPU free"):
+        _ray_executor(actors=3)
+    assert _released(ray_cluster)
+    for inner, message in (
+        ("{name: nope}", r"executor\.params.*unknown executor 'nope'"),
+        ("{name: sandbox, params: {timeout_s: -1}}", r"executor 'sandbox' \(plugin sandbox\).*timeout_s"),
+        ("{name: ray}", r"runs another executor on its actors, not itself"),
+    ):
+        with pytest.raises(RecipeError, match=message) as caught:
+            load_recipe(NANO_RAY, [f"executor={{name: ray, params: {{executor: {inner}}}}}"], manager.registry)
+        assert "nano_ray.yaml (component executor 'ray' from plugin ray)" in str(caught.value)
+
+
+def test_a_run_on_the_ray_executor_is_the_single_process_run(reference, manager, ray_cluster, tmp_path):
+    assert_same_run(reference, _run(manager, tmp_path / "ray-executor", [*LOCAL, RAY_EXECUTOR]))
+    assert _released(ray_cluster)

@@ -1,6 +1,8 @@
-"""``ray`` cluster: the population's engine and trainer on Ray workers, the run itself in the driver.
+"""``ray`` cluster and executor: the population's engine and trainer on Ray workers, the run itself in the driver;
+the sandbox's programs fanned out over Ray CPU actors.
 
-Recipe: ``cluster: {name: ray, params: {workers: 2}}``. The driver keeps the population, ratings, RNG
+Recipe: ``cluster: {name: ray, params: {workers: 2}}``; ``executor: {name: ray, params: {executor: {name:
+sandbox, params: {...}}}}`` (with any cluster, ``local`` too). The driver keeps the population, ratings, RNG
 streams, evolution and checkpoints; worker actors in one placement group each host the base once and run
 the recipe's engine and trainer (``colocated``) or one of them (``disaggregated``). Results are those of
 the single process at equal thread counts (see README.md). No Ray import here: the plugin loads, and
@@ -11,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from populora_core import Params, hookimpl
+from populora_core import Params, UserError, hookimpl
 
 
 class RayClusterParams(Params):
@@ -74,6 +76,70 @@ class RayClusterParams(Params):
         if self.address and (self.local_cpus is not None or self.local_gpus is not None):
             raise ValueError("local_cpus / local_gpus size a local cluster; with an address the cluster has its own")
         return self
+
+
+class InnerExecutor(Params):
+    """The executor each Ray actor runs its share of a batch in (recipe form: name and params)."""
+
+    name: str = Field("sandbox", description="a registered executor (not ray)")
+    params: dict[str, Any] = Field(default_factory=dict, description="its params")
+
+    @model_validator(mode="after")
+    def _known(self) -> InnerExecutor:
+        from populora_core import format_validation_error, get_registry
+
+        if self.name == "ray":
+            raise ValueError("the ray executor runs another executor on its actors, not itself")
+        try:
+            component = get_registry().get("executor", self.name)
+        except UserError as exc:  # pydantic reports ValueErrors, with the path to this field
+            raise ValueError(str(exc)) from None
+        try:
+            component.parse_params(self.params)
+        except ValidationError as err:
+            raise ValueError(
+                f"executor {self.name!r} (plugin {component.plugin}): {format_validation_error(err)}"
+            ) from None
+        return self
+
+
+class RayExecutorParams(Params):
+    """How many Ray CPU actors run the programs, and where."""
+
+    executor: InnerExecutor = Field(default_factory=InnerExecutor, description="what each actor runs programs in")
+    actors: int = Field(
+        0, ge=0, description="executor actors; 0: as many as the Ray cluster's free CPUs hold at start (at least 1)"
+    )
+    cpus_per_actor: float = Field(
+        1.0, gt=0, description="CPUs each actor reserves; its inner executor's `workers: 0` becomes this many"
+    )
+    scheduling_strategy: Literal["SPREAD", "DEFAULT"] = Field(
+        "SPREAD", description="SPREAD: actors over every node's CPUs; DEFAULT: Ray packs them"
+    )
+    address: str = Field(
+        "",
+        description="a running Ray cluster ('auto' or HOST:PORT); empty: the Ray this process already joined "
+        "(cluster: ray), else a local one started for the run",
+    )
+    local_cpus: int | None = Field(None, ge=1, description="a local cluster's CPUs (address empty); None: Ray counts")
+    start_timeout_s: float = Field(60.0, gt=0, description="how long the actors may take to be placed and start")
+    connect_timeout_s: float = Field(10.0, gt=0, description="how long a HOST:PORT address may take to answer")
+
+
+def make_executor(params: RayExecutorParams, *, plugin_files: tuple[str, ...] | list[str] = ()) -> Any:
+    from .executor import RayExecutor
+
+    return RayExecutor(params, plugin_files=plugin_files)
+
+
+@hookimpl
+def register_executors(register):
+    register(
+        "ray",
+        make_executor,
+        params=RayExecutorParams,
+        description="each batch of programs over Ray CPU actors, each running an inner executor (the sandbox)",
+    )
 
 
 @hookimpl

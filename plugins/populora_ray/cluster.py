@@ -64,15 +64,45 @@ def absolute(ref: Any) -> Any:
     return dataclasses.replace(ref, path=str(Path(ref.path).absolute()))
 
 
-def import_ray() -> Any:
+def import_ray(setting: str = "cluster.name: ray") -> Any:
     try:
         import ray
     except ImportError:
         raise UserError(
-            "cluster.name: ray needs the ray package, which is not installed "
+            f"{setting} needs the ray package, which is not installed "
             "(pip install 'populora-toolkit[ray]', or pip install ray==2.60.0)"
         ) from None
     return ray
+
+
+def connect(
+    ray: Any,
+    address: str,
+    connect_timeout_s: float,
+    *,
+    local_cpus: int | None = None,
+    local_gpus: int | None = None,
+    setting: str = "cluster.params.address",
+) -> bool:
+    """Join ``address`` (or the Ray this process already joined), else start a local cluster here.
+
+    Returns whether this call started Ray (whoever did shuts it down). ``setting`` names the address key.
+    """
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
+    if address:
+        check_reachable(address, connect_timeout_s, setting)
+        kwargs["address"] = address
+    else:
+        kwargs.update(num_cpus=local_cpus, num_gpus=local_gpus)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        where = f"at {address!r}" if address else "on this machine"
+        named = setting if address else setting.rpartition(".")[0] + ".local_cpus / local_gpus"
+        raise UserError(f"{named}: cannot start or reach a Ray cluster {where}: {first_line(exc)}") from None
+    return True
 
 
 class RayCluster:
@@ -88,12 +118,17 @@ class RayCluster:
         self.time = RemoteTime()
         self.workers: list[Worker] = []
         self._placement_group: Any = None
-        self._started_ray = False
         self._closed = False
         # transfer: object_store: the driver paths each worker's mirror holds, and the bytes moved both ways
         self.mirrored: dict[int, set[str]] = {}
         self.moved_bytes = 0
-        self._connect()
+        self._started_ray = connect(
+            self.ray,
+            params.address,
+            params.connect_timeout_s,
+            local_cpus=params.local_cpus,
+            local_gpus=params.local_gpus,
+        )
         try:
             self._check_resources()
             self._start_workers()
@@ -109,26 +144,6 @@ class RayCluster:
             raise
 
     # --- start-up ---------------------------------------------------------------------------------
-
-    def _connect(self) -> None:
-        """Join ``address`` (or the Ray this process already joined), else start a local cluster here."""
-        ray, p = self.ray, self.params
-        if ray.is_initialized():
-            return
-        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
-        if p.address:
-            check_reachable(p.address, p.connect_timeout_s)
-            kwargs["address"] = p.address
-        else:
-            kwargs.update(num_cpus=p.local_cpus, num_gpus=p.local_gpus)
-        try:
-            ray.init(**kwargs)
-        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-            where = f"at {p.address!r}" if p.address else "on this machine"
-            setting = "cluster.params.address" if p.address else "cluster.params.local_cpus / local_gpus"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"{setting}: cannot start or reach a Ray cluster {where}: {first}") from None
-        self._started_ray = True
 
     def _bundles(self) -> list[tuple[str, dict[str, float]]]:
         p = self.params
@@ -267,7 +282,7 @@ class RayCluster:
                 results.append(ray.get(ref))
             except ray.exceptions.RayActorError as exc:
                 raise WorkerLost(
-                    f"{worker.where()} died during {what}: {_first_line(exc)}. The run stopped; "
+                    f"{worker.where()} died during {what}: {first_line(exc)}. The run stopped; "
                     f"`populora resume {self.run_dir}` continues it from its last checkpoint"
                 ) from None
             except ray.exceptions.RayTaskError as exc:
@@ -335,7 +350,7 @@ class RayCluster:
             ray.shutdown()
 
 
-def check_reachable(address: str, timeout_s: float) -> None:
+def check_reachable(address: str, timeout_s: float, setting: str = "cluster.params.address") -> None:
     """A ``HOST:PORT`` (or ``ray://HOST:PORT``) address must answer within ``timeout_s``: Ray itself retries an
     unreachable one for minutes before it gives up. ``auto`` is left to Ray (it fails fast without a cluster)."""
     import socket
@@ -348,12 +363,12 @@ def check_reachable(address: str, timeout_s: float) -> None:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
     except OSError as exc:
         raise UserError(
-            f"cluster.params.address: no Ray cluster answers at {address!r} within {timeout_s:g} s "
+            f"{setting}: no Ray cluster answers at {address!r} within {timeout_s:g} s "
             f"({exc.strerror or type(exc).__name__}); start one with `ray start --head`, or give its address"
         ) from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     for line in text.splitlines():
         if line.strip():
