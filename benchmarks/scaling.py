@@ -78,6 +78,7 @@ def measure(manager: Any, recorder: OverheadByStep, overrides: list[str], workdi
         "train_s": train_s,
         "ray_overhead_s": overhead_s,
         "startup_s": startup_s,
+        "state_moves": dict(getattr(run.trainer, "state_moves", {})),  # optimizer states moved between workers
     }
 
 
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
                     rows.append(row)
                     print(
                         f"{row['config']:>18}: step {row['step_s']:6.2f} s (generate {row['generate_s']:5.2f}, "
-                        f"train {row['train_s']:5.2f}, ray overhead {row['ray_overhead_s']:5.3f}); "
+                        f"train {row['train_s']:5.2f}, ray overhead {row['ray_overhead_s']:5.3f}, "
+                        f"state moves {sum(row['state_moves'].values())}); "
                         f"start-up {row['startup_s']:5.1f} s; adapters identical to the single process: "
                         f"{row['identical']}",
                         flush=True,
