@@ -10,6 +10,7 @@ shared filesystem. Pure file helpers here; the calls live in cluster.py and work
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -54,8 +55,6 @@ def unpack(bundle: Bundle, mirror: Path | None = None) -> None:
 
 def remove(paths: Iterable[str], mirror: Path) -> None:
     """Drop mirrored copies of driver paths the run has deleted (old adapter versions): disk stays bounded."""
-    import shutil
-
     for path in paths:
         here = mirrored(mirror, path)
         if here.is_dir():
