@@ -93,19 +93,27 @@ def _decode_attention(
     At decode shapes SDPA's CPU flash kernel costs about twice this; prompts (several query tokens) still go
     to SDPA. Same signature and output layout as transformers' ``sdpa_attention_forward``.
     """
-    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    rows, heads, q_len, dim = query.shape
-    if q_len != 1:
+    dim = query.shape[-1]
+    if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    masked_out = ~attention_mask[:, :, :, : key.shape[2]]
+    return _attend(query, key, value, masked_out, dim**-0.5 if scaling is None else scaling), None
+
+
+def _attend(query: Any, key: Any, value: Any, masked_out: Any, scaling: float) -> Any:
+    """One query token per row over ``key``/``value`` (rows, kv heads, columns, dim); (rows, 1, heads, dim)."""
+    import torch
+
+    rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped by their KV head
-    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim**-0.5 if scaling is None else scaling)
-    scores = scores.masked_fill(~attention_mask[:, :, :, : key.shape[2]], float("-inf"))
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scaling
+    scores = scores.masked_fill(masked_out, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
     out = torch.matmul(probs, value).reshape(rows, heads, 1, dim)
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 @contextmanager
@@ -177,6 +185,7 @@ def decode(
     stopped: Any = None,
     narrow_at: float = 0.75,
     prefill_row: list[int] | None = None,
+    fused: bool | None = None,
 ) -> Decoded:
     """Generate up to ``max_tokens`` per row; a row ends at an EOS id or when ``stopped(row, tokens)`` is true.
 
@@ -185,11 +194,17 @@ def decode(
     rows are at most ``narrow_at`` of the rows in the batch, the batch is narrowed to them.
     ``prefill_row``: per row, a row with the same prompt and adapter (e.g. the first of a request's ``n``
     samples): each distinct prompt then runs once and its keys, values and logits are copied to its rows.
+    ``fused``: the steps after the prefill through :class:`~populora_engines.fused.FusedStep` (True; an error
+    where it does not apply), the model's forward (False), or the fused step wherever it applies (None).
     """
-
     import torch
 
+    from .fused import fused_step
+
     with decode_attention(model):
+        step = fused_step(model) if fused is not False else None
+        if fused and step is None:
+            raise ValueError(f"the fused decode step does not apply to this {type(model).__name__} call")
         n = len(prompts)
         firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
         if row_adapters is not None and len(firsts) < n:
@@ -236,17 +251,21 @@ def decode(
                 rows, running = [rows[i] for i in keep_list], [True] * len(keep_list)
                 if row_adapters is not None:
                     row_adapters.select(keep)
-            out = model(
-                input_ids=chosen.unsqueeze(1),
-                attention_mask=valid[:, None, None, : kv.length + 1],
-                position_ids=next_pos.unsqueeze(1),
-                past_key_values=kv,
-                use_cache=False,
-                logits_to_keep=1,
-            )
+            mask = valid[:, None, None, : kv.length + 1]
+            if step is not None:
+                logits = step(chosen.unsqueeze(1), mask, next_pos.unsqueeze(1), kv)
+            else:
+                out = model(
+                    input_ids=chosen.unsqueeze(1),
+                    attention_mask=mask,
+                    position_ids=next_pos.unsqueeze(1),
+                    past_key_values=kv,
+                    use_cache=False,
+                    logits_to_keep=1,
+                )
+                logits = out.logits[:, -1, :].float()
             kv.length += 1
             next_pos = next_pos + 1
-            logits = out.logits[:, -1, :].float()
         return Decoded(tokens, logps)
 
 
