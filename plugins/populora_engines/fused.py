@@ -102,13 +102,6 @@ def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
     return weight * h.to(dtype)
 
 
-def _rotate_half(x: Any) -> Any:
-    import torch
-
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class FusedStep:
     """One token per row through the decoder layers; ``step(ids, mask, positions, kv)`` -> float32 last logits.
 
@@ -159,6 +152,10 @@ class FusedStep:
             emb = torch.cat((freqs, freqs), dim=-1)
             cos = (emb.cos() * self.attention_scaling).to(hidden.dtype).unsqueeze(1)
             sin = (emb.sin() * self.attention_scaling).to(hidden.dtype).unsqueeze(1)
+            # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: (-a) * b and a * (-b) round alike, so
+            # one roll per tensor replaces rotate_half's slices, negation and concatenation
+            half = sin.shape[-1] // 2
+            sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
             masked_out = ~mask
             rows = hidden.shape[0]
             for layer in self.layers:
@@ -168,8 +165,8 @@ class FusedStep:
                 q = self._linear(layer.q, h).view(heads_shape).transpose(1, 2)
                 k = self._linear(layer.k, h).view(heads_shape).transpose(1, 2)
                 v = self._linear(layer.v, h).view(heads_shape).transpose(1, 2)
-                q = (q * cos) + (_rotate_half(q) * sin)
-                k = (k * cos) + (_rotate_half(k) * sin)
+                q = (q * cos) + (q.roll(half, -1) * sin_signed)
+                k = (k * cos) + (k.roll(half, -1) * sin_signed)
                 k, v = kv.update(k, v, layer.index)
                 attn = _attend(q, k, v, masked_out, layer.scaling).reshape(rows, 1, -1).contiguous()
                 hidden = residual + self._linear(layer.o, attn)
