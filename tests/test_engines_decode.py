@@ -33,6 +33,8 @@ def test_uniforms_are_a_pure_function_of_key_and_step_and_look_uniform():
     a, b = uniforms(keys, 3), uniforms(keys, 3)
     assert torch.equal(a, b) and not torch.equal(a, uniforms(keys, 4))
     assert torch.equal(uniforms(keys[5:9], 3), a[5:9])  # a row's value does not depend on the others
+    table = uniforms(keys, list(range(6)))  # the decode loop's table: column t is step t's draws
+    assert all(torch.equal(table[:, t], uniforms(keys, t)) for t in range(6))
     draws = torch.cat([uniforms(keys, t) for t in range(20)])
     assert bool(((draws > 0) & (draws < 1)).all())
     counts = torch.histc(draws.float(), bins=10, min=0, max=1)
