@@ -200,7 +200,14 @@ class _StubHost:
 
 def _random_model(kind, dtype):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(3)
     shape = dict(
@@ -209,6 +216,8 @@ def _random_model(kind, dtype):
     )  # fmt: skip
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=None))
     else:
         rope = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0} if kind == "llama-yarn" else None
         model = LlamaForCausalLM(LlamaConfig(**shape, rope_parameters=rope))
@@ -246,7 +255,7 @@ def _assert_bitwise(runs):
     assert len(logits) == len(ref_logits) and all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-yarn", "qwen2", "llama-bf16", "nano"])
+@pytest.mark.parametrize("kind", ["llama", "llama-yarn", "qwen2", "mistral", "llama-bf16", "nano"])
 def test_the_fused_step_is_bit_identical_to_the_models_forward(kind, monkeypatch):
     """No adapters and mixed LoRA (bmm and loop), rows ending at different steps (narrowing), shared
     prefills, greedy and sampled, top-p: the same tokens, log-probs and logits, bit for bit."""

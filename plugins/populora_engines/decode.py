@@ -12,10 +12,13 @@ token), and rows that finished or are left padding keep being computed until the
   of the row's key and the token index: a row's samples depend on its key alone, not on its batch, the
   batch's order, compaction or the device.
 
-It runs through the model's ordinary forward (``past_key_values`` is an object with the Cache ``update``
-method; the 4D boolean mask is passed as prepared, which transformers uses as is), so the model's own
-layers, RoPE and the LoRA hooks are those of a training forward. Models with sliding-window layers use
-``generate`` instead (:func:`supported`).
+The prompt runs through the model's ordinary forward (``past_key_values`` is an object with the Cache
+``update`` method; the 4D boolean mask is passed as prepared, which transformers uses as is), so the model's
+own layers, RoPE and the LoRA hooks are those of a training forward. The one-token steps after it run
+through :class:`~populora_engines.fused.FusedStep` where it applies (Llama, Qwen2, Mistral): the same ops on
+the same weights, bit for bit the forward, without transformers' per-module machinery, which was most of a
+small model's step; elsewhere through the forward. Models with sliding-window layers use ``generate``
+instead (:func:`supported`).
 """
 
 from __future__ import annotations

@@ -76,8 +76,17 @@ def _base_linear(module: Any) -> Any:
     return None
 
 
+def _layer_linears(layer: Any) -> dict[str, Any]:
+    """A decoder layer's projection modules by name (PEFT's wrappers where PEFT wrapped them)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {
+        **{name: getattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")},
+        **{name: getattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")},
+    }
+
+
 class _Layer:
-    """One decoder layer's tensors and constants, looked up once per decode call."""
+    """One decoder layer's tensors and constants, looked up once per decode call (``linears``: the base ones)."""
 
     def __init__(self, layer: Any, linears: dict[str, Any]) -> None:
         attn = layer.self_attn
@@ -109,7 +118,7 @@ class FusedStep:
     its :class:`~populora_engines.decode.StaticKV` (written here; the caller advances its length).
     """
 
-    def __init__(self, model: Any, linears: dict[int, Any], adapters: Any) -> None:
+    def __init__(self, model: Any, layer_linears: list[dict[str, Any]], lm_head: Any, adapters: Any) -> None:
         import torch
 
         inner = model.model
@@ -119,22 +128,9 @@ class FusedStep:
         # the rotary forward's own conversion, once: its inv_freq is a float32 copy whatever the model dtype
         self.inv_freq = rotary.inv_freq.to(device=self.embed.device, dtype=torch.float)
         self.attention_scaling = rotary.attention_scaling
-        self.layers = [
-            _Layer(
-                layer,
-                {
-                    name: linears[id(getattr(parent, name))]
-                    for parent, names in (
-                        (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                        (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
-                    )
-                    for name in names
-                },
-            )
-            for layer in inner.layers[: model.config.num_hidden_layers]
-        ]
+        self.layers = [_Layer(layer, linears) for layer, linears in zip(inner.layers, layer_linears)]
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
-        self.lm_head = linears[id(model.lm_head)]
+        self.lm_head = lm_head
         self.adapters = adapters
 
     def _linear(self, linear: Any, x: Any) -> Any:
@@ -191,26 +187,21 @@ def fused_step(model: Any) -> FusedStep | None:
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return None
     inner = model.model
-    wrappers = [model.lm_head] + [
-        getattr(parent, name)
-        for layer in inner.layers[: model.config.num_hidden_layers]
-        for parent, names in (
-            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-            (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
-        )
-        for name in names
-    ]
-    linears = {id(w): _base_linear(w) for w in wrappers}
-    if any(linear is None for linear in linears.values()):
+    layers = inner.layers[: model.config.num_hidden_layers]
+    wrapped = [_layer_linears(layer) for layer in layers]
+    layer_linears = [{name: _base_linear(module) for name, module in w.items()} for w in wrapped]
+    lm_head = _base_linear(model.lm_head)
+    bases = [lm_head, *(linear for linears in layer_linears for linear in linears.values())]
+    if any(linear is None for linear in bases):
         return None
     # every module the forward calls besides the base linears: none may carry a hook
-    called = [model, inner, inner.embed_tokens, inner.rotary_emb, inner.norm, *wrappers]
-    for layer in inner.layers[: model.config.num_hidden_layers]:
+    called = [model, inner, inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head]
+    for layer, w in zip(layers, wrapped):
         called += [layer, layer.self_attn, layer.mlp, layer.mlp.act_fn, layer.input_layernorm]
-        called.append(layer.post_attention_layernorm)
-    base_ids = {id(linear) for linear in linears.values()}
-    for module in called + list(linears.values()):
+        called += [layer.post_attention_layernorm, *w.values()]
+    base_ids = {id(linear) for linear in bases}
+    for module in called + bases:
         if module._forward_pre_hooks or (id(module) not in base_ids and module._forward_hooks):
             return None
-    consistent, adapters = hooked_rows(list(linears.values()))
-    return FusedStep(model, linears, adapters) if consistent else None
+    consistent, adapters = hooked_rows(bases)
+    return FusedStep(model, layer_linears, lm_head, adapters) if consistent else None
