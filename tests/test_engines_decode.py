@@ -198,7 +198,8 @@ class _StubHost:
         return self._versions[name]
 
 
-def _random_model(kind, dtype):
+def _random_model(kind, dtype=None, **config):
+    """A tiny random causal LM (GQA: 4 query heads on 2 KV heads); ``config`` overrides the family's defaults."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -211,17 +212,23 @@ def _random_model(kind, dtype):
 
     torch.manual_seed(3)
     shape = dict(
-        vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
-    elif kind == "mistral":
-        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=None))
-    else:
-        rope = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0} if kind == "llama-yarn" else None
-        model = LlamaForCausalLM(LlamaConfig(**shape, rope_parameters=rope))
-    return model.to(dtype).eval()
+        vocab_size=200,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}
+    config_class, model_class, defaults = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),  # q/k/v biases
+        "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
+        "llama": (LlamaConfig, LlamaForCausalLM, {}),
+        "llama-yarn": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=yarn)),  # attention_scaling != 1
+    }[kind]
+    model = model_class(config_class(**{**shape, **defaults, **config}))
+    return model.to(dtype or torch.float32).eval()
 
 
 def _fused_and_forward(model, host, adapter_keys, mode, monkeypatch, **kw):
@@ -270,7 +277,7 @@ def test_the_fused_step_is_bit_identical_to_the_models_forward(kind, monkeypatch
     if kind == "nano":
         model = AutoModelForCausalLM.from_pretrained(get_registry().base_model("nano").path).eval()
     else:
-        model = _random_model(kind.removesuffix("-bf16"), torch.bfloat16 if kind.endswith("bf16") else torch.float32)
+        model = _random_model(kind.removesuffix("-bf16"), torch.bfloat16 if kind.endswith("bf16") else None)
     assert fused_supported(model)
     host = _StubHost(model, ranks=(4, 8))
     vocab = model.config.vocab_size
@@ -280,16 +287,27 @@ def test_the_fused_step_is_bit_identical_to_the_models_forward(kind, monkeypatch
     adapter_keys = ["v0", "v1", "v1", BASE, "v0", "v1"]
     keys = [row_key("fused", r) for r in range(len(prompts))]
     common = dict(prompts=prompts, keys=keys, max_tokens=12, logprobs=True)
-    free = _fused_and_forward(model, host, [BASE] * 6, "bmm", monkeypatch, temperature=1.0, top_p=1.0,
-                              eos_ids=[], **common)  # fmt: skip
+    free = _fused_and_forward(
+        model, host, [BASE] * 6, "bmm", monkeypatch, temperature=1.0, top_p=1.0, eos_ids=[], **common
+    )
     _assert_bitwise(free)
     counts = torch.bincount(torch.tensor([t for row in free[0][0] for t in row]), minlength=vocab)
     eos = counts.argsort(descending=True)[:15].tolist()  # frequent tokens as EOS: rows end at different steps
     lengths = []
     for mode in ("bmm", "loop"):
         for temperature, top_p in ((1.0, 1.0), (0.0, 1.0), (0.8, 0.7)):
-            runs = _fused_and_forward(model, host, adapter_keys, mode, monkeypatch, temperature=temperature,
-                                      top_p=top_p, eos_ids=eos, prefill_row=[0, 1, 1, 3, 4, 5], **common)  # fmt: skip
+            runs = _fused_and_forward(
+                model,
+                host,
+                adapter_keys,
+                mode,
+                monkeypatch,
+                temperature=temperature,
+                top_p=top_p,
+                eos_ids=eos,
+                prefill_row=[0, 1, 1, 3, 4, 5],
+                **common,
+            )
             _assert_bitwise(runs)
     lengths = {len(t) for t in runs[0][0]}
     assert len(lengths) > 1 and min(lengths) < 12  # the batch really narrowed
@@ -322,3 +340,32 @@ def test_the_hf_engine_decodes_through_the_fused_step_under_peft(base, adapters,
     forward = make_engine("hf", base).generate(reqs, s)
     assert _tokens(fused) == _tokens(forward)
     assert [[c.logprobs for c in row] for row in fused] == [[c.logprobs for c in row] for row in forward]
+
+
+def test_the_fused_step_falls_back_where_it_would_not_be_exact():
+    """Hooks of others, PEFT adapters switched on, RoPE recomputed in the forward, sliding windows: the
+    model's forward runs (``fused=True`` says so)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from populora_engines.decode import decode
+    from populora_engines.fused import fused_step, fused_supported
+
+    model = _random_model("llama")
+    assert fused_step(model) is not None
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda module, args, output: output)
+    assert fused_step(model) is None
+    kw = dict(max_tokens=3, temperature=0.0, top_p=1.0, eos_ids=[], pad_id=0, device="cpu")
+    with torch.no_grad(), pytest.raises(ValueError, match="does not apply"):
+        decode(model, [[5, 6, 7]], [0], fused=True, **kw)
+    with torch.no_grad():
+        assert len(decode(model, [[5, 6, 7]], [0], **kw).tokens[0]) == 3  # the forward instead
+    handle.remove()
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert fused_step(model) is None  # the LoRA layers add their delta in the forward
+    with peft.disable_adapter():
+        step = fused_step(model)
+        assert step is not None and step.layers[0].q is model.model.layers[0].self_attn.q_proj.base_layer
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert not fused_supported(_random_model("llama", rope_parameters=dynamic))
+    assert not fused_supported(_random_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    assert not fused_supported(_random_model("mistral", sliding_window=8))
