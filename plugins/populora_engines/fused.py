@@ -176,8 +176,8 @@ class FusedStep:
 
 def fused_step(model: Any) -> FusedStep | None:
     """The fused step for this call, or None where the forward must run: an unsupported model, a linear that
-    is not a plain (or PEFT-disabled) ``nn.Linear``, or hooks other than the serving hooks on the modules the
-    forward calls. The LoRA deltas are those the serving hooks would add in this thread."""
+    is not a plain (or PEFT-disabled) ``nn.Linear``, hooks other than the serving hooks or a patched forward
+    on the modules the forward calls. The LoRA deltas are those the serving hooks would add in this thread."""
     from torch.nn.modules import module as torch_module
 
     from .batched_lora import hooked_rows
@@ -194,7 +194,8 @@ def fused_step(model: Any) -> FusedStep | None:
     bases = [lm_head, *(linear for linears in layer_linears for linear in linears.values())]
     if any(linear is None for linear in bases):
         return None
-    # every module the forward calls besides the base linears: none may carry a hook
+    # every module the forward calls: no hooks besides the serving hooks on the base linears, and no
+    # forward patched onto the instance (as ``populora_trl.common.fused_lora`` does to PEFT's layers)
     called = [model, inner, inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head]
     for layer, w in zip(layers, wrapped):
         called += [layer, layer.self_attn, layer.mlp, layer.mlp.act_fn, layer.input_layernorm]
@@ -202,6 +203,8 @@ def fused_step(model: Any) -> FusedStep | None:
     base_ids = {id(linear) for linear in bases}
     for module in called + bases:
         if module._forward_pre_hooks or (id(module) not in base_ids and module._forward_hooks):
+            return None
+        if "forward" in vars(module):
             return None
     consistent, adapters = hooked_rows(bases)
     return FusedStep(model, layer_linears, lm_head, adapters) if consistent else None
