@@ -33,6 +33,8 @@ def test_uniforms_are_a_pure_function_of_key_and_step_and_look_uniform():
     a, b = uniforms(keys, 3), uniforms(keys, 3)
     assert torch.equal(a, b) and not torch.equal(a, uniforms(keys, 4))
     assert torch.equal(uniforms(keys[5:9], 3), a[5:9])  # a row's value does not depend on the others
+    table = uniforms(keys, list(range(6)))  # the decode loop's table: column t is step t's draws
+    assert all(torch.equal(table[:, t], uniforms(keys, t)) for t in range(6))
     draws = torch.cat([uniforms(keys, t) for t in range(20)])
     assert bool(((draws > 0) & (draws < 1)).all())
     counts = torch.histc(draws.float(), bins=10, min=0, max=1)
@@ -163,3 +165,210 @@ def test_stop_strings_end_a_row_in_the_loop_as_in_generate(base, adapters):
     cut = engine.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,)))[0][0]
     assert cut == reference.generate(req, SamplingParams(temperature=0.0, max_tokens=16, stop=(stop,)))[0][0]
     assert cut.finish_reason == "stop" and free.text.startswith(cut.text) and stop not in cut.text
+
+
+class _StubHost:
+    """What RowAdapters and serving() read of a ModelHost, over a bare model and random LoRA versions."""
+
+    def __init__(self, model, ranks, seed=0):
+        import torch
+
+        self.base_model, self.peft = model, None
+        self._linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        gen = torch.Generator().manual_seed(seed)
+        self._versions = {
+            f"v{i}": {
+                path: (
+                    torch.randn(r, m.in_features, generator=gen) * 0.3,
+                    torch.randn(m.out_features, r, generator=gen) * 0.3,
+                )
+                for path, m in self._linears.items()
+                if path != "lm_head"
+            }
+            for i, r in enumerate(ranks)
+        }
+
+    def linears(self):
+        return list(self._linears.values())
+
+    def linear(self, path):
+        return self._linears[path]
+
+    def version(self, name):
+        return self._versions[name]
+
+
+def _random_model(kind, dtype=None, **config):
+    """A tiny random causal LM (GQA: 4 query heads on 2 KV heads); ``config`` overrides the family's defaults."""
+    import torch
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    torch.manual_seed(3)
+    shape = dict(
+        vocab_size=200,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}
+    config_class, model_class, defaults = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),  # q/k/v biases
+        "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
+        "llama": (LlamaConfig, LlamaForCausalLM, {}),
+        "llama-yarn": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=yarn)),  # attention_scaling != 1
+    }[kind]
+    model = model_class(config_class(**{**shape, **defaults, **config}))
+    return model.to(dtype or torch.float32).eval()
+
+
+def _fused_and_forward(model, host, adapter_keys, mode, monkeypatch, **kw):
+    """decode() with the fused step and with the model's forward: (tokens, logprobs, every step's logits)."""
+    import populora_engines.decode as decode_module
+    import torch
+    from populora_engines.batched_lora import batched_adapters
+
+    runs = []
+    for fused in (True, False):
+        logits = []
+        sample = decode_module.sample
+
+        def recording(step_logits, *args, _sample=sample, _logits=logits):
+            _logits.append(step_logits.clone())
+            return _sample(step_logits, *args)
+
+        monkeypatch.setattr(decode_module, "sample", recording)
+        with torch.no_grad(), batched_adapters(host, adapter_keys, mode) as rows:
+            out = decode_module.decode(model, row_adapters=rows, fused=fused, pad_id=0, device="cpu", **kw)
+        monkeypatch.setattr(decode_module, "sample", sample)
+        runs.append((out.tokens, out.logprobs, logits))
+    return runs
+
+
+def _assert_bitwise(runs):
+    import torch
+
+    (tokens, logps, logits), (ref_tokens, ref_logps, ref_logits) = runs
+    assert tokens == ref_tokens and logps == ref_logps  # floats compared with ==: bit for bit
+    assert len(logits) == len(ref_logits) and all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-yarn", "qwen2", "mistral", "llama-bf16", "nano"])
+def test_the_fused_step_is_bit_identical_to_the_models_forward(kind, monkeypatch):
+    """No adapters and mixed LoRA (bmm and loop), rows ending at different steps (narrowing), shared
+    prefills, greedy and sampled, top-p: the same tokens, log-probs and logits, bit for bit."""
+    import torch
+    from populora_engines.batched_lora import BASE
+    from populora_engines.decode import row_key
+    from populora_engines.fused import fused_supported
+    from transformers import AutoModelForCausalLM
+
+    from populora_core import get_registry
+
+    if kind == "nano":
+        model = AutoModelForCausalLM.from_pretrained(get_registry().base_model("nano").path).eval()
+    else:
+        model = _random_model(kind.removesuffix("-bf16"), torch.bfloat16 if kind.endswith("bf16") else None)
+    assert fused_supported(model)
+    host = _StubHost(model, ranks=(4, 8))
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, vocab, (int(n),), generator=gen).tolist() for n in (5, 9, 9, 14, 3, 9)]
+    prompts[2] = prompts[1]
+    adapter_keys = ["v0", "v1", "v1", BASE, "v0", "v1"]
+    keys = [row_key("fused", r) for r in range(len(prompts))]
+    common = dict(prompts=prompts, keys=keys, max_tokens=12, logprobs=True)
+    free = _fused_and_forward(
+        model, host, [BASE] * 6, "bmm", monkeypatch, temperature=1.0, top_p=1.0, eos_ids=[], **common
+    )
+    _assert_bitwise(free)
+    counts = torch.bincount(torch.tensor([t for row in free[0][0] for t in row]), minlength=vocab)
+    eos = counts.argsort(descending=True)[:15].tolist()  # frequent tokens as EOS: rows end at different steps
+    lengths = []
+    for mode in ("bmm", "loop"):
+        for temperature, top_p in ((1.0, 1.0), (0.0, 1.0), (0.8, 0.7)):
+            runs = _fused_and_forward(
+                model,
+                host,
+                adapter_keys,
+                mode,
+                monkeypatch,
+                temperature=temperature,
+                top_p=top_p,
+                eos_ids=eos,
+                prefill_row=[0, 1, 1, 3, 4, 5],
+                **common,
+            )
+            _assert_bitwise(runs)
+    lengths = {len(t) for t in runs[0][0]}
+    assert len(lengths) > 1 and min(lengths) < 12  # the batch really narrowed
+
+
+def test_the_hf_engine_decodes_through_the_fused_step_under_peft(base, adapters, monkeypatch):
+    """The engine's real setting (a PEFT-wrapped base with a trainer slot, its adapters disabled while
+    serving) runs the fused step, and gives bit for bit what the model's forward gives."""
+    import populora_engines.fused as fused_module
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    host.load_into("trainer_scratch", adapters[0])  # PEFT wraps the base's linears, as a trainer does
+    assert host.peft is not None
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None) for i, p in enumerate(PROMPTS * 2)]
+    s = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_tokens=12, seed=5, logprobs=True)
+    built = []
+    fused_step = fused_module.fused_step
+
+    def spied(model):
+        step = fused_step(model)
+        built.append(step)
+        return step
+
+    monkeypatch.setattr(fused_module, "fused_step", spied)
+    fused = make_engine("hf", base).generate(reqs, s)
+    assert built and all(step is not None and step.adapters is not None for step in built)
+    monkeypatch.setattr(fused_module, "fused_step", lambda model: None)
+    forward = make_engine("hf", base).generate(reqs, s)
+    assert _tokens(fused) == _tokens(forward)
+    assert [[c.logprobs for c in row] for row in fused] == [[c.logprobs for c in row] for row in forward]
+
+
+def test_the_fused_step_falls_back_where_it_would_not_be_exact():
+    """Hooks of others, PEFT adapters switched on, RoPE recomputed in the forward, sliding windows: the
+    model's forward runs (``fused=True`` says so)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from populora_engines.decode import decode
+    from populora_engines.fused import fused_step, fused_supported
+
+    model = _random_model("llama")
+    assert fused_step(model) is not None
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda module, args, output: output)
+    assert fused_step(model) is None
+    kw = dict(max_tokens=3, temperature=0.0, top_p=1.0, eos_ids=[], pad_id=0, device="cpu")
+    with torch.no_grad(), pytest.raises(ValueError, match="does not apply"):
+        decode(model, [[5, 6, 7]], [0], fused=True, **kw)
+    with torch.no_grad():
+        assert len(decode(model, [[5, 6, 7]], [0], **kw).tokens[0]) == 3  # the forward instead
+    handle.remove()
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert fused_step(model) is None  # the LoRA layers add their delta in the forward
+    q_proj = model.model.layers[0].self_attn.q_proj
+    with peft.disable_adapter():
+        step = fused_step(model)
+        assert step is not None and step.layers[0].q is q_proj.base_layer
+        q_proj.forward = q_proj.forward  # a forward patched onto the instance may compute anything
+        assert fused_step(model) is None
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert not fused_supported(_random_model("llama", rope_parameters=dynamic))
+    assert not fused_supported(_random_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    assert not fused_supported(_random_model("mistral", sliding_window=8))

@@ -166,6 +166,18 @@ def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Itera
             _THREAD.rows = previous
 
 
+def hooked_rows(linears: Sequence[Any]) -> tuple[bool, RowAdapters | None]:
+    """The deltas a forward in this thread would add on ``linears``, for a caller that computes them itself:
+    (True, the RowAdapters the serving hooks read, None outside a ``batched_adapters`` block) when every one
+    of them carries just the serving hook, (True, None) when none carries a hook, else (False, None)."""
+    hooks = [list(linear._forward_hooks.values()) for linear in linears]
+    if all(not h for h in hooks):
+        return True, None
+    if all(h == [_row_delta] for h in hooks):
+        return True, getattr(_THREAD, "rows", None)
+    return False, None
+
+
 def _row_delta(module: Any, args: Any, output: Any) -> Any:
     rows = getattr(_THREAD, "rows", None)
     return output if rows is None else rows.add_delta(module, args[0], output)

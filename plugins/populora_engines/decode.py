@@ -12,10 +12,13 @@ token), and rows that finished or are left padding keep being computed until the
   of the row's key and the token index: a row's samples depend on its key alone, not on its batch, the
   batch's order, compaction or the device.
 
-It runs through the model's ordinary forward (``past_key_values`` is an object with the Cache ``update``
-method; the 4D boolean mask is passed as prepared, which transformers uses as is), so the model's own
-layers, RoPE and the LoRA hooks are those of a training forward. Models with sliding-window layers use
-``generate`` instead (:func:`supported`).
+The prompt runs through the model's ordinary forward (``past_key_values`` is an object with the Cache
+``update`` method; the 4D boolean mask is passed as prepared, which transformers uses as is), so the model's
+own layers, RoPE and the LoRA hooks are those of a training forward. The one-token steps after it run
+through :class:`~populora_engines.fused.FusedStep` where it applies (Llama, Qwen2, Mistral): the same ops on
+the same weights, bit for bit the forward, without transformers' per-module machinery, which was most of a
+small model's step; elsewhere through the forward. Models with sliding-window layers use ``generate``
+instead (:func:`supported`).
 """
 
 from __future__ import annotations
@@ -44,9 +47,13 @@ def _hash32(x: Any) -> Any:
     return x ^ (x >> 16)
 
 
-def uniforms(keys: Any, step: int) -> Any:
-    """One float64 uniform in (0, 1) per row for token ``step``: a pure function of (key, step)."""
-    x = _hash32(keys ^ _hash32(keys.new_tensor(step & _M32)))
+def uniforms(keys: Any, steps: int | list[int]) -> Any:
+    """float64 uniforms in (0, 1), each a pure function of (key, step): one per row for token ``steps``, or
+    (rows, len(steps)) for a list of token indices (the decode loop draws a call's table at once: integer
+    ops elementwise, the same values as step by step, for a few ops per call instead of ~40 per step)."""
+    step = keys.new_tensor(steps) & _M32
+    keys = keys if step.dim() == 0 else keys[:, None]
+    x = _hash32(keys ^ _hash32(step))
     x = _hash32(x ^ ((keys * 0x2C1B3C6D) & _M32))
     return (x.double() + 0.5) / 2.0**32
 
@@ -93,19 +100,27 @@ def _decode_attention(
     At decode shapes SDPA's CPU flash kernel costs about twice this; prompts (several query tokens) still go
     to SDPA. Same signature and output layout as transformers' ``sdpa_attention_forward``.
     """
-    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    rows, heads, q_len, dim = query.shape
-    if q_len != 1:
+    dim = query.shape[-1]
+    if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    masked_out = ~attention_mask[:, :, :, : key.shape[2]]
+    return _attend(query, key, value, masked_out, dim**-0.5 if scaling is None else scaling), None
+
+
+def _attend(query: Any, key: Any, value: Any, masked_out: Any, scaling: float) -> Any:
+    """One query token per row over ``key``/``value`` (rows, kv heads, columns, dim); (rows, 1, heads, dim)."""
+    import torch
+
+    rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped by their KV head
-    scores = torch.matmul(q, key.transpose(-1, -2)) * (dim**-0.5 if scaling is None else scaling)
-    scores = scores.masked_fill(~attention_mask[:, :, :, : key.shape[2]], float("-inf"))
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scaling
+    scores = scores.masked_fill(masked_out, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
     out = torch.matmul(probs, value).reshape(rows, heads, 1, dim)
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 @contextmanager
@@ -177,6 +192,7 @@ def decode(
     stopped: Any = None,
     narrow_at: float = 0.75,
     prefill_row: list[int] | None = None,
+    fused: bool | None = None,
 ) -> Decoded:
     """Generate up to ``max_tokens`` per row; a row ends at an EOS id or when ``stopped(row, tokens)`` is true.
 
@@ -185,11 +201,17 @@ def decode(
     rows are at most ``narrow_at`` of the rows in the batch, the batch is narrowed to them.
     ``prefill_row``: per row, a row with the same prompt and adapter (e.g. the first of a request's ``n``
     samples): each distinct prompt then runs once and its keys, values and logits are copied to its rows.
+    ``fused``: the steps after the prefill through :class:`~populora_engines.fused.FusedStep` (True; an error
+    where it does not apply), the model's forward (False), or the fused step wherever it applies (None).
     """
-
     import torch
 
+    from .fused import fused_step
+
     with decode_attention(model):
+        step = fused_step(model) if fused is not False else None
+        if fused and step is None:
+            raise ValueError(f"the fused decode step does not apply to this {type(model).__name__} call")
         n = len(prompts)
         firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
         if row_adapters is not None and len(firsts) < n:
@@ -203,13 +225,13 @@ def decode(
             if row_adapters is not None:
                 row_adapters.select(spread)
         eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.long, device=device)
-        row_keys = torch.tensor(keys, dtype=torch.long, device=device)
+        draws = uniforms(torch.tensor(keys, dtype=torch.long, device=device), list(range(max_tokens)))
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] | None = [[] for _ in range(n)] if logprobs else None
         rows = list(range(n))  # the original row of each current row
         running = [True] * n  # per current row: not finished
         for t in range(max_tokens):
-            chosen = sample(logits, temperature, top_p, uniforms(row_keys, t))
+            chosen = sample(logits, temperature, top_p, draws[:, t])
             hit_eos = torch.isin(chosen, eos).tolist()
             chosen_list = chosen.tolist()
             if logps is not None:
@@ -232,21 +254,25 @@ def decode(
                 first = int((~valid[keep, : kv.length]).all(dim=0).long().cumprod(dim=0).sum())
                 kv.narrow(keep, first)
                 valid = valid[keep, first:]
-                chosen, next_pos, row_keys = chosen[keep], next_pos[keep], row_keys[keep]
+                chosen, next_pos, draws = chosen[keep], next_pos[keep], draws[keep]
                 rows, running = [rows[i] for i in keep_list], [True] * len(keep_list)
                 if row_adapters is not None:
                     row_adapters.select(keep)
-            out = model(
-                input_ids=chosen.unsqueeze(1),
-                attention_mask=valid[:, None, None, : kv.length + 1],
-                position_ids=next_pos.unsqueeze(1),
-                past_key_values=kv,
-                use_cache=False,
-                logits_to_keep=1,
-            )
+            mask = valid[:, None, None, : kv.length + 1]
+            if step is not None:
+                logits = step(chosen.unsqueeze(1), mask, next_pos.unsqueeze(1), kv)
+            else:
+                out = model(
+                    input_ids=chosen.unsqueeze(1),
+                    attention_mask=mask,
+                    position_ids=next_pos.unsqueeze(1),
+                    past_key_values=kv,
+                    use_cache=False,
+                    logits_to_keep=1,
+                )
+                logits = out.logits[:, -1, :].float()
             kv.length += 1
             next_pos = next_pos + 1
-            logits = out.logits[:, -1, :].float()
         return Decoded(tokens, logps)
 
 

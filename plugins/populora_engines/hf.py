@@ -4,7 +4,8 @@ Every row of a batch names its adapter version (``__base__`` for the bare base);
 row's LoRA delta (batched_lora.py), so one forward pass serves the whole population. Rows are left padded
 and packed into batches under a token budget (rows x (longest prompt + max_tokens)); prompts of similar
 length go together. ``decode: loop`` (the default; decode.py) runs a static KV cache, drops finished rows,
-prefills a request's prompt once for its ``n`` samples, and samples every row from its own counter-based
+prefills a request's prompt once for its ``n`` samples, runs the one-token steps as plain torch ops on the
+model's weights where that is bit for bit the forward (fused.py), and samples every row from its own counter-based
 stream keyed by (call seed, request index, sample): a row's tokens depend neither on its batch nor on
 the other requests of the call nor on the global random state, so the engine is ``row_seeded`` and a
 cluster may split a call exactly (the request index is ``GenerationRequest.index`` when a caller set it,
