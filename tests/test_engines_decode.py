@@ -70,6 +70,55 @@ def test_a_sampled_row_does_not_depend_on_its_batch(base, adapters):
         assert _tokens(make_engine("hf", base, parallel_batches=threads).generate(reqs, s)) == _tokens(big)
 
 
+def test_a_row_alone_or_among_few_rows_decodes_as_it_does_among_many(base):
+    """Tokens and log-probs, bit for bit, of prompts of one length decoded alone (a step of one row, where the
+    CPU GEMMs take another kernel than for 4 rows and more), 2 or 3 at a time, and all together (rows then
+    finish one by one down to the last); the fillers up to MIN_ROWS never show in the results. (Prompts of
+    different lengths are left-padded to the batch's width, which moves the attention's reductions: not
+    batch invariant, see MIN_ROWS.)"""
+    import torch
+    from populora_engines.decode import decode
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base.path).eval()
+    prompts = [[5 + r, 9, 17 + 2 * r, 33, 8, 40 + r] for r in range(6)]
+    keys = [101 + r for r in range(6)]
+
+    def rows(part):
+        with torch.no_grad():
+            out = decode(
+                model,
+                [prompts[r] for r in part],
+                [keys[r] for r in part],
+                max_tokens=16,
+                temperature=1.0,
+                top_p=1.0,
+                eos_ids=[2],
+                pad_id=0,
+                device="cpu",
+                logprobs=True,
+            )
+        assert out.logprobs is not None and len(out.tokens) == len(part)
+        return list(zip(out.tokens, out.logprobs))
+
+    whole = rows(range(6))
+    for size in (1, 2, 3):
+        assert [r for i in range(0, 6, size) for r in rows(range(i, min(i + size, 6)))] == whole, size
+
+
+def test_a_few_rows_loras_product_is_what_they_get_among_many():
+    """The per-adapter products of ``mixed_lora: loop``: 1-3 rows alone equal the same rows among 8 (padded to
+    MIN_ROWS), where the plain product of so few rows does not (so this can fail)."""
+    import torch
+    from populora_engines.batched_lora import _rows_independent_matmul
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 1, 8, generator=gen), torch.randn(8, 64, generator=gen)  # (rows, r) @ B^T
+    many = _rows_independent_matmul(x, w)
+    assert all(torch.equal(_rows_independent_matmul(x[:k], w), many[:k]) for k in (1, 2, 3))
+    assert not all(torch.equal(x[:k] @ w, many[:k]) for k in (1, 2, 3))
+
+
 def test_a_call_split_in_parts_with_their_indices_draws_what_the_whole_call_draws(base, adapters):
     """The row_seeded contract a cluster relies on: a request's samples depend on its index in the logical
     call (``GenerationRequest.index``), not on its position in the part it was sent in."""

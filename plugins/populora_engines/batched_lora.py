@@ -123,8 +123,26 @@ class RowAdapters:
             return output + torch.bmm(low, b_rows).to(output.dtype)
         out = output.clone()
         for index, a_t, b_t in self._rows[m]:
-            out[index] += ((x[index].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
+            out[index] += _rows_independent_matmul(_rows_independent_matmul(x[index].to(a_t.dtype), a_t), b_t).to(
+                out.dtype
+            )
         return out
+
+
+def _rows_independent_matmul(x: Any, w: Any) -> Any:
+    """``x @ w`` with at least MIN_ROWS rows in the GEMM (zero rows appended, then dropped): an adapter's few
+    rows then get what they would get among more (see populora_engines.decode.MIN_ROWS)."""
+    import torch
+
+    from .decode import MIN_ROWS
+
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    short = MIN_ROWS - flat.shape[0]
+    if short <= 0:
+        return x @ w
+    padded = torch.cat((flat, flat.new_zeros(short, flat.shape[-1])))
+    return (padded @ w)[: flat.shape[0]].reshape(*lead, w.shape[-1])
 
 
 @contextmanager

@@ -89,6 +89,17 @@ def supported(model: Any) -> bool:
     return not getattr(config, "use_sliding_window", False)
 
 
+#: fewest rows a decode step computes. CPU GEMM kernels (oneDNN / MKL) take other code paths for 1-3 rows,
+#: so a row's result would depend on how many rows share its step: F.linear of the first 1-3 rows of a batch
+#: differs in the last bits from the same rows computed among 4 or more (at every nano shape; 4 to 1,000
+#: rows all agree). A batch is filled up to this with copies of its first row, and narrowing keeps finished
+#: rows to this count. Not yet batch invariant: the left padding to a batch's widest prompt shifts a row's
+#: columns, and the attention's reductions over columns round by position (SDPA unless shifted by a multiple
+#: of 8, the decode attention by 2 or 3 mod 4), so a row's log-probs may differ in the last bits with its
+#: batch's widths, and rarely a sampled token.
+MIN_ROWS = 4
+
+
 ATTENTION = "populora_decode"
 
 
@@ -213,6 +224,13 @@ def decode(
         if fused and step is None:
             raise ValueError(f"the fused decode step does not apply to this {type(model).__name__} call")
         n = len(prompts)
+        filler = max(0, MIN_ROWS - n)  # rows decoded only to fill a step up to MIN_ROWS (copies of row 0)
+        if filler:
+            prompts, keys = prompts + [prompts[0]] * filler, keys + [keys[0]] * filler
+            prefill_row = (prefill_row or list(range(n))) + [prefill_row[0] if prefill_row else 0] * filler
+            if row_adapters is not None:
+                row_adapters.select(torch.tensor(list(range(n)) + [0] * filler, dtype=torch.long, device=device))
+            n += filler
         firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
         if row_adapters is not None and len(firsts) < n:
             row_adapters.select(torch.tensor(firsts, dtype=torch.long, device=device))
@@ -229,7 +247,7 @@ def decode(
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] | None = [[] for _ in range(n)] if logprobs else None
         rows = list(range(n))  # the original row of each current row
-        running = [True] * n  # per current row: not finished
+        running = [i < n - filler for i in range(n)]  # per current row: not finished (fillers never run)
         for t in range(max_tokens):
             chosen = sample(logits, temperature, top_p, draws[:, t])
             hit_eos = torch.isin(chosen, eos).tolist()
@@ -247,15 +265,18 @@ def decode(
             if t + 1 == max_tokens or not any(running):
                 break
             valid[:, kv.length] = True  # the chosen token's column (finished rows compute padding for themselves)
-            if sum(running) <= narrow_at * len(rows):
+            live = sum(running)
+            if live <= narrow_at * len(rows) and max(live, MIN_ROWS) < len(rows):
                 keep_list = [i for i, r in enumerate(running) if r]
+                done = [i for i, r in enumerate(running) if not r]
+                keep_list = sorted(keep_list + done[: max(0, MIN_ROWS - live)])  # finished rows as fillers
                 keep = torch.tensor(keep_list, dtype=torch.long, device=device)
                 # columns that are padding in every kept row are dropped too (positions are explicit)
                 first = int((~valid[keep, : kv.length]).all(dim=0).long().cumprod(dim=0).sum())
                 kv.narrow(keep, first)
                 valid = valid[keep, first:]
                 chosen, next_pos, draws = chosen[keep], next_pos[keep], draws[keep]
-                rows, running = [rows[i] for i in keep_list], [True] * len(keep_list)
+                rows, running = [rows[i] for i in keep_list], [running[i] for i in keep_list]
                 if row_adapters is not None:
                     row_adapters.select(keep)
             mask = valid[:, None, None, : kv.length + 1]
@@ -273,7 +294,8 @@ def decode(
                 logits = out.logits[:, -1, :].float()
             kv.length += 1
             next_pos = next_pos + 1
-        return Decoded(tokens, logps)
+        real = n - filler
+        return Decoded(tokens[:real], logps[:real] if logps is not None else None)
 
 
 def _prefill(model: Any, prompts: list[list[int]], max_tokens: int, pad_id: int, device: str) -> tuple[Any, ...]:
