@@ -10,7 +10,11 @@ token), and rows that finished or are left padding keep being computed until the
   to the live rows, and leading columns that are padding in every live row are cut off;
 * sampling draws each row's token by inverse CDF from one uniform per (row, token) made by a counter-based hash
   of the row's key and the token index: a row's samples depend on its key alone, not on its batch, the
-  batch's order, compaction or the device.
+  batch's order, compaction or the device;
+* a row's arithmetic does not depend on its batch either (on one CPU): its columns are shifted by multiples of
+  ALIGN only, each row writes its own next column, attention reads multiples of WIDTH columns, its prompt is
+  attended over its own columns, and every GEMM has at least MIN_ROWS rows, so a call split across workers
+  or threads gives the single process's tokens and log-probs bit for bit.
 
 The prompt runs through the model's ordinary forward (``past_key_values`` is an object with the Cache
 ``update`` method; the 4D boolean mask is passed as prepared, which transformers uses as is), so the model's
@@ -26,6 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,14 +98,23 @@ def supported(model: Any) -> bool:
 #: so a row's result would depend on how many rows share its step: F.linear of the first 1-3 rows of a batch
 #: differs in the last bits from the same rows computed among 4 or more (at every nano shape; 4 to 1,000
 #: rows all agree). A batch is filled up to this with copies of its first row, and narrowing keeps finished
-#: rows to this count. Not yet batch invariant: the left padding to a batch's widest prompt shifts a row's
-#: columns, and the attention's reductions over columns round by position (SDPA unless shifted by a multiple
-#: of 8, the decode attention by 2 or 3 mod 4), so a row's log-probs may differ in the last bits with its
-#: batch's widths, and rarely a sampled token.
+#: rows to this count, a prefill to this many rows and columns (the batched LoRA's per-row products have a
+#: GEMM row per column). With ALIGN and WIDTH below and the prompts attended row by row, a row's tokens and
+#: log-probs are bit for bit those it gets alone, whatever its batch (tests pin it at the tiny model's shapes).
 MIN_ROWS = 4
+
+#: a row's columns are shifted only by multiples of ALIGN, and the decode attention reads a multiple of WIDTH
+#: columns: measured (1 thread, AVX2), its reductions over columns then round as for the row alone, while
+#: shifts of 2 or 3 mod 4 do not, nor a read of 8 columns against one of 16 (tiny model, head dim 16). SDPA
+#: (the prompts) rounds by its total width too, even past 8 masked columns, hence the prompts row by row.
+ALIGN = 8
+WIDTH = 16
 
 
 ATTENTION = "populora_decode"
+
+#: during a prefill, each row's prompt columns (start, end); set per thread by :func:`_prefill`
+_PROMPT_SPANS: ContextVar[list[tuple[int, int]] | None] = ContextVar("populora_prompt_spans", default=None)
 
 
 def _decode_attention(
@@ -108,14 +122,33 @@ def _decode_attention(
 ) -> tuple[Any, None]:
     """Attention of one new token per row as two plain matmuls (the query heads of one KV head together).
 
-    At decode shapes SDPA's CPU flash kernel costs about twice this; prompts (several query tokens) still go
-    to SDPA. Same signature and output layout as transformers' ``sdpa_attention_forward``.
+    At decode shapes SDPA's CPU flash kernel costs about twice this. A prompt (several query tokens) goes to
+    SDPA one row at a time, over that row's prompt columns only (:data:`_PROMPT_SPANS`): SDPA's rounding
+    depends on the width it reduces over and not only on positions mod ALIGN, so a prompt is attended as it
+    is alone. Same signature and output layout as transformers' ``sdpa_attention_forward``.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     dim = query.shape[-1]
     if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        spans = _PROMPT_SPANS.get()
+        if spans is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        rows, heads, width, _ = query.shape
+        # padding queries get zeros: their outputs only reach padding columns, masked for every real query
+        out = query.new_zeros(rows, width, heads, dim)
+        for r, (a, b) in enumerate(spans):
+            span = slice(a, b)
+            out[r, span] = sdpa_attention_forward(
+                module,
+                query[r : r + 1, :, span].contiguous(),
+                key[r : r + 1, :, span].contiguous(),
+                value[r : r + 1, :, span].contiguous(),
+                attention_mask[r : r + 1, :, span, span].contiguous(),
+                scaling=scaling,
+                **kwargs,
+            )[0][0]
+        return out, None
     masked_out = ~attention_mask[:, :, :, : key.shape[2]]
     return _attend(query, key, value, masked_out, dim**-0.5 if scaling is None else scaling), None
 
@@ -150,13 +183,38 @@ def decode_attention(model: Any) -> Iterator[None]:
 
 
 class StaticKV:
-    """Preallocated keys and values per layer, (rows, kv heads, columns, head dim); the Cache ``update`` API."""
+    """Preallocated keys and values per layer, (rows, kv heads, columns, head dim); the Cache ``update`` API.
+
+    The prefill writes its columns at once; after it (:meth:`start`) each one-token step writes row r at its
+    own column ``cols[r]`` (a row's columns follow its prompt, whatever the other rows' widths). Attention
+    reads ``width`` columns, a multiple of WIDTH, so that a row's reductions round as they do alone.
+    Zero-initialised: a column a row never wrote is masked, and 0 x NaN from ``torch.empty`` would poison it.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.keys: dict[int, Any] = {}
         self.values: dict[int, Any] = {}
-        self.length = 0  # filled columns
-        self.capacity = capacity
+        self.capacity = -(-capacity // WIDTH) * WIDTH
+        self.cols: Any = None  # per row, the column its next token goes to (None during the prefill)
+        self.rows: Any = None  # arange over the rows, for the per-row writes
+        self.end = 0  # 1 + the last column any row writes at this step
+
+    @property
+    def width(self) -> int:
+        """Columns attention reads: those up to ``end``, rounded up to a multiple of WIDTH."""
+        return min(self.capacity, -(-self.end // WIDTH) * WIDTH)
+
+    def start(self, cols: Any) -> None:
+        """From the prefill to one-token steps: row r's first token goes to column ``cols[r]``."""
+        import torch
+
+        self.cols = cols
+        self.rows = torch.arange(len(cols), device=cols.device)
+        self.end = int(cols.max()) + 1
+
+    def advance(self) -> None:
+        self.cols = self.cols + 1
+        self.end += 1
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         import torch
@@ -164,21 +222,26 @@ class StaticKV:
         if layer_idx not in self.keys:
             rows, heads, _, dim = key_states.shape
             shape = (rows, heads, self.capacity, dim)
-            self.keys[layer_idx] = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
-            self.values[layer_idx] = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
-        end = self.length + key_states.shape[2]
+            self.keys[layer_idx] = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            self.values[layer_idx] = torch.zeros(shape, dtype=value_states.dtype, device=value_states.device)
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[:, :, self.length : end] = key_states
-        v[:, :, self.length : end] = value_states
-        return k[:, :, :end], v[:, :, :end]
+        if self.cols is None:  # the prefill: every row's columns [0, width of the prompts)
+            end = key_states.shape[2]
+            k[:, :, :end] = key_states
+            v[:, :, :end] = value_states
+            return k[:, :, :end], v[:, :, :end]
+        k[self.rows, :, self.cols] = key_states[:, :, 0]
+        v[self.rows, :, self.cols] = value_states[:, :, 0]
+        return k[:, :, : self.width], v[:, :, : self.width]
 
     def narrow(self, rows: Any, first_column: int) -> None:
-        """Keep rows ``rows`` and the columns from ``first_column`` on (contiguous copies)."""
+        """Keep rows ``rows`` and the columns from ``first_column`` (a multiple of WIDTH) on (contiguous copies)."""
+        assert first_column % WIDTH == 0
         for store in (self.keys, self.values):
             for layer, t in store.items():
                 store[layer] = t[rows, :, first_column:].contiguous()
-        self.length -= first_column
         self.capacity -= first_column
+        self.start(self.cols[rows] - first_column)
 
 
 @dataclass
@@ -232,10 +295,13 @@ def decode(
                 row_adapters.select(torch.tensor(list(range(n)) + [0] * filler, dtype=torch.long, device=device))
             n += filler
         firsts = sorted(set(prefill_row)) if prefill_row is not None else list(range(n))
-        if row_adapters is not None and len(firsts) < n:
+        # the prefill too computes at least MIN_ROWS rows (its lm_head has one per row)
+        firsts += [firsts[0]] * max(0, MIN_ROWS - len(firsts))
+        shared = firsts != list(range(n))
+        if row_adapters is not None and shared:
             row_adapters.select(torch.tensor(firsts, dtype=torch.long, device=device))
         kv, valid, next_pos, logits = _prefill(model, [prompts[f] for f in firsts], max_tokens, pad_id, device)
-        if len(firsts) < n:
+        if shared:
             assert prefill_row is not None
             spread = torch.tensor([firsts.index(f) for f in prefill_row], dtype=torch.long, device=device)
             kv.narrow(spread, 0)
@@ -264,22 +330,23 @@ def decode(
                     running[i] = False
             if t + 1 == max_tokens or not any(running):
                 break
-            valid[:, kv.length] = True  # the chosen token's column (finished rows compute padding for themselves)
+            valid[kv.rows, kv.cols] = True  # the chosen tokens' columns (finished rows compute padding for themselves)
             live = sum(running)
             if live <= narrow_at * len(rows) and max(live, MIN_ROWS) < len(rows):
                 keep_list = [i for i, r in enumerate(running) if r]
                 done = [i for i, r in enumerate(running) if not r]
                 keep_list = sorted(keep_list + done[: max(0, MIN_ROWS - live)])  # finished rows as fillers
                 keep = torch.tensor(keep_list, dtype=torch.long, device=device)
-                # columns that are padding in every kept row are dropped too (positions are explicit)
-                first = int((~valid[keep, : kv.length]).all(dim=0).long().cumprod(dim=0).sum())
+                # columns that are padding in every kept row are dropped too (positions are explicit), as
+                # many as keep the widths multiples of WIDTH (and so the columns' positions mod ALIGN)
+                first = int((~valid[keep, : kv.width]).all(dim=0).long().cumprod(dim=0).sum()) // WIDTH * WIDTH
                 kv.narrow(keep, first)
                 valid = valid[keep, first:]
                 chosen, next_pos, draws = chosen[keep], next_pos[keep], draws[keep]
                 rows, running = [rows[i] for i in keep_list], [running[i] for i in keep_list]
                 if row_adapters is not None:
                     row_adapters.select(keep)
-            mask = valid[:, None, None, : kv.length + 1]
+            mask = valid[:, None, None, : kv.width]
             if step is not None:
                 logits = step(chosen.unsqueeze(1), mask, next_pos.unsqueeze(1), kv)
             else:
@@ -292,35 +359,54 @@ def decode(
                     logits_to_keep=1,
                 )
                 logits = out.logits[:, -1, :].float()
-            kv.length += 1
+            kv.advance()
             next_pos = next_pos + 1
         real = n - filler
         return Decoded(tokens[:real], logps[:real] if logps is not None else None)
 
 
 def _prefill(model: Any, prompts: list[list[int]], max_tokens: int, pad_id: int, device: str) -> tuple[Any, ...]:
-    """Left-padded prompts through the model: (cache, valid columns, next positions, last logits)."""
+    """Prompts through the model: (cache, valid columns, next positions, last logits).
+
+    Row r's prompt (length L_r, the widest W) starts at P_r = ALIGN x floor((W - L_r) / ALIGN), the largest
+    multiple of ALIGN that fits, so its columns sit where they do alone mod ALIGN; the columns from its end
+    e_r = P_r + L_r to W (fewer than ALIGN) are a masked gap, overwritten by its first tokens.
+    """
     import torch
 
-    n, width = len(prompts), max(len(p) for p in prompts)
+    # at least MIN_ROWS columns: the batched LoRA's per-row products have one GEMM row per column
+    n, width = len(prompts), max(MIN_ROWS, *(len(p) for p in prompts))
     ids = torch.full((n, width), pad_id, dtype=torch.long)
-    valid = torch.zeros((n, width + max_tokens), dtype=torch.bool)  # the columns each row attends to
+    kv = StaticKV(width + max_tokens)
+    valid = torch.zeros((n, kv.capacity), dtype=torch.bool)  # the columns each row attends to
+    spans = []
     for r, p in enumerate(prompts):
-        ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        valid[r, width - len(p) : width] = True
+        start = (width - len(p)) // ALIGN * ALIGN
+        spans.append((start, start + len(p)))
+        ids[r, start : start + len(p)] = torch.tensor(p, dtype=torch.long)
+        valid[r, start : start + len(p)] = True
     valid = valid.to(device)
     positions = (valid[:, :width].long().cumsum(dim=1) - 1).clamp(min=0)
+    ends = torch.tensor([b for _, b in spans], dtype=torch.long, device=device)
+    # logits of the columns from the earliest prompt end on, as an index tensor: the lm_head then reads a
+    # contiguous gather (an int slices a strided view, whose GEMM can round otherwise for a few rows)
+    keep = torch.arange(min(b for _, b in spans) - 1, width, device=device)
     # causal over real tokens; a padding query attends to itself only (a fully masked row would be NaN)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     diagonal = torch.eye(width, dtype=torch.bool, device=device)
-    kv = StaticKV(width + max_tokens)
-    out = model(
-        input_ids=ids.to(device),
-        attention_mask=((causal & valid[:, None, :width]) | diagonal)[:, None],
-        position_ids=positions,
-        past_key_values=kv,
-        use_cache=False,
-        logits_to_keep=1,
-    )
-    kv.length = width
-    return kv, valid, positions[:, -1] + 1, out.logits[:, -1, :].float()
+    token = _PROMPT_SPANS.set(spans)
+    try:
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=((causal & valid[:, None, :width]) | diagonal)[:, None],
+            position_ids=positions,
+            past_key_values=kv,
+            use_cache=False,
+            logits_to_keep=keep,
+        )
+    finally:
+        _PROMPT_SPANS.reset(token)
+    kv.start(ends)
+    last = out.logits[torch.arange(n, device=device), ends - 1 - keep[0]].float()
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+    return kv, valid, lengths, last
