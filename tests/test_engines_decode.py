@@ -58,31 +58,43 @@ def test_sample_draws_in_proportion_inside_the_nucleus_only():
     assert torch.equal(sample(logits[:3], 0.0, 1.0, u[:3]), torch.zeros(3, dtype=torch.long))  # greedy
 
 
-def test_a_sampled_row_does_not_depend_on_its_batch(base, adapters):
-    """Alone, mixed with other adapters, in small or large batches: the same sampled tokens (per-row keys)."""
-    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None) for i, p in enumerate(PROMPTS * 2)]
-    s = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_tokens=12, seed=5)
-    big = make_engine("hf", base).generate(reqs, s)
-    small = make_engine("hf", base, token_budget=40).generate(reqs, s)
-    assert _tokens(big) == _tokens(small)
+def _sampled(out):
+    return [[(c.token_ids, c.logprobs) for c in row] for row in out]
+
+
+@pytest.mark.parametrize("mixed_lora", ["bmm", "loop"])
+def test_a_sampled_row_does_not_depend_on_its_batch(base, adapters, mixed_lora):
+    """Alone, mixed with other adapters, in small or large batches, split across threads: the same sampled
+    tokens and log-probs, bit for bit (per-row keys; prompts of different widths shifted by multiples of
+    ALIGN)."""
+    prompts = PROMPTS * 2 + ["one two three four five six seven eight nine ten", "a"]
+    reqs = [GenerationRequest(p, adapters[i % 3] if i % 4 != 3 else None) for i, p in enumerate(prompts)]
+    s = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_tokens=12, seed=5, logprobs=True)
+    big = make_engine("hf", base, mixed_lora=mixed_lora).generate(reqs, s)
+    small = make_engine("hf", base, mixed_lora=mixed_lora, token_budget=40).generate(reqs, s)
+    assert _sampled(big) == _sampled(small)
     assert len({tuple(c.token_ids) for c in big[0]}) > 1
+    assert all(c.logprobs is not None for row in big for c in row)
     for threads in (2, 3):  # the rows split into runs decoded at once in threads through the one base
-        assert _tokens(make_engine("hf", base, parallel_batches=threads).generate(reqs, s)) == _tokens(big)
+        engine = make_engine("hf", base, mixed_lora=mixed_lora, parallel_batches=threads)
+        assert _sampled(engine.generate(reqs, s)) == _sampled(big)
 
 
-def test_a_row_alone_or_among_few_rows_decodes_as_it_does_among_many(base):
-    """Tokens and log-probs, bit for bit, of prompts of one length decoded alone (a step of one row, where the
-    CPU GEMMs take another kernel than for 4 rows and more), 2 or 3 at a time, and all together (rows then
-    finish one by one down to the last); the fillers up to MIN_ROWS never show in the results. (Prompts of
-    different lengths are left-padded to the batch's width, which moves the attention's reductions: not
-    batch invariant, see MIN_ROWS.)"""
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_row_alone_or_among_few_rows_decodes_as_it_does_among_many(base, fused):
+    """Tokens and log-probs, bit for bit, of prompts of different lengths decoded alone (a step of one row,
+    where the CPU GEMMs take another kernel than for 4 rows and more), in parts of 2, 3 or 5, and all
+    together (rows then finish one by one down to the last, with their batch's padding cut): a row's
+    columns are shifted by multiples of ALIGN only, and its prompt attended over its own columns; the
+    fillers up to MIN_ROWS never show in the results. Through the fused step and the model's forward."""
     import torch
     from populora_engines.decode import decode
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base.path).eval()
-    prompts = [[5 + r, 9, 17 + 2 * r, 33, 8, 40 + r] for r in range(6)]
-    keys = [101 + r for r in range(6)]
+    lengths = [3, 4, 6, 11, 12, 17, 9, 5, 14, 16]  # neighbours differing by 1, 2, 5, 8, 9, ...
+    prompts = [[(5 + 7 * r + 3 * i) % 50 + 3 for i in range(n)] for r, n in enumerate(lengths)]
+    keys = [101 + r for r in range(len(prompts))]
 
     def rows(part):
         with torch.no_grad():
@@ -90,20 +102,24 @@ def test_a_row_alone_or_among_few_rows_decodes_as_it_does_among_many(base):
                 model,
                 [prompts[r] for r in part],
                 [keys[r] for r in part],
-                max_tokens=16,
+                max_tokens=32,
                 temperature=1.0,
                 top_p=1.0,
                 eos_ids=[2],
                 pad_id=0,
                 device="cpu",
                 logprobs=True,
+                fused=fused,
             )
         assert out.logprobs is not None and len(out.tokens) == len(part)
         return list(zip(out.tokens, out.logprobs))
 
-    whole = rows(range(6))
-    for size in (1, 2, 3):
-        assert [r for i in range(0, 6, size) for r in rows(range(i, min(i + size, 6)))] == whole, size
+    everything = range(len(prompts))
+    whole = rows(everything)
+    assert len({len(tokens) for tokens, _ in whole}) > 2  # rows end at different steps
+    for size in (1, 2, 3, 5):
+        parts = [everything[i : i + size] for i in range(0, len(prompts), size)]
+        assert [r for part in parts for r in rows(part)] == whole, size
 
 
 def test_a_few_rows_loras_product_is_what_they_get_among_many():
