@@ -378,13 +378,18 @@ def test_the_fused_step_is_bit_identical_to_the_models_forward(kind, monkeypatch
     assert len(lengths) > 1 and min(lengths) < 12  # the batch really narrowed
 
 
-def test_the_hf_engine_decodes_through_the_fused_step_under_peft(base, adapters, monkeypatch):
+def test_the_hf_engine_decodes_through_the_fused_step_under_peft(base, adapters, monkeypatch, tmp_path):
     """The engine's real setting (a PEFT-wrapped base with a trainer slot, its adapters disabled while
-    serving) runs the fused step, and gives bit for bit what the model's forward gives."""
+    serving) runs the fused step, and gives bit for bit what the model's forward gives. On a copy of the
+    base: its host is this test's own (the slot would otherwise stay in the session's shared host)."""
+    import shutil
+
     import populora_engines.fused as fused_module
 
+    from populora_core.components import BaseModel
     from populora_core.modelhost import get_host
 
+    base = BaseModel(str(shutil.copytree(base.path, tmp_path / "base")))
     host = get_host(base)
     host.load_into("trainer_scratch", adapters[0])  # PEFT wraps the base's linears, as a trainer does
     assert host.peft is not None
