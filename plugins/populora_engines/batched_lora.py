@@ -24,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from .decode import MIN_ROWS
+
 BASE = "__base__"
 _THREAD = threading.local()  # .rows: the RowAdapters of this thread's forwards
 _SERVING_LOCK = threading.Lock()
@@ -133,8 +135,6 @@ def _rows_independent_matmul(x: Any, w: Any) -> Any:
     """``x @ w`` with at least MIN_ROWS rows in the GEMM (zero rows appended, then dropped): an adapter's few
     rows then get what they would get among more (see populora_engines.decode.MIN_ROWS)."""
     import torch
-
-    from .decode import MIN_ROWS
 
     lead = x.shape[:-1]
     flat = x.reshape(-1, x.shape[-1])
