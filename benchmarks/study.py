@@ -11,7 +11,8 @@ and a finished one (its ``summary.json``) kept, so rerunning the command continu
 run directories and writes ``study.md``, ``study.json`` and the report page (``report/report.html``, both
 arms side by side) under ``--out``: per seed and pooled over seeds with a 95 % t-interval, probe accuracy of
 the population's students (mean, best, weakest) vs the base and the single agent, the best student's gain
-over the base with a 95 % paired-bootstrap interval over the probe problems, and the dynamics of
+over the base with a 95 % paired-bootstrap interval over the probe problems (the run summary's
+``populora_report.summary.paired_gain_interval``), and the dynamics of
 ``populora_report.dynamics``: the trend of teacher program complexity (slope per step of AST depth,
 cyclomatic complexity, lines of code of valid proposals), solve-rate swings around the trend, and coverage
 growth (new task signatures per step in the last third). Whatever comes out is reported as measured.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -35,6 +35,7 @@ from typing import Any
 
 from populora_report import dynamics
 from populora_report.render import render_report
+from populora_report.summary import paired_gain_interval
 
 REPO = Path(__file__).resolve().parents[1]
 POPULORA = str(Path(sys.executable).parent / "populora")
@@ -46,27 +47,6 @@ RECIPES = {  # --recipe: (population, single agent)
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-def paired_gain_interval(
-    member: dict[str, list[int]], base: dict[str, list[int]], *, resamples: int = 2000, seed: int = 0
-) -> tuple[float, float] | None:
-    """95 % bootstrap interval of mean-over-task-types accuracy(member) - accuracy(base).
-
-    Problems are resampled in pairs (the same problem for both, so the base's luck cancels) and within
-    each task type (the probe's strata). ``member`` and ``base`` map task type -> per-problem outcomes in
-    probe order. None when the outcomes are missing (probe records written before they were recorded).
-    For the best of several students the interval is optimistic: it does not account for picking the best.
-    """
-    types = [t for t in base if t in member and len(member[t]) == len(base[t]) > 0]
-    if not types or len(types) != len(base):
-        return None
-    diffs = {t: [m - b for m, b in zip(member[t], base[t])] for t in types}
-    rng = random.Random(seed)
-    gains = sorted(
-        statistics.fmean(statistics.fmean(rng.choices(d, k=len(d))) for d in diffs.values()) for _ in range(resamples)
-    )
-    return gains[int(0.025 * resamples)], gains[int(0.975 * resamples) - 1]
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from populora_report.summary import format_summary, run_summary, write_summary
+from populora_report.summary import format_summary, paired_gain_interval, run_summary, write_summary
 
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
@@ -34,14 +34,111 @@ def test_summary_of_a_recorded_run(tmp_path):
         "wall time      31 s (steps 24 s)",
         "children born  2",
         "probe: base    20.0 %",
-        "probe: s3@v12  35.0 % (step 12)",
-        "probe: s0@v12  30.0 % (step 12)",
-        "best - base    +15.0 points",
+        "probe: s3@v12  35.0 % (step 12)  +15.0 points",
+        "probe: s0@v12  30.0 % (step 12)  +10.0 points",
+        "best - base    +15.0 points (no interval: probe.jsonl has no per-problem outcomes)",
         f"figures        populora report {run_dir}",
     ):
         assert f"  {line}" in table, line
     written = write_summary(run_dir, wall_s=31.4)
     assert json.loads((run_dir / "summary.json").read_text()) == written == summary
+    # probe records written before per-problem outcomes were: the changes, without intervals
+    assert summary["best_minus_base_interval"] is None and summary["probe_problems"] is None
+    assert summary["student_changes"]["s0@v12"] == {
+        "change": pytest.approx(0.1),
+        "interval": None,
+        "within_noise": None,
+    }
+
+
+def _outcomes(ones: int, n: int = 10, first: int = 0) -> list[int]:
+    """``ones`` problems right out of ``n``, from problem ``first`` on."""
+    return [int(first <= k < first + ones) for k in range(n)]
+
+
+def test_paired_interval_pinned_on_hand_computed_cases():
+    base = {"deduction": _outcomes(5)}
+    # a student right exactly where the base is: every resampled difference is 0
+    assert paired_gain_interval(dict(base), base) == (0.0, 0.0)
+    # right on every problem the base missed (5 of 10): a resample gains X / 10 with X ~ Binomial(10, 1/2);
+    # P(X <= 1) = 1.1 % and P(X <= 2) = 5.5 % put the 2.5 % quantile at 0.2, P(X <= 7) = 94.5 % and
+    # P(X <= 8) = 98.9 % the 97.5 % one at 0.8
+    assert paired_gain_interval({"deduction": [1] * 10}, base) == (0.2, 0.8)
+    # the mirror image: wrong on every problem the base solved
+    assert paired_gain_interval({"deduction": [0] * 10}, base) == (-0.8, -0.2)
+    # as many problems won as lost: the gain is 0 and the interval straddles it
+    low, high = paired_gain_interval({"deduction": _outcomes(5, first=3)}, base)
+    assert low < 0 < high
+    # seeded: the same outcomes give the same interval, another seed may not
+    assert paired_gain_interval({"deduction": [1] * 10}, base, seed=7) == paired_gain_interval(
+        {"deduction": [1] * 10}, base, seed=7
+    )
+
+
+def test_paired_interval_resamples_within_task_types():
+    """Task type a gains on 5 of 10 problems, type b on none: a resample that kept only a's winners or none
+    of them would reach 50 or 0 points; within types the gain stays X / 20, X ~ Binomial(10, 1/2)."""
+    base = {"a": _outcomes(5), "b": _outcomes(5)}
+    assert paired_gain_interval({"a": [1] * 10, "b": _outcomes(5)}, base) == (0.1, 0.4)
+    # the count of problems weighs: a type of 30 problems counts three times a type of 10
+    base = {"a": [0] * 10, "b": [0] * 30}
+    low, high = paired_gain_interval({"a": [1] * 10, "b": [0] * 30}, base)
+    assert low == high == 0.25
+
+
+def _write_probe(run_dir: Path, base: dict[str, list[int]], students: dict[str, dict[str, list[int]]], step: int):
+    records = [
+        {"step": 0, "member": "base", "version": "base", "role": "base", "task_type": t, "correct": c}
+        for t, c in base.items()
+    ]
+    records += [
+        {"step": step, "member": m, "version": f"{m}@v{step}", "role": "student", "task_type": t, "correct": c}
+        for m, outcomes in students.items()
+        for t, c in outcomes.items()
+    ]
+    for r in records:
+        r |= {"accuracy": sum(r["correct"]) / len(r["correct"]), "n": len(r["correct"])}
+    (run_dir / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_summary_gives_each_change_with_its_paired_interval(tmp_path):
+    run_dir = write_run(tmp_path / "run", steps=12, children=2)
+    base = {"deduction": _outcomes(5), "abduction": _outcomes(5)}
+    students = {
+        "s0": {"deduction": [1] * 10, "abduction": _outcomes(5)},  # right on every deduction the base missed
+        "s1": dict(base),  # the base's own answers
+    }
+    _write_probe(run_dir, base, students, step=12)
+    summary = write_summary(run_dir)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert summary["students"] == {"s0@v12": 0.75, "s1@v12": 0.5} and summary["base_accuracy"] == 0.5
+    assert summary["best"] == "s0@v12" and summary["best_minus_base"] == 0.25
+    assert summary["best_minus_base_interval"] == [0.1, 0.4] and summary["best_within_noise"] is False
+    assert summary["student_changes"] == {
+        "s0@v12": {"change": 0.25, "interval": [0.1, 0.4], "within_noise": False},
+        "s1@v12": {"change": 0.0, "interval": [0.0, 0.0], "within_noise": True},
+    }
+    assert summary["probe_problems"] == 20 and summary["base_probe_step"] == 0
+    assert summary["interval"]["level"] == 0.95 and summary["interval"]["best_selected_after_the_fact"] is True
+    table = format_summary(summary).splitlines()
+    for line in (
+        "probe: base    50.0 %",
+        "probe: s0@v12  75.0 % (step 12)  +25.0 points [+10.0, +40.0]",
+        "probe: s1@v12  50.0 % (step 12)  +0.0 points [+0.0, +0.0] within noise",
+        "best - base    +25.0 points [+10.0, +40.0] 95 % paired bootstrap over 20 probe problems",
+    ):
+        assert f"  {line}" in table, line
+
+    # a best student no better than the base beyond noise says so
+    students["s0"] = {"deduction": _outcomes(5, first=3), "abduction": _outcomes(6)}
+    _write_probe(run_dir, base, students, step=12)
+    summary = run_summary(run_dir)
+    low, high = summary["best_minus_base_interval"]
+    assert summary["best_minus_base"] == pytest.approx(0.05) and low < 0 < high and summary["best_within_noise"]
+    assert (
+        f"+5.0 points [{100 * low:+.1f}, {100 * high:+.1f}] 95 % paired bootstrap over 20 probe problems, within noise"
+        in format_summary(summary)
+    )
 
 
 def test_summary_of_a_run_without_probe(tmp_path):
@@ -75,6 +172,13 @@ def test_populora_run_ends_with_the_summary(env, tmp_path):
     assert summary["children_born"] == sum(r["operator"] != "init" for r in lineage) > 0
     assert len(summary["students"]) == 2 and summary["base_accuracy"] is not None
     assert summary["best_minus_base"] == pytest.approx(max(summary["students"].values()) - summary["base_accuracy"])
+    # the loop's probe records carry each problem's outcome: every change comes with its paired interval
+    assert summary["probe_problems"] == 6 and set(summary["student_changes"]) == set(summary["students"])
+    for change in summary["student_changes"].values():
+        low, high = change["interval"]
+        assert low <= change["change"] <= high and change["within_noise"] == (low <= 0 <= high)
+    assert summary["best_minus_base_interval"] == summary["student_changes"][summary["best"]]["interval"]
+    assert "95 % paired bootstrap over 6 probe problems" in result.stdout
     assert result.stdout.splitlines()[:-1] == format_summary(summary).splitlines()
     assert result.stdout.splitlines()[-1] == f"run complete: {run_dir}"
 

@@ -259,6 +259,18 @@ class RunData:
         bases = [s for s in self.probe_summaries() if s.member == "base" or s.role == "base"]
         return max(bases, key=lambda s: s.step) if bases else None
 
+    def probe_outcomes(self, member: str, step: int) -> dict[str, list[int]]:
+        """Task type -> each probe problem's outcome (1 correct, 0 not) of ``member`` at ``step``, in probe
+        order; a task type whose record has no valid ``correct`` list (runs recorded before it was) is left out."""
+        out: dict[str, list[int]] = {}
+        for rec in self.probe or []:
+            correct = rec.get("correct")
+            if rec.get("member") != member or rec.get("step") != step or not isinstance(correct, list):
+                continue
+            if all(c in (0, 1) for c in correct):
+                out[str(rec.get("task_type", "?"))] = [int(c) for c in correct]
+        return out
+
     def probe_task_types(self) -> list[str]:
         types: list[str] = []
         for s in self.probe_summaries():

@@ -1,28 +1,82 @@
 """What a finished run tells its user: a short table on stdout and ``summary.json`` in the run directory.
 
-Read from the run's logs like the report, so the summary of a recorded run is the one its run printed.
+Read from the run's logs like the report, so the summary of a recorded run is the one its run printed. Every
+change against the base comes with a 95 % paired-bootstrap interval over the probe problems
+(:func:`paired_gain_interval`, also what ``benchmarks.study`` reports), so a user sees when a gain is noise.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shlex
 from pathlib import Path
 from typing import Any
 
 from .data import load_run
 
+LEVEL = 0.95
+RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def paired_gain_interval(
+    member: dict[str, list[int]],
+    base: dict[str, list[int]],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = LEVEL,
+) -> tuple[float, float] | None:
+    """Bootstrap interval (``level``, percentile) of accuracy(member) - accuracy(base) over the probe problems.
+
+    ``member`` and ``base`` map task type -> per-problem outcomes (1/0) in probe order. Problems are
+    resampled in pairs (the same problem for both, so how hard the drawn problems are cancels) and within
+    each task type (the probe's strata, so every resample keeps the probe's mix). The statistic is the
+    accuracy over all problems, which is the mean over task types when each has as many problems (the
+    probe's case). Seeded: the same outcomes give the same interval. None when outcomes are missing or do
+    not pair up (probe records written before they were recorded). For the best of several students the
+    interval is optimistic: it does not account for picking the best after the fact.
+    """
+    types = [t for t in base if t in member and len(member[t]) == len(base[t]) > 0]
+    if not types or len(types) != len(base):
+        return None
+    diffs = [[m - b for m, b in zip(member[t], base[t])] for t in types]
+    total = sum(len(d) for d in diffs)
+    rng = random.Random(seed)
+    gains = sorted(sum(sum(rng.choices(d, k=len(d))) for d in diffs) / total for _ in range(resamples))
+    tail = (1 - level) / 2
+    return gains[int(tail * resamples)], gains[int((1 - tail) * resamples) - 1]
+
+
+def _includes_zero(interval: tuple[float, float] | list[float] | None) -> bool | None:
+    return None if interval is None else interval[0] <= 0 <= interval[1]
+
 
 def run_summary(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str, Any]:
-    """Steps, time, children born, probe accuracy of the base and each final student, best - base.
+    """Steps, time, children born, probe accuracy of the base and each final student, each student's change
+    and best - base, each change with its 95 % paired-bootstrap interval over the probe problems.
 
     ``wall_s`` is the command's own time from the run's start hook to its end (a resumed run: since it
-    resumed); ``step_s`` adds up every logged step's time, across resumes.
+    resumed); ``step_s`` adds up every logged step's time, across resumes. An interval is None when the
+    probe records carry no per-problem outcomes (runs recorded before they did).
     """
     run = load_run(run_dir)
     final = sorted(run.probe_final(), key=lambda s: -s.overall)
     base = run.probe_base()
     best = final[0].overall if final else None
+    base_accuracy = base.overall if base else 0.0
+    base_outcomes = run.probe_outcomes(base.member, base.step) if base else {}
+    changes: dict[str, dict[str, Any]] = {}
+    for student in final if base is not None else []:
+        interval = paired_gain_interval(run.probe_outcomes(student.member, student.step), base_outcomes)
+        changes[student.version] = {
+            "change": student.overall - base_accuracy,
+            "interval": None if interval is None else list(interval),
+            "within_noise": _includes_zero(interval),
+        }
+    best_change = changes.get(final[0].version) if final else None
+    best_interval = best_change["interval"] if best_change else None
     return {
         "run_dir": str(run.path),
         "recipe": run.name,
@@ -37,6 +91,19 @@ def run_summary(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str
         "students": {s.version: s.overall for s in final},
         "best_minus_base": best - base.overall if best is not None and base is not None else None,
         "report_command": f"populora report {shlex.quote(str(run.path))}",
+        "base_probe_step": base.step if base else None,
+        "best": final[0].version if final else None,
+        "best_minus_base_interval": best_interval,
+        "best_within_noise": _includes_zero(best_interval),
+        "student_changes": changes,
+        "probe_problems": sum(len(c) for c in base_outcomes.values()) if base_outcomes else None,
+        "interval": {
+            "level": LEVEL,
+            "method": "paired bootstrap over the probe problems, resampled within task types (percentile)",
+            "resamples": RESAMPLES,
+            "seed": BOOTSTRAP_SEED,
+            "best_selected_after_the_fact": True,
+        },
     }
 
 
@@ -50,6 +117,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
+def _points(gain: float, interval: list[float] | None) -> str:
+    text = f"{100 * gain:+.1f} points"
+    return text if interval is None else f"{text} [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The table ``populora run`` prints when a run completes."""
     wall = "-" if summary["wall_s"] is None else f"{summary['wall_s']:.0f} s"
@@ -60,11 +132,27 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("probe: base", _pct(summary["base_accuracy"])),
     ]
     step = summary["probe_step"]
-    rows += [(f"probe: {version}", f"{_pct(acc)} (step {step})") for version, acc in summary["students"].items()]
+    changes = summary.get("student_changes", {})
+    accuracies = {version: f"{_pct(acc)} (step {step})" for version, acc in summary["students"].items()}
+    width = max(map(len, accuracies.values()), default=0)
+    for version, text in accuracies.items():
+        if version in changes:  # the change against the base, in a column of its own
+            change = changes[version]
+            text = f"{text.ljust(width)}  {_points(change['change'], change['interval'])}"
+            text += " within noise" if change["within_noise"] else ""
+        rows.append((f"probe: {version}", text))
     if not summary["students"] and summary["base_accuracy"] is None:
         rows[-1] = ("probe", "not evaluated (no probe.jsonl)")
-    gain = summary["best_minus_base"]
-    rows.append(("best - base", "-" if gain is None else f"{100 * gain:+.1f} points"))
+    gain, interval = summary["best_minus_base"], summary.get("best_minus_base_interval")
+    if gain is None:
+        best = "-"
+    elif interval is None:
+        best = _points(gain, None) + " (no interval: probe.jsonl has no per-problem outcomes)"
+    else:
+        level = round(100 * summary["interval"]["level"])
+        best = f"{_points(gain, interval)} {level} % paired bootstrap over {summary['probe_problems']} probe problems"
+        best += ", within noise" if summary["best_within_noise"] else ""
+    rows.append(("best - base", best))
     rows.append(("figures", summary["report_command"]))
     width = max(len(k) for k, _ in rows)
     head = f"{summary['recipe']} ({summary['mode']}) in {summary['run_dir']}"
