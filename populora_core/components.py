@@ -6,7 +6,7 @@ recipe or a third-party plugin. No torch import here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -375,7 +375,14 @@ class Replacement:
 
 @runtime_checkable
 class Selector(Protocol):
-    def select(self, members: Sequence[Any], rng: Any) -> list[Replacement]: ...
+    """Which members of one sub-population die, and whose children replace them.
+
+    ``ready``: ids of the members that may be replaced (they have lived ``evolution.ready_after`` steps, PBT's
+    readiness); the others still rank and may be parents. A selector whose ``select`` does not take ``ready``
+    is called without it, and the loop refuses any replacement of a member that is not ready.
+    """
+
+    def select(self, members: Sequence[Any], rng: Any, ready: Collection[str] | None = None) -> list[Replacement]: ...
 
 
 @runtime_checkable

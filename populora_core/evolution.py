@@ -15,7 +15,7 @@ from .adapters import LoraWeights, check_compatible, fresh_lora, load_lora, save
 from .components import Replacement
 from .errors import PluginError, UserError
 from .population import Lineage, Member, Rating
-from .registry import Component, Params
+from .registry import Component, Params, accepted_arguments
 from .rng import derived_rng, derived_seed
 
 if TYPE_CHECKING:
@@ -108,6 +108,29 @@ def initialise(run: Run) -> None:
     )
 
 
+def ready_ids(members: list[Member], step: int, readiness: int) -> set[str]:
+    """PBT's readiness: the members that have lived ``readiness`` steps and so may be replaced at ``step``."""
+    return {m.id for m in members if step - m.born_step >= readiness}
+
+
+def child_rating(parent: Rating, policy: str) -> Rating:
+    """A child's first rating. ``inherit``: its first parent's mu and sigma, so mu - k*sigma compares it with the
+    veterans like with like (a child is a small step from its parent in weight space); ``fresh``: the prior."""
+    return Rating(parent.mu, parent.sigma) if policy == "inherit" else Rating()
+
+
+def select(selector: Any, members: list[Member], rng: random.Random, ready: set[str]) -> list[Replacement]:
+    """The selector's replacements for one sub-population; only ready members may be replaced."""
+    reps = selector.select(members, rng, **accepted_arguments(selector.select, {"ready": ready}))
+    for rep in reps:
+        if rep.dead not in ready:
+            raise PluginError(
+                f"selector {type(selector).__name__} replaced {rep.dead!r}, which is not ready yet "
+                f"(ready: {sorted(ready)}); a selector must take `ready` and replace only those members"
+            )
+    return reps
+
+
 def evolve(run: Run, step: int) -> list[dict[str, Any]]:
     """Selection and replacement per sub-population; returns the lineage records of the children."""
     assert run.selector is not None
@@ -118,7 +141,7 @@ def evolve(run: Run, step: int) -> list[dict[str, Any]]:
     for role, group in sorted(run.population.subpopulations().items()):
         if role not in evo.subpopulations or len(group) < 2:
             continue
-        for rep in run.selector.select(group, rng):
+        for rep in select(run.selector, group, rng, ready_ids(group, step, evo.readiness)):
             events.append(_replace(run, step, rep, rng))
     run.dir.append("lineage.jsonl", events)
     run.emit([{"event": "evolution", **e} for e in events])
@@ -144,8 +167,7 @@ def _replace(run: Run, step: int, rep: Replacement, rng: random.Random) -> dict[
         born_step=step,
         lineage=Lineage([p.version_name for p in parents], component.name, params_dict, op_seed, step),
     )
-    if run.recipe.evolution.child_rating == "inherit":
-        child.rating = Rating(parents[0].rating.mu, parents[0].rating.sigma)
+    child.rating = child_rating(parents[0].rating, run.recipe.evolution.child_rating)
     save_lora(child_weights, run.dir.adapter_path(child.version_name))
     if run.recipe.evolution.child_optimizer == "inherit":
         run.trainer.copy_state(parents[0].id, child.id)

@@ -136,3 +136,51 @@ class Population:
     def from_dict(cls, d: dict[str, Any]) -> Population:
         members = {m["id"]: Member.from_dict(m) for m in d["members"]}
         return cls(members, dict(d["next_index"]))
+
+
+def selection_history(lineage: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did selection compare members, or always kill the newest child? Read from ``lineage.jsonl`` records.
+
+    Replaying the records, for every replacement after a role's first evolution step: whether the member replaced
+    was (one of) the youngest of its role (born at the role's latest birth step, when older members lived too),
+    the share of such members in the role (what chance gives), and, per evolution step, whether the set of members
+    that survived it differs from the set that survived the role's previous one.
+    """
+    born: dict[str, int] = {}
+    role_of: dict[str, str] = {}
+    by_step: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for record in lineage:
+        if not record.get("replaced"):
+            born[record["member"]] = int(record["step"])
+            role_of[record["member"]] = record["role"]
+        else:
+            by_step.setdefault((int(record["step"]), record["role"]), []).append(record)
+    hits = counted = 0
+    chance = 0.0
+    changes = comparisons = 0
+    last_survivors: dict[str, set[str]] = {}
+    for (step, role), records in sorted(by_step.items()):
+        living = {m: b for m, b in born.items() if role_of[m] == role}
+        dead = {r["replaced"] for r in records}
+        survivors = set(living) - dead
+        if role in last_survivors:
+            comparisons += 1
+            changes += survivors != last_survivors[role]
+            newest = max(living.values())
+            youngest = {m for m, b in living.items() if b == newest} if newest > min(living.values()) else set()
+            for d in dead:
+                counted += 1
+                hits += d in youngest
+                chance += len(youngest) / len(living)
+        last_survivors[role] = survivors
+        for r in records:
+            born.pop(r["replaced"], None)
+            born[r["member"]] = step
+            role_of[r["member"]] = role
+    return {
+        "replacements_after_first": counted,
+        "youngest_replaced": hits,
+        "youngest_replaced_by_chance": chance,
+        "survivor_changes": changes,
+        "survivor_comparisons": comparisons,
+    }

@@ -97,9 +97,25 @@ class EvolutionSection(_Strict):
             WeightedOperator(name="svd_structured", weight=0.5),
         ]
     )
-    child_rating: Literal["fresh", "inherit"] = "fresh"
+    child_rating: Literal["fresh", "inherit"] = Field(
+        "inherit",
+        description="inherit: a child starts from its first parent's rating (mu and sigma), so it is ranked like "
+        "the veterans it competes with; fresh: the rating prior, whose large sigma ranks every child last under "
+        "mu - k*sigma (the youngest is then always the one replaced)",
+    )
     child_optimizer: Literal["fresh", "inherit"] = "fresh"
+    ready_after: int | None = Field(
+        None,
+        ge=0,
+        description="PBT readiness: a member can be replaced only once it has lived this many steps; "
+        "None: the interval `every`",
+    )
     subpopulations: list[Role] = Field(default_factory=lambda: list[Role](["teacher", "student"]))
+
+    @property
+    def readiness(self) -> int:
+        """Steps a member must have lived before selection may replace it."""
+        return self.every if self.ready_after is None else self.ready_after
 
 
 class CheckpointSection(_Strict):
@@ -267,9 +283,34 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
         first = err.errors()[0]
         path = ".".join(str(p) for p in first["loc"])
         raise RecipeError(format_validation_error(err), recipe=recipe, path=path) from None
+    _check_evolution(parsed, recipe)
     if registry is not None:
         validate_components(parsed, registry, recipe)
     return parsed
+
+
+def _check_evolution(parsed: Recipe, recipe: str) -> None:
+    """Evolution settings under which selection could never compare two members are errors, not silent no-ops."""
+    evo, pop = parsed.evolution, parsed.population
+    if not evo.every or pop.mode == "single_agent":
+        return  # the single agent never evolves (one adapter per slot plays both roles)
+    sizes = {"teacher": pop.teachers, "student": pop.students, "both": 0}
+    if all(sizes[role] < 2 for role in evo.subpopulations):
+        raise RecipeError(
+            f"evolution.every is {evo.every} but no sub-population in evolution.subpopulations "
+            f"({', '.join(evo.subpopulations) or 'none'}) has two members to compare "
+            f"(teachers {pop.teachers}, students {pop.students}); set evolution.every: 0 to run without evolution",
+            recipe=recipe,
+            path="evolution.every",
+        )
+    last = (parsed.steps - 1) // evo.every * evo.every  # the last step that evolves (a last-step child never trains)
+    if last >= evo.every and evo.readiness > last:
+        raise RecipeError(
+            f"evolution.ready_after is {evo.readiness} but the last replacement happens at step {last} "
+            f"(every {evo.every}, {parsed.steps} steps): no member could ever be replaced; lower ready_after",
+            recipe=recipe,
+            path="evolution.ready_after",
+        )
 
 
 def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -> dict[str, Params]:

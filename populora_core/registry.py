@@ -78,7 +78,7 @@ class Component:
                 raise UserError(
                     f"{self.kind} {self.name!r} (plugin {self.plugin}): {format_validation_error(err)}"
                 ) from None
-        return self.factory(params, **_accepted(self.factory, context))
+        return self.factory(params, **accepted_arguments(self.factory, context))
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -195,7 +195,7 @@ def hub_snapshot(repo_id: str) -> str:
         ) from None
 
 
-def _accepted(factory: Callable[..., Any], context: dict[str, Any]) -> dict[str, Any]:
+def accepted_arguments(factory: Callable[..., Any], context: dict[str, Any]) -> dict[str, Any]:
     """The part of ``context`` that ``factory``'s signature takes (all of it with ``**kwargs``)."""
     try:
         parameters = inspect.signature(factory).parameters.values()

@@ -70,6 +70,19 @@ def test_valid_recipe_and_overrides(manager, tmp_path):
             lambda d: d.update(population={"teachers": 2, "students": 3, "mode": "single_agent"}),
             "single_agent mode needs teachers == students",
         ),
+        # evolution settings under which selection cannot select
+        (
+            lambda d: d["evolution"]["selector"]["params"].update(fraction=1.0),
+            "evolution.selector.params.fraction: Input should be less than 1",
+        ),
+        (
+            lambda d: d["evolution"].update(ready_after=8),  # 5 steps, every 2: the last replacement is at step 4
+            "evolution.ready_after is 8 but the last replacement happens at step 4",
+        ),
+        (
+            lambda d: d.update(population={"teachers": 1, "students": 1}),
+            "evolution.every is 2 but no sub-population",
+        ),
     ],
 )
 def test_recipe_errors_name_file_path_component_and_plugin(manager, tmp_path, mutate, expected):

@@ -125,3 +125,97 @@ def test_tournament_and_tiered():
     assert all(r.mutation_only for r in tiers) and all(p in ("s4", "s5") for r in replaced for p in r.parents)
     with pytest.raises(ValueError, match="keep \\+ mutate"):
         TieredParams(keep=0.7, mutate=0.5)
+
+
+# --- selection that compares like with like ---------------------------------------------------------------
+
+
+def _nano_selection(trials: int, **settings):
+    from populora_matchmaking.simulation import selection_study
+
+    base = {
+        "matchmaker": PFSP(PFSPParams()),
+        "selector": Truncation(TruncationParams(fraction=0.5, conservative_k=3)),
+        "teachers": 2,
+        "students": 2,
+        "every": 4,
+        "steps": 32,
+    }
+    return selection_study(trials, **{**base, **settings})
+
+
+def test_a_child_and_a_veteran_of_equal_skill_are_each_replaced_about_half_the_time():
+    """nano's 2T-2S, every 4 steps: at each replacement after the first, one child and one veteran per role."""
+    study = _nano_selection(30)
+    assert study["replacements_after_first"] == 30 * 12
+    assert study["youngest_share_by_chance"] == pytest.approx(0.5)
+    assert 0.35 <= study["youngest_share"] <= 0.65
+    assert study["survivor_change_share"] >= 0.3
+    # the prior rating (sigma 8.33) under mu - 3 sigma: the newest child is almost always the one that dies
+    fresh = _nano_selection(30, child_policy="fresh")
+    assert fresh["youngest_share"] >= 0.75 and fresh["survivor_change_share"] <= 0.25
+
+
+def test_a_child_that_outplays_the_veteran_survives_it():
+    better = _nano_selection(30, child_skill=lambda parent, rng: parent + 2 * 25 / 6)
+    assert better["youngest_share"] <= 0.15
+    assert better["weakest_share"] >= 0.85
+
+
+def test_selection_replaces_the_weakest_more_often_than_chance_when_skills_differ():
+    study = _nano_selection(
+        30, skill=lambda rng: rng.gauss(0, 25 / 6), child_skill=lambda p, rng: p + rng.gauss(0, 25 / 6)
+    )
+    assert study["weakest_share"] >= 0.65  # chance: 0.5
+
+
+def test_only_ready_members_are_replaced():
+    from populora_core.evolution import ready_ids, select
+
+    members = _rated(4)  # s0 is the worst
+    members[0].born_step = 6
+    assert ready_ids(members, 8, 4) == {"s1", "s2", "s3"}
+    reps = select(Truncation(TruncationParams(fraction=0.5)), members, random.Random(0), {"s1", "s2", "s3"})
+    assert [r.dead for r in reps] == ["s1"]  # the bottom half is s0 (not ready) and s1
+    assert Tiered(TieredParams(keep=0.25, mutate=0.25)).select(members, random.Random(0), ready=set()) == []
+    assert all(
+        r.dead != "s0"
+        for r in Tournament(TournamentParams(fraction=0.5)).select(members, random.Random(1), {"s1", "s2", "s3"})
+    )
+
+
+def test_a_selector_that_ignores_readiness_is_refused():
+    from populora_core import PluginError
+    from populora_core.evolution import select
+
+    class Old:  # written before `ready` existed: called without it
+        def select(self, members, rng):
+            return Truncation(TruncationParams(fraction=0.5)).select(members, rng)
+
+    members = _rated(4)
+    assert sorted(r.dead for r in select(Old(), members, random.Random(0), {"s0", "s1", "s2", "s3"})) == ["s0", "s1"]
+    with pytest.raises(PluginError, match="'s0', which is not ready"):
+        select(Old(), members, random.Random(0), {"s1", "s2", "s3"})
+
+
+def test_selection_history_counts_youngest_replacements_and_survivor_changes():
+    from populora_core.population import selection_history
+
+    def child(step, member, replaced, role="student"):
+        return {"step": step, "member": member, "role": role, "replaced": replaced}
+
+    lineage = [
+        {"step": 0, "member": "s0", "role": "student"},
+        {"step": 0, "member": "s1", "role": "student"},
+        child(4, "s2", "s1"),  # first evolution: not counted (no younger member yet)
+        child(8, "s3", "s2"),  # the youngest (s2) dies: survivors {s0} again
+        child(12, "s4", "s0"),  # the veteran dies: survivors {s3}
+    ]
+    history = selection_history(lineage)
+    assert history == {
+        "replacements_after_first": 2,
+        "youngest_replaced": 1,
+        "youngest_replaced_by_chance": 1.0,
+        "survivor_changes": 1,
+        "survivor_comparisons": 2,
+    }

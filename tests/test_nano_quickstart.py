@@ -36,3 +36,20 @@ def test_shortened_nano_run_completes_with_probe_and_report(recipe, tmp_path):
     assert report.returncode == 0, report.stderr
     page = Path(report.stdout.strip().splitlines()[-1]).read_text()
     assert "Probe accuracy" in page and "Lineage" in page
+
+
+def test_a_short_nano_run_replaces_a_veteran_not_only_the_newest_child(tmp_path):
+    """Every step evolves: of the replacements after each role's first, some hit a member older than the newest
+    child (with children on the rating prior, mu - 3 sigma put the newest child last every time)."""
+    from populora_core.population import selection_history
+
+    run_dir = tmp_path / "run"
+    result = run_recipe(
+        REPO / "recipes" / "nano.yaml", run_dir, *SHORT[2:], "steps=5", "evolution.every=1", "probe.enabled=false"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lineage = [json.loads(x) for x in (run_dir / "lineage.jsonl").read_text().splitlines()]
+    history = selection_history(lineage)
+    assert history["replacements_after_first"] == 6
+    assert history["youngest_replaced"] < 6, history
+    assert history["survivor_changes"] >= 1, history

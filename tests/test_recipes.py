@@ -166,3 +166,31 @@ def test_long_study_recipes_are_the_nano_recipes_run_longer(long, base):
     reference = yaml.safe_load((RECIPE_DIR / f"{base}.yaml").read_text())
     assert {k for k in set(longer) | set(reference) if longer.get(k) != reference.get(k)} == {"name", "steps"}
     assert longer["steps"] == 120 > reference["steps"]
+
+
+EVOLVING = [p for p in RECIPES if "every: 0" not in p.read_text() and "single_agent" not in p.name]
+
+
+@pytest.mark.parametrize("path", EVOLVING, ids=[p.name for p in EVOLVING])
+def test_every_shipped_recipe_selects_rather_than_killing_the_newest_child(path):
+    """The recipe's own matchmaker, selector, readiness and child rating on simulated members of equal skill:
+    the youngest members die about as often as chance says (fresh children under mu - 3 sigma: ~95 %)."""
+    from benchmarks.selection import measure, recipe_settings
+
+    pm = PluginManager()
+    pm.load_entry_points()
+    settings = recipe_settings(path, pm)
+    assert settings is not None
+    settings.pop("key")
+    result = measure({**settings, "steps": min(settings["steps"], 8 * settings["every"] + 1)}, trials=6)
+    assert result["youngest_share"] <= result["youngest_share_by_chance"] + 0.15, result
+    assert result["survivor_change_share"] >= 0.3, result
+
+
+def test_a_teacher_reward_out_of_range_is_a_recipe_error_naming_the_key(registry, tmp_path):
+    from populora_core.errors import RecipeError
+
+    with pytest.raises(RecipeError) as info:
+        load_recipe(RECIPE_DIR / "nano.yaml", ["tasks.1.params.unsolved_reward=-2"], registry)
+    assert "tasks.1.params.unsolved_reward: Input should be greater than or equal to -1" in str(info.value)
+    assert "plugin populora_azr" in str(info.value) or "populora-azr" in str(info.value) or "azr" in str(info.value)

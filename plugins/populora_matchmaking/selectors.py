@@ -1,9 +1,13 @@
-"""PBT selection schemes: which members die and whose children replace them (within one sub-population)."""
+"""PBT selection schemes: which members die and whose children replace them (within one sub-population).
+
+Every scheme ranks the whole sub-population but replaces only members in ``ready`` (PBT's readiness: they have
+lived ``evolution.ready_after`` steps); members not yet ready still rank and may be parents.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from populora_core.components import Replacement
@@ -19,31 +23,43 @@ def _count(n: int, fraction: float) -> int:
     return min(max(1, math.floor(n * fraction)), n - 1)
 
 
+def _ready(members: Sequence[Any], ready: Collection[str] | None) -> set[str]:
+    return {m.id for m in members} if ready is None else set(ready)
+
+
 class Truncation:
+    """The bottom ``fraction`` by rating dies (the ready ones among them); children of two survivors replace it."""
+
     def __init__(self, params: Any) -> None:
         self.params = params
 
-    def select(self, members: Sequence[Any], rng: Any) -> list[Replacement]:
+    def select(self, members: Sequence[Any], rng: Any, ready: Collection[str] | None = None) -> list[Replacement]:
+        eligible = _ready(members, ready)
         ranked = _ranked(members, self.params.conservative_k)
         n_dead = _count(len(ranked), self.params.fraction)
-        survivors, dead = ranked[:-n_dead], ranked[-n_dead:]
+        survivors, bottom = ranked[:-n_dead], ranked[-n_dead:]
         out = []
-        for d in dead:
+        for d in (m for m in bottom if m.id in eligible):
             parents = rng.sample(survivors, min(2, len(survivors)))
             out.append(Replacement(d.id, [p.id for p in _ranked(parents, self.params.conservative_k)]))
         return out
 
 
 class Tournament:
+    """The worst ready entrant of a random tournament dies; winners of two more tournaments are its parents."""
+
     def __init__(self, params: Any) -> None:
         self.params = params
 
-    def select(self, members: Sequence[Any], rng: Any) -> list[Replacement]:
+    def select(self, members: Sequence[Any], rng: Any, ready: Collection[str] | None = None) -> list[Replacement]:
         k = self.params.conservative_k
+        eligible = _ready(members, ready)
         pool = list(members)
         out = []
         for _ in range(_count(len(pool), self.params.fraction)):
-            entrants = rng.sample(pool, min(self.params.size, len(pool)))
+            entrants = [m for m in rng.sample(pool, min(self.params.size, len(pool))) if m.id in eligible]
+            if not entrants:
+                continue
             loser = _ranked(entrants, k)[-1]
             pool.remove(loser)
             winners = [_ranked(rng.sample(pool, min(self.params.size, len(pool))), k)[0] for _ in range(2)]
@@ -53,15 +69,18 @@ class Tournament:
 
 
 class Tiered:
+    """Classic PBT exploit/explore: keep the top, mutate the (ready) middle in place, replace the (ready) bottom."""
+
     def __init__(self, params: Any) -> None:
         self.params = params
 
-    def select(self, members: Sequence[Any], rng: Any) -> list[Replacement]:
+    def select(self, members: Sequence[Any], rng: Any, ready: Collection[str] | None = None) -> list[Replacement]:
+        eligible = _ready(members, ready)
         ranked = _ranked(members, self.params.conservative_k)
         n = len(ranked)
         n_keep = max(1, round(n * self.params.keep))
         n_mutate = min(round(n * self.params.mutate), n - n_keep)
         top, middle, bottom = ranked[:n_keep], ranked[n_keep : n_keep + n_mutate], ranked[n_keep + n_mutate :]
-        out = [Replacement(m.id, [m.id], mutation_only=True) for m in middle]
-        out += [Replacement(m.id, [rng.choice(top).id], mutation_only=True) for m in bottom]
+        out = [Replacement(m.id, [m.id], mutation_only=True) for m in middle if m.id in eligible]
+        out += [Replacement(m.id, [rng.choice(top).id], mutation_only=True) for m in bottom if m.id in eligible]
         return out
