@@ -117,8 +117,11 @@ class Run:
     def adapter_ref(self, member: Member) -> AdapterRef:
         return AdapterRef(member.version_name, str(self.dir.adapter_path(member.version_name)))
 
-    def sampling(self, step: int, phase: str, *, n: int, max_tokens: int) -> SamplingParams:
-        """Rollout sampling settings with a seed derived from (recipe seed, step, phase)."""
+    def sampling(self, step: int, phase: str, *, n: int, max_tokens: int, logprobs: bool = False) -> SamplingParams:
+        """Rollout sampling settings with a seed derived from (recipe seed, step, phase).
+
+        Log-probs are asked for when the trainer reads them, or when ``logprobs`` (the proposals: the step
+        metrics' ``token_nll``); asking never changes the sampled tokens."""
         cfg = self.recipe.rollout
         return SamplingParams(
             n=n,
@@ -127,7 +130,7 @@ class Run:
             max_tokens=max_tokens,
             seed=derived_seed(self.recipe.seed, step, phase),
             max_prompt_tokens=cfg.max_prompt_tokens,
-            logprobs=self.trainer.needs_sampling_logprobs,
+            logprobs=logprobs or self.trainer.needs_sampling_logprobs,
         )
 
     def emit(self, records: list[dict[str, Any]]) -> None:
@@ -187,7 +190,7 @@ class Run:
         with timer("buffers"):
             for task_name, task in self.tasks.items():
                 task.add_to_buffer([p.problem for p in proposals if p.task == task_name and p.valid])
-            self.dir.append("tasks/problems.jsonl", problem_records(step, proposals, student_of))
+            self.dir.append("tasks/problems.jsonl", problem_records(step, proposals, student_of, self.tasks))
         self.step = step
         metrics = step_metrics(
             step, self.population, self.coverage, self.tasks, matches, outcomes, proposals, rollouts, train_stats
@@ -237,7 +240,7 @@ class Run:
                         requests.append(GenerationRequest(prompt, self.adapter_ref(teacher)))
                         proposals.append(Proposal(task_name, teacher, ctx))
         with timer("generate_propose"):
-            sampling = self.sampling(step, "sample/propose", n=1, max_tokens=cfg.propose_max_tokens)
+            sampling = self.sampling(step, "sample/propose", n=1, max_tokens=cfg.propose_max_tokens, logprobs=True)
             completions = [c for (c,) in self.engine.generate(requests, sampling)]
         with timer("validate"):
             problems = self.parse_proposals(

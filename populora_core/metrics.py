@@ -1,16 +1,30 @@
-"""What a step reports: phase times, the flat per-step metrics of the event log, and the problem records."""
+"""What a step reports: phase times, the flat per-step metrics of the event log, and the problem records.
+
+Besides rewards, ratings and solve rates, a step reports what its proposals looked like, per task type
+(``task/<name>/...``) and over the teachers (``teacher/...``): proposals cut off by ``propose_max_tokens``
+(finish reason "length"), the mean input length of valid proposals, distinct valid programs, proposer prompt
+lengths in tokens, and ``token_nll``, the mean negative log-probability of the sampled proposal tokens under
+the model's raw distribution (the engine's per-token log-probs; engines report no full distributions). At
+temperature 1 and top_p 1 it is an unbiased estimate of the teachers' mean per-token entropy; otherwise the
+cross-entropy of the sampling distribution with the model's.
+
+Two optional task attributes feed it: ``proposer_writes_program`` (default True; False for a task whose
+proposals carry a program the teacher did not write, such as AZR's induction: those are left out of the
+teachers' program metrics), and ``proposer_metrics(contexts) -> {name: number}``, what the task reports
+about its proposer prompts (AZR: the references shown), logged as ``task/<name>/<key>``.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from .components import Match, MatchOutcome, Rollout
+from .components import Completion, Match, MatchOutcome, Rollout
 from .population import Population
 from .problems import Proposal
 
@@ -47,11 +61,60 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def writes_program(task: Any) -> bool:
+    """Whether a task's proposals carry a program its teacher wrote (AZR induction's come from a pool)."""
+    return bool(getattr(task, "proposer_writes_program", True))
+
+
+def _token_nll(completions: Iterable[Completion]) -> float | None:
+    """Token-weighted mean negative log-prob of the sampled completion tokens (None without log-probs)."""
+    total, tokens = 0.0, 0
+    for c in completions:
+        total -= sum(c.logprobs)
+        tokens += len(c.logprobs)
+    return total / tokens if tokens else None
+
+
+def _input_chars(problem: Any) -> float:
+    return statistics.fmean(len(x) for x in problem.inputs)
+
+
+def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) -> dict[str, Any]:
+    """What the step's proposals looked like, per task type and over the teachers (see the module docstring)."""
+    m: dict[str, Any] = {}
+    written = [p for p in proposals if writes_program(tasks.get(p.task))]
+    for task_name, task in tasks.items():
+        mine = [p for p in proposals if p.task == task_name]
+        completions = [p.completion for p in mine if p.completion is not None]
+        generated = [c for c in completions if not c.dropped]
+        valid = [p.problem for p in mine if p.valid and p.problem is not None]
+        cut = sum(c.finish_reason == "length" for c in generated)
+        prompt_tokens = [len(c.prompt_token_ids) for c in completions]
+        m[f"task/{task_name}/proposals"] = len(mine)
+        m[f"task/{task_name}/not_generated"] = len(completions) - len(generated)
+        m[f"task/{task_name}/cut_off"] = cut
+        m[f"task/{task_name}/cut_off_rate"] = cut / len(generated) if generated else None
+        m[f"task/{task_name}/input_chars"] = _mean([_input_chars(p) for p in valid if p.inputs])
+        m[f"task/{task_name}/distinct_programs"] = len({p.program for p in valid})
+        m[f"task/{task_name}/distinct_signatures"] = len({p.signature for p in valid if p.signature})
+        m[f"task/{task_name}/token_nll"] = _token_nll(generated)
+        m[f"task/{task_name}/prompt_tokens"] = _mean(prompt_tokens)
+        m[f"task/{task_name}/prompt_tokens_max"] = max(prompt_tokens, default=None)
+        extra = getattr(task, "proposer_metrics", None)
+        if callable(extra):
+            m.update({f"task/{task_name}/{k}": v for k, v in extra([p.ctx for p in mine]).items()})
+    generated_all = [p.completion for p in proposals if p.completion is not None and not p.completion.dropped]
+    m["teacher/cut_off"] = sum(c.finish_reason == "length" for c in generated_all)
+    m["teacher/token_nll"] = _token_nll(generated_all)
+    m["teacher/distinct_programs"] = len({p.problem.program for p in written if p.valid and p.problem is not None})
+    return m
+
+
 def step_metrics(
     step: int,
     population: Population,
     coverage: dict[str, set[str]],
-    task_names: Iterable[str],
+    tasks: Mapping[str, Any],
     matches: list[Match],
     outcomes: list[MatchOutcome],
     proposals: list[Proposal],
@@ -77,11 +140,17 @@ def step_metrics(
         mine = [p for p in proposals if p.teacher.id == teacher.id]
         valid = [p.problem for p in mine if p.valid and p.problem is not None]
         m[f"member/{teacher.id}/validity"] = len(valid) / len(mine) if mine else None
+        # program metrics of the programs the teacher wrote (AZR: deduction and abduction, not induction)
+        own = [p.problem for p in mine if p.valid and p.problem is not None and writes_program(tasks.get(p.task))]
         for key in ("ast_depth", "cyclomatic", "loc"):
-            m[f"member/{teacher.id}/{key}"] = _mean([p.metrics[key] for p in valid if key in p.metrics])
-    for task_name in task_names:
+            m[f"member/{teacher.id}/{key}"] = _mean([p.metrics[key] for p in own if key in p.metrics])
+        m[f"member/{teacher.id}/token_nll"] = _token_nll(
+            p.completion for p in mine if p.completion is not None and not p.completion.dropped
+        )
+    for task_name in tasks:
         mine = [p for p in proposals if p.task == task_name]
         m[f"task/{task_name}/validity"] = sum(p.valid for p in mine) / len(mine) if mine else None
+    m.update(proposal_metrics(tasks, proposals))
     for o in outcomes:
         m[f"match/{o.teacher}-{o.student}/solve_rate"] = o.solve_rate
     m["solve_rate"] = _mean([r.info["correct"] for r in rollouts if "correct" in r.info])
@@ -89,12 +158,18 @@ def step_metrics(
     return m
 
 
-def problem_records(step: int, proposals: list[Proposal], student_of: dict[str, Match]) -> list[dict[str, Any]]:
-    """One ``tasks/problems.jsonl`` record per proposal, valid or not (loadable with ``datasets``)."""
+def problem_records(
+    step: int, proposals: list[Proposal], student_of: dict[str, Match], tasks: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One ``tasks/problems.jsonl`` record per proposal, valid or not (loadable with ``datasets``).
+
+    ``finish_reason`` is the completion's ("length": cut off by ``propose_max_tokens``); ``teacher_program``
+    says whether the teacher wrote the program (False for AZR induction, whose programs come from a pool)."""
     records = []
     for proposal in proposals:
         p = proposal.problem
         assert p is not None, "problem records are written after validation"
+        completion = proposal.completion
         records.append(
             {
                 "step": step,
@@ -110,6 +185,9 @@ def problem_records(step: int, proposals: list[Proposal], student_of: dict[str, 
                 "matched_student": student_of[proposal.teacher.id].student,
                 "solve_rate": proposal.solve_rate,
                 "signature": p.signature,
+                "finish_reason": completion.finish_reason if completion is not None else None,
+                "completion_tokens": len(completion.token_ids) if completion is not None else None,
+                "teacher_program": writes_program((tasks or {}).get(proposal.task)),
                 **{f"metric_{k}": v for k, v in p.metrics.items()},
             }
         )

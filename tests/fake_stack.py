@@ -48,7 +48,8 @@ class FakeEngine:
             for j in range(sampling.n):
                 value = int(level * 1000 + len(req.prompt) + (sampling.seed or 0) + r_i + j) % 7
                 text = str(value) if value else "oops"
-                row.append(Completion(text, [value, 1], [-0.5, -0.1], [3, 4, 5]))
+                logprobs = [-0.5, -0.1] if sampling.logprobs else []  # as engines do: only when asked
+                row.append(Completion(text, [value, 1], logprobs, [3, 4, 5], "length" if value == 6 else "stop"))
             out.append(row)
         return out
 

@@ -386,6 +386,27 @@ def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tm
         assert steps[-1][f"member/{teacher}/counters/rollouts"] == len(generated)
 
 
+def test_steps_log_cut_off_proposals_input_length_entropy_and_distinct_programs(env, tmp_path):
+    """The fake engine cuts off its '6' proposals (finish reason "length") and gives log-probs only when asked."""
+    directory = _run(_manager(), tmp_path / "run", ["steps=3", "evolution.every=0"])
+    problems = directory.read_log("tasks/problems.jsonl")
+    steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
+    assert {p["finish_reason"] for p in problems} == {"stop", "length"} and all(p["teacher_program"] for p in problems)
+    for rec in steps:
+        mine = [p for p in problems if p["step"] == rec["step"]]
+        valid = [p for p in mine if p["valid"]]
+        assert rec["task/count/cut_off"] == rec["teacher/cut_off"] == sum(p["finish_reason"] == "length" for p in mine)
+        assert rec["task/count/cut_off_rate"] == pytest.approx(rec["task/count/cut_off"] / len(mine))
+        assert (
+            rec["task/count/distinct_programs"]
+            == rec["teacher/distinct_programs"]
+            == len({p["program"] for p in valid})
+        )
+        assert rec["task/count/input_chars"] == pytest.approx(1.0)  # one digit
+        assert rec["teacher/token_nll"] == pytest.approx(0.3)  # the proposals were sampled with log-probs
+        assert rec["task/count/prompt_tokens"] == 3
+
+
 def test_adapter_retention_keeps_what_resume_and_eval_need(env, tmp_path):
     directory = _run(_manager(), tmp_path / "run", ["adapters.keep=needed", "steps=6"])
     kept = {p.name for p in directory.adapters.iterdir()}

@@ -1,0 +1,121 @@
+"""The per-step proposal metrics (populora_core/metrics.py) on hand-built proposals: each number checked."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from populora_core.components import Completion, Match, Problem
+from populora_core.metrics import problem_records, step_metrics
+from populora_core.population import Population
+from populora_core.problems import Proposal
+
+
+class _CodeTask:
+    """A task whose teachers write the program, reporting about its prompts."""
+
+    def proposer_metrics(self, contexts: list[Any]) -> dict[str, Any]:
+        return {"references/shown": sum(c["shown"] for c in contexts) / len(contexts)}
+
+
+class _PoolTask:
+    """A task whose programs come from a pool (as AZR's induction)."""
+
+    proposer_writes_program = False
+
+
+def _proposal(
+    task: str,
+    teacher: Any,
+    program: str,
+    inputs: list[str],
+    *,
+    valid: bool = True,
+    reason: str = "stop",
+    logprobs: tuple[float, ...] = (-1.0, -1.0),
+    prompt_len: int = 10,
+    depth: int = 3,
+    ctx: Any = None,
+) -> Proposal:
+    tokens = [] if reason == "prompt_too_long" else list(range(len(logprobs)))
+    completion = Completion("text", tokens, list(logprobs) if tokens else [], [0] * prompt_len, reason)
+    problem = Problem(
+        task, program, inputs, ["0"] * len(inputs), valid=valid, metrics={"ast_depth": depth}, signature=program[:5]
+    )
+    return Proposal(task, teacher, ctx, completion=completion, problem=problem)
+
+
+@pytest.fixture
+def step():
+    pop = Population.create(2, 1)
+    t0, t1 = pop.teachers
+    tasks = {"deduction": _CodeTask(), "induction": _PoolTask()}
+    proposals = [
+        _proposal("deduction", t0, "def f(a): return a", ["12"], logprobs=(-2.0, -1.0, -0.0), ctx={"shown": 6}),
+        _proposal("deduction", t0, "def f(a): return a", ["1234"], reason="length", logprobs=(-1.0,), ctx={"shown": 4}),
+        _proposal("deduction", t1, "def g(b): return b", ["'abcdef'"], depth=5, ctx={"shown": 5}),
+        _proposal("deduction", t1, "broken", [], valid=False, reason="length", ctx={"shown": 6}),
+        _proposal("deduction", t1, "", [], valid=False, reason="prompt_too_long", prompt_len=99, ctx={"shown": 6}),
+        _proposal("induction", t0, "def f(a): return a", ["1", "123"], depth=40, logprobs=(-3.0, -3.0)),
+        _proposal("induction", t1, "def h(c): return c", ["12", "1234"], valid=False, reason="length"),
+    ]
+    matches = [Match(t0.id, "s0"), Match(t1.id, "s0")]
+    metrics = step_metrics(1, pop, defaultdict(set), tasks, matches, [], proposals, [], {})
+    return metrics, proposals, tasks, matches
+
+
+def test_cut_off_proposals_are_counted_per_task_type(step):
+    m, *_ = step
+    assert m["task/deduction/cut_off"] == 2 and m["task/induction/cut_off"] == 1 and m["teacher/cut_off"] == 3
+    assert m["task/deduction/cut_off_rate"] == pytest.approx(2 / 4)  # of the 4 generated (one never was)
+    assert m["task/deduction/not_generated"] == 1 and m["task/deduction/proposals"] == 5
+
+
+def test_mean_input_length_of_valid_proposals(step):
+    m, *_ = step
+    assert m["task/deduction/input_chars"] == pytest.approx((2 + 4 + 8) / 3)
+    assert m["task/induction/input_chars"] == pytest.approx((1 + 3) / 2)  # the mean of one proposal's inputs
+
+
+def test_token_nll_is_the_token_weighted_mean_of_the_sampled_tokens_negative_log_probs(step):
+    m, *_ = step
+    assert m["task/deduction/token_nll"] == pytest.approx((3 + 1 + 2 + 2) / (3 + 1 + 2 + 2))
+    assert m["task/induction/token_nll"] == pytest.approx((6 + 2) / 4)
+    assert m["teacher/token_nll"] == pytest.approx((3 + 1 + 2 + 2 + 6 + 2) / 12)
+    assert m["member/t0/token_nll"] == pytest.approx((3 + 1 + 6) / 6)
+
+
+def test_token_nll_is_none_when_the_engine_gave_no_log_probs():
+    pop = Population.create(1, 1)
+    (t0,) = pop.teachers
+    proposals = [_proposal("deduction", t0, "def f(a): return a", ["1"], logprobs=(), ctx={"shown": 6})]
+    m = step_metrics(1, pop, defaultdict(set), {"deduction": _CodeTask()}, [], [], proposals, [], {})
+    assert m["task/deduction/token_nll"] is None and m["teacher/token_nll"] is None
+    assert not any(isinstance(v, float) and math.isnan(v) for v in m.values())
+
+
+def test_distinct_valid_programs(step):
+    m, *_ = step
+    assert m["task/deduction/distinct_programs"] == 2  # two teachers wrote the same program once
+    assert m["task/induction/distinct_programs"] == 1
+    assert m["teacher/distinct_programs"] == 2  # induction's pool programs are not the teachers'
+
+
+def test_teacher_program_metrics_leave_out_pool_programs(step):
+    m, proposals, tasks, matches = step
+    assert m["member/t0/ast_depth"] == 3  # not (3 + 3 + 40) / 3: the induction program is the pool's
+    records = problem_records(1, proposals, {t: m for t, m in zip(("t0", "t1"), matches)}, tasks)
+    assert [r["teacher_program"] for r in records] == [True] * 5 + [False] * 2
+    assert [r["finish_reason"] for r in records][:5] == ["stop", "length", "stop", "length", "prompt_too_long"]
+    assert records[0]["completion_tokens"] == 3
+
+
+def test_prompt_lengths_and_the_tasks_own_prompt_metrics(step):
+    m, *_ = step
+    assert m["task/deduction/prompt_tokens"] == pytest.approx((4 * 10 + 99) / 5)
+    assert m["task/deduction/prompt_tokens_max"] == 99
+    assert m["task/deduction/references/shown"] == pytest.approx((6 + 4 + 5 + 6 + 6) / 5)
+    assert "task/induction/references/shown" not in m
