@@ -99,7 +99,7 @@ def test_azr_prompts_have_the_r1_structure_and_references():
     assert "input_1" in solver and "output_0" in solver and "identity" in solver
 
 
-def test_compact_prompts_are_short_with_real_references(tiny_model_dir):
+def test_compact_prompts_show_real_references_and_the_skip_rule_keeps_them_short(tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -108,7 +108,10 @@ def test_compact_prompts_are_short_with_real_references(tiny_model_dir):
     lengths = []
     for k in range(0, 36, 6):
         for kind in ("deduction", "abduction"):
-            prompt = P.code_proposer_prompt(kind, refs[k : k + 6], style="compact")
+            shown = P.code_proposer_prompt(kind, refs[k : k + 6], style="compact")  # AZR: all six, as drawn
+            assert shown.endswith("Answer:\n") and "Reference 6:" in shown
+            assert all(program.strip("\n") in shown for program, _, _ in refs[k : k + 6])
+            prompt = P.code_proposer_prompt(kind, refs[k : k + 6], style="compact", max_chars=P.COMPACT_MAX_CHARS)
             assert prompt.endswith("Answer:\n") and "Reference 1:" in prompt
             lengths.append(len(tok(prompt)["input_ids"]))
     assert max(lengths) < 512, lengths
@@ -120,11 +123,42 @@ def test_compact_prompts_are_short_with_real_references(tiny_model_dir):
             assert len(tok(prompt)["input_ids"]) < 512
 
 
-def test_compact_budget_drops_references_that_do_not_fit():
+def test_compact_skip_rule_drops_references_that_do_not_fit():
     big = ("def f(a):\n" + "    a = a + 1\n" * 80 + "    return a", "1", "81")
     p = P.code_proposer_prompt("deduction", [big, REFS[1]], style="compact", max_chars=600)
     assert "Reference 1:" in p and "x * n" in p and "a = a + 1" not in p
     assert len(p) <= 600
+    assert P.fit_references("deduction", [big, REFS[1]], 600) == [REFS[1]]
+
+
+def test_compact_proposer_prompt_shows_every_reference_whatever_its_length():
+    big = ("def f(a):\n" + "    a = a + 1\n" * 80 + "    return a", "1", "81")
+    p = P.code_proposer_prompt("deduction", [big, REFS[1], REFS[0]], style="compact")
+    assert p.index("a = a + 1") < p.index("x * n") < p.index("'Hello world'")  # in the order drawn
+    assert [line for line in p.splitlines() if line.startswith("Reference")] == [f"Reference {i}:" for i in (1, 2, 3)]
+    assert len(p) > 1000 and P.compact_proposer_chars([big, REFS[1], REFS[0]]) == len(p)
+
+
+def test_the_nano_proposer_budget_holds_six_references_within_its_positions():
+    """1400 characters hold K = 6 references of nano-written programs (its probe set's), and any compact
+    proposer prompt within them leaves room for a 160-token proposal in nano's 768 positions."""
+    import json
+    import random
+
+    from populora_nano import MODEL_DIR, PROBE_FILE
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    positions = AutoConfig.from_pretrained(str(MODEL_DIR)).max_position_embeddings
+    records = [json.loads(line) for line in PROBE_FILE.read_text().splitlines() if line.strip()]
+    refs = [(r["program"], r["inputs"][0], r["outputs"][0]) for r in records if r["task_type"] != "induction"]
+    rng = random.Random(0)
+    prompts = [P.code_proposer_prompt(rng.choice(("deduction", "abduction")), rng.sample(refs, 6)) for _ in range(200)]
+    assert all(len(p) <= P.COMPACT_PROPOSER_MAX_CHARS for p in prompts), max(map(len, prompts))
+    assert max(len(tok(p)["input_ids"]) for p in prompts) + 160 <= positions
+    # the densest text nano packs into a token: the budget in tokens at that density still fits
+    density = min(len(p) / len(tok(p)["input_ids"]) for p in prompts)
+    assert P.COMPACT_PROPOSER_MAX_CHARS / density + 160 <= positions, density
 
 
 def test_unknown_style_is_refused():

@@ -4,8 +4,10 @@
   ``User: ...`` / ``Assistant: <think>``, task header, requirements, formatting example, references in
   ``<snippet_i>`` tags). The wording is our own: it is reconstructed from a description, not copied.
 * ``compact`` is a short, stable format for a tiny CPU model (and for the synthetic corpus that
-  pretrains it). It keeps every prompt under ``max_chars`` characters by dropping references (or
-  induction example pairs) that do not fit; the completion is just fenced blocks, optionally wrapped in
+  pretrains it). A proposer prompt shows every reference it is given, as AZR does (the caller draws
+  them; :func:`fit_references` is the older rule that skipped references beyond a character budget,
+  kept for ablations and the nano corpus); an induction solver prompt leaves out example pairs beyond
+  ``max_chars`` (at least one is shown). The completion is just fenced blocks, optionally wrapped in
   ``<think>...</think><answer>...</answer>``.
 
 The compact format, exactly (``{...}`` are placeholders, blocks separated by one newline)::
@@ -49,11 +51,21 @@ from dataclasses import dataclass
 STYLES = ("azr", "compact")
 TASK_TYPES = ("deduction", "abduction", "induction")
 
-#: Default size budget of a compact prompt, in characters: < 512 tokens even for the 512-entry test
-#: tokenizer (1.2-1.6 characters per token); a tokenizer trained on code packs far more.
+#: Default size budget of a compact induction solver prompt, in characters: < 512 tokens even for the
+#: 512-entry test tokenizer (1.2-1.6 characters per token); a tokenizer trained on code packs far more. It
+#: was also the proposer prompts' budget before issue 32 (what the nano corpus was written with).
 COMPACT_MAX_CHARS = 600
 
+#: Default budget of a compact deduction/abduction proposer prompt, in characters: it holds AZR's K = 6
+#: references of the programs nano writes (6-reference prompts of its corpus' programs: 945 characters on
+#: average, 1221 at most), and at nano's densest measured 2.32 characters per token it stays within the
+#: 608 tokens its 768 positions leave beside a 160-token proposal (``propose_max_tokens`` of the nano recipes).
+COMPACT_PROPOSER_MAX_CHARS = 1400
+
 Reference = tuple[str, str, str]  # (program, input, output)
+
+#: AZR's zero triplet (the seed of every deduction/abduction buffer): the smallest reference a run shows.
+ZERO_TRIPLET: Reference = ("def f(a):\n    return a", "'Hello world'", "'Hello world'")
 
 
 class ParseError(ValueError):
@@ -174,19 +186,35 @@ def _azr_code_proposer(kind: str, refs: Sequence[Reference], banned: Sequence[st
 # --- compact builders ---------------------------------------------------------------------------------------
 
 
-def _compact_refs_fit(head: str, tail: str, refs: Sequence[Reference], max_chars: int) -> str:
-    """Add references in order while the prompt stays within ``max_chars``."""
-    blocks: list[str] = []
+def _compact_proposer_frame(task_type: str) -> tuple[str, str]:
+    head = f"[{task_type}:propose]\nWrite a new deterministic Python function f and one input for it."
+    return head, "Reply with a ```python block and an ```input block.\nAnswer:\n"
+
+
+def _compact_reference(number: int, ref: Reference) -> str:
+    program, inp, out = ref
+    return f"Reference {number}:\n{fence('python', program)}\n{fence('input', inp)}\n{fence('output', out)}"
+
+
+def compact_proposer_chars(references: Sequence[Reference], task_type: str = "deduction") -> int:
+    """Length in characters of the compact proposer prompt that shows ``references`` (all of them)."""
+    return len(code_proposer_prompt(task_type, references, style="compact"))
+
+
+def fit_references(task_type: str, references: Sequence[Reference], max_chars: int) -> list[Reference]:
+    """The references a compact proposer prompt of at most ``max_chars`` characters showed before issue 32
+    (``references_fit: skip_long``): in order, each one that still fits; one that does not is skipped and a
+    later, shorter one may still enter, so short programs are favoured. AZR shows every drawn reference."""
+    head, tail = _compact_proposer_frame(task_type)
+    shown: list[Reference] = []
     size = len(head) + len(tail) + 2
-    for program, inp, out in refs:
-        block = (
-            f"Reference {len(blocks) + 1}:\n{fence('python', program)}\n{fence('input', inp)}\n{fence('output', out)}"
-        )
+    for ref in references:
+        block = _compact_reference(len(shown) + 1, ref)
         if size + len(block) + 1 > max_chars:
             continue
-        blocks.append(block)
+        shown.append(ref)
         size += len(block) + 1
-    return "\n".join([head, *blocks, tail])
+    return shown
 
 
 # --- public prompt builders -------------------------------------------------------------------------------
@@ -198,17 +226,21 @@ def code_proposer_prompt(
     *,
     style: str = "compact",
     banned: Sequence[str] = (),
-    max_chars: int = COMPACT_MAX_CHARS,
+    max_chars: int | None = None,
 ) -> str:
-    """Proposer prompt for ``deduction`` or ``abduction``: write ``f`` plus one input, given references."""
+    """Proposer prompt for ``deduction`` or ``abduction``: write ``f`` plus one input, given references.
+
+    Every reference is shown, in order, whatever its length (AZR). ``max_chars`` (compact style only) applies
+    the older rule instead: references that do not fit that many characters are skipped (:func:`fit_references`).
+    """
     _check_style(style)
     if task_type not in ("deduction", "abduction"):
         raise ValueError(f"code_proposer_prompt is for deduction/abduction, not {task_type!r}")
     if style == "azr":
         return _azr_code_proposer(task_type, references, banned)
-    head = f"[{task_type}:propose]\nWrite a new deterministic Python function f and one input for it."
-    tail = "Reply with a ```python block and an ```input block.\nAnswer:\n"
-    return _compact_refs_fit(head, tail, references, max_chars)
+    shown = references if max_chars is None else fit_references(task_type, references, max_chars)
+    head, tail = _compact_proposer_frame(task_type)
+    return "\n".join([head, *(_compact_reference(i + 1, ref) for i, ref in enumerate(shown)), tail])
 
 
 def induction_proposer_prompt(program: str, *, n_inputs: int = 10, style: str = "compact") -> str:

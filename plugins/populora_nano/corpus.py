@@ -522,7 +522,8 @@ def render_examples(
             out.append(
                 Example(
                     f"{kind}/propose",
-                    P.code_proposer_prompt(kind, refs),
+                    # the shipped model was trained on the pre-issue-32 prompts (references beyond 600 chars skipped)
+                    P.code_proposer_prompt(kind, refs, max_chars=P.COMPACT_MAX_CHARS),
                     P.format_code_proposal(prog.code, prog.inputs[i]),
                 )
             )
