@@ -150,11 +150,12 @@ def selection_history(lineage: list[dict[str, Any]]) -> dict[str, Any]:
     role_of: dict[str, str] = {}
     by_step: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for record in lineage:
+        role = record.get("role") or record["member"].rstrip("0123456789")  # older logs: the id's prefix
         if not record.get("replaced"):
             born[record["member"]] = int(record["step"])
-            role_of[record["member"]] = record["role"]
+            role_of[record["member"]] = role
         else:
-            by_step.setdefault((int(record["step"]), record["role"]), []).append(record)
+            by_step.setdefault((int(record["step"]), role), []).append(record)
     hits = counted = 0
     chance = 0.0
     changes = comparisons = 0

@@ -190,3 +190,25 @@ def test_a_user_error_mid_run_exits_2_without_a_summary(env, tmp_path):
     assert "probe.enabled is true but probe.file is empty" in result.stderr and "Traceback" not in result.stderr
     assert (run_dir / "recipe.yaml").is_file() and not (run_dir / "summary.json").exists()
     assert "populora report" not in result.stdout
+
+
+def test_summary_says_whether_selection_compared_members(tmp_path):
+    run_dir = write_run(tmp_path / "run", steps=12, students={"s0": 0.3, "s1": 0.35}, base=0.2, children=0)
+    records = [
+        {"step": 0, "member": "s0", "role": "student", "operator": "init", "parents": []},
+        {"step": 0, "member": "s1", "role": "student", "operator": "init", "parents": []},
+        {"step": 4, "member": "s2", "role": "student", "replaced": "s1", "parents": ["s0@v4"], "operator": "svd"},
+        {"step": 8, "member": "s3", "role": "student", "replaced": "s2", "parents": ["s0@v8"], "operator": "svd"},
+        {"step": 12, "member": "s4", "role": "student", "replaced": "s0", "parents": ["s3@v4"], "operator": "svd"},
+    ]
+    (run_dir / "lineage.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = run_summary(run_dir)
+    assert summary["selection"] == {
+        "replacements_after_first": 2,
+        "youngest_replaced": 1,
+        "youngest_replaced_by_chance": 1.0,
+        "survivor_changes": 1,
+        "survivor_comparisons": 2,
+    }
+    line = "selection      1 of 2 replacements (after each role's first) hit its youngest member (chance 1.0); "
+    assert f"  {line}survivors changed 1 of 2 times" in format_summary(summary).splitlines()

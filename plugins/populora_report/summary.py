@@ -13,6 +13,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from populora_core.population import selection_history
+
 from .data import load_run
 
 LEVEL = 0.95
@@ -86,6 +88,7 @@ def run_summary(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str
         "wall_s": wall_s,
         "step_s": run.seconds()["total"],
         "children_born": len(run.children()),
+        "selection": selection_history(run.lineage),
         "probe_step": final[0].step if final else None,
         "base_accuracy": base.overall if base else None,
         "students": {s.version: s.overall for s in final},
@@ -129,8 +132,19 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("steps", f"{summary['steps']}/{summary['planned_steps']}"),
         ("wall time", f"{wall} (steps {summary['step_s']:.0f} s)"),
         ("children born", str(summary["children_born"])),
-        ("probe: base", _pct(summary["base_accuracy"])),
     ]
+    selection = summary.get("selection") or {}
+    if selection.get("replacements_after_first"):
+        counted = selection["replacements_after_first"]
+        rows.append(
+            (
+                "selection",
+                f"{selection['youngest_replaced']} of {counted} replacements (after each role's first) hit its "
+                f"youngest member (chance {selection['youngest_replaced_by_chance']:.1f}); survivors changed "
+                f"{selection['survivor_changes']} of {selection['survivor_comparisons']} times",
+            )
+        )
+    rows.append(("probe: base", _pct(summary["base_accuracy"])))
     step = summary["probe_step"]
     changes = summary.get("student_changes", {})
     accuracies = {version: f"{_pct(acc)} (step {step})" for version, acc in summary["students"].items()}
