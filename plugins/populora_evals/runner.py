@@ -164,6 +164,8 @@ class Evaluation:
                     "dataset": bench.dataset(),
                     "data_files": bench.data_files(),
                     "dataset_sha256": bench.dataset_hash(),
+                    "skipped": len(bench.skipped()),  # records that could not be read, each named below
+                    "skipped_records": bench.skipped(),
                 }
                 if bench.name in self.base_benches:
                     bench_info[bench.name]["base_model_template"] = self.base_benches[bench.name].template
