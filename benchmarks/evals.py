@@ -162,13 +162,17 @@ def write_lcb_release(directory: Path, total_bytes: int, n_files: int = 5, n_pro
 
     rng = random.Random(0)
     per_problem = max(1000, total_bytes // n_problems)
-    digits = int(per_problem / 0.554)  # random digits compress to ~0.415 bytes each, base64 adds 4/3
-    tests, size = [], 0
-    while size < digits:
-        value = "".join(rng.choices("0123456789 \n", k=min(1 << 16, digits - size)))
-        tests.append({"input": value, "output": value[:64], "testtype": "stdin"})
-        size += len(value)
-    blob = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)), 1)).decode()
+
+    def make_blob(digits: int) -> str:
+        tests, size = [], 0
+        while size < digits:
+            value = "".join(rng.choices("0123456789 \n", k=min(1 << 16, digits - size)))
+            tests.append({"input": value, "output": value[:64], "testtype": "stdin"})
+            size += len(value)
+        return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)), 1)).decode()
+
+    probe = make_blob(1 << 20)  # calibrate: encoded bytes per character of test input
+    blob = make_blob(max(1, int(per_problem * (1 << 20) / len(probe))))
     public = json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}])
     names = ["test.jsonl"] + [f"test{k}.jsonl" for k in range(2, n_files + 1)]
     paths = [directory / name for name in names]

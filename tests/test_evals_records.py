@@ -251,3 +251,57 @@ def test_wrong_shape_is_one_line_exit_2(tmp_path, evals_only, hub_cache):
 
 
 hub_cache = F.hub_cache
+
+
+ALL_TWELVE = (
+    "humaneval,mbpp,gsm8k,math500,aime24,aime25,amc23,minerva,olympiadbench,humaneval_plus,mbpp_plus,livecodebench"
+)
+
+
+def test_check_gold_on_every_hub_layout_fixture(evals_only, hub_cache):
+    """Every benchmark's hub layout (tests/evals_fixtures.py) through the self-check: all gold right."""
+    from click.testing import CliRunner
+
+    from populora_core.cli import cli
+
+    F.populate_hub(hub_cache)
+    hub = [f"--eval-param={name}.source=hub" for name in ("humaneval", "mbpp", "gsm8k", "math500", "aime24")]
+    result = CliRunner().invoke(cli, ["eval", "--check-gold", ALL_TWELVE, "--timeout", "5", *hub])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if not line.startswith(" ")]
+    assert len(lines) == 12 and all(line.endswith("(100.0%)") and " 0 skipped" in line for line in lines), lines
+
+
+@pytest.mark.slow
+def test_check_gold_on_every_shipped_benchmark(evals_only):
+    """The shipped files (humaneval, mbpp, gsm8k, math500, aime24): every gold graded right."""
+    from click.testing import CliRunner
+
+    from populora_core.cli import cli
+
+    # Mbpp/123's reference takes 5-10 s on a shared 2-core box: a generous per-test limit
+    result = CliRunner().invoke(cli, ["eval", "--check-gold", "shipped", "--timeout", "60"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "humaneval: 164 loaded, 0 skipped, gold graded right 164/164 (100.0%)",
+        "mbpp: 500 loaded, 0 skipped, gold graded right 500/500 (100.0%)",
+        "aime24: 30 loaded, 0 skipped, gold graded right 30/30 (100.0%)",
+        "math500: 500 loaded, 0 skipped, gold graded right 500/500 (100.0%)",
+        "gsm8k: 1319 loaded, 0 skipped, gold graded right 1319/1319 (100.0%)",
+    ]
+
+
+def test_humaneval_plus_reads_the_parquet_datasets_serves_and_the_three_pins(hub_cache):
+    from populora_evals.evaluators import BENCHMARKS
+
+    assert BENCHMARKS["humaneval"].hub.revision == "7dce6050a7d6d172f3cc5c32aa97f52fa1a2e544"
+    assert BENCHMARKS["mbpp_plus"].hub.revision == "b2d74c91837c3f2a20c1299ae98133cbe7cfa077"
+    assert BENCHMARKS["minerva"].hub.revision == "ee46ddc498933b1977577953250ca5c66be64f96"
+    assert all(len(cls.hub.revision) == 40 for cls in BENCHMARKS.values())  # every dataset pinned to a commit
+    repo, rel, blob, _ = F.hub_datasets()["humaneval_plus"]
+    row = json.loads(blob)
+    files = {rel: blob, "data/test-00000-of-00001.parquet": F.parquet([{**row, "task_id": "HumanEval/parquet"}])}
+    F.write_hub_cache(hub_cache, repo, BENCHMARKS["humaneval_plus"].hub.revision, files)
+    b = bench("humaneval_plus")
+    assert [it["id"] for it in b.items()] == ["HumanEval/parquet"]
+    assert list(b.dataset()["files"]) == ["data/test-00000-of-00001.parquet"]
