@@ -24,7 +24,7 @@ from .passk import summarize
 from .target import Subject, Target
 
 #: Bump when prompts, extraction or grading change, so old cache entries are not reused.
-EVAL_VERSION = 2
+EVAL_VERSION = 3  # 3: EvalPlus special cases and input types, LiveCodeBench preamble, gold normalised
 
 
 @dataclass
