@@ -91,6 +91,7 @@ def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) ->
         cut = sum(c.finish_reason == "length" for c in generated)
         prompt_tokens = [len(c.prompt_token_ids) for c in completions]
         m[f"task/{task_name}/proposals"] = len(mine)
+        m[f"task/{task_name}/valid_proposals"] = len(valid)
         m[f"task/{task_name}/not_generated"] = len(completions) - len(generated)
         m[f"task/{task_name}/cut_off"] = cut
         m[f"task/{task_name}/cut_off_rate"] = cut / len(generated) if generated else None

@@ -100,6 +100,7 @@ def test_token_nll_is_none_when_the_engine_gave_no_log_probs():
 def test_distinct_valid_programs(step):
     m, *_ = step
     assert m["task/deduction/distinct_programs"] == 2  # two teachers wrote the same program once
+    assert m["task/deduction/valid_proposals"] == 3 and m["task/induction/valid_proposals"] == 1
     assert m["task/induction/distinct_programs"] == 1
     assert m["teacher/distinct_programs"] == 2  # induction's pool programs are not the teachers'
 
