@@ -31,12 +31,24 @@ FIGURE_IDS = (
     "fig-arms",
     "fig-solve-rates",
     "fig-complexity",
+    "fig-proposals",
+    "fig-references",
     "fig-coverage",
     "fig-ratings",
     "fig-lineage",
     "fig-probe",
 )
-PNGS = ("arms.png", "solve_rates.png", "complexity.png", "coverage.png", "ratings.png", "lineage.png", "probe.png")
+PNGS = (
+    "arms.png",
+    "solve_rates.png",
+    "complexity.png",
+    "proposals.png",
+    "references.png",
+    "coverage.png",
+    "ratings.png",
+    "lineage.png",
+    "probe.png",
+)
 
 
 def _record(pm: PluginManager, run_dir: Path, overrides: list[str]) -> Path:
@@ -128,6 +140,8 @@ def test_single_run_report_default_out_dir(runs):
         "Arms side by side: the four dynamics",
         "Student solve rates over time",
         "Teacher program complexity over time",
+        "Teacher proposals per step",
+        "References shown to the teachers",
         "Cumulative problem-space coverage",
         "Rating curves per member",
         "Lineage tree with operators",
@@ -266,6 +280,40 @@ def test_problem_metrics_and_coverage_come_from_valid_proposals_only(tmp_path):
     assert run.problem_metric_mean("ast_depth") == ([1, 2, 3], [3.0, 6.0, 1.0])
     assert run.problem_metric_mean("loc") == ([1], [4.0])
     assert run.proposal_coverage() == ([1, 2, 3], [2, 2, 3])
+
+
+def test_proposal_series_come_from_the_step_records_and_induction_stays_out_of_complexity(runs):
+    run = load_run(runs["pop"])
+    steps = [r for r in RunDir(runs["pop"]).read_log("events.jsonl") if r["event"] == "step"]
+    assert run.task_names("cut_off_rate") == ["count"] and run.task_names("references/shown") == []
+    for metric in ("cut_off_rate", "input_chars", "distinct_programs", "valid_proposals", "token_nll"):
+        xs, ys = run.task_series(metric)["count"]
+        assert xs == [r["step"] for r in steps] and ys == [r[f"task/count/{metric}"] for r in steps], metric
+    assert all(p["task_type"] == "count" and p["teacher_program"] is True for p in run.problems or [])
+    # the black complexity line leaves out what the teachers did not write
+    run.problems = [*(run.problems or []), {"step": 1, "valid": True, "teacher_program": False, "metric_loc": 99}]
+    assert 99 not in run.problem_metric_mean("loc")[1]
+
+
+def test_references_figure_reads_the_reference_metrics_and_counts_overflows(tmp_path):
+    run_dir = write_run(tmp_path / "refs", steps=6)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    for rec in events:
+        for task in ("deduction", "abduction"):
+            rec |= {f"task/{task}/references/shown": 6.0, f"task/{task}/references/drawn": 6.0}
+            rec |= {f"task/{task}/references/program_chars": 60.0, f"task/{task}/buffer/program_chars": 61.0}
+            rec |= {f"task/{task}/references/over_budget": 1 if rec["step"] % 3 == 0 else 0}
+            rec |= {f"task/{task}/prompt_tokens": 380.0, f"task/{task}/prompt_tokens_max": 480}
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+    old = write_run(tmp_path / "old", steps=6)  # logs from before the proposal metrics
+    run = load_run(run_dir)
+    assert run.task_names("references/shown") == ["deduction", "abduction"]
+    assert run.task_series("references/over_budget")["abduction"] == (list(range(1, 7)), [0, 0, 1, 0, 0, 1])
+    page = render_report([run_dir, old], tmp_path / "out").read_text()
+    assert "refs (synthetic-2t2s): 4 proposer prompts could not hold their K references in the budget" in page
+    assert "old (synthetic-2t2s): no reference metrics in events.jsonl" in page
+    assert "old (synthetic-2t2s): no proposal metrics in events.jsonl" in page
+    assert all((tmp_path / "out" / name).is_file() for name in PNGS)
 
 
 def test_two_arms_side_by_side_pool_their_seeds(tmp_path):

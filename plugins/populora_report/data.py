@@ -21,6 +21,8 @@ from . import dynamics
 
 COUNTERS = ("rollouts", "estimation_rollouts", "tokens", "trained_tokens", "updates")
 COMPLEXITY = (("ast_depth", "AST depth"), ("cyclomatic", "cyclomatic complexity"), ("loc", "lines of code"))
+#: What the report keeps of a problem record besides its ``metric_*`` (not the program texts of a long run)
+PROBLEM_KEYS = ("step", "valid", "signature", "task_type", "teacher_program")
 
 
 def _read_jsonl(file: Path, notes: list[str]) -> list[dict[str, Any]] | None:
@@ -159,16 +161,23 @@ class RunData:
         return any(self.member_series(m, metric)[0] for m in members)
 
     def problem_metric_mean(self, metric: str) -> tuple[list[int], list[float]]:
-        """Mean of a program metric over every valid proposal of a step (all teachers together)."""
-        if not self.problems:
-            return [], []
-        acc: dict[int, list[float]] = defaultdict(list)
-        for p in self.problems:
-            value = _number(p.get(f"metric_{metric}"))
-            if p.get("valid") and value is not None and isinstance(p.get("step"), int):
-                acc[p["step"]].append(value)
-        xs = sorted(acc)
-        return xs, [sum(acc[x]) / len(acc[x]) for x in xs]
+        """Mean of a program metric over every valid proposal of a step whose program the teacher wrote (all
+        teachers together; AZR's induction programs come from the buffers): :func:`dynamics.complexity_series`."""
+        return dynamics.complexity_series(self.problems or [], metric)
+
+    def task_names(self, metric: str) -> list[str]:
+        """Task types that logged ``task/<name>/<metric>`` at some step, in order of first appearance."""
+        names: dict[str, None] = {}
+        for rec in self.steps:
+            for key in rec:
+                parts = key.split("/", 1)
+                if parts[0] == "task" and len(parts) == 2 and parts[1].endswith("/" + metric):
+                    names.setdefault(parts[1][: -len(metric) - 1], None)
+        return list(names)
+
+    def task_series(self, metric: str) -> dict[str, tuple[list[int], list[float]]]:
+        """Per task type, (steps, values) of ``task/<name>/<metric>`` (steps where it is absent or None skipped)."""
+        return {name: self.series(f"task/{name}/{metric}") for name in self.task_names(metric)}
 
     def proposal_coverage(self) -> tuple[list[int], list[int]]:
         """Cumulative distinct signatures of valid proposals over the whole population."""
@@ -329,10 +338,7 @@ def load_run(path: str | Path) -> RunData:
     if problems is None:
         notes.append("no tasks/problems.jsonl")
     else:  # keep what the figures use, not every program text of a long run
-        problems = [
-            {k: v for k, v in p.items() if k in ("step", "valid", "signature") or k.startswith("metric_")}
-            for p in problems
-        ]
+        problems = [{k: v for k, v in p.items() if k in PROBLEM_KEYS or k.startswith("metric_")} for p in problems]
     probe = _read_jsonl(directory / "probe.jsonl", notes)
     if probe is None:
         notes.append("no probe.jsonl: probe evaluation was not run")

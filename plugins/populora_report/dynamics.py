@@ -48,19 +48,31 @@ def _detrend(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
 # --- teacher program complexity ----------------------------------------------------------------
 
 
+#: Task types whose proposals carry a program the teacher did not write (AZR's induction draws it from the
+#: deduction/abduction buffers): how records written before they said so (``teacher_program``) are read.
+POOL_PROGRAM_TASKS = ("induction",)
+
+
+def teacher_program(problem: dict[str, Any]) -> bool:
+    """Whether a problem record's program was written by its teacher (``teacher_program``, else by task type)."""
+    flag = problem.get("teacher_program")
+    return flag if isinstance(flag, bool) else problem.get("task_type") not in POOL_PROGRAM_TASKS
+
+
 def complexity_series(problems: Iterable[dict[str, Any]], metric: str) -> tuple[list[int], list[float]]:
-    """Per step, the mean of ``metric_<metric>`` over that step's valid proposals (all teachers)."""
+    """Per step, the mean of ``metric_<metric>`` over that step's valid proposals whose program the teacher wrote
+    (all teachers; AZR: deduction and abduction, not induction, whose programs come from the buffers)."""
     by_step: dict[int, list[float]] = defaultdict(list)
     for p in problems:
         value = _number(p.get(f"metric_{metric}"))
-        if p.get("valid") and value is not None and isinstance(p.get("step"), int):
+        if p.get("valid") and value is not None and isinstance(p.get("step"), int) and teacher_program(p):
             by_step[p["step"]].append(value)
     xs = sorted(by_step)
     return xs, [statistics.fmean(by_step[x]) for x in xs]
 
 
 def complexity_trend(problems: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    """Slope per step of each complexity metric's per-step mean over valid proposals.
+    """Slope per step of each complexity metric's per-step mean over valid teacher-written proposals.
 
     Per-step means, not single proposals, so that every step weighs the same: validity changes over a
     run, and a fit over proposals would let the steps with many valid programs set the trend.

@@ -152,7 +152,7 @@ def complexity(runs: list[RunData], out_dir: Path) -> FigureOut:
             drawn = _plot_members(ax, run, teachers, metric, colors)
             xs, ys = run.problem_metric_mean(metric)
             if xs:
-                ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.2, label="all valid proposals")
+                ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.2, label="all teacher-written")
             if not drawn and not xs:
                 _empty(ax, f"no {label} logged (no valid proposals)")
                 if row == 0:
@@ -165,15 +165,177 @@ def complexity(runs: list[RunData], out_dir: Path) -> FigureOut:
                 ax.set_xlabel("step")
             if row == 0:
                 _legend(ax, run)
-    fig.suptitle("Teacher program complexity over time (mean over valid proposals)")
+    fig.suptitle("Teacher program complexity over time (valid proposals whose program the teacher wrote)")
     _save(fig, out_dir, "complexity.png")
     return FigureOut(
         "fig-complexity",
         "complexity.png",
         "Teacher program complexity over time",
-        "Mean AST depth, cyclomatic complexity and lines of code of each teacher's valid proposals per step "
-        "(thin), and of every valid proposal of the step (black).",
+        "Mean AST depth, cyclomatic complexity and lines of code of the programs each teacher wrote per step "
+        "(thin), and of every such valid proposal of the step (black): deduction and abduction, not induction, "
+        "whose programs come from the buffers (runs recorded before the loop said so: every valid proposal in "
+        "the thin lines, induction left out of the black one).",
         "Line charts: AST depth, cyclomatic complexity and LOC of teacher programs per step, one column per run",
+        notes,
+    )
+
+
+TASK_COLORS = {"deduction": "tab:blue", "abduction": "tab:orange", "induction": "tab:green"}
+
+
+def _task_colors(names: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    others = colormaps["Dark2"]
+    return {n: TASK_COLORS.get(n, others(i % others.N)) for i, n in enumerate(names)}
+
+
+def _task_panel(
+    ax: Any, run: RunData, metric: str, *, dotted: str | None = None, suffix: str = "", dotted_suffix: str = ""
+) -> bool:
+    """One line per task type of ``task/<name>/<metric>`` (and a dotted one of ``dotted``); False if none logged."""
+    series = run.task_series(metric)
+    names = list(series) + [n for n in (run.task_names(dotted) if dotted else []) if n not in series]
+    colors = _task_colors(names)
+    drawn = False
+    for name in names:
+        xs, ys = series.get(name, ([], []))
+        if xs:
+            label = f"{name}{suffix}"
+            ax.plot(
+                xs, _smooth(ys, run.final_step), color=colors[name], lw=1.5, marker=_marker(len(xs)), ms=3, label=label
+            )
+            drawn = True
+        if dotted:
+            dx, dy = run.series(f"task/{name}/{dotted}")
+            if dx:
+                ax.plot(
+                    dx, _smooth(dy, run.final_step), color=colors[name], lw=1.2, ls=":", label=f"{name}{dotted_suffix}"
+                )
+                drawn = True
+    return drawn
+
+
+NOT_LOGGED = "not logged (runs recorded before these metrics were)"
+
+
+def proposals(runs: list[RunData], out_dir: Path) -> FigureOut:
+    """What the teachers proposed per step: cut-offs, input length, token entropy estimate, distinct programs."""
+    rows = ("cut off", "input length", "entropy", "distinct")
+    fig, axes = _figure(len(rows), len(runs), 4.6, 2.6, sharey=False)
+    notes = []
+    for col, run in enumerate(runs):
+        colors = member_colors(run)
+        ax = axes[0][col]
+        ax.set_title(run.label, fontsize=10)
+        if not _task_panel(ax, run, "cut_off_rate"):
+            _empty(ax, NOT_LOGGED)
+            notes.append(f"{run.label}: no proposal metrics in events.jsonl ({NOT_LOGGED})")
+            for row in range(1, len(rows)):
+                _empty(axes[row][col], NOT_LOGGED)
+            continue
+        ax.set_ylim(-0.03, 1.03)
+        ax = axes[1][col]
+        if not _task_panel(ax, run, "input_chars"):
+            _empty(ax, "no valid proposals")
+        ax = axes[2][col]
+        drawn = 0
+        for m in run.teachers():
+            xs, ys = run.member_series(m, "token_nll")
+            if xs:
+                ax.plot(xs, _smooth(ys, run.final_step), color=colors[m], lw=1.1, label=f"{m} (sampled NLL)")
+                drawn += 1
+            ex, ey = run.member_series(m, "train/entropy")
+            if ex and any(ey):
+                ax.plot(
+                    ex, _smooth(ey, run.final_step), color=colors[m], lw=1.0, ls="--", label=f"{m} (trainer, exact)"
+                )
+        xs, ys = run.series("teacher/token_nll")
+        if xs:
+            ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.0, label="all teachers")
+        if not drawn and not xs:
+            _empty(ax, "no log-probs logged for the proposals")
+            notes.append(f"{run.label}: the engine gave no log-probs, so no entropy estimate")
+        ax = axes[3][col]
+        if not _task_panel(ax, run, "distinct_programs", dotted="valid_proposals", dotted_suffix=" (valid)"):
+            _empty(ax, "no valid proposals")
+        for row in range(len(rows)):
+            axes[row][col].grid(alpha=0.3)
+            _legend(axes[row][col], run)
+        axes[-1][col].set_xlabel("step")
+    axes[0][0].set_ylabel("share cut off by\npropose_max_tokens")
+    axes[1][0].set_ylabel("mean input length (chars),\nvalid proposals")
+    axes[2][0].set_ylabel("teacher token entropy\n(nats per token)")
+    axes[3][0].set_ylabel("distinct valid programs")
+    fig.suptitle("Teacher proposals per step: cut-offs, inputs, token entropy, distinct programs")
+    _save(fig, out_dir, "proposals.png")
+    return FigureOut(
+        "fig-proposals",
+        "proposals.png",
+        "Teacher proposals per step",
+        'Per task type: the share of generated proposals cut off by the token budget (finish reason "length", '
+        "scored as invalid), the mean input length in characters of valid proposals (shorter inputs make easier "
+        "problems that AST metrics do not see), and distinct valid program texts (dotted: valid proposals; a "
+        "collapsing teacher repeats itself). Middle: the mean negative log-probability of the sampled proposal "
+        "tokens per teacher (solid; an unbiased estimate of the per-token entropy at temperature 1 and top_p 1) "
+        "and, dashed where the trainer logs it, the exact entropy the trainer computed over the teacher's update "
+        "(all its proposals). Falling entropy with fewer distinct programs is mode collapse.",
+        "Line charts per run: cut-off share, input length, token entropy and distinct programs per step",
+        notes,
+    )
+
+
+def references(runs: list[RunData], out_dir: Path) -> FigureOut:
+    """The references the deduction/abduction proposer prompts showed, beside the buffer they were drawn from."""
+    rows = 4
+    fig, axes = _figure(rows, len(runs), 4.6, 2.5, sharey=False)
+    notes = []
+    for col, run in enumerate(runs):
+        axes[0][col].set_title(run.label, fontsize=10)
+        if not run.task_names("references/shown"):
+            for row in range(rows):
+                _empty(axes[row][col], "no references logged (no deduction/abduction tasks, or " + NOT_LOGGED + ")")
+            notes.append(f"{run.label}: no reference metrics in events.jsonl")
+            continue
+        _task_panel(
+            axes[0][col], run, "references/shown", dotted="references/drawn", suffix=" shown", dotted_suffix=" drawn"
+        )
+        _task_panel(
+            axes[1][col],
+            run,
+            "references/program_chars",
+            dotted="buffer/program_chars",
+            suffix=" shown",
+            dotted_suffix=" buffer",
+        )
+        _task_panel(axes[2][col], run, "references/over_budget")
+        if not _task_panel(axes[3][col], run, "prompt_tokens", dotted="prompt_tokens_max", dotted_suffix=" max"):
+            _empty(axes[3][col], "no prompt lengths logged")
+        for row in range(rows):
+            axes[row][col].grid(alpha=0.3)
+            _legend(axes[row][col], run)
+        axes[-1][col].set_xlabel("step")
+        over = sum(sum(ys) for _, ys in run.task_series("references/over_budget").values())
+        if over:
+            notes.append(f"{run.label}: {over:.0f} proposer prompts could not hold their K references in the budget")
+    axes[0][0].set_ylabel("references per prompt")
+    axes[1][0].set_ylabel("mean program length\n(chars)")
+    axes[2][0].set_ylabel("prompts over the\nbudget (count)")
+    axes[3][0].set_ylabel("proposer prompt\ntokens")
+    fig.suptitle("References in the proposer prompts: shown vs drawn, their length vs the buffer's")
+    _save(fig, out_dir, "references.png")
+    return FigureOut(
+        "fig-references",
+        "references.png",
+        "References shown to the teachers",
+        "Per deduction/abduction task: references shown per proposer prompt (solid) and drawn (dotted; K, or the "
+        "buffer's size while it holds fewer); the mean program length of the references shown (solid) beside the "
+        "buffer's mean program length (dotted): drawn uniformly and all shown (AZR), the two agree, while a filter "
+        "that skips long references puts the solid line below; the prompts per step whose K references did not "
+        "fit the compact budget (proposer_max_chars: shown whole and counted, or skipped with references_fit: "
+        "skip_long); and the proposer prompts' mean length in tokens (dotted: the longest), against the "
+        "model's positions and rollout.max_prompt_tokens.",
+        "Line charts per run: references shown and drawn, their program length vs the buffer, prompts over budget",
         notes,
     )
 
@@ -623,7 +785,8 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
         "arms.png",
         "Arms side by side: the four dynamics",
         "Runs whose recipes differ only in seed are one arm (thin lines: its runs; thick: their mean per step). "
-        "Top: mean complexity of valid proposals per step with the least-squares line (dashed); the legend gives "
+        "Top: mean complexity of the valid programs the teachers wrote (deduction and abduction; induction's come "
+        "from the buffers) per step with the least-squares line (dashed); the legend gives "
         "the slope per step, mean over seeds [95 % t-interval]. Bottom left: solve rate of all students' samples, "
         f"{window}-step mean; swings are changes between excursions beyond ±h of the detrended, smoothed rate "
         "(h: 3 standard errors of a window mean of the step-to-step noise, at least 0.01), amplitude peak to "
@@ -635,4 +798,4 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
     )
 
 
-FIGURES = (arm_views, solve_rates, complexity, coverage, ratings, lineage, probe)
+FIGURES = (arm_views, solve_rates, complexity, proposals, references, coverage, ratings, lineage, probe)
