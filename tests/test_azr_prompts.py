@@ -139,9 +139,9 @@ def test_compact_proposer_prompt_shows_every_reference_whatever_its_length():
     assert len(p) > 1000 and P.compact_proposer_chars([big, REFS[1], REFS[0]]) == len(p)
 
 
-def test_the_nano_proposer_budget_holds_six_references_within_its_positions():
-    """1400 characters hold K = 6 references of nano-written programs (its probe set's), and any compact
-    proposer prompt within them leaves room for a 160-token proposal in nano's 768 positions."""
+def test_the_nano_proposer_budget_fits_its_positions_and_the_typical_reference_its_programs():
+    """900 characters leave room for a 160-token proposal in nano's 768 positions even at its densest text, and the
+    typical reference validation sizes K by is no smaller than the references of nano's probe programs."""
     import json
     import random
 
@@ -154,11 +154,12 @@ def test_the_nano_proposer_budget_holds_six_references_within_its_positions():
     refs = [(r["program"], r["inputs"][0], r["outputs"][0]) for r in records if r["task_type"] != "induction"]
     rng = random.Random(0)
     prompts = [P.code_proposer_prompt(rng.choice(("deduction", "abduction")), rng.sample(refs, 6)) for _ in range(200)]
-    assert all(len(p) <= P.COMPACT_PROPOSER_MAX_CHARS for p in prompts), max(map(len, prompts))
-    assert max(len(tok(p)["input_ids"]) for p in prompts) + 160 <= positions
-    # the densest text nano packs into a token: the budget in tokens at that density still fits
-    density = min(len(p) / len(tok(p)["input_ids"]) for p in prompts)
-    assert P.COMPACT_PROPOSER_MAX_CHARS / density + 160 <= positions, density
+    density = min(len(p) / len(tok(p)["input_ids"]) for p in prompts)  # characters per token, the densest seen
+    assert density > 2.0 and P.COMPACT_PROPOSER_MAX_CHARS / density + 160 <= positions, density
+    assert max(len(tok(p)["input_ids"]) for p in prompts) + 160 <= positions  # even 6 references fit the positions
+    typical = P.compact_proposer_chars([P.TYPICAL_REFERENCE] * 6)
+    assert sum(map(len, prompts)) / len(prompts) <= typical
+    assert P.compact_proposer_chars([P.ZERO_TRIPLET] * 6) < P.COMPACT_PROPOSER_MAX_CHARS < typical
 
 
 def test_unknown_style_is_refused():

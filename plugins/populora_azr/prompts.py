@@ -56,11 +56,17 @@ TASK_TYPES = ("deduction", "abduction", "induction")
 #: was also the proposer prompts' budget before issue 32 (what the nano corpus was written with).
 COMPACT_MAX_CHARS = 600
 
-#: Default budget of a compact deduction/abduction proposer prompt, in characters: it holds AZR's K = 6
-#: references of the programs nano writes (6-reference prompts of its corpus' programs: 945 characters on
-#: average, 1221 at most), and at nano's densest measured 2.32 characters per token it stays within the
-#: 608 tokens its 768 positions leave beside a 160-token proposal (``propose_max_tokens`` of the nano recipes).
-COMPACT_PROPOSER_MAX_CHARS = 1400
+#: Default budget of a compact deduction/abduction proposer prompt, in characters: the longest prompt the nano
+#: model handles. It was trained on proposer prompts of at most 600 characters; in 4-step nano runs its
+#: deduction proposals stay valid with 3 references shown (prompts of about 650 characters, 920 at most) and
+#: mostly with 4 (about 810), while with AZR's 6 (about 1150) almost none are (plugins/populora_azr/README.md).
+#: 900 characters are about 390 tokens at nano's densest 2.32 characters per token, far within its 768 positions.
+COMPACT_PROPOSER_MAX_CHARS = 900
+
+#: A typical compact reference, what recipe validation sizes K references by: a 90-character program with a
+#: 10-character input and output (nano-written references average 90-110 characters of program; 3 and 6 of them
+#: make prompts of 644 and 1150 characters on average, these 647 and 1148).
+TYPICAL_REFERENCE: Reference = ("p" * 90, "i" * 10, "o" * 10)
 
 Reference = tuple[str, str, str]  # (program, input, output)
 
