@@ -263,6 +263,79 @@ def test_zero_triplet_seed_and_references_without_replacement(ex):
         assert all(r[0] in prompt for r in refs)
 
 
+def _long(task_type: str, k: int) -> Problem:
+    body = "".join(f"    a = a + {k + i}\n" for i in range(12))
+    return Problem(task_type, f"def f(a):\n{body}    return a", ["1"], ["2"], valid=True, proposer="t")
+
+
+def test_compact_references_are_shown_as_drawn_and_overflow_is_counted(ex):
+    """AZR: the K drawn references are all shown, long ones too; a prompt over the budget is counted."""
+    task = build_task("abduction", ex, style="compact")
+    task.add_to_buffer([_long("abduction", 100 * k) for k in range(12)] + [_valid("abduction", k) for k in range(12)])
+    got = task.proposer_prompts(40, random.Random(3))
+    for prompt, ctx in got:
+        assert ctx["drawn"] == 6 and len(ctx["references"]) == 6
+        assert all(program in prompt for program, _, _ in ctx["references"])
+        assert ctx["over_budget"] == (len(prompt) > 900)
+    metrics = task.proposer_metrics([ctx for _, ctx in got])
+    assert metrics["references/drawn"] == metrics["references/shown"] == 6
+    over = sum(len(prompt) > 900 for prompt, _ in got)
+    assert 0 < over < len(got) and metrics["references/over_budget"] == over
+    buffer_chars = sum(len(p.program) for p in task.buffer.items) / len(task.buffer.items)
+    assert metrics["buffer/program_chars"] == pytest.approx(buffer_chars)
+    shown = [len(program) for _, ctx in got for program, _, _ in ctx["references"]]
+    assert metrics["references/program_chars"] == pytest.approx(sum(shown) / len(shown))
+
+
+def test_skip_long_references_favour_short_programs_and_are_counted(ex):
+    """The pre-issue-32 rule, kept for ablations: references that do not fit are skipped, and counted."""
+    drawn_by = {}
+    for fit in ("all", "skip_long"):
+        task = build_task("deduction", ex, style="compact", references_fit=fit, proposer_max_chars=800)
+        task.add_to_buffer(
+            [_long("deduction", 100 * k) for k in range(12)] + [_valid("deduction", k) for k in range(12)]
+        )
+        got = task.proposer_prompts(60, random.Random(5))
+        drawn_by[fit] = (task.proposer_metrics([ctx for _, ctx in got]), got)
+    kept, got = drawn_by["skip_long"]
+    assert all(len(prompt) <= 800 for prompt, _ in got)
+    assert kept["references/shown"] < kept["references/drawn"] == 6
+    assert kept["references/over_budget"] == sum(len(ctx["references"]) < 6 for _, ctx in got) > 0
+    shown_all = drawn_by["all"][0]
+    # the same draws: skipping favours the short programs, showing all keeps the buffer's mean length
+    assert kept["references/program_chars"] < shown_all["references/program_chars"]
+    assert shown_all["references/program_chars"] == pytest.approx(shown_all["buffer/program_chars"], rel=0.15)
+
+
+def test_a_budget_that_cannot_hold_k_references_is_a_recipe_error_naming_the_key(tmp_path):
+    from tests.cli_helpers import REPO, run_cli
+
+    recipe = str(REPO / "recipes" / "nano.yaml")
+    bad = run_cli("validate", recipe, "tasks.1.params.proposer_max_chars=600")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "tasks.1.params.proposer_max_chars" in bad.stderr and "references: 6" in bad.stderr
+    assert "at least 776" in bad.stderr and "lower references to 4" in bad.stderr
+    fewer = run_cli("validate", recipe, "tasks.1.params.proposer_max_chars=600", "tasks.1.params.references=4")
+    assert fewer.returncode == 0, fewer.stderr
+    skip = ["tasks.0.params.proposer_max_chars=600", "tasks.0.params.references_fit=skip_long"]
+    warned = run_cli("validate", recipe, *skip, "tasks.1.params.references=2")
+    assert warned.returncode == 0 and warned.stderr.count("Warning") == 1
+    assert "proposer_max_chars 600 holds about 2 of references: 6" in warned.stderr
+    assert "skip_long leaves the others out" in warned.stderr
+
+
+def test_a_budget_that_holds_k_references_only_while_they_are_short_is_a_warning():
+    """900 characters hold about 4 typical compact references: K = 6 warns, K = 4 does not."""
+    from tests.cli_helpers import REPO, run_cli
+
+    recipe = str(REPO / "recipes" / "nano.yaml")
+    six = run_cli("validate", recipe)
+    assert six.returncode == 0 and "Warning: proposer_max_chars 900 holds about 4 of references: 6" in six.stderr
+    assert "counted in task/<name>/references/over_budget" in six.stderr
+    four = run_cli("validate", recipe, "tasks.0.params.references=4", "tasks.1.params.references=4")
+    assert four.returncode == 0 and "Warning" not in four.stderr
+
+
 def test_buffer_dedup_cap_and_eviction(ex):
     newest = build_task("deduction", ex, buffer_cap=5)
     newest.add_to_buffer([_valid("deduction", k) for k in range(8)] + [_valid("deduction", 7)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from populora_core import Params, hookimpl
 
@@ -72,7 +72,10 @@ class AZRTaskParams(Params):
     )
     invalid_reward: float = Field(-1.0, description="proposer reward for an invalid or unformatted proposal")
     compact_max_chars: int = Field(
-        600, ge=200, description="compact prompts drop references/pairs beyond this many characters"
+        600,
+        ge=200,
+        description="compact induction solver prompts leave out example pairs beyond this many characters (at "
+        "least one is shown); proposer prompts have their own budget, proposer_max_chars",
     )
     compute_metrics: bool = Field(True, description="AST depth, cyclomatic complexity, LOC, shape signature")
 
@@ -81,6 +84,61 @@ class CodeIOParams(AZRTaskParams):
     """Deduction and abduction settings."""
 
     references: int = Field(6, ge=0, description="K reference triplets per proposer prompt (AZR io_n)")
+    references_fit: Literal["all", "skip_long"] = Field(
+        "all",
+        description="all: the K drawn references are shown whatever their length (AZR); a compact prompt over "
+        "proposer_max_chars is shown whole and counted (task/<name>/references/over_budget). skip_long: compact "
+        "prompts skip references that would pass proposer_max_chars, which favours short programs (PopuLoRA "
+        "before issue 32; for ablations)",
+    )
+    proposer_max_chars: int = Field(
+        900,
+        ge=200,
+        validate_default=True,
+        description="the longest compact proposer prompt, in characters, the model handles: 900 for nano, which "
+        "keeps its deduction validity with 3-4 references shown and loses it with 6 (see README)",
+    )
+
+    @field_validator("proposer_max_chars")
+    @classmethod
+    def _budget_holds_the_references(cls, value: int, info: ValidationInfo) -> int:
+        """Whether the compact budget holds K references: not even of the zero triplet's size is an error with
+        ``all`` (every prompt would overflow) and a warning with ``skip_long`` (K is never shown); not of a typical
+        size (:data:`prompts.TYPICAL_REFERENCE`) a warning (most prompts will be over it, and counted)."""
+        import warnings
+
+        from .prompts import TYPICAL_REFERENCE, ZERO_TRIPLET, compact_proposer_chars
+
+        k = info.data.get("references")
+        if info.data.get("style") != "compact" or not isinstance(k, int):
+            return value
+
+        def most(ref: tuple[str, str, str]) -> int:
+            return max(n for n in range(k + 1) if compact_proposer_chars([ref] * n) <= value)
+
+        need = compact_proposer_chars([ZERO_TRIPLET] * k)
+        typical = compact_proposer_chars([TYPICAL_REFERENCE] * k)
+        skip = info.data.get("references_fit") == "skip_long"
+        if need > value and not skip:
+            fits = most(ZERO_TRIPLET)
+            raise ValueError(
+                f"{value} characters cannot hold references: {k} (even {k} references of the zero triplet's size "
+                f"need {need}); raise proposer_max_chars to at least {need}, or lower references to {fits}"
+            )
+        if typical > value:
+            fits = most(TYPICAL_REFERENCE)
+            what = (
+                "references_fit skip_long leaves the others out, favouring short programs"
+                if skip
+                else "longer prompts are shown whole and counted in task/<name>/references/over_budget"
+            )
+            warnings.warn(
+                f"proposer_max_chars {value} holds about {fits} of references: {k} typical compact references "
+                f"(90-character programs; {k} need {typical} characters): {what}. Lower references to {fits}, or "
+                "raise proposer_max_chars if the model handles longer prompts",
+                stacklevel=2,
+            )
+        return value
 
 
 class InductionParams(AZRTaskParams):

@@ -408,16 +408,48 @@ class CodeIOTask(_AZRTask):
         return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")]
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
+        """K references drawn uniformly without replacement from the buffer, all shown (``references_fit: all``).
+
+        The context records what :meth:`proposer_metrics` reports: the references shown, how many were
+        drawn, whether the compact budget could not hold them, and the buffer's mean program length."""
         r = self._rng(rng)
+        p = self.params
+        items = self.buffer.items
+        buffer_chars = sum(len(x.program) for x in items) / len(items) if items else None
+        compact = self.style == "compact"
+        skip = compact and p.references_fit == "skip_long"
         out = []
         for _ in range(count):
-            refs = self.buffer.sample(self.params.references, r)
-            triples = [(p.program, p.inputs[0], p.outputs[0]) for p in refs]
-            prompt = prompts.code_proposer_prompt(
-                self.name, triples, style=self.style, banned=self.banned, max_chars=self.params.compact_max_chars
-            )
-            out.append((prompt, {"references": [list(t) for t in triples]}))
+            refs = self.buffer.sample(p.references, r)
+            triples = [(x.program, x.inputs[0], x.outputs[0]) for x in refs]
+            shown = prompts.fit_references(self.name, triples, p.proposer_max_chars) if skip else triples
+            prompt = prompts.code_proposer_prompt(self.name, shown, style=self.style, banned=self.banned)
+            over = compact and (len(shown) < len(triples) if skip else len(prompt) > p.proposer_max_chars)
+            ctx = {
+                "references": [list(t) for t in shown],
+                "drawn": len(triples),
+                "over_budget": over,
+                "buffer_program_chars": buffer_chars,
+            }
+            out.append((prompt, ctx))
         return out
+
+    def proposer_metrics(self, contexts: Sequence[Any]) -> dict[str, float | int | None]:
+        """Per step, from the contexts of :meth:`proposer_prompts`: references drawn and shown per prompt, the
+        mean program length of those shown beside the buffer's (equal in expectation under uniform draws),
+        and the prompts whose K references the compact budget could not hold (``references/over_budget``)."""
+        ctxs = [c for c in contexts if isinstance(c, dict) and "drawn" in c]
+        if not ctxs:
+            return {}
+        shown = [len(ref[0]) for c in ctxs for ref in c["references"]]
+        buffer = [c["buffer_program_chars"] for c in ctxs if c["buffer_program_chars"] is not None]
+        return {
+            "references/drawn": sum(c["drawn"] for c in ctxs) / len(ctxs),
+            "references/shown": sum(len(c["references"]) for c in ctxs) / len(ctxs),
+            "references/program_chars": sum(shown) / len(shown) if shown else None,
+            "references/over_budget": sum(bool(c["over_budget"]) for c in ctxs),
+            "buffer/program_chars": sum(buffer) / len(buffer) if buffer else None,
+        }
 
     def parse_proposals(
         self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
@@ -533,6 +565,9 @@ class InductionTask(_AZRTask):
     its deduction/abduction tasks supply the programs. Without it the task uses its own program list."""
 
     name = "induction"
+    #: the program of an induction proposal comes from the pool, not from the teacher: the loop leaves it out of
+    #: the teachers' program metrics, and problem records say so (``teacher_program: false``)
+    proposer_writes_program = False
 
     def __init__(self, params: Any, *, executor: Any, rng: Any, tasks: Mapping[str, Any] | None = None) -> None:
         super().__init__(params, executor=executor, rng=rng)
