@@ -348,7 +348,7 @@ def test_learnability_reward_and_released_extremes(ex, compat):
     task = build_task("deduction", ex, compat=compat)
     prob = propose(task, "def f(a):\n    return -a", "4")
     assert [task.proposer_reward(prob, r) for r in (0.0, 0.5, 1.0, None)] == [-0.5, 0.5, -0.5, -1.0]
-    paper = build_task("deduction", ex, compat=compat, extreme_reward=0.0)  # paper Eq. 4 (issue #37)
+    paper = build_task("deduction", ex, compat=compat, unsolved_reward=0.0, solved_reward=0.0)  # paper Eq. 4
     assert paper.proposer_reward(prob, 0.0) == 0.0
 
 

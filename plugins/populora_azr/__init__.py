@@ -6,9 +6,10 @@ Faithful to Absolute Zero Reasoner's task semantics with its released bugs fixed
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from populora_core import Params, hookimpl
 
@@ -67,8 +68,19 @@ class AZRTaskParams(Params):
     solver_correct: float = 1.0
     solver_wrong: float = -0.5
     solver_format: float = Field(-1.0, description="solver reward when the answer format is broken")
-    extreme_reward: float = Field(
-        -0.5, description="proposer reward when the solve rate is 0 or 1 (AZR released; the paper says 0)"
+    unsolved_reward: float = Field(
+        -0.5,
+        ge=-1,
+        le=1,
+        description="proposer reward when the matched student solves none of its samples, r = 0 (AZR released "
+        "-0.5; the paper's Eq. 4 says 0)",
+    )
+    solved_reward: float = Field(
+        -0.5,
+        ge=-1,
+        le=1,
+        description="proposer reward when the matched student solves every sample, r = 1 (AZR released -0.5; "
+        "the paper's Eq. 4 says 0)",
     )
     invalid_reward: float = Field(-1.0, description="proposer reward for an invalid or unformatted proposal")
     compact_max_chars: int = Field(
@@ -78,6 +90,22 @@ class AZRTaskParams(Params):
         "least one is shown); proposer prompts have their own budget, proposer_max_chars",
     )
     compute_metrics: bool = Field(True, description="AST depth, cyclomatic complexity, LOC, shape signature")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _extreme_reward_is_both(cls, data: Any) -> Any:
+        """``extreme_reward`` (before r = 0 and r = 1 had a setting each) still sets both, with a warning."""
+        if isinstance(data, dict) and "extreme_reward" in data:
+            data = dict(data)
+            value = data.pop("extreme_reward")
+            warnings.warn(
+                "AZR task param extreme_reward is deprecated: set unsolved_reward (r = 0) and solved_reward (r = 1)",
+                FutureWarning,
+                stacklevel=2,
+            )
+            data.setdefault("unsolved_reward", value)
+            data.setdefault("solved_reward", value)
+        return data
 
 
 class CodeIOParams(AZRTaskParams):

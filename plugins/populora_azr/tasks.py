@@ -309,15 +309,18 @@ class _AZRTask:
     # --- rewards, buffer, state -------------------------------------------------------------------------------
 
     def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
-        """Learnability ``1 - r``; ``r`` in {0, 1} gives ``extreme_reward``; invalid/unformatted ``invalid_reward``."""
+        """Learnability ``1 - r``; ``unsolved_reward`` at r = 0, ``solved_reward`` at r = 1; invalid or
+        unformatted proposals ``invalid_reward``."""
         p = self.params
         if not problem.valid or solve_rate is None or not problem.metrics.get("formatted", True):
             return p.invalid_reward
         r = float(solve_rate)
         if not 0.0 <= r <= 1.0:
             raise ValueError(f"solve rate must lie in [0, 1], got {r}")
-        if r <= 0.0 or r >= 1.0:
-            return p.extreme_reward
+        if r <= 0.0:
+            return p.unsolved_reward
+        if r >= 1.0:
+            return p.solved_reward
         return 1.0 - r
 
     def add_to_buffer(self, problems: Sequence[Problem]) -> None:
