@@ -117,6 +117,13 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
     return load_recipe(recipe, list(overrides), manager.registry)
 
 
+def _apply_runtime(section: Any) -> None:
+    """The recipe's ``runtime`` section (CPU kernel paths) into the environment, before anything imports torch."""
+    from .runtime import apply_runtime
+
+    apply_runtime(section)
+
+
 @cli.command()
 @click.argument("recipe", type=click.Path())
 @click.argument("overrides", nargs=-1)
@@ -125,12 +132,13 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
 @click.pass_obj
 def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None) -> None:
     """Run a recipe: populora run RECIPE [key.sub=value ...]."""
+    model, resolved = _load_recipe(manager, recipe, overrides)
+    _apply_runtime(model.runtime)
     from .loop import start_run
     from .plan import warn_if_not_fits
     from .progress import execute_with_progress
     from .run import RunDir
 
-    model, resolved = _load_recipe(manager, recipe, overrides)
     directory = RunDir(run_dir or f"runs/{model.name}")
     warn_if_not_fits(model, resolved, manager.registry, recipe)  # CUDA only: the plan says it will not fit
     execute_with_progress(start_run(model, resolved, directory, manager), progress=progress)
@@ -151,12 +159,12 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     """
     import tempfile
 
+    model, _ = _load_recipe(manager, recipe, overrides)
+    _apply_runtime(model.runtime)
     from .loop import Run
     from .problems import write_problems
     from .run import RunDir
     from .seeding import make_seeds
-
-    model, _ = _load_recipe(manager, recipe, overrides)
 
     def report(round_: int, counts: dict[str, int]) -> None:
         done = ", ".join(f"{name} {count}/{per_type}" for name, count in counts.items())
@@ -182,11 +190,15 @@ def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progr
     CLUSTER_OVERRIDES (``cluster.name=ray cluster.params.workers=4``, or ``cluster.name=local cluster.params={}``)
     continue it on other hardware with the same result; nothing else of the recipe may change.
     """
-    from .loop import resume_run
-    from .progress import execute_with_progress
+    from .recipe import parse_recipe
     from .run import RunDir
 
-    run_obj = resume_run(RunDir(run_dir), manager, cluster_overrides)
+    directory = RunDir(run_dir)
+    _apply_runtime(parse_recipe(directory.read_recipe(), None, recipe=str(directory.path / "recipe.yaml")).runtime)
+    from .loop import resume_run
+    from .progress import execute_with_progress
+
+    run_obj = resume_run(directory, manager, cluster_overrides)
     click.echo(f"resuming {run_dir} at step {run_obj.step}", err=True)
     execute_with_progress(run_obj, progress=progress)
     click.echo(f"run complete: {run_dir}")

@@ -171,6 +171,17 @@ class EvalSection(_Strict):
     )
 
 
+class RuntimeSection(_Strict):
+    """Process settings applied by the ``populora`` command before torch loads (populora_core/runtime.py)."""
+
+    cpu_isa: Literal["native", "avx2"] = Field(
+        "native",
+        description="[choice] avx2: torch, MKL and oneDNN take their AVX2 code paths on every x86 CPU, so a seed "
+        "reproduces across CPUs (an AVX-512 box computes what an AVX2 box does); native: each library uses the "
+        "CPU's widest instructions (results differ between CPUs). No effect on GPU kernels",
+    )
+
+
 #: The built-in cluster: today's single process, no cluster component (engine and trainer in the driver).
 LOCAL_CLUSTER = "local"
 
@@ -197,6 +208,7 @@ class Recipe(_Strict):
     seeds: SeedsSection = Field(default_factory=SeedsSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     cluster: ComponentRef = Field(
         default_factory=lambda: ComponentRef(name=LOCAL_CLUSTER),
         description="where the engine and the trainer run: local (this process) or a registered cluster (ray)",

@@ -189,7 +189,9 @@ class RayCluster:
         actor_class = ray.remote(PopulationWorker)
         threads = self.threads()
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-        for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH"):
+        # the recipe's runtime.cpu_isa (set by the populora command) reaches workers on a remote cluster too
+        cpu_paths = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+        for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH", *cpu_paths):
             if var in os.environ:
                 env[var] = os.environ[var]
         runtime_env = dict(p.runtime_env)

@@ -1,0 +1,129 @@
+"""A seed's run is the same on every x86 CPU: the nano recipes' ``runtime: {cpu_isa: avx2}``.
+
+The recipe section makes torch, MKL and oneDNN take their AVX2 code paths (``populora_core/runtime.py``), so
+an AVX-512 box computes what an AVX2 box does. The pinned test runs the quickstart recipe for two steps (seed
+0, one thread, no probe) and compares the sha256 of every adapter version with values committed here: any
+x86 machine with AVX2 that runs the suite checks that it reproduces them.
+
+The values change with any change to what a step computes (the loop, prompts, sampling, the trainer). Re-pin
+them after such a change, on any x86 machine, with::
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m tests.test_cross_cpu   # prints PINNED_ADAPTERS to paste below
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from populora_core import RecipeError
+from populora_core.recipe import load_recipe
+from populora_core.runtime import CPU_ISA_ENV, apply_runtime
+from tests.cli_helpers import REPO, run_cli
+
+#: the pinned run: recipes/nano.yaml (runtime.cpu_isa: avx2) with these overrides, one torch thread
+RECIPE = REPO / "recipes" / "nano.yaml"
+OVERRIDES = ("seed=0", "steps=2", "probe.enabled=false")
+#: adapter version -> sha256 of its adapter_model.safetensors, from `python -m tests.test_cross_cpu`
+PINNED_ADAPTERS: dict[str, str] = {
+    "s0@v0": "c76809e946a6c4a37bd8179a0311da07eb9c7227951f431bcafb325328515869",
+    "s0@v1": "f222cbad55b5f76c4210e3261d989535b8b4c10e66b59558d4ba6df0485211f7",
+    "s0@v2": "0a32ccc57a4540d32f975264357ec733a69c300e9daa7bd7512dcf9d9d8b585b",
+    "s1@v0": "0ec30f8530b7d069b8bb063d3b428eb2f28aa1de118f284d21e4046e084fbb7c",
+    "s1@v1": "2b9eb678dc5c29510284de4fd2078fbe67dc4d64144ce21103fbd80117f98a65",
+    "s1@v2": "1dca7c993fb015b40baf70bece3c2ddcd6c2efbaf0afd6c39c430dcee8b33b89",
+    "t0@v0": "6ea11643200bda6a2a091dae098025813a7fb1a1b429d1eea131dc3a15cd65c4",
+    "t0@v1": "264f08e4be443c5433bf0c2f2c214a350d97da8ac81f2cc5e57ad31585ccf792",
+    "t0@v2": "6fee6309f949c2bb4fc60c092fd75bb81fb22a7d4e518e801241f559bff796f4",
+    "t1@v0": "51dc1c3fef44bd264646ecdc793de6d716d5a28e44e5733b67bd54b7256c4c78",
+    "t1@v1": "d76dbe1e86d1b4b869f7c47ff0d94b039b832198a9cecb3f28ae19f4048d0e49",
+    "t1@v2": "25d4241cf219f800cc88205c24c5212603fc2b739dacc1317fd76198c239e75d",
+}
+CPU_VARS = sorted(CPU_ISA_ENV["avx2"])
+
+
+def _x86_with_avx2() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+def adapter_hashes(run_dir: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
+        for p in sorted((run_dir / "adapters").iterdir())
+    }
+
+
+def pinned_run(run_dir: Path) -> dict[str, str]:
+    """``populora run`` of the pinned recipe in a subprocess (torch not yet loaded there); the adapters' hashes."""
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = run_cli("run", str(RECIPE), *OVERRIDES, "--run-dir", str(run_dir), "--no-progress", env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return adapter_hashes(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _x86_with_avx2(), reason="the pinned values are those of x86's AVX2 code paths")
+def test_cross_cpu_seed_reproduces_pinned_adapters(tmp_path):
+    run_dir = tmp_path / "run"
+    hashes = pinned_run(run_dir)
+    assert yaml.safe_load((run_dir / "recipe.yaml").read_text())["runtime"] == {"cpu_isa": "avx2"}
+    assert hashes == PINNED_ADAPTERS, (
+        "this CPU does not reproduce the pinned seed-0 run (or a change altered what a step computes: "
+        "re-pin with `python -m tests.test_cross_cpu`)"
+    )
+
+
+def test_nano_recipes_pin_avx2_and_the_others_stay_native():
+    for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+        model, _ = load_recipe(recipe)
+        expected = "avx2" if recipe.name.startswith("nano") else "native"
+        assert model.runtime.cpu_isa == expected, recipe.name
+
+
+def test_cpu_isa_must_be_a_known_path():
+    with pytest.raises(RecipeError, match=r"runtime\.cpu_isa"):
+        load_recipe(RECIPE, ["runtime.cpu_isa=avx512"])
+    result = run_cli("validate", str(RECIPE), "runtime.cpu_isa=avx512")
+    assert result.returncode == 2 and "runtime.cpu_isa" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_apply_runtime_sets_the_paths_before_torch_and_refuses_after(monkeypatch):
+    avx2, _ = load_recipe(RECIPE)
+    for var in CPU_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setitem(sys.modules, "torch", object())  # as in a process that already imported torch
+    with pytest.warns(UserWarning, match="torch is already imported"):
+        assert apply_runtime(avx2.runtime) == {}
+    assert all(var not in os.environ for var in CPU_VARS)
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    with pytest.warns(UserWarning, match="MKL_CBWR=COMPATIBLE in the environment replaced by AVX2"):
+        assert apply_runtime(avx2.runtime) == CPU_ISA_ENV["avx2"]
+    assert {var: os.environ[var] for var in CPU_VARS} == CPU_ISA_ENV["avx2"]
+    native, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert apply_runtime(native.runtime) == {}
+
+
+if __name__ == "__main__":  # re-pin: print the constant from a fresh run
+    with tempfile.TemporaryDirectory(prefix="populora-cross-cpu-") as tmp:
+        pinned = pinned_run(Path(tmp) / "run")
+    print("PINNED_ADAPTERS: dict[str, str] = {")
+    for name, digest in pinned.items():
+        print(f'    "{name}": "{digest}",')
+    print("}")
