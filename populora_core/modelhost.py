@@ -95,7 +95,6 @@ class ModelHost:
         self._versions: OrderedDict[str, tuple[str, dict[str, tuple[Any, Any]]]] = OrderedDict()
         self._linear_cache: dict[str, Any] | None = None
         self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
-        self._counter = 0
         self._torch = torch
 
     # --- model access ---------------------------------------------------------------------------
@@ -113,10 +112,6 @@ class ModelHost:
         return [int(i) for i in ids if i is not None]
 
     # --- adapters -------------------------------------------------------------------------------
-
-    def _new_key(self) -> str:
-        self._counter += 1
-        return f"a{self._counter}"
 
     def _add_slot(self, key: str, config: dict[str, Any]) -> None:
         from peft import LoraConfig, get_peft_model

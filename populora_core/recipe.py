@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .components import DEFAULT_TARGET_MODULES
 from .errors import PluginError, RecipeError, UserError
-from .registry import Params, Registry, format_validation_error
+from .registry import Registry, format_validation_error
 
 Role = Literal["teacher", "student", "both"]
 
@@ -325,9 +325,8 @@ def _check_evolution(parsed: Recipe, recipe: str) -> None:
         )
 
 
-def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -> dict[str, Params]:
+def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -> None:
     """Second pass: each component exists and its params fit its plugin's model."""
-    checked: dict[str, Params] = {}
     for path, kind, ref in recipe_model.component_refs():
         if kind == "base_model" and ref.name not in registry.names("base_model"):
             if ref.params:
@@ -343,7 +342,7 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
         except UserError as exc:
             raise RecipeError(str(exc), recipe=recipe, path=f"{path}.name") from None
         try:
-            checked[path] = component.parse_params(ref.params)
+            component.parse_params(ref.params)
         except ValidationError as err:
             raise RecipeError(
                 format_validation_error(err, prefix=f"{path}.params"),
@@ -354,7 +353,6 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
             ) from None
         if kind == "operator":
             _check_operator(component, ref.name, recipe, path)
-    return checked
 
 
 def _check_operator(component: Any, name: str, recipe: str, path: str) -> None:

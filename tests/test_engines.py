@@ -67,7 +67,7 @@ def test_one_version_name_at_two_paths_serves_each_paths_weights(base, adapters)
     host = get_host(base)
     keys = {host.ensure(t) for t in twins}
     assert len(keys) == 2
-    engine.forget("run@v0")  # forgetting a name drops it at every path
+    host.drop("run@v0")  # dropping a name drops it at every path
     assert not keys & set(host._versions)
 
 

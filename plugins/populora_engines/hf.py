@@ -333,10 +333,6 @@ class HFEngine:
         """A no-op: the engine runs on the trainers' own base (nothing of its own to release). The
         caching allocator's free blocks stay cached for the trainer, which is what needs them next."""
 
-    def forget(self, adapter_name: str) -> None:
-        """Drop one adapter version from memory (optional; the LRU does it anyway)."""
-        self.host.drop(adapter_name)
-
     def close(self) -> None:
         """The shared base stays for the trainers; only this engine's handle goes."""
         self._closed = True

@@ -339,10 +339,6 @@ class HubSource:
         return [g for layout in self.layouts for g in layout]
 
 
-def is_commit(revision: str) -> bool:
-    return bool(re.fullmatch(r"[0-9a-f]{40}", revision))
-
-
 def fetch_hub(source: HubSource, benchmark: str, expected: str, revision: str | None = None) -> tuple[Path, list[Path]]:
     """The snapshot directory (named by its commit) and the data files, from the cache or the hub.
 

@@ -157,9 +157,6 @@ class RunData:
     def member_series(self, member: str, metric: str) -> tuple[list[int], list[float]]:
         return self.series(f"member/{member}/{metric}")
 
-    def has_metric(self, members: list[str], metric: str) -> bool:
-        return any(self.member_series(m, metric)[0] for m in members)
-
     def problem_metric_mean(self, metric: str) -> tuple[list[int], list[float]]:
         """Mean of a program metric over every valid proposal of a step whose program the teacher wrote (all
         teachers together; AZR's induction programs come from the buffers): :func:`dynamics.complexity_series`."""
