@@ -11,14 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
+from .files import atomic_dir
 
 if TYPE_CHECKING:
     import torch
@@ -124,25 +123,26 @@ def from_state_dict(tensors: dict[str, torch.Tensor], config: dict[str, Any], wh
 
 def save_lora(weights: LoraWeights, path: str | os.PathLike[str], *, dtype: Any = None) -> Path:
     """Write a PEFT directory atomically (temp dir then rename); refuses to overwrite a version."""
-    from safetensors.torch import save_file
-
     dest = Path(path)
     if dest.exists():
         raise FileExistsError(f"adapter versions are immutable; {dest} exists")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        tensors = {k: (v if dtype is None else v.to(dtype)).contiguous() for k, v in weights.state_dict().items()}
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        config = dict(weights.config)
-        config.setdefault("peft_type", "LORA")
-        config.setdefault("task_type", "CAUSAL_LM")
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with atomic_dir(dest) as tmp:
+        write_peft_files(weights, tmp, dtype=dtype)
     return dest
+
+
+def write_peft_files(weights: LoraWeights, directory: str | os.PathLike[str], *, dtype: Any = None) -> None:
+    """The PEFT files of ``weights`` into an existing folder (to add files of one's own inside an
+    :func:`populora_core.files.atomic_dir`; :func:`save_lora` writes a whole version)."""
+    from safetensors.torch import save_file
+
+    folder = Path(directory)
+    tensors = {k: (v if dtype is None else v.to(dtype)).contiguous() for k, v in weights.state_dict().items()}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    config = dict(weights.config)
+    config.setdefault("peft_type", "LORA")
+    config.setdefault("task_type", "CAUSAL_LM")
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def check_compatible(parents: list[LoraWeights]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from .components import Completion, Problem
 from .errors import UserError
+from .files import atomic_write_text
 from .population import Member
 
 
@@ -39,10 +40,7 @@ def load_problems(path: str | Path) -> list[Problem]:
 def write_problems(problems: list[Problem], path: str | Path) -> Path:
     """JSONL of Problem records (what :func:`load_problems` reads), written whole or not at all."""
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(dataclasses.asdict(p), sort_keys=True) + "\n" for p in problems))
-    tmp.replace(out)
+    atomic_write_text(out, "".join(json.dumps(dataclasses.asdict(p), sort_keys=True) + "\n" for p in problems))
     return out
 
 

@@ -19,29 +19,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import UserError
+from .files import atomic_dir, atomic_write_text
 
 LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RunDir:
@@ -122,9 +108,8 @@ class RunDir:
         self, step: int, state: dict[str, Any], extra_dirs: dict[str, Any] | None = None, keep: int = 2
     ) -> Path:
         """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks."""
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step}-", dir=self.checkpoints))
-        try:
+        final = self.checkpoints / f"{step:08d}"
+        with atomic_dir(final, replace=True) as tmp:
             for name, writer in (extra_dirs or {}).items():
                 sub = tmp / name
                 sub.mkdir()
@@ -136,13 +121,6 @@ class RunDir:
                 adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")),
             )
             (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
-            final = self.checkpoints / f"{step:08d}"
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         atomic_write_text(self.checkpoints / "LATEST", final.name + "\n")
         atomic_write_text(self.path / "members.json", json.dumps(state.get("population", {}), indent=1))
         self._prune(keep)
@@ -156,8 +134,11 @@ class RunDir:
         complete = sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
         for old in complete[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-        for stale in self.checkpoints.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in self.checkpoints.glob(".*"):  # temporaries of writes a crash interrupted
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
     def latest_checkpoint(self) -> Path | None:
         marker = self.checkpoints / "LATEST"

@@ -6,8 +6,7 @@ Layout of a checkpoint's ``trainer/`` folder::
     members/<member>.pt    that member's state, in the trainer's own file format
 
 A run saved by one process resumes on a cluster of any size and back: whoever loads reads the manifest and
-loads only the members it owns. A folder without a manifest holds a state from before this layout (one file
-for every member); trainers still load it. No torch here: the member files are the trainer's business.
+loads only the members it owns. No torch here: the member files are the trainer's business.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .run import atomic_write_text
+from .files import atomic_write_text
 
 MANIFEST = "manifest.json"
 FORMAT = 2
@@ -29,11 +28,11 @@ def write_manifest(directory: Path, algorithm: str, files: dict[str, str]) -> No
     atomic_write_text(Path(directory) / MANIFEST, json.dumps(data, indent=1))
 
 
-def read_manifest(directory: Path, algorithm: str) -> dict[str, Any] | None:
-    """The manifest of a trainer state saved by ``algorithm``; None when the folder predates manifests."""
+def read_manifest(directory: Path, algorithm: str) -> dict[str, Any]:
+    """The manifest of a trainer state saved by ``algorithm`` (a :class:`UserError` when there is none)."""
     file = Path(directory) / MANIFEST
     if not file.is_file():
-        return None
+        raise UserError(f"trainer state not found: {file}")
     data = json.loads(file.read_text())
     if data.get("format") != FORMAT:
         raise UserError(f"{file}: trainer state format {data.get('format')!r}, this version reads {FORMAT}")

@@ -26,7 +26,7 @@ def test_checkpoint_is_atomic_and_latest_always_complete(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run.write_checkpoint(2, {"population": {}}, {"trainer": crash})
     assert run.latest_checkpoint() == first  # the previous complete checkpoint is still the one
-    assert not list(run.checkpoints.glob(".tmp-*"))
+    assert not list(run.checkpoints.glob(".*"))  # no temporary left behind
     assert run.read_checkpoint(first)["step"] == 1
 
 

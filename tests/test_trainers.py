@@ -305,9 +305,7 @@ def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
         restored.load_state(tmp_path / "nowhere")
 
 
-def test_state_is_one_file_per_member_with_a_manifest_and_old_single_files_still_load(base, adapters, tmp_path):
-    import torch
-
+def test_state_is_one_file_per_member_with_a_manifest(base, adapters, tmp_path):
     from populora_core.trainer_state import read_manifest
 
     trainer = make("trainer", "trr++", base, lr=1e-3)
@@ -315,7 +313,7 @@ def test_state_is_one_file_per_member_with_a_manifest_and_old_single_files_still
         trainer.update(m, a, _rollouts(m, seed=1), tmp_path / f"{m}_v1")
     trainer.save_state(tmp_path / "ckpt")
     manifest = read_manifest(tmp_path / "ckpt", "trr++")
-    assert manifest is not None and manifest["members"] == {"m0": "members/m0.pt", "m2": "members/m2.pt"}
+    assert manifest["members"] == {"m0": "members/m0.pt", "m2": "members/m2.pt"}
     # a worker loads only the members it owns; a state moves between trainers exactly
     part = make("trainer", "trr++", base, lr=1e-3)
     part.load_members(tmp_path / "ckpt", {"m2": manifest["members"]["m2"]})
@@ -323,15 +321,8 @@ def test_state_is_one_file_per_member_with_a_manifest_and_old_single_files_still
     other = make("trainer", "trr++", base, lr=1e-3)
     other.import_member("m0", trainer.export_member("m0"))
     assert other.export_member("nobody") is None
-    # the layout before manifests: every member in one trainer_state.pt
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    torch.save(
-        {"format": 1, "algorithm": "trr++", "updates": 2, "members": trainer._states, "extra": {}},
-        legacy / "trainer_state.pt",
-    )
     old = make("trainer", "trr++", base, lr=1e-3)
-    old.load_state(legacy)
+    old.load_state(tmp_path / "ckpt")
     assert old.members() == ["m0", "m2"]
     for m in ("m0", "m2"):
         v1 = AdapterRef(f"{m}@v1", str(tmp_path / f"{m}_v1"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.components import GenerationRequest, SamplingParams
+from populora_core.files import atomic_write_text
 
 from .evaluators import AZR_CODE, AZR_MATH, CODE_STAND_INS, Benchmark
 from .passk import summarize
@@ -83,13 +83,6 @@ def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Sett
         "dtype": target.base_model.dtype,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 class Evaluation:
@@ -247,7 +240,7 @@ class Evaluation:
             )
             entry["tokens"] = sum(len(c.token_ids) for out in outputs[rows] for c in out)
             entry["template"] = bench.template
-            _write_json(path, entry)
+            atomic_write_text(path, json.dumps(entry, indent=1, default=str))
             results[subject.label] = entry
         return results
 

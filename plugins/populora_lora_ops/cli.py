@@ -7,14 +7,13 @@ Heavy imports (torch, safetensors) happen only when the command runs.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from populora_core.errors import UserError
+from populora_core.files import atomic_dir
 
 LINEAGE_FILE = "lineage.json"
 
@@ -45,7 +44,7 @@ def evolve(
     from pydantic import ValidationError
 
     from populora_core import format_validation_error
-    from populora_core.adapters import adapter_hash, load_lora, save_lora
+    from populora_core.adapters import adapter_hash, load_lora, write_peft_files
     from populora_core.evolution import apply_operator
 
     comp = registry.get("operator", operator)
@@ -67,17 +66,10 @@ def evolve(
         "seed": int(seed),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    tmp = dest.parent / f".{dest.name}.evolve-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
-        save_lora(child, tmp)
+    with atomic_dir(dest) as tmp:  # the adapter appears with its lineage record, or not at all
+        write_peft_files(child, tmp)
         record["hash"] = adapter_hash(tmp)
         (tmp / LINEAGE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return record
 
 

@@ -144,18 +144,6 @@ class RayTrainer:
         for member in self.members():
             self.forget(member)
         manifest = read_manifest(Path(directory), self.algorithm)
-        if manifest is None:  # one file for every member (saved before manifests): each worker keeps its own
-            for worker in self.workers:
-                self.cluster.ship(worker, [str(directory)], again=True)
-            self._on_all("resume", "load_state", lambda i: (str(directory),))
-            loaded = self._on_all("resume", "members", lambda i: ())
-            for member in loaded[0]:
-                self.placement.place(member)
-            for i, held in enumerate(loaded):
-                for member in held:
-                    if self.placement.owner[member] != i:
-                        self._call("resume", i, "forget", member)
-            return
         files = manifest["members"]
         for member in sorted(files):
             self.placement.place(member)

@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from populora_core.files import atomic_write_bytes
+
 #: driver path (a file or a directory) -> its files: relative name ("" for the path itself) -> bytes
 Bundle = dict[str, dict[str, bytes]]
 
@@ -46,11 +48,7 @@ def unpack(bundle: Bundle, mirror: Path | None = None) -> None:
     for path, files in bundle.items():
         root = mirrored(mirror, path)
         for name, data in files.items():
-            target = root / name if name else root
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{target.name}.partial")
-            partial.write_bytes(data)
-            os.replace(partial, target)
+            atomic_write_bytes(root / name if name else root, data, fsync=False)
 
 
 def remove(paths: Iterable[str], mirror: Path) -> None:

@@ -23,11 +23,9 @@ from populora_core.components import AdapterRef, GenerationRequest, SamplingPara
 from . import transfer
 
 #: Trainer methods the driver may call on a worker's trainer (the MemberStateTrainer contract).
-TRAINER_CALLS = frozenset(
-    {"copy_state", "forget", "members", "export_member", "import_member", "save_members", "load_members", "load_state"}
-)
+TRAINER_CALLS = frozenset({"copy_state", "forget", "export_member", "import_member", "save_members", "load_members"})
 #: Those of them whose first argument is a run-directory path (a checkpoint's trainer folder).
-TRAINER_CALLS_ON_A_DIRECTORY = frozenset({"save_members", "load_members", "load_state"})
+TRAINER_CALLS_ON_A_DIRECTORY = frozenset({"save_members", "load_members"})
 
 
 class PopulationWorker:

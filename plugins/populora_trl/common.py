@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -14,9 +12,9 @@ from typing import Any
 
 from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollout
 from populora_core.errors import UserError
+from populora_core.files import atomic_path
 
 SCRATCH = "__train__"
-STATE_FILE = "trainer_state.pt"  # every member in one file: the layout before populora_core.trainer_state
 
 
 def check_update(member_id: str, rollouts: Sequence[Rollout], out_dir: Path) -> Path:
@@ -210,16 +208,8 @@ class LoraTrainerBase:
             if state is None:  # nothing to keep: it loads as a member without state
                 continue
             rel = member_file(member_id)
-            target = Path(directory) / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            os.close(fd)
-            try:
+            with atomic_path(Path(directory) / rel, fsync=False) as tmp:
                 torch.save(state, tmp)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
             files[member_id] = rel
         return files
 
@@ -239,25 +229,13 @@ class LoraTrainerBase:
         write_manifest(directory, self.algorithm, self.save_members(directory, self.members()))
 
     def load_state(self, directory: Path) -> None:
-        """The manifest layout, or one ``trainer_state.pt`` for every member (states saved before manifests)."""
+        """Every member of the manifest (populora_core.trainer_state's layout)."""
         from populora_core.trainer_state import read_manifest
 
         for member_id in self.members():
             self.forget(member_id)
         manifest = read_manifest(Path(directory), self.algorithm)
-        if manifest is not None:
-            self.load_members(Path(directory), manifest["members"])
-            return
-        import torch
-
-        file = Path(directory) / STATE_FILE
-        if not file.is_file():
-            raise UserError(f"trainer state not found: {file}")
-        payload = torch.load(file, map_location="cpu", weights_only=False)
-        if payload.get("algorithm") != self.algorithm:
-            raise UserError(f"{file}: saved by trainer {payload.get('algorithm')!r}, not {self.algorithm!r}")
-        self._states = payload["members"]
-        self._load_extra_state(payload.get("extra") or {})
+        self.load_members(Path(directory), manifest["members"])
 
     def _member_extra(self, member_id: str) -> dict[str, Any]:
         """What else a member's state holds beyond its AdamW moments (grpo: its reference adapter)."""
@@ -265,9 +243,6 @@ class LoraTrainerBase:
 
     def _load_member_extra(self, member_id: str, extra: dict[str, Any]) -> None:
         pass
-
-    def _load_extra_state(self, extra: dict[str, Any]) -> None:
-        """The trainer-wide extras of a single-file state (saved before the per-member layout)."""
 
 
 _SELECTED = threading.local()  # the adapter this thread's fused forwards add, when a block fuses several

@@ -236,9 +236,6 @@ class GRPOLoraTrainer(LoraTrainerBase):
             name, path = extra["ref"]
             self._refs[member_id] = AdapterRef(name, path)
 
-    def _load_extra_state(self, extra: dict[str, Any]) -> None:
-        self._refs = {m: AdapterRef(n, path) for m, (n, path) in (extra.get("refs") or {}).items()}
-
     def forget(self, member_id: str) -> None:
         super().forget(member_id)
         self._refs.pop(member_id, None)
