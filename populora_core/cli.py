@@ -272,6 +272,18 @@ def plan(
     click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination."""
+    from .doctor import diagnose, format_report, report_json
+
+    report = diagnose()
+    click.echo(report_json(report) if as_json else format_report(report))
+    if not report.ok:
+        sys.exit(1)
+
+
 @cli.command("recipe-schema")
 @click.pass_obj
 def recipe_schema(manager: Any) -> None:

