@@ -6,6 +6,7 @@ adding a draw to one phase never shifts the numbers another phase sees.
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 
@@ -15,3 +16,10 @@ def derived_rng(seed: int, step: int, phase: str) -> random.Random:
 
 def derived_seed(seed: int, step: int, phase: str) -> int:
     return derived_rng(seed, step, phase).randrange(2**31)
+
+
+def hashed_seed(*parts: object, bits: int) -> int:
+    """A ``bits``-bit seed from the sha256 of ``repr(parts)`` (little-endian): the same parts give the same
+    seed in every process and Python version (``hash()`` is salted per process)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[: (bits + 7) // 8], "little") & ((1 << bits) - 1)

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
-from populora_ray.engine import split_by_budget
 from populora_ray.placement import MemberPlacement, Move
 
 from populora_core import RecipeError, UserError
-from populora_core.components import ExecJob
+from populora_core.components import ExecJob, split_by_cost
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
@@ -87,11 +86,15 @@ def test_balance_evens_the_steps_work_with_few_moves():
     assert marginal.balance(work, min_gain=0.01) == [Move("y", 0, 1)]
 
 
-def test_split_by_budget_keeps_order_and_shares_the_tokens():
-    assert split_by_budget([5, 5, 5, 5], 2) == [(0, 2), (2, 4)]
-    assert split_by_budget([1, 1, 10], 2) == [(0, 2), (2, 3)]
-    assert split_by_budget([3], 4) == [(0, 1)]  # never an empty part
-    parts = split_by_budget(list(range(1, 40)), 3)
+def test_split_by_cost_keeps_order_and_shares_the_tokens():
+    assert split_by_cost([5, 5, 5, 5], 2) == [(0, 2), (2, 4)]
+    assert split_by_cost([1, 1, 10], 2) == [(0, 2), (2, 3)]
+    assert split_by_cost([3], 4) == [(0, 1)]  # never an empty part
+    assert split_by_cost([], 3) == []
+    # a row whose middle lies exactly on a boundary goes to the earlier part (the hf engine's runs, kept)
+    assert split_by_cost([2, 4, 2], 2) == [(0, 2), (2, 3)]
+    assert split_by_cost([2, 2, 2, 2, 2, 2], 4) == [(0, 2), (2, 3), (3, 5), (5, 6)]
+    parts = split_by_cost(list(range(1, 40)), 3)
     assert parts[0][0] == 0 and parts[-1][1] == 39 and all(a[1] == b[0] for a, b in itertools.pairwise(parts))
 
 

@@ -27,12 +27,13 @@ instead (:func:`supported`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+
+from populora_core.rng import hashed_seed
 
 _M32 = 0xFFFF_FFFF
 # odd multipliers below 2**31, so x * m of a 32-bit x stays inside int64 (no signed overflow)
@@ -41,7 +42,7 @@ _MULTIPLIERS = (0x7FEB352D, 0x5BD1E995, 0x1B873593)
 
 def row_key(*parts: object) -> int:
     """A 32-bit sampling key for one row (e.g. call seed, request index, sample index)."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+    return hashed_seed(*parts, bits=32)
 
 
 def _hash32(x: Any) -> Any:

@@ -16,7 +16,6 @@ are those of the raw model distribution (before temperature / top-p), as vLLM re
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,16 +25,13 @@ from populora_core.components import (
     GenerationRequest,
     LoraSettings,
     SamplingParams,
+    split_by_cost,
 )
+from populora_core.rng import hashed_seed
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
 from .common import check_sampling, cut_completion, encode_prompts, not_generated
 from .decode import decode, decode_attention, row_key, supported
-
-
-def _derive_seed(*parts: object) -> int:
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _stop_check(tokenizer: Any, stop: Sequence[str]) -> Any:
@@ -84,16 +80,9 @@ class HFEngine:
         if self.params.sort_by_length:
             order.sort(key=lambda r: -len(prompts[rows[r][0]]))
         costs = [len(prompts[rows[r][0]]) + max_tokens for r in order]
-        total, runs, done = sum(costs), [], 0
-        for part in range(parts):
-            end, spent = done, sum(costs[:done])
-            while end < len(order) and (part == parts - 1 or spent + costs[end] / 2 <= total * (part + 1) / parts):
-                spent += costs[end]
-                end += 1
-            if end > done:
-                runs.append(self._budgeted(order[done:end], rows, prompts, max_tokens))
-            done = end
-        return runs
+        return [
+            self._budgeted(order[start:end], rows, prompts, max_tokens) for start, end in split_by_cost(costs, parts)
+        ]
 
     def _budgeted(
         self, order: list[int], rows: list[tuple[int, int]], prompts: list[list[int]], max_tokens: int
@@ -144,7 +133,7 @@ class HFEngine:
             if not served:
                 return results
             self._calls += 1  # counts calls that generate, so a dropped request never moves later seeds
-            seed = sampling.seed if sampling.seed is not None else _derive_seed(self.seed, self._calls)
+            seed = sampling.seed if sampling.seed is not None else hashed_seed(self.seed, self._calls, bits=63)
             distinct = {requests[i].adapter.served_key for i in served if requests[i].adapter is not None}
             host.capacity = max(host.capacity, len(distinct))
             keys = [host.ensure(requests[i].adapter) if requests[i].adapter is not None else BASE for i in served]
@@ -172,7 +161,7 @@ class HFEngine:
                             [first[k] for k, _ in batch_rows],
                         )
                     else:
-                        outs = self._run(batch_prompts, batch_keys, sampling, _derive_seed(seed, b))
+                        outs = self._run(batch_prompts, batch_keys, sampling, hashed_seed(seed, b, bits=63))
                     done.append((batch, outs))
                 return done
 

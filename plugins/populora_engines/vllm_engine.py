@@ -11,7 +11,6 @@ vLLM is imported.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -30,14 +29,11 @@ from populora_core.components import (
     SamplingParams,
 )
 from populora_core.errors import UserError
+from populora_core.rng import hashed_seed
 
 from .common import check_sampling, encode_prompts, not_generated
 
 _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def _seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little") & 0x7FFF_FFFF
 
 
 def vllm_rank(rank: int) -> int:
@@ -381,7 +377,7 @@ class VLLMEngine:
         if not served:
             return results
         self._calls += 1  # counts calls that generate, so a dropped request never moves later seeds
-        base_seed = sampling.seed if sampling.seed is not None else _seed(self.seed, self._calls)
+        base_seed = sampling.seed if sampling.seed is not None else hashed_seed(self.seed, self._calls, bits=31)
         refs = {i: ref for i in served if (ref := requests[i].adapter) is not None}
         pinned = {ref.served_key for ref in refs.values()}
         loras = {i: self._lora_request(refs[i], pinned) if i in refs else None for i in served}
@@ -399,7 +395,7 @@ class VLLMEngine:
                 max_tokens=min(sampling.max_tokens, self.max_model_len - len(prompts[i])),
                 stop=list(sampling.stop) or None,
                 logprobs=0 if sampling.logprobs else None,
-                seed=_seed(base_seed, seed_index) if per_request else None,
+                seed=hashed_seed(base_seed, seed_index, bits=31) if per_request else None,
             )
 
         self.wake_up()

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.components import Completion, GenerationRequest, SamplingParams
+from populora_core.components import Completion, GenerationRequest, SamplingParams, split_by_cost
 
 from .cluster import absolute
 
@@ -24,23 +24,6 @@ from .cluster import absolute
 def token_budget(request: GenerationRequest, sampling: SamplingParams) -> int:
     """What a request costs to generate, estimated without a tokenizer (about 4 characters per token)."""
     return len(request.prompt) // 4 + 1 + sampling.n * sampling.max_tokens
-
-
-def split_by_budget(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` ranges, at most ``parts`` and none empty, each near an equal share of the cost."""
-    total, bounds, running, start = sum(costs), [], 0, 0
-    for part in range(1, parts):
-        goal = total * part / parts
-        end = start
-        while end < len(costs) and running + costs[end] / 2 < goal:
-            running += costs[end]
-            end += 1
-        if end > start:
-            bounds.append((start, end))
-            start = end
-    if start < len(costs):
-        bounds.append((start, len(costs)))
-    return bounds
 
 
 class RayEngine:
@@ -53,7 +36,7 @@ class RayEngine:
         if not requests:
             return []
         if self.split and len(self.workers) > 1:
-            ranges = split_by_budget([token_budget(r, sampling) for r in requests], len(self.workers))
+            ranges = split_by_cost([token_budget(r, sampling) for r in requests], len(self.workers))
         else:
             ranges = [(0, len(requests))]
         calls = []
