@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,26 +145,52 @@ def write_peft_files(weights: LoraWeights, directory: str | os.PathLike[str], *,
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
+#: The PEFT config keys that fix an adapter's shape: operators combine, and a child keeps, only adapters that
+#: agree on them (``target_modules`` compared as a set).
+SHAPE_KEYS = ("r", "lora_alpha", "use_rslora", "target_modules")
+
+
+def config_difference(
+    a: dict[str, Any], b: dict[str, Any], keys: Sequence[str] = SHAPE_KEYS
+) -> tuple[str, Any, Any] | None:
+    """The first of ``keys`` on which two PEFT configs differ, with both values; None when they agree."""
+    for key in keys:
+        x, y = a.get(key), b.get(key)
+        if key == "target_modules":
+            x, y = sorted(x or []), sorted(y or [])
+        if x != y:
+            return key, x, y
+    return None
+
+
+def shape_difference(a: LoraWeights, b: LoraWeights) -> tuple[str, str, Any, Any] | None:
+    """The first way two adapters differ in shape, None when they agree: ``("config", key, a's, b's)``,
+    ``("modules", "", names only in one, None)`` or ``("shape", module, a's (A, B) shapes, b's)``."""
+    config = config_difference(a.config, b.config)
+    if config is not None:
+        return ("config", *config)
+    if set(a.modules) != set(b.modules):
+        return "modules", "", sorted(set(a.modules) ^ set(b.modules))[:3], None
+    for name, f in a.modules.items():
+        g = b.modules[name]
+        shapes = (tuple(f.A.shape), tuple(f.B.shape)), (tuple(g.A.shape), tuple(g.B.shape))
+        if shapes[0] != shapes[1]:
+            return ("shape", name, *shapes)
+    return None
+
+
 def check_compatible(parents: list[LoraWeights]) -> None:
     """Operators combine only adapters of one shape: same rank, alpha and target modules."""
-    first = parents[0]
     for i, other in enumerate(parents[1:], start=2):
-        for key in ("r", "lora_alpha", "use_rslora"):
-            if first.config.get(key) != other.config.get(key):
-                raise UserError(
-                    f"parent 1 and parent {i} differ in {key}: {first.config.get(key)!r} vs {other.config.get(key)!r}"
-                )
-        if set(first.modules) != set(other.modules):
-            missing = sorted(set(first.modules) ^ set(other.modules))[:3]
-            raise UserError(f"parent 1 and parent {i} target different modules (e.g. {missing})")
-        for name, f in first.modules.items():
-            g = other.modules[name]
-            if f.A.shape != g.A.shape or f.B.shape != g.B.shape:
-                raise UserError(
-                    f"parent 1 and parent {i} differ in shape at {name}: "
-                    f"A {tuple(f.A.shape)} vs {tuple(g.A.shape)}, "
-                    f"B {tuple(f.B.shape)} vs {tuple(g.B.shape)}"
-                )
+        diff = shape_difference(parents[0], other)
+        if diff is None:
+            continue
+        kind, name, x, y = diff
+        if kind == "config":
+            raise UserError(f"parent 1 and parent {i} differ in {name}: {x!r} vs {y!r}")
+        if kind == "modules":
+            raise UserError(f"parent 1 and parent {i} target different modules (e.g. {x})")
+        raise UserError(f"parent 1 and parent {i} differ in shape at {name}: A {x[0]} vs {y[0]}, B {x[1]} vs {y[1]}")
 
 
 def adapter_hash(path: str | os.PathLike[str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from .adapters import LoraWeights, check_compatible, fresh_lora, load_lora, save_lora
+from .adapters import LoraWeights, check_compatible, fresh_lora, load_lora, save_lora, shape_difference
 from .components import Replacement
 from .errors import PluginError, UserError
 from .population import Lineage, Member, Rating
@@ -20,9 +20,6 @@ from .rng import derived_rng, derived_seed
 
 if TYPE_CHECKING:
     from .loop import Run
-
-#: PEFT config keys a child must keep from its parents (the population's adapters share one shape).
-_SHAPE_KEYS = ("r", "lora_alpha", "use_rslora", "target_modules")
 
 
 def operator_arity(component: Component) -> tuple[int, int | None]:
@@ -65,22 +62,15 @@ def check_child(component: Component, parent: LoraWeights, child: Any) -> None:
     where = f"operator {component.name!r} (plugin {component.plugin})"
     if not isinstance(child, LoraWeights):
         raise PluginError(f"{where} returned {type(child).__name__}, not LoraWeights")
-    for key in _SHAPE_KEYS:
-        want, got = parent.config.get(key), child.config.get(key)
-        if key == "target_modules":
-            want, got = sorted(want or []), sorted(got or [])
-        if want != got:
-            raise PluginError(f"{where} changed the adapter config's {key}: {want!r} -> {got!r}")
-    if set(child.modules) != set(parent.modules):
-        changed = sorted(set(child.modules) ^ set(parent.modules))[:3]
-        raise PluginError(f"{where} changed the set of target modules (e.g. {changed})")
-    for name, f in parent.modules.items():
-        g = child.modules[name]
-        if tuple(g.A.shape) != tuple(f.A.shape) or tuple(g.B.shape) != tuple(f.B.shape):
-            raise PluginError(
-                f"{where} changed the shape of {name}: A {tuple(f.A.shape)} -> {tuple(g.A.shape)}, "
-                f"B {tuple(f.B.shape)} -> {tuple(g.B.shape)}"
-            )
+    diff = shape_difference(parent, child)
+    if diff is None:
+        return
+    kind, name, want, got = diff
+    if kind == "config":
+        raise PluginError(f"{where} changed the adapter config's {name}: {want!r} -> {got!r}")
+    if kind == "modules":
+        raise PluginError(f"{where} changed the set of target modules (e.g. {want})")
+    raise PluginError(f"{where} changed the shape of {name}: A {want[0]} -> {got[0]}, B {want[1]} -> {got[1]}")
 
 
 def initialise(run: Run) -> None:

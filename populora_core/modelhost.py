@@ -15,14 +15,15 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import LoraWeights, from_state_dict, load_lora, save_lora
+from .adapters import SHAPE_KEYS, LoraWeights, config_difference, from_state_dict, load_lora, save_lora
 from .components import AdapterRef, BaseModel
 from .errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
-_LORA_KEYS = ("r", "lora_alpha", "use_rslora", "lora_dropout")
+#: A PEFT slot serves another adapter only when it has the same shape and the same dropout (trainers use it).
+_SLOT_KEYS = (*SHAPE_KEYS, "lora_dropout")
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -54,9 +55,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in _LORA_KEYS) and sorted(a.get("target_modules") or []) == sorted(
-        b.get("target_modules") or []
-    )
+    return config_difference(a, b, _SLOT_KEYS) is None
 
 
 class ModelHost:

@@ -55,6 +55,9 @@ def test_parent_count_and_compatibility_are_checked_before_the_operator_runs():
         apply_operator(crossover, NoParams(), [_weights()], seed=0)
     with pytest.raises(UserError, match="differ in r"):
         apply_operator(crossover, NoParams(), [_weights(), _weights(rank=3)], seed=0)
+    other_targets = LoraWeights(_weights().modules, {**_weights().config, "target_modules": ["q_proj"]})
+    with pytest.raises(UserError, match="differ in target_modules"):  # the child check's keys (SHAPE_KEYS)
+        apply_operator(crossover, NoParams(), [_weights(), other_targets], seed=0)
     assert calls == []
     child = apply_operator(crossover, NoParams(), [_weights(), _weights(seed=1), _weights(seed=2)], seed=0)
     assert calls == [3] and child.rank == 2
