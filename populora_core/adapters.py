@@ -163,19 +163,22 @@ def config_difference(
     return None
 
 
-def shape_difference(a: LoraWeights, b: LoraWeights) -> tuple[str, str, Any, Any] | None:
-    """The first way two adapters differ in shape, None when they agree: ``("config", key, a's, b's)``,
-    ``("modules", "", names only in one, None)`` or ``("shape", module, a's (A, B) shapes, b's)``."""
+def shape_difference(a: LoraWeights, b: LoraWeights, arrow: str = "vs") -> str | None:
+    """How two adapters differ in shape (``"r: 4 vs 8"``; ``a``'s side first), None when they agree: a config
+    key of :data:`SHAPE_KEYS`, the set of modules, or a module's factor shapes."""
     config = config_difference(a.config, b.config)
     if config is not None:
-        return ("config", *config)
+        key, x, y = config
+        return f"{key}: {x!r} {arrow} {y!r}"
     if set(a.modules) != set(b.modules):
-        return "modules", "", sorted(set(a.modules) ^ set(b.modules))[:3], None
+        return f"the set of target modules (e.g. {sorted(set(a.modules) ^ set(b.modules))[:3]})"
     for name, f in a.modules.items():
         g = b.modules[name]
-        shapes = (tuple(f.A.shape), tuple(f.B.shape)), (tuple(g.A.shape), tuple(g.B.shape))
-        if shapes[0] != shapes[1]:
-            return ("shape", name, *shapes)
+        if tuple(f.A.shape) != tuple(g.A.shape) or tuple(f.B.shape) != tuple(g.B.shape):
+            return (
+                f"the shape of {name}: A {tuple(f.A.shape)} {arrow} {tuple(g.A.shape)}, "
+                f"B {tuple(f.B.shape)} {arrow} {tuple(g.B.shape)}"
+            )
     return None
 
 
@@ -183,14 +186,8 @@ def check_compatible(parents: list[LoraWeights]) -> None:
     """Operators combine only adapters of one shape: same rank, alpha and target modules."""
     for i, other in enumerate(parents[1:], start=2):
         diff = shape_difference(parents[0], other)
-        if diff is None:
-            continue
-        kind, name, x, y = diff
-        if kind == "config":
-            raise UserError(f"parent 1 and parent {i} differ in {name}: {x!r} vs {y!r}")
-        if kind == "modules":
-            raise UserError(f"parent 1 and parent {i} target different modules (e.g. {x})")
-        raise UserError(f"parent 1 and parent {i} differ in shape at {name}: A {x[0]} vs {y[0]}, B {x[1]} vs {y[1]}")
+        if diff is not None:
+            raise UserError(f"parent 1 and parent {i} differ in {diff}")
 
 
 def adapter_hash(path: str | os.PathLike[str]) -> str:

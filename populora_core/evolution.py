@@ -62,15 +62,9 @@ def check_child(component: Component, parent: LoraWeights, child: Any) -> None:
     where = f"operator {component.name!r} (plugin {component.plugin})"
     if not isinstance(child, LoraWeights):
         raise PluginError(f"{where} returned {type(child).__name__}, not LoraWeights")
-    diff = shape_difference(parent, child)
-    if diff is None:
-        return
-    kind, name, want, got = diff
-    if kind == "config":
-        raise PluginError(f"{where} changed the adapter config's {name}: {want!r} -> {got!r}")
-    if kind == "modules":
-        raise PluginError(f"{where} changed the set of target modules (e.g. {want})")
-    raise PluginError(f"{where} changed the shape of {name}: A {want[0]} -> {got[0]}, B {want[1]} -> {got[1]}")
+    diff = shape_difference(parent, child, arrow="->")
+    if diff is not None:
+        raise PluginError(f"{where} changed {diff}")
 
 
 def initialise(run: Run) -> None:

@@ -67,8 +67,8 @@ def test_parent_count_and_compatibility_are_checked_before_the_operator_runs():
     "breaks,message",
     [
         (lambda w: w.modules, "returned dict, not LoraWeights"),
-        (lambda w: LoraWeights(w.modules, {**w.config, "r": 4}), "changed the adapter config's r"),
-        (lambda w: LoraWeights(w.modules, {**w.config, "lora_alpha": 8.0}), "changed the adapter config's lora_alpha"),
+        (lambda w: LoraWeights(w.modules, {**w.config, "r": 4}), "changed r: 2 -> 4"),
+        (lambda w: LoraWeights(w.modules, {**w.config, "lora_alpha": 8.0}), "changed lora_alpha: 4.0 -> 8.0"),
         (lambda w: LoraWeights(w.modules, {**w.config, "target_modules": ["q_proj"]}), "target_modules"),
         (lambda w: w.with_modules(dict(list(w.modules.items())[:1])), "changed the set of target modules"),
         (

@@ -473,7 +473,7 @@ def test_mismatched_parents_are_refused(what: str) -> None:
     elif what == "targets":
         p2 = adapter(2)
         p2 = p2.with_modules({k: f for k, f in p2.items() if "v_proj" not in k})
-        key = "different modules"
+        key = "the set of target modules"
     else:
         p2 = adapter(2)
         k0 = next(iter(p2.modules))

@@ -130,7 +130,7 @@ def small_parents(tmp_path) -> dict[str, Path]:
         ("not an adapter", ["svd", "--parent", "{p1}", "--parent", "{empty}"], "not a PEFT adapter directory"),
         ("rank mismatch", ["svd", "--parent", "{p1}", "--parent", "{r2}"], "differ in r"),
         ("alpha mismatch", ["svd", "--parent", "{p1}", "--parent", "{a16}"], "differ in lora_alpha"),
-        ("shape mismatch", ["svd", "--parent", "{p1}", "--parent", "{shape}"], "differ in shape"),
+        ("shape mismatch", ["svd", "--parent", "{p1}", "--parent", "{shape}"], "differ in the shape of"),
         ("unknown operator", ["crossbreed", "--parent", "{p1}"], "unknown operator 'crossbreed'"),
         (
             "unknown param",
