@@ -16,6 +16,7 @@ about its proposer prompts (AZR: the references shown), logged as ``task/<name>/
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -67,12 +68,12 @@ def writes_program(task: Any) -> bool:
 
 
 def _token_nll(completions: Iterable[Completion]) -> float | None:
-    """Token-weighted mean negative log-prob of the sampled completion tokens (None without log-probs)."""
-    total, tokens = 0.0, 0
-    for c in completions:
-        total -= sum(c.logprobs)
-        tokens += len(c.logprobs)
-    return total / tokens if tokens else None
+    """Token-weighted mean negative log-prob of the sampled completion tokens (None without log-probs).
+
+    ``math.fsum`` rounds once, so the figure does not depend on the order the completions came back in (a
+    call split across workers returns them in another order than one process)."""
+    logprobs = [lp for c in completions for lp in c.logprobs]
+    return -math.fsum(logprobs) / len(logprobs) if logprobs else None
 
 
 def _input_chars(problem: Any) -> float:
