@@ -193,7 +193,8 @@ def overrides_for(args: argparse.Namespace, engine: str, pop: int, model_dir: Pa
         f"rollout.propose_max_tokens={tokens}",
         f"rollout.solve_max_tokens={tokens}",
         f"rollout.max_prompt_tokens={prompt}",
-        "evolution.every=1",  # children after step 1 (a last-step child would never train)
+        # children after step 1 (a last-step child would never train); 1T-1S has no one to compare, no evolution
+        f"evolution.every={1 if pop > 1 else 0}",
         f"checkpoint.every={10 * args.steps}",  # only the final checkpoint
         "sinks=[]",
         "seeds.enabled=true",
