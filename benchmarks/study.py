@@ -4,6 +4,8 @@
     python -m benchmarks.study --recipe long --seeds 0 1 2  # the 120-step recipes (nano_long*.yaml), about 2 hours
     python -m benchmarks.study --seeds 0 --quick          # one seed, a few steps
     python -m benchmarks.study --smoke                    # seed 0, 1 step, tiny probe, into a temp dir (CI)
+    python -m benchmarks.study --out runs/ablate-x KEY=VALUE ...  # an ablation: overrides applied to both arms
+    python -m benchmarks.study --compare runs/study runs/ablate-x  # what the ablation moved, paired by seed
 
 For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types), two
 runs at a time (``--parallel``: one core each on the 2-core box); a run that was interrupted is resumed
@@ -87,6 +89,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         if steps
         else None,
         "children": sum(1 for e in _jsonl(run_dir / "lineage.jsonl") if e["operator"] != "init"),
+        # how selection acted (the run summary's row): replacements that hit the youngest member, survivor changes
+        "selection": json.loads((run_dir / "summary.json").read_text()).get("selection")
+        if (run_dir / "summary.json").exists()
+        else None,
     }
 
 
@@ -116,8 +122,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="seed 0, 1 step per run, a 3-problem probe per type, small rollouts: checks it runs, not the result",
     )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("REFERENCE", "OTHER"),
+        help="two finished study folders (same seeds): OTHER - REFERENCE per arm and measure, paired by seed",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to both recipes")
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare(Path(args.compare[0]), Path(args.compare[1]))
     population, baseline = RECIPES[args.recipe]
     args.population = args.population or str(REPO / "recipes" / population)
     args.baseline = args.baseline or str(REPO / "recipes" / baseline)
@@ -147,6 +161,7 @@ FORMATS = {  # how a pooled measure is printed, by the start of its name; probe 
     "oscillation/swings": ".1f",
     "oscillation/amplitude": ".3f",
     "coverage/": ".2f",
+    "validity": ".2f",
 }
 
 
@@ -158,6 +173,17 @@ def _stat(stat: dict[str, Any], key: str = "probe/") -> str:
     scale = 100 if key.startswith("probe/") else 1
     text = format(scale * stat["mean"], fmt)
     return text if stat["low"] is None else f"{text} [{scale * stat['low']:{fmt}}, {scale * stat['high']:{fmt}}]"
+
+
+def _selection(row: dict[str, Any] | None) -> str:
+    """The run summary's selection row in words."""
+    if not row or not row.get("replacements_after_first"):
+        return "no replacement after the first"
+    return (
+        f"{row['youngest_replaced']} of {row['replacements_after_first']} replacements after the first hit the "
+        f"youngest member (chance {row['youngest_replaced_by_chance']:.1f}); the survivors changed "
+        f"{row['survivor_changes']} of {row['survivor_comparisons']} times"
+    )
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -273,7 +299,10 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     )
     text += "Probe accuracy in percent (greedy, held-out probe set); pooled: mean over seeds [95 % t-interval].\n\n"
     text += "\n".join(lines) + "\n\n## Dynamics (mean over seeds [95 % t-interval])\n\n" + "\n".join(dyn) + "\n"
-    text += "\n## Dynamics per seed\n\n" + "\n".join(per_seed) + f"\n\nFigures: `{report}`\n"
+    text += "\n## Dynamics per seed\n\n" + "\n".join(per_seed) + "\n"
+    selection = [f"seed {r['seed']}: {_selection(r['population']['selection'])}" for r in rows]
+    text += "\n## Selection (population arm)\n\n" + "\n".join(f"- {line}" for line in selection) + "\n"
+    text += f"\nFigures: `{report}`\n"
     (out / "study.md").write_text(text)
     (out / "study.json").write_text(
         json.dumps({"rows": rows, "pooled": pooled, "paired": paired, "summary": summary}, indent=1)
@@ -281,6 +310,58 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     print(text)
     print(json.dumps(summary))
     return summary
+
+
+#: what compare pairs: (label, value of one arm's row)
+COMPARED: list[tuple[str, Any]] = [
+    ("probe/mean", lambda arm: arm["mean"]),
+    ("probe/best", lambda arm: arm["best"]),
+    ("probe/weakest", lambda arm: arm["weakest"]),
+    *[
+        (key, lambda arm, k=key: arm["dynamics"].get(k))
+        for key in (
+            "complexity_slope/ast_depth",
+            "complexity_slope/cyclomatic",
+            "complexity_slope/loc",
+            "oscillation/swings",
+            "coverage/new_per_step",
+            "coverage/new_per_valid_proposal",
+        )
+    ],
+    ("validity", lambda arm: arm.get("validity_mean")),
+]
+
+
+def compare(reference: Path, other: Path) -> dict[str, Any]:
+    """OTHER - REFERENCE for each arm and measure, paired by seed (the seeds both studies ran), with a 95 %
+    t-interval over seeds: what a one-mechanism ablation moved. Writes ``OTHER/compare.md``."""
+    ref_rows = {r["seed"]: r for r in json.loads((reference / "study.json").read_text())["rows"]}
+    rows = [r for r in json.loads((other / "study.json").read_text())["rows"] if r["seed"] in ref_rows]
+    if not rows:
+        sys.exit(f"study --compare: {other} and {reference} share no seed")
+    seeds = [r["seed"] for r in rows]
+    lines = [
+        f"# {other.name} against {reference.name}",
+        "",
+        f"Seeds {', '.join(map(str, seeds))}; each cell: {other.name} [95 % t-interval over seeds], then its "
+        f"difference from {reference.name} paired by seed. Probe accuracy in points.",
+        "",
+        "| measure | arm | reference | ablation | ablation - reference |",
+        "|---|---|---|---|---|",
+    ]
+    result: dict[str, Any] = {"benchmark": "study-compare", "reference": str(reference), "other": str(other)}
+    for key, value in COMPARED:
+        for arm in ("population", "baseline"):
+            ref = dynamics.pooled(value(ref_rows[r["seed"]][arm]) for r in rows)
+            new = dynamics.pooled(value(r[arm]) for r in rows)
+            diff = dynamics.pooled(_diff(value(r[arm]), value(ref_rows[r["seed"]][arm])) for r in rows)
+            lines.append(f"| {key} | {arm} | {_stat(ref, key)} | {_stat(new, key)} | {_stat(diff, key)} |")
+            result[f"{arm}/{key}_minus_reference"] = diff
+    text = "\n".join(lines) + "\n"
+    (other / "compare.md").write_text(text)
+    print(text)
+    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

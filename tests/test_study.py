@@ -103,3 +103,40 @@ def test_the_long_study_reads_finished_runs_pools_seeds_and_writes_its_report(tm
     assert Path(summary["report"]) == tmp_path / "report" / "report.html"
     page = Path(summary["report"]).read_text()
     assert "synthetic-2t2s: 3 run(s), seeds 0, 1, 2" in page and "single: 3 run(s)" in page
+
+
+def _synthetic_study(out: Path, students: dict[str, float], selection: dict | None = None) -> None:
+    for seed in range(3):
+        pop = write_run(out / f"population-seed{seed}", seed=seed, students=students)
+        single = write_run(out / f"baseline-seed{seed}", name="single", mode="single_agent", seed=seed)
+        (pop / "summary.json").write_text(json.dumps({"selection": selection}))
+        (single / "summary.json").write_text("{}")
+    main(["--seeds", "0", "1", "2", "--out", str(out)])
+
+
+def test_compare_pairs_an_ablation_with_its_reference_by_seed(tmp_path):
+    """An ablation that raises every student by 5 points moves the population's probe by +5 [5, 5], the single
+    agent's (unchanged) by 0; the per-seed selection row of the study names what selection did."""
+    selection = {
+        "replacements_after_first": 12,
+        "youngest_replaced": 4,
+        "youngest_replaced_by_chance": 6.0,
+        "survivor_changes": 8,
+        "survivor_comparisons": 12,
+    }
+    _synthetic_study(tmp_path / "reference", {"s0": 0.20, "s1": 0.30}, selection)
+    _synthetic_study(tmp_path / "ablation", {"s0": 0.25, "s1": 0.35})
+    assert "seed 0: 4 of 12 replacements after the first hit the youngest member (chance 6.0)" in (
+        tmp_path / "reference" / "study.md"
+    ).read_text()
+    result = main(["--compare", str(tmp_path / "reference"), str(tmp_path / "ablation")])
+    moved = result["population/probe/mean_minus_reference"]
+    assert moved["mean"] == pytest.approx(0.05) and moved["low"] == pytest.approx(0.05)
+    assert result["baseline/probe/mean_minus_reference"]["mean"] == 0
+    assert "| probe/best | population | 30.0 [30.0, 30.0] | 35.0 [35.0, 35.0] | 5.0 [5.0, 5.0] |" in (
+        tmp_path / "ablation" / "compare.md"
+    ).read_text()
+    with pytest.raises(SystemExit, match="share no seed"):
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "study.json").write_text(json.dumps({"rows": [{"seed": 7}]}))
+        main(["--compare", str(tmp_path / "reference"), str(tmp_path / "other")])
