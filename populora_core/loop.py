@@ -36,6 +36,7 @@ from .components import (
 )
 from .errors import UserError
 from .metrics import PhaseTimer, problem_records, step_metrics
+from .modelhost import refuse_idle_gpus
 from .plugins import PluginManager
 from .population import Member, Population
 from .probe import ProbeTarget, probe_records, probe_set
@@ -63,7 +64,9 @@ class Run:
         self.lora = LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.init_std)
         # built first: the engine and the trainer go onto its workers (None: this process, today's behaviour)
         self.cluster: Cluster | None = None
-        if recipe.cluster.name != LOCAL_CLUSTER:
+        if recipe.cluster.name == LOCAL_CLUSTER:
+            refuse_idle_gpus()
+        else:
             self.cluster = reg.get("cluster", recipe.cluster.name).build(
                 recipe.cluster.params, run_dir=run_dir.path, plugin_files=manager.plugin_files
             )

@@ -419,3 +419,21 @@ def test_adapter_retention_keeps_what_resume_and_eval_need(env, tmp_path):
     assert living | checkpointed == kept  # everything else went, nothing needed did
     everything = {p.name for p in _run(_manager(), tmp_path / "all", ["steps=6"]).adapters.iterdir()}
     assert kept < everything
+
+
+def test_a_local_run_on_a_node_with_several_gpus_is_refused_with_both_ways_out(env, tmp_path, monkeypatch):
+    """cluster: local on 4 visible GPUs would use GPU 0 alone: an error naming the Ray placement that uses all
+    four and CUDA_VISIBLE_DEVICES for one; no run directory is left. One visible GPU (or none) is not refused."""
+    import torch
+
+    from populora_core import UserError
+    from populora_core.modelhost import refuse_idle_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    recipe, resolved = load_recipe(RECIPE, [], _manager().registry)
+    with pytest.raises(UserError, match=r"4 GPUs are visible.*cluster=ray cluster\.params\.workers=4 .*CUDA_VISIBLE"):
+        start_run(recipe, resolved, RunDir(tmp_path / "run"), _manager())
+    assert not (tmp_path / "run").exists()
+    for visible in (0, 1):
+        refuse_idle_gpus(visible)
