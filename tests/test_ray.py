@@ -44,6 +44,9 @@ FEW_STEPS = [
     "checkpoint.every=1",
     "checkpoint.keep=3",
     "probe.problems_per_type=4",
+    # these runs start in this process, where torch is loaded already (the CPU's own code paths); the recorded
+    # recipe says so, and a `populora resume` of it in a subprocess then takes the same paths
+    "runtime.cpu_isa=native",
 ]
 LOCAL = ["cluster=local"]
 RAY_2 = ["cluster.params.workers=2", "cluster.params.threads_per_worker=1"]
@@ -175,7 +178,14 @@ def assert_same_run(a: Path, b: Path) -> None:
     for log in ("lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl"):
         assert (a / log).read_text() == (b / log).read_text(), log
     events_a, events_b = RunDir(a).read_log("events.jsonl"), RunDir(b).read_log("events.jsonl")
-    assert [_untimed(e) for e in events_a] == [_untimed(e) for e in events_b]
+    assert len(events_a) == len(events_b)
+    for ea, eb in zip(map(_untimed, events_a), map(_untimed, events_b)):
+        differ = {k: (ea.get(k), eb.get(k)) for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)}
+        # token_nll sums the sampled tokens' log-probs: on AVX-512 a short prompt decoded among much longer ones
+        # gets log-probs a few ulps off those it gets in a smaller batch (its tokens, and so the run, unchanged;
+        # measured: nano, 137 tokens among 430-490, 1 of 24 rows), so the metric agrees to float32 precision only
+        near = {k for k, (x, y) in differ.items() if k.endswith("token_nll") and x == pytest.approx(y, rel=1e-6)}
+        assert not set(differ) - near, (ea.get("event"), ea.get("step"), differ)
     assert json.loads((a / "members.json").read_text()) == json.loads((b / "members.json").read_text())
 
 
@@ -387,8 +397,8 @@ class WhereTrainer:
     def forget(self, member_id): pass
     def save_state(self, directory): pass
     def load_state(self, directory): pass
-    def members(self): return [f"built in pid {os.getpid()}"]
-    def export_member(self, member_id): return None
+    def members(self): return []
+    def export_member(self, member_id): return [f"built in pid {os.getpid()}"]
     def import_member(self, member_id, state): pass
     def save_members(self, directory, member_ids): return {}
     def load_members(self, directory, files): pass
@@ -406,7 +416,8 @@ def test_a_component_from_a_plugin_file_is_built_on_every_worker(ray_cluster, tm
     cluster = _cluster(workers=2, cpus_per_worker=1, run_dir=tmp_path / "run", plugin_files=("where_plugin.py",))
     try:
         cluster.trainer("where", {}, {})
-        built = cluster.call("test", [(w, w.actor.trainer_call.remote("members")) for w in cluster.workers])
+        calls = [(w, w.actor.trainer_call.remote("export_member", "t0")) for w in cluster.workers]
+        built = cluster.call("test", calls)
         assert sorted(built) == sorted([[f"built in pid {w.info['pid']}"] for w in cluster.workers])
         assert os.getpid() not in {w.info["pid"] for w in cluster.workers}
     finally:

@@ -126,16 +126,18 @@ def test_compare_pairs_an_ablation_with_its_reference_by_seed(tmp_path):
     }
     _synthetic_study(tmp_path / "reference", {"s0": 0.20, "s1": 0.30}, selection)
     _synthetic_study(tmp_path / "ablation", {"s0": 0.25, "s1": 0.35})
-    assert "seed 0: 4 of 12 replacements after the first hit the youngest member (chance 6.0)" in (
-        tmp_path / "reference" / "study.md"
-    ).read_text()
+    assert (
+        "seed 0: 4 of 12 replacements after the first hit the youngest member (chance 6.0)"
+        in (tmp_path / "reference" / "study.md").read_text()
+    )
     result = main(["--compare", str(tmp_path / "reference"), str(tmp_path / "ablation")])
     moved = result["population/probe/mean_minus_reference"]
     assert moved["mean"] == pytest.approx(0.05) and moved["low"] == pytest.approx(0.05)
     assert result["baseline/probe/mean_minus_reference"]["mean"] == 0
-    assert "| probe/best | population | 30.0 [30.0, 30.0] | 35.0 [35.0, 35.0] | 5.0 [5.0, 5.0] |" in (
-        tmp_path / "ablation" / "compare.md"
-    ).read_text()
+    assert (
+        "| probe/best | population | 30.0 [30.0, 30.0] | 35.0 [35.0, 35.0] | 5.0 [5.0, 5.0] |"
+        in (tmp_path / "ablation" / "compare.md").read_text()
+    )
     with pytest.raises(SystemExit, match="share no seed"):
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "study.json").write_text(json.dumps({"rows": [{"seed": 7}]}))
