@@ -912,3 +912,12 @@ def test_parallel_updates_need_the_fused_forward_and_no_kl(base):
     for bad in (dict(lora_forward="peft"), dict(kl_coef=0.1)):
         with pytest.raises(UserError, match="parallel_updates > 1 needs lora_forward: fused and kl_coef: 0"):
             make("trainer", "trr++", base, parallel_updates=2, **bad)
+
+
+def test_parallel_updates_with_gradient_checkpointing_are_refused_naming_both_settings(base):
+    """Checkpointing recomputes the forward on autograd's device thread, where the fused forward's per-thread
+    adapter slot is unset: refused at build (on for CUDA under auto; forced on here on the CPU)."""
+    with pytest.raises(UserError, match=r"parallel_updates: 2 with gradient checkpointing .*on cpu.*off"):
+        make("trainer", "trr++", base, parallel_updates=2, gradient_checkpointing="on")
+    make("trainer", "trr++", base, parallel_updates=2, gradient_checkpointing="auto")  # off on the CPU: allowed
+    make("trainer", "trr++", base, parallel_updates=1, gradient_checkpointing="on")

@@ -62,6 +62,16 @@ class LoraTrainerBase:
         self.seed = int(seed)
         self.host = get_host(base_model, params.device)
         self._states: dict[str, dict[str, Any]] = {}
+        parallel = getattr(params, "parallel_updates", 1)
+        if parallel > 1 and use_checkpointing(params.gradient_checkpointing, self.host.device):
+            # the fused forward finds its thread's adapter slot in a thread-local; checkpointing recomputes the
+            # forward in backward on autograd's device thread, where that is unset (a wrong adapter, silently)
+            raise UserError(
+                f"trainer.params.parallel_updates: {parallel} with gradient checkpointing "
+                f"(gradient_checkpointing: {params.gradient_checkpointing} on {self.host.device}): checkpointing "
+                "recomputes each forward on autograd's device thread, which does not know the thread's adapter. "
+                "Set parallel_updates: 1 (on a GPU one update fills the device) or gradient_checkpointing: off"
+            )
 
     @classmethod
     def factory(cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> Any:
