@@ -96,17 +96,11 @@ def supported(model: Any) -> bool:
 
 
 #: fewest rows a decode step computes. CPU GEMM kernels (MKL / oneDNN) take other code paths for a few rows,
-#: so a row's result would depend on how many rows share its step: F.linear of the first m rows of a batch
-#: differs in the last bits from the same rows computed among more. Measured at one thread, each shape's m
-#: that differ from a 300-row call: AVX2 (MKL's AVX2 path) m = 1-3; AVX-512 (Xeon, torch 2.13) m = 1-6 at
-#: K = 160 and m = 1-15 at nano's K = 426 (down projection); every m >= 16 agrees on both. A batch is filled
-#: up to this with copies of its first row, and narrowing keeps finished rows to this count, a prefill to
-#: this many rows and columns (the batched LoRA's per-row products have a GEMM row per column). Cost against
-#: 4 rows on the AVX-512 box: +10 % a call (nano, 48 sampled rows x 96 tokens, 1.02 s -> 1.11-1.17 s).
-#: With ALIGN and WIDTH below and the prompts attended row by row, a row's tokens and log-probs are bit for
-#: bit those it gets alone, whatever its batch (tests pin it at the tiny model's shapes). Not under
-#: ``MKL_CBWR`` (``runtime.cpu_isa: avx2``): MKL's reproducible mode blocks rows by the whole call's size,
-#: so a run is reproducible across CPUs but a row's bits depend on its batch there.
+#: so a row's result would depend on how many rows share its step (16 covers AVX2 and AVX-512 at nano's shapes;
+#: the measurements and what MKL_CBWR does to this: populora_engines/README.md). A batch is filled up to this
+#: with copies of its first row, and narrowing keeps finished rows to this count, a prefill to this many rows
+#: and columns (the batched LoRA's per-row products have a GEMM row per column). With ALIGN and WIDTH below
+#: and the prompts attended row by row, a row's tokens and log-probs are those it gets alone, whatever its batch.
 MIN_ROWS = 16
 
 #: a row's columns are shifted only by multiples of ALIGN, and the decode attention reads a multiple of WIDTH
