@@ -194,7 +194,12 @@ def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progr
     from .run import RunDir
 
     directory = RunDir(run_dir)
-    _apply_runtime(parse_recipe(directory.read_recipe(), None, recipe=str(directory.path / "recipe.yaml")).runtime)
+    recorded = parse_recipe(directory.read_recipe(), None, recipe=str(directory.path / "recipe.yaml"))
+    finished = directory.finished_at(recorded.steps)
+    if finished is not None:  # resuming would only rewrite its summary (wall time 0 s): the record stays as it is
+        click.echo(f"{run_dir} already finished at step {finished} (its summary.json is its record); nothing to do")
+        return
+    _apply_runtime(recorded.runtime)
     from .loop import resume_run
     from .progress import execute_with_progress
 

@@ -48,10 +48,17 @@ class RunDir:
         return self.adapters / version_name
 
     def create(self, resolved_recipe: dict[str, Any], *, exist_ok: bool = False) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"--run-dir {self.path} is a file, not a directory: choose a new or empty directory")
         if (self.path / "recipe.yaml").exists() and not exist_ok:
             raise UserError(
                 f"run directory {self.path} already holds a run; "
                 f"use `populora resume {self.path}` or choose another --run-dir"
+            )
+        if not exist_ok and self.path.is_dir() and any(self.path.iterdir()):
+            raise UserError(
+                f"--run-dir {self.path} holds other files and no run (no recipe.yaml): a run writes and deletes "
+                "files there, so choose a new or empty directory"
             )
         for sub in ("adapters", "checkpoints", "tasks"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
@@ -139,6 +146,14 @@ class RunDir:
                 shutil.rmtree(stale, ignore_errors=True)
             else:
                 stale.unlink(missing_ok=True)
+
+    def finished_at(self, steps: int) -> int | None:
+        """The step of the last checkpoint when it is the recipe's last step (the run completed), else None."""
+        latest = self.latest_checkpoint()
+        if latest is None:
+            return None
+        step = int(self.read_checkpoint(latest).get("step", -1))
+        return step if step >= steps else None
 
     def latest_checkpoint(self) -> Path | None:
         marker = self.checkpoints / "LATEST"

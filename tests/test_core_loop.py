@@ -437,3 +437,31 @@ def test_a_local_run_on_a_node_with_several_gpus_is_refused_with_both_ways_out(e
     assert not (tmp_path / "run").exists()
     for visible in (0, 1):
         refuse_idle_gpus(visible)
+
+
+def test_resume_of_a_finished_run_changes_nothing_and_says_so(env, tmp_path):
+    """Resuming a completed run used to print 'wall time 0 s' and overwrite summary.json: now exit 0, a line that
+    says it finished, and every file as it was."""
+    run_dir = tmp_path / "done"
+    _reference_run(env, run_dir)
+    (run_dir / "summary.json").write_text('{"wall_s": 195.5}\n')  # the record a finished run leaves
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{run_dir} already finished at step 6" in resumed.stdout
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_run_dir_that_is_a_file_or_holds_other_files_is_a_one_line_error(env, tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"\xff\xd8")
+    for target, says in ((a_file, "is a file, not a directory"), (other, "holds other files and no run")):
+        result = run_cli("--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(target), "--no-progress", env=env)
+        assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert a_file.read_text() == "mine\n" and sorted(p.name for p in other.iterdir()) == ["cat.jpg"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(empty), env=env).returncode == 0
