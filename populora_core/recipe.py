@@ -239,12 +239,35 @@ class Recipe(_Strict):
         return refs
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last
+    silently, so a recipe's second ``lr:`` would quietly win over the first)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key {key!r} appears twice in one mapping (lines {seen[key]} and {key_node.start_mark.line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise UserError(f"recipe not found: {file}")
     try:
-        data = yaml.safe_load(file.read_text())
+        data = yaml.load(file.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise RecipeError(f"not valid YAML: {exc}", recipe=str(file)) from None
     if not isinstance(data, dict):
@@ -261,7 +284,7 @@ def apply_overrides(
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise RecipeError(f"override {item!r} is not key.sub=value", recipe=recipe)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw != "" else ""
         node: Any = result
         parts = key.split(".")
         for i, part in enumerate(parts):

@@ -135,3 +135,14 @@ def test_recipe_schema_includes_plugin_params(manager):
         result.returncode == 0
         and "weighting" in json.loads(result.stdout)["x-populora-components"]["matchmaker"]["pfsp"]["properties"]
     )
+
+
+def test_a_key_given_twice_in_a_recipe_is_an_error_naming_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys silently; a recipe's second `trainer:` must not quietly win."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("name: x\ntrainer:\n  name: trr++\n  params: {lr: 1.0e-3, lr: 2.0e-3}\n")
+    with pytest.raises(RecipeError, match=r"key 'lr' appears twice in one mapping \(lines 4 and 4\)"):
+        load_recipe(recipe)
+    recipe.write_text("name: x\nsteps: 3\nseed: 1\nsteps: 4\n")
+    with pytest.raises(RecipeError, match=r"twice\.yaml.*key 'steps' appears twice in one mapping \(lines 2 and 4\)"):
+        load_recipe(recipe)
