@@ -921,3 +921,14 @@ def test_parallel_updates_with_gradient_checkpointing_are_refused_naming_both_se
         make("trainer", "trr++", base, parallel_updates=2, gradient_checkpointing="on")
     make("trainer", "trr++", base, parallel_updates=2, gradient_checkpointing="auto")  # off on the CPU: allowed
     make("trainer", "trr++", base, parallel_updates=1, gradient_checkpointing="on")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("lr", -1.0), ("lr", 0.0), ("grad_clip", 0.0), ("micro_batch_size", 0), ("weight_decay", -0.1)]
+)
+def test_out_of_range_optimizer_settings_are_recipe_errors_naming_the_key(key, value):
+    """`lr: -1` used to validate and train backwards; each optimizer setting has its range in the params model."""
+    from tests.cli_helpers import REPO, run_cli
+
+    result = run_cli("validate", str(REPO / "recipes" / "nano.yaml"), f"trainer.params.{key}={value}")
+    assert result.returncode == 2 and f"trainer.params.{key}" in result.stderr and "Traceback" not in result.stderr

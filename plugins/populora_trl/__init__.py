@@ -17,7 +17,9 @@ from populora_core import Params, hookimpl
 
 class _Common(Params):
     device: str = "auto"  # auto: cuda when available, else cpu
-    lr: float = 1e-5  # AZR's 1e-6 is for full fine-tuning; LoRA needs ~10x more
+    lr: float = Field(
+        1e-5, gt=0.0, description="AdamW learning rate (AZR's 1e-6 is for full fine-tuning; LoRA needs ~10x more)"
+    )
     lr_decay_steps: int | None = Field(
         None,
         ge=1,
@@ -31,11 +33,13 @@ class _Common(Params):
         description="LoRA+ (PEFT's loraplus_lr_ratio): the B factors' lr is "
         "this times lr (the paper suggests 16); 1: one lr for A and B",
     )
-    weight_decay: float = 0.0  # AZR master 0.0 (paper branch 0.01)
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay (AZR master 0.0, paper branch 0.01)")
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    micro_batch_size: int = 8  # sequences per forward/backward; gradients accumulate to one step
+    eps: float = Field(1e-8, gt=0.0)
+    grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip")
+    micro_batch_size: int = Field(
+        8, ge=1, description="sequences per forward/backward; gradients accumulate to one step"
+    )
     micro_batch_tokens: int | None = Field(
         None,
         ge=1,
@@ -67,7 +71,7 @@ class _Common(Params):
 class TRRParams(_Common):
     """AZR's TRR++: advantages whitened per Rollout.group (task type x role), token-mean loss, no KL."""
 
-    entropy_coef: float = 0.001  # AZR paper branch (master: 0.0)
+    entropy_coef: float = Field(0.001, ge=0.0, description="entropy bonus (AZR paper branch; master: 0.0)")
     normalize: Literal["token", "sequence", "none"] = "token"  # token: veRL's token-weighted whitening
     baseline: Literal["task", "prompt"] = Field(
         "task",
