@@ -8,6 +8,8 @@ Every error names the recipe file, the YAML path, the component and its plugin.
 from __future__ import annotations
 
 import copy
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -348,6 +350,17 @@ def _check_evolution(parsed: Recipe, recipe: str) -> None:
         )
 
 
+def _misspelled_base_model(name: str, registered: Iterable[str]) -> str | None:
+    """The registered name a bare, unknown base model name is close to (``nanoo`` -> ``nano``), else None.
+
+    Only a name with no ``/`` that is no local path counts: such a name would go to the hub as a legacy id
+    and fail there with download advice for the typo."""
+    if "/" in name or Path(name).expanduser().exists():
+        return None
+    close = difflib.get_close_matches(name, list(registered), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -> None:
     """Second pass: each component exists and its params fit its plugin's model."""
     for path, kind, ref in recipe_model.component_refs():
@@ -358,6 +371,14 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
                     recipe=recipe,
                     path=f"{path}.params",
                     component=ref.name,
+                )
+            near = _misspelled_base_model(ref.name, registry.names("base_model"))
+            if near is not None:
+                raise RecipeError(
+                    f"base model {ref.name!r} is not a registered name ({', '.join(registry.names('base_model'))})"
+                    f" nor a local directory: did you mean {near!r}? (a hub id is written org/name)",
+                    recipe=recipe,
+                    path=f"{path}.name",
                 )
             continue  # a local path or hub id, resolved when the run starts
         try:

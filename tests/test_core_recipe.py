@@ -146,3 +146,12 @@ def test_a_key_given_twice_in_a_recipe_is_an_error_naming_both_lines(tmp_path):
     recipe.write_text("name: x\nsteps: 3\nseed: 1\nsteps: 4\n")
     with pytest.raises(RecipeError, match=r"twice\.yaml.*key 'steps' appears twice in one mapping \(lines 2 and 4\)"):
         load_recipe(recipe)
+
+
+def test_a_misspelled_base_model_is_a_recipe_error_with_the_registered_name(tmp_path):
+    """`nanoo` used to validate and then, at run time, get advice to download `nanoo` from the hub."""
+    bad = run_cli("validate", "recipes/nano.yaml", "base_model=nanoo")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "base_model.name" in bad.stderr and "did you mean 'nano'?" in bad.stderr
+    for fine in ("Qwen/Qwen2.5-7B", str(tmp_path)):  # a hub id, a local directory: resolved when the run starts
+        assert run_cli("validate", "recipes/nano.yaml", f"base_model={fine}").returncode == 0
