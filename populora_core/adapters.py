@@ -91,7 +91,10 @@ def read_adapter_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise UserError(f"adapter directory not found: {p}")
     if not is_adapter_dir(p):
         raise UserError(f"not a PEFT adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}): {p}")
-    config = json.loads((p / CONFIG_FILE).read_text())
+    try:
+        config = json.loads((p / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{p / CONFIG_FILE}: not valid JSON ({exc})") from None
     if config.get("peft_type", "LORA") != "LORA":
         raise UserError(f"{p}: peft_type {config.get('peft_type')!r} is not LORA")
     return dict(config)
@@ -102,7 +105,12 @@ def load_lora(path: str | os.PathLike[str]) -> LoraWeights:
     from safetensors.torch import load_file
 
     config = read_adapter_config(path)
-    return from_state_dict(load_file(str(Path(path) / WEIGHTS_FILE)), config, where=str(path))
+    weights = Path(path) / WEIGHTS_FILE
+    try:
+        tensors = load_file(str(weights))
+    except Exception as exc:  # safetensors' own error type (a truncated or foreign file), or an OSError
+        raise UserError(f"{weights}: not a readable safetensors file ({exc}); copy the adapter again") from None
+    return from_state_dict(tensors, config, where=str(path))
 
 
 def from_state_dict(tensors: dict[str, torch.Tensor], config: dict[str, Any], where: str = "") -> LoraWeights:

@@ -120,6 +120,13 @@ def small_parents(tmp_path) -> dict[str, Path]:
     dirs["shape"] = tmp_path / "shape"
     (tmp_path / "empty").mkdir()
     dirs["empty"] = tmp_path / "empty"
+    save_lora(trained_like(shapes, 4, 8.0, 6), tmp_path / "truncated")  # a copy cut short
+    weights = tmp_path / "truncated" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    dirs["truncated"] = tmp_path / "truncated"
+    save_lora(trained_like(shapes, 4, 8.0, 7), tmp_path / "badjson")
+    (tmp_path / "badjson" / "adapter_config.json").write_text('{"r": 4,')
+    dirs["badjson"] = tmp_path / "badjson"
     return dirs
 
 
@@ -128,6 +135,8 @@ def small_parents(tmp_path) -> dict[str, Path]:
     [
         ("missing dir", ["svd", "--parent", "{p1}", "--parent", "{tmp}/nope"], "adapter directory not found"),
         ("not an adapter", ["svd", "--parent", "{p1}", "--parent", "{empty}"], "not a PEFT adapter directory"),
+        ("truncated weights", ["svd", "--parent", "{p1}", "--parent", "{truncated}"], "not a readable safetensors"),
+        ("broken config", ["svd", "--parent", "{p1}", "--parent", "{badjson}"], "adapter_config.json: not valid JSON"),
         ("rank mismatch", ["svd", "--parent", "{p1}", "--parent", "{r2}"], "differ in r"),
         ("alpha mismatch", ["svd", "--parent", "{p1}", "--parent", "{a16}"], "differ in lora_alpha"),
         ("shape mismatch", ["svd", "--parent", "{p1}", "--parent", "{shape}"], "differ in the shape of"),
