@@ -8,6 +8,7 @@ the named entry points, ``POPULORA_DISABLE_PLUGINS=c`` blocks some.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import sys
@@ -91,7 +92,23 @@ class PluginManager:
             spec.loader.exec_module(module)
         except Exception as exc:
             raise UserError(f"plugin file {file} failed to import: {type(exc).__name__}: {exc}") from None
-        self.add_plugin(module, name, source=str(file), version="local")
+        # a file the user names on the command line is meant to act: a misspelled hook or a wrong signature is an
+        # error (exit 2), not the warning an installed plugin gets, or the run would start without it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PluginLoadWarning)
+            loaded = self.add_plugin(module, name, source=str(file), version="local")
+        if not loaded:
+            hooks = [h for h in dir(self.pm.hook) if getattr(getattr(self.pm.hook, h), "spec", None) is not None]
+            hints = [
+                f"{attr} -> did you mean {close[0]}?"
+                for attr in dir(module)
+                if hasattr(getattr(module, attr), "populora_impl") and attr not in hooks
+                for close in [difflib.get_close_matches(attr, hooks, n=1)]
+                if close
+            ]
+            hint = f" ({'; '.join(hints)})" if hints else ""
+            error = " ".join(str(self.plugins.pop(name).error).split())  # pluggy's message spans lines
+            raise UserError(f"plugin file {file}: {error}{hint}")
 
     def add_plugin(
         self, plugin: ModuleType | object, name: str, *, source: str = "local", version: str = "local"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -157,6 +158,25 @@ def test_local_plugin_file_is_loaded_for_one_run(tmp_path):
     assert rows["file:my_local_plugin"]["components"] == ["selector:nobody"]
     missing = run_cli("--plugin", str(tmp_path / "nope.py"), "plugins")
     assert missing.returncode == 2 and "plugin file not found" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("hook", "says"),
+    [
+        ("def after_reward(run, step, outcomes)", "unknown hook 'after_reward'.*did you mean after_rewards\\?"),
+        ("def after_rewards(run, step, rewards, extra)", "after_rewards.*extra"),
+    ],
+)
+def test_a_plugin_file_whose_hook_cannot_run_is_an_error_not_a_run_without_it(tmp_path, hook, says):
+    """An installed plugin that fails is a warning (the CLI lives on); a file the user names is meant to act, so
+    a misspelled hook or a wrong signature stops validate and run with exit 2 instead of starting without it."""
+    plugin = tmp_path / "shaping.py"
+    plugin.write_text(f"from populora_core import hookimpl\n@hookimpl\n{hook}:\n    pass\n")
+    for command in (["validate", "recipes/nano.yaml"], ["run", "recipes/nano.yaml", "--run-dir", str(tmp_path / "r")]):
+        result = run_cli("--plugin", str(plugin), *command)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert re.search(f"plugin file {plugin}: .*{says}", result.stderr), result.stderr
+    assert not (tmp_path / "r").exists()
 
 
 class EveryKind:
