@@ -302,10 +302,24 @@ def _warning_line(message: Any, category: Any, filename: str, lineno: int, line:
     return f"Warning: {message}\n"
 
 
+def _plugin_options_first(argv: list[str]) -> list[str]:
+    """``--plugin FILE`` is a global option; typed after the command (``populora run R --plugin F``) it is
+    moved before it, as users of other CLIs expect, instead of failing with "No such option"."""
+    moved, rest, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == "--plugin" and i + 1 < len(argv):
+            moved += argv[i : i + 2]
+            i += 2
+            continue
+        (moved if argv[i].startswith("--plugin=") else rest).append(argv[i])
+        i += 1
+    return moved + rest
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.formatwarning = _warning_line
-    cli(prog_name="populora")
+    cli(args=_plugin_options_first(sys.argv[1:]), prog_name="populora")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,9 @@ def test_local_plugin_file_is_loaded_for_one_run(tmp_path):
     assert rows["file:my_local_plugin"]["components"] == ["selector:nobody"]
     missing = run_cli("--plugin", str(tmp_path / "nope.py"), "plugins")
     assert missing.returncode == 2 and "plugin file not found" in missing.stderr
+    after = run_cli("plugins", "--json", "--plugin", str(plugin))  # typed after the command, as other CLIs allow
+    assert after.returncode == 0, after.stderr
+    assert {r["name"] for r in json.loads(after.stdout)} == set(rows)
 
 
 @pytest.mark.parametrize(
