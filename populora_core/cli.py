@@ -305,7 +305,9 @@ def _warning_line(message: Any, category: Any, filename: str, lineno: int, line:
 def _plugin_options_first(argv: list[str]) -> list[str]:
     """``--plugin FILE`` is a global option; typed after the command (``populora run R --plugin F``) it is
     moved before it, as users of other CLIs expect, instead of failing with "No such option"."""
-    moved, rest, i = [], [], 0
+    moved: list[str] = []
+    rest: list[str] = []
+    i = 0
     while i < len(argv):
         if argv[i] == "--plugin" and i + 1 < len(argv):
             moved += argv[i : i + 2]

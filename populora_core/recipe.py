@@ -319,7 +319,7 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
     except ValidationError as err:
         first = err.errors()[0]
         path = ".".join(str(p) for p in first["loc"])
-        raise RecipeError(format_validation_error(err), recipe=recipe, path=path) from None
+        raise RecipeError(format_validation_error(err, model=Recipe), recipe=recipe, path=path) from None
     _check_evolution(parsed, recipe)
     if registry is not None:
         validate_components(parsed, registry, recipe)
@@ -389,7 +389,7 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
             component.parse_params(ref.params)
         except ValidationError as err:
             raise RecipeError(
-                format_validation_error(err, prefix=f"{path}.params"),
+                format_validation_error(err, prefix=f"{path}.params", model=component.params_model),
                 recipe=recipe,
                 path=f"{path}.params",
                 component=f"{kind} {ref.name!r}",

@@ -7,9 +7,11 @@ provenance (the simonw/llm pattern).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import re
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,20 +77,41 @@ class Component:
             try:
                 params = self.parse_params(raw_params)
             except ValidationError as err:
-                raise UserError(
-                    f"{self.kind} {self.name!r} (plugin {self.plugin}): {format_validation_error(err)}"
-                ) from None
+                why = format_validation_error(err, model=self.params_model)
+                raise UserError(f"{self.kind} {self.name!r} (plugin {self.plugin}): {why}") from None
         return self.factory(params, **accepted_arguments(self.factory, context))
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per pydantic error, each naming its dotted path under ``prefix``."""
+def _model_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model a location's parent mapping is validated by (through lists and optionals), if any."""
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        candidates += [arg for c in list(candidates) for arg in typing.get_args(c)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model
+
+
+def format_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per pydantic error, each naming its dotted path under ``prefix``. With the ``model`` that
+    raised it, an unknown key says the key it is close to, or the keys there are."""
     lines = []
     for item in err.errors():
         loc = ".".join(str(p) for p in item["loc"])
         path = ".".join(p for p in (prefix, loc) if p)
         kind = item["type"]
         msg = "unknown key" if kind == "extra_forbidden" else item["msg"]
+        parent = _model_at(model, tuple(item["loc"][:-1])) if kind == "extra_forbidden" and item["loc"] else None
+        if parent is not None:
+            known = sorted(parent.model_fields)
+            close = difflib.get_close_matches(str(item["loc"][-1]), known, n=1)
+            msg += f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(known)})"
         lines.append(f"{path}: {msg}" if path else msg)
     return "; ".join(lines)
 

@@ -47,7 +47,15 @@ def test_valid_recipe_and_overrides(manager, tmp_path):
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d.update(stepz=3), "stepz: unknown key"),
+        (lambda d: d.update(stepz=3), "stepz: unknown key (did you mean steps?)"),
+        (
+            lambda d: d["rollout"].update(solver_sample=3),
+            "rollout.solver_sample: unknown key (did you mean solver_samples?)",
+        ),
+        (
+            lambda d: d["evolution"]["selector"].update(zzz=1),
+            "evolution.selector.zzz: unknown key (known: name, params)",
+        ),
         (
             lambda d: d["population"].update(teachers=0),
             "population.teachers: Input should be greater than or equal to 1",

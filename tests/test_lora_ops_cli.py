@@ -144,7 +144,7 @@ def small_parents(tmp_path) -> dict[str, Path]:
         (
             "unknown param",
             ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "densty=0.3"],
-            "densty: unknown key",
+            "densty: unknown key (did you mean density?)",
         ),
         ("bad value", ["gaussian", "--parent", "{p1}", "--set", "eps=lots"], "eps:"),
         ("out of range", ["dare", "--parent", "{p1}", "--parent", "{p2}", "--set", "density=2"], "density:"),

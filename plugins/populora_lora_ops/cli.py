@@ -51,7 +51,9 @@ def evolve(
     try:
         params = comp.parse_params(parse_sets(sets))
     except ValidationError as exc:
-        raise UserError(f"operator {operator!r}: bad --set: {format_validation_error(exc)}") from None
+        raise UserError(
+            f"operator {operator!r}: bad --set: {format_validation_error(exc, model=comp.params_model)}"
+        ) from None
     dest = Path(out)
     if dest.exists():
         raise UserError(f"--out {dest} exists (adapter versions are never overwritten)")

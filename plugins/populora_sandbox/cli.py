@@ -43,7 +43,7 @@ def add_commands(cli: Any) -> None:
         except ValidationError as exc:
             from populora_core import format_validation_error
 
-            raise UserError(f"bad sandbox option: {format_validation_error(exc)}") from None
+            raise UserError(f"bad sandbox option: {format_validation_error(exc, model=SandboxParams)}") from None
         with SandboxExecutor(params) as executor:
             result = executor.run_batch([ExecJob(code, expr)])[0]
         out = {
