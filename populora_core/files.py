@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,7 +52,10 @@ def atomic_dir(path: str | os.PathLike[str], *, replace: bool = False) -> Iterat
     """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    # os.mkdir honours the user's umask (tempfile.mkdtemp makes 0700 folders others on a shared file system,
+    # Ray workers included, cannot read); the random suffix keeps concurrent writers apart
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
         yield tmp
         if replace and dest.exists():

@@ -36,3 +36,21 @@ def test_a_folder_appears_whole_and_replaces_only_when_asked(tmp_path):
         (tmp / "b").write_text("2")
     assert sorted(p.name for p in dest.iterdir()) == ["b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_what_is_written_follows_the_users_umask(tmp_path, umask):
+    """Run files on a shared file system must be readable by whom the umask allows (Ray workers, colleagues):
+    folders were 0700 (tempfile.mkdtemp) whatever the umask."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        with atomic_dir(tmp_path / "adapter") as tmp:
+            atomic_write_text(tmp / "adapter_config.json", "{}")
+        atomic_write_bytes(tmp_path / "members.json", b"[]")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "adapter").stat().st_mode & 0o777 == 0o777 & ~umask
+    for file in (tmp_path / "adapter" / "adapter_config.json", tmp_path / "members.json"):
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask
