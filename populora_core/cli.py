@@ -131,18 +131,44 @@ def _apply_runtime(section: Any) -> None:
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
 @click.pass_obj
 def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None) -> None:
-    """Run a recipe: populora run RECIPE [key.sub=value ...]."""
+    """Run a recipe: populora run RECIPE [key.sub=value ...].
+
+    \b
+    Overrides are YAML values at dotted paths; list items by index:
+      populora run recipes/nano.yaml seed=1 steps=8 --run-dir runs/nano-s1
+      populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
+    Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint.
+    """
     model, resolved = _load_recipe(manager, recipe, overrides)
     _apply_runtime(model.runtime)
     from .loop import start_run
+    from .modelhost import resolve_device
     from .plan import warn_if_not_fits
-    from .progress import execute_with_progress
     from .run import RunDir
 
     directory = RunDir(run_dir or f"runs/{model.name}")
     warn_if_not_fits(model, resolved, manager.registry, recipe)  # CUDA only: the plan says it will not fit
-    execute_with_progress(start_run(model, resolved, directory, manager), progress=progress)
+    click.echo(
+        f"populora run {recipe} -> {directory.path} ({model.name}, seed {model.seed}, {model.steps} steps, "
+        f"{resolve_device()})",
+        err=True,
+    )
+    _execute(start_run(model, resolved, directory, manager), directory.path, progress)
     click.echo(f"run complete: {directory.path}")
+
+
+def _execute(run_obj: Any, run_dir: Any, progress: bool | None) -> None:
+    """The steps with the live display; Ctrl-C ends with the command that continues the run (exit 130)."""
+    from .progress import execute_with_progress
+
+    try:
+        execute_with_progress(run_obj, progress=progress)
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted after step {run_obj.step}: `populora resume {run_dir}` continues from its last checkpoint",
+            err=True,
+        )
+        sys.exit(130)
 
 
 @cli.command()
@@ -201,11 +227,10 @@ def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progr
         return
     _apply_runtime(recorded.runtime)
     from .loop import resume_run
-    from .progress import execute_with_progress
 
     run_obj = resume_run(directory, manager, cluster_overrides)
     click.echo(f"resuming {run_dir} at step {run_obj.step}", err=True)
-    execute_with_progress(run_obj, progress=progress)
+    _execute(run_obj, run_dir, progress)
     click.echo(f"run complete: {run_dir}")
 
 

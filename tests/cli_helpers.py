@@ -62,19 +62,24 @@ def pip_install_target(package_dir: Path, target: Path, timeout: float | None = 
 PAUSE_PLUGIN = str(Path(__file__).resolve().parent / "pause_plugin.py")
 
 
-def kill_inside_step(args: list[str], env: dict[str, str], step: int, marker: Path, timeout: float = 600) -> None:
-    """Run ``populora --plugin pause_plugin.py ARGS`` and SIGKILL it inside ``step``, after its matchmaking."""
+def kill_inside_step(
+    args: list[str], env: dict[str, str], step: int, marker: Path, timeout: float = 600, sig: int = signal.SIGKILL
+) -> tuple[int, str]:
+    """Run ``populora --plugin pause_plugin.py ARGS`` and send ``sig`` inside ``step``, after its matchmaking;
+    (exit code, stderr)."""
     pause = {**env, "POPULORA_TEST_PAUSE_STEP": str(step), "POPULORA_TEST_PAUSE_MARKER": str(marker)}
     proc = subprocess.Popen(
         [POPULORA, "--plugin", PAUSE_PLUGIN, *args],
         env=pause,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + timeout
     while time.time() < deadline and not marker.exists() and proc.poll() is None:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate()
     assert marker.exists() and marker.read_text() == str(step), "the run never reached the pause point"
+    return proc.returncode, stderr

@@ -465,3 +465,14 @@ def test_a_run_dir_that_is_a_file_or_holds_other_files_is_a_one_line_error(env, 
     empty = tmp_path / "empty"
     empty.mkdir()
     assert run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(empty), env=env).returncode == 0
+
+
+def test_ctrl_c_names_the_command_that_continues_the_run(env, tmp_path):
+    """SIGINT mid-step: no 'Aborted!', the resume command, exit 130; and that command continues the run."""
+    run_dir = tmp_path / "stopped"
+    code, stderr = kill_inside_step([*ARGS, "--run-dir", str(run_dir)], env, 3, tmp_path / "paused", sig=signal.SIGINT)
+    assert code == 130 and "Traceback" not in stderr and "Aborted!" not in stderr, stderr
+    assert f"populora run {RECIPE} -> {run_dir} (" in stderr  # the start-up line: where the run goes
+    assert f"interrupted after step 2: `populora resume {run_dir}` continues from its last checkpoint" in stderr
+    _resume(env, run_dir)
+    assert int((run_dir / "checkpoints" / "LATEST").read_text()) == 6
