@@ -295,11 +295,20 @@ def plan(
     config_path: str | None,
     as_json: bool,
 ) -> None:
-    """Will a recipe fit? GPU memory per device (base copies, vLLM, trainer) and disk, from the model config."""
-    from .plan import format_plan, plan_file
+    """Will a recipe fit? GPU memory per device (base copies, vLLM, trainer) and disk, from the model config.
+
+    Exit 0 when it fits, 1 when it does not (the verdict says by how much and what to try).
+
+    \b
+      populora plan recipes/azr_7b.yaml --gpu-memory 80GiB
+      populora plan recipes/azr_7b.yaml --gpus 8 --gpu-memory 141GiB --json
+    """
+    from .plan import does_not_fit, format_plan, plan_file
 
     result = plan_file(recipe, overrides, manager, gpus=gpus, gpu_memory=gpu_memory, config=config_path)
     click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
+    if does_not_fit(result):
+        sys.exit(1)
 
 
 @cli.command()

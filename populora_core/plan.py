@@ -146,7 +146,7 @@ def plan_recipe(
     base = arch.params * t["dtype_bytes"]
     resident = base + CUDA_CONTEXT + per_gpu * t["moments"] + t["adapter"]
     rows: list[tuple[str, float, str]] = [
-        ("trainer base", base, f"{arch.params / 1e9:.2f} B params x {t['dtype_bytes']} bytes"),
+        ("trainer base", base, f"{params_text(arch.params)} params x {t['dtype_bytes']} bytes"),
         ("trainer AdamW moments", per_gpu * t["moments"], f"{per_gpu} members x 2 x fp32 adapter"),
         ("trainer scratch adapter", t["adapter"], f"fp32, rank {rank} on {', '.join(arch.targets)}"),
         ("trainer CUDA context", CUDA_CONTEXT, "outside torch's allocator"),
@@ -298,11 +298,14 @@ def plan_file(
 
     if gpus < 1:
         raise UserError(f"--gpus: {gpus} is not a GPU count (1 or more)")
-    gpu_bytes = parse_memory(gpu_memory) if gpu_memory is not None else _visible_gpu() or 80 * GIB
+    visible = _visible_gpu() if gpu_memory is None else 0
+    gpu_bytes = parse_memory(gpu_memory) if gpu_memory is not None else visible or ASSUMED_GPU_BYTES
     if config is not None and not Path(config).is_file():
         raise UserError(f"--config: {config} is not a file")
     model, data = load_recipe(recipe, list(overrides), manager.registry)
-    return plan_model(model, data, manager.registry, recipe, gpu_bytes, gpus, config)
+    result = plan_model(model, data, manager.registry, recipe, gpu_bytes, gpus, config)
+    result["gpu_memory_from"] = "--gpu-memory" if gpu_memory is not None else "this GPU" if visible else "assumed"
+    return result
 
 
 def plan_model(
@@ -328,13 +331,30 @@ def _visible_gpu() -> int:
     return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
 
 
+#: the GPU a plan is made for when none is visible and --gpu-memory is not given (an A100/H100 80 GB)
+ASSUMED_GPU_BYTES = 80 * GIB
+
+
+def params_text(n: float) -> str:
+    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
+def does_not_fit(plan: dict[str, Any]) -> bool:
+    return str(plan["verdict"]).startswith("does not fit")
+
+
 def format_plan(plan: dict[str, Any]) -> str:
     """The table ``populora plan`` prints; the last line is the verdict."""
     d = plan["disk"]
+    members = f"{plan['members']} member{'s' if plan['members'] != 1 else ''}"
+    assumed = (
+        " (assumed: no GPU is visible here; --gpu-memory sets it)" if plan.get("gpu_memory_from") == "assumed" else ""
+    )
     lines = [
-        f"{plan['recipe']}: {plan['members']} members on {plan['gpus']} x {plan['gpu_gib']:.1f} GiB "
+        f"{plan['recipe']}: {members} on {plan['gpus']} x {plan['gpu_gib']:.1f} GiB{assumed} "
         f"({plan['members_per_gpu']} per GPU); model config {plan['model']}",
-        f"base {plan['base_params'] / 1e9:.2f} B params; one LoRA adapter {plan['lora_params'] / 1e6:.1f} M params",
+        f"base {params_text(plan['base_params'])} params; one LoRA adapter {params_text(plan['lora_params'])} params",
         "",
         f"{'per GPU':<30}{'GiB':>8}  detail",
         *(f"{r['what']:<30}{r['gib']:>8.2f}  {r['detail']}" for r in plan["rows"]),

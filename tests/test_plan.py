@@ -321,3 +321,21 @@ def test_planned_trainer_side_matches_the_measured_cpu_peak(tmp_path, manager):
             ratio = planned / peak
             print(f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f} MB, {ratio:.2f}")
             assert 0.85 <= ratio <= 1.3, f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f}"
+
+
+def test_cli_plan_says_what_it_assumed_and_exits_1_when_the_recipe_does_not_fit():
+    """nano's base is 1.4 M params, not '0.00 B'; without a GPU the 80 GiB is said to be assumed; a recipe that
+    does not fit exits 1 (scripts can branch on it), one that fits 0."""
+    nano = run_cli("plan", "recipes/nano.yaml")
+    assert nano.returncode == 0, nano.stderr
+    assert "base 1.4 M params" in nano.stdout and "4 members on 1 x 80.0 GiB" in nano.stdout
+    assert ("assumed: no GPU is visible here" in nano.stdout) != _has_cuda()
+    small = run_cli("plan", "recipes/azr_7b.yaml", "--gpu-memory", "24GiB")
+    assert small.returncode == 1 and small.stdout.strip().splitlines()[-1].startswith("does not fit")
+    assert "assumed" not in small.stdout and "7.62 B params" in small.stdout
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
