@@ -11,6 +11,11 @@ from .registry import Component, NoParams, Params, Registry, format_validation_e
 
 __version__ = "0.1.0"
 
+#: The version of what plugins rely on: hook specifications, ``register_*`` keywords and PUBLIC_MODULES. It
+#: changes when any of them changes; a renamed keyword keeps working, with a FutureWarning, for one version
+#: (CHANGELOG.md, "For plugin authors").
+PLUGIN_API_VERSION = 2
+
 #: The core modules a plugin may import, and what each is for. Everything else in the core is private.
 PUBLIC_MODULES = {
     "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components",
@@ -29,6 +34,7 @@ PUBLIC_MODULES = {
 }
 
 __all__ = [
+    "PLUGIN_API_VERSION",
     "PUBLIC_MODULES",
     "Component",
     "NoParams",

@@ -9,6 +9,7 @@ modules and shapes before anything saves it. torch is imported inside functions 
 from __future__ import annotations
 
 import random
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from .adapters import LoraWeights, check_compatible, fresh_lora, load_lora, save_lora, shape_difference
@@ -25,6 +26,15 @@ if TYPE_CHECKING:
 def operator_arity(component: Component) -> tuple[int, int | None]:
     """(fewest, most) parents an operator takes, as registered: ``min_parents=``, ``max_parents=`` (None: no bound)."""
     meta = component.meta
+    if "min_parents" not in meta and "parents" in meta:  # plugin API 1: parents=N exactly, 0/None any number
+        warnings.warn(
+            f"operator {component.name!r} (plugin {component.plugin}) registers parents={meta['parents']!r}: "
+            "since plugin API 2 write min_parents= and max_parents= (parents= is read until plugin API 3)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        n = meta["parents"]
+        return (int(n), int(n)) if n else (2, None)
     if "min_parents" not in meta:
         raise PluginError(
             f"operator {component.name!r} (plugin {component.plugin}) does not declare how many parents it takes "

@@ -40,6 +40,16 @@ def test_arity_comes_from_min_and_max_parents_and_must_be_declared():
         operator_arity(_operator(identity, min_parents=3, max_parents=2))
 
 
+def test_the_plugin_api_1_keyword_parents_still_works_with_a_warning_naming_the_new_ones():
+    """A third-party operator written against plugin API 1 (``parents=N``) keeps running for one version."""
+    import populora_core
+
+    assert populora_core.PLUGIN_API_VERSION == 2
+    for parents, arity in ((1, (1, 1)), (2, (2, 2)), (0, (2, None)), (None, (2, None))):
+        with pytest.warns(FutureWarning, match=r"parents=.*min_parents= and max_parents=.*plugin API 3"):
+            assert operator_arity(_operator(identity, parents=parents)) == arity
+
+
 def test_parent_count_and_compatibility_are_checked_before_the_operator_runs():
     calls = []
 
