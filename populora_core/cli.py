@@ -354,6 +354,9 @@ def _plugin_options_first(argv: list[str]) -> list[str]:
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the libraries' own bars (transformers' "Loading weights", hub downloads) would interleave with the run's
+    # display and fill logs; the run shows its own progress
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.formatwarning = _warning_line
     cli(args=_plugin_options_first(sys.argv[1:]), prog_name="populora")
 

@@ -26,6 +26,8 @@ def test_shortened_nano_run_completes_with_probe_and_report(recipe, tmp_path):
     result = run_recipe(REPO / "recipes" / recipe, run_dir, *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2/2" in result.stderr  # progress lines when not a TTY
+    assert "Loading weights" not in result.stderr  # the libraries' own bars stay out of the run's output
+    assert f"populora run {REPO / 'recipes' / recipe} -> {run_dir} (" in result.stderr  # the start-up line
     probe = [json.loads(x) for x in (run_dir / "probe.jsonl").read_text().splitlines()]
     assert {(r["step"], r["member"]) for r in probe if r["member"] == "base"} == {(0, "base")}
     assert {r["task_type"] for r in probe} == {"deduction", "abduction", "induction"}
