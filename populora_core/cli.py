@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -321,6 +322,49 @@ def doctor(as_json: bool) -> None:
     click.echo(report_json(report) if as_json else format_report(report))
     if not report.ok:
         sys.exit(1)
+
+
+@cli.command()
+@click.argument("what", required=False)
+@click.pass_obj
+def keys(manager: Any, what: str | None) -> None:
+    """Every recipe key with its type, default and description; or one section's, or one component's params.
+
+    \b
+      populora keys                 the recipe's sections and keys
+      populora keys rollout         one section
+      populora keys trainer         the trainers there are, then each one's params
+      populora keys trr++           one component's params (trainer.params.*)
+    """
+    from .errors import UserError
+    from .recipe import COMPONENT_SECTIONS, Recipe, model_keys
+
+    def table(rows: list[tuple[str, str, str, str]]) -> None:
+        width = max((len(r[0]) for r in rows), default=0)
+        for key, kind, default, description in rows:
+            click.echo(
+                f"{key:<{width}}  {kind}  default {default}"
+                + (f"\n{'':<{width}}  {description}" if description else "")
+            )
+
+    registry = manager.registry
+    rows = model_keys(Recipe)
+    if what is None:
+        table(rows)
+        click.echo(f"\ncomponents: `populora keys SECTION` for {', '.join(COMPONENT_SECTIONS)}")
+        return
+    section = [r for r in rows if r[0] == what or r[0].startswith(f"{what}.")]
+    components = [c for c in registry if c.name == what]
+    if what in COMPONENT_SECTIONS:
+        components = [c for c in registry if c.kind == COMPONENT_SECTIONS[what]]
+    if not section and not components:
+        near = difflib.get_close_matches(what, [r[0].split(".")[0] for r in rows] + [c.name for c in registry], n=1)
+        raise UserError(f"keys: no section or component {what!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+    if section and what not in COMPONENT_SECTIONS:
+        table(section)
+    for component in components:
+        click.echo(f"\n{component.kind} {component.name} (plugin {component.plugin}): {component.description}")
+        table(model_keys(component.params_model, "params."))
 
 
 @cli.command("recipe-schema")

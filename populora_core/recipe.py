@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -415,6 +416,45 @@ def load_recipe(
     data = apply_overrides(load_yaml(path), overrides, recipe=str(path))
     model = parse_recipe(data, registry, recipe=str(path))
     return model, model.model_dump(mode="json")
+
+
+#: recipe sections that name a component, and its kind (``populora keys trainer`` lists the trainers)
+COMPONENT_SECTIONS = {
+    "base_model": "base_model",
+    "tasks": "task",
+    "executor": "executor",
+    "engine": "engine",
+    "trainer": "trainer",
+    "matchmaker": "matchmaker",
+    "sinks": "sink",
+    "cluster": "cluster",
+    "evolution.selector": "selector",
+    "evolution.operators": "operator",
+}
+
+
+def model_keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of every field of a params or section model, nested sections
+    expanded: what ``populora keys`` prints and the recipe reference is generated from."""
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and annotation is not ComponentRef:
+            rows += model_keys(annotation, f"{key}.")
+            continue
+        plain = isinstance(annotation, type) and typing.get_origin(annotation) is None
+        kind = annotation.__name__ if plain else str(annotation).replace("typing.", "").replace(f"{__name__}.", "")  # type: ignore[union-attr]
+        if field.is_required():
+            default = "(required)"
+        else:
+            value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+            dump = (
+                [v.model_dump() if isinstance(v, BaseModel) else v for v in value] if isinstance(value, list) else value
+            )
+            default = repr(dump.model_dump() if isinstance(dump, BaseModel) else dump)
+        rows.append((key, kind, default, " ".join((field.description or "").split())))
+    return rows
 
 
 def recipe_json_schema(registry: Registry) -> dict[str, Any]:

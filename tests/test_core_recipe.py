@@ -163,3 +163,22 @@ def test_a_misspelled_base_model_is_a_recipe_error_with_the_registered_name(tmp_
     assert "base_model.name" in bad.stderr and "did you mean 'nano'?" in bad.stderr
     for fine in ("Qwen/Qwen2.5-7B", str(tmp_path)):  # a hub id, a local directory: resolved when the run starts
         assert run_cli("validate", "recipes/nano.yaml", f"base_model={fine}").returncode == 0
+
+
+def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params():
+    """`populora keys` is the readable reference: generated from the models, so no key can be missing."""
+    from populora_core.recipe import Recipe, model_keys
+
+    every = run_cli("keys")
+    assert every.returncode == 0, every.stderr
+    listed = {line.split()[0] for line in every.stdout.splitlines() if line and not line.startswith(" ")}
+    assert {key for key, *_ in model_keys(Recipe)} <= listed
+    assert "evolution.child_rating" in listed and "runtime.cpu_isa" in listed
+    rollout = run_cli("keys", "rollout").stdout
+    assert "rollout.solver_samples" in rollout and "int  default 8" in rollout and "lora.rank" not in rollout
+    trainers = run_cli("keys", "trainer").stdout
+    assert "trainer trr++ (plugin trl)" in trainers and "trainer grpo (plugin trl)" in trainers
+    trr = run_cli("keys", "trr++").stdout
+    assert "params.lr " in trr and "AdamW learning rate" in trr and "params.parallel_updates" in trr
+    typo = run_cli("keys", "rolout")
+    assert typo.returncode == 2 and "did you mean 'rollout'?" in typo.stderr and "Traceback" not in typo.stderr
