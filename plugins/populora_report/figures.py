@@ -259,10 +259,7 @@ def proposals(runs: list[RunData], out_dir: Path) -> FigureOut:
         ax = axes[3][col]
         if not _task_panel(ax, run, "distinct_programs", dotted="valid_proposals", dotted_suffix=" (valid)"):
             _empty(ax, "no valid proposals")
-        for row in range(len(rows)):
-            axes[row][col].grid(alpha=0.3)
-            _legend(axes[row][col], run)
-        axes[-1][col].set_xlabel("step")
+        _finish_column(axes, col, run)
     axes[0][0].set_ylabel("share cut off by\npropose_max_tokens")
     axes[1][0].set_ylabel("mean input length (chars),\nvalid proposals")
     axes[2][0].set_ylabel("teacher token entropy\n(nats per token)")
@@ -283,6 +280,14 @@ def proposals(runs: list[RunData], out_dir: Path) -> FigureOut:
         "Line charts per run: cut-off share, input length, token entropy and distinct programs per step",
         notes,
     )
+
+
+def _finish_column(axes: Any, col: int, run: RunData) -> None:
+    """Grid and legend on each panel of one run's column, the step axis labelled at its foot."""
+    for row in axes:
+        row[col].grid(alpha=0.3)
+        _legend(row[col], run)
+    axes[-1][col].set_xlabel("step")
 
 
 def references(runs: list[RunData], out_dir: Path) -> FigureOut:
@@ -311,10 +316,7 @@ def references(runs: list[RunData], out_dir: Path) -> FigureOut:
         _task_panel(axes[2][col], run, "references/over_budget")
         if not _task_panel(axes[3][col], run, "prompt_tokens", dotted="prompt_tokens_max", dotted_suffix=" max"):
             _empty(axes[3][col], "no prompt lengths logged")
-        for row in range(rows):
-            axes[row][col].grid(alpha=0.3)
-            _legend(axes[row][col], run)
-        axes[-1][col].set_xlabel("step")
+        _finish_column(axes, col, run)
         over = sum(sum(ys) for _, ys in run.task_series("references/over_budget").values())
         if over:
             notes.append(f"{run.label}: {over:.0f} proposer prompts could not hold their K references in the budget")
