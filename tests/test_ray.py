@@ -32,7 +32,7 @@ from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
 from tests.cli_helpers import POPULORA, REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 NANO_RAY = REPO / "recipes" / "nano_ray.yaml"
 #: a few steps of the quickstart: a child born at step 2 (inheriting its parent's moments) trains at step 3
 FEW_STEPS = [

@@ -83,7 +83,8 @@ def test_offline_run_holds_every_step_metric_the_probe_and_the_recipe(tiny_model
         assert rows[event["step"]][f"probe/{event['member']}/{event['task_type']}"] == event["accuracy"]
     assert "probe/base/count" in rows[0] and "matches" not in rows[1]  # lists are not metrics
 
-    # a resumed run continues the same W&B run
+    # a resumed run continues the same W&B run (from the checkpoint before the last: a finished run is left alone)
+    (run_dir / "checkpoints" / "LATEST").write_text("00000002\n")
     resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
     first, second = _offline_runs(wandb_dir)
