@@ -81,5 +81,6 @@ def kill_inside_step(
         time.sleep(0.05)
     proc.send_signal(sig)
     _, stderr = proc.communicate()
-    assert marker.exists() and marker.read_text() == str(step), "the run never reached the pause point"
+    reached = marker.read_text() if marker.exists() else None
+    assert reached == str(step), f"the run never reached the pause point (marker {reached!r}); stderr:\n{stderr}"
     return proc.returncode, stderr

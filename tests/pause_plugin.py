@@ -15,5 +15,10 @@ from populora_core import hookimpl
 @hookimpl
 def after_matchmaking(run, step, matches):
     if str(step) == os.environ.get("POPULORA_TEST_PAUSE_STEP"):
-        Path(os.environ["POPULORA_TEST_PAUSE_MARKER"]).write_text(str(step))
+        # written whole, then renamed: a test that sees the marker never reads it half-written (nor kills
+        # the run between its creation and its write)
+        marker = Path(os.environ["POPULORA_TEST_PAUSE_MARKER"])
+        partial = marker.with_name(marker.name + ".partial")
+        partial.write_text(str(step))
+        os.replace(partial, marker)
         time.sleep(120)
