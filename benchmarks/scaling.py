@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from populora_core import hookimpl
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -37,29 +35,22 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "nano_ray.yaml"
 
 
-class OverheadByStep:
-    """Records the cluster's cumulative Ray overhead at the end of every step (a lifecycle hookimpl)."""
-
-    def __init__(self) -> None:
-        self.at_step_end: dict[int, float] = {}
-
-    @hookimpl
-    def on_step_end(self, run: Any, step: int, metrics: dict[str, Any]) -> None:
-        if run.cluster is not None:
-            self.at_step_end[step] = run.cluster.time.overhead_s
-
-
-def measure(manager: Any, recorder: OverheadByStep, overrides: list[str], workdir: Path, label: str) -> dict:
+def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> dict:
     from populora_core.loop import execute, start_run
     from populora_core.recipe import load_recipe
     from populora_core.run import RunDir
 
-    recorder.at_step_end.clear()
     recipe, resolved = load_recipe(RECIPE, overrides, manager.registry)
     started = time.perf_counter()
     run = start_run(recipe, resolved, RunDir(workdir / label), manager)
     startup_s = time.perf_counter() - started
-    execute(run)
+    overhead: dict[int, float] = {}  # the cluster's cumulative Ray overhead at the end of every step
+
+    def record_overhead(metrics: dict[str, Any]) -> None:
+        if run.cluster is not None:
+            overhead[metrics["step"]] = run.cluster.time.overhead_s
+
+    execute(run, on_step=record_overhead)
     steps = [e for e in RunDir(workdir / label).read_log("events.jsonl") if e["event"] == "step"]
     timed = steps[1:] or steps
     step_s = statistics.fmean(s["time/step"] for s in timed)
@@ -67,7 +58,6 @@ def measure(manager: Any, recorder: OverheadByStep, overrides: list[str], workdi
     generate_s = statistics.fmean(
         sum(s.get(f"time/{p}", 0.0) for p in ("generate_propose", "generate_solve", "generate_buffer")) for s in timed
     )
-    overhead = recorder.at_step_end
     first = timed[0]["step"]
     overhead_s = (overhead[timed[-1]["step"]] - overhead.get(first - 1, 0.0)) / len(timed) if overhead else 0.0
     return {
@@ -125,16 +115,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         configs = {k: v for k, v in configs.items() if k in ("local", "ray-2")}
 
-    recorder = OverheadByStep()
     manager = get_manager()
-    manager.add_plugin(recorder, "scaling-benchmark")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")  # one cluster for every Ray row
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="populora-scaling-") as tmp:
             for population, extra in populations.items():
                 for label, settings in configs.items():
-                    row = measure(manager, recorder, common + extra + settings, Path(tmp), f"{population}-{label}")
+                    row = measure(manager, common + extra + settings, Path(tmp), f"{population}-{label}")
                     row["population"] = population
                     hashes = row.pop("adapters")
                     if label == "local":

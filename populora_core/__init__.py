@@ -14,13 +14,14 @@ __version__ = "0.1.0"
 #: The version of what plugins rely on: hook specifications, ``register_*`` keywords and PUBLIC_MODULES. It
 #: changes when any of them changes; a renamed keyword keeps working, with a FutureWarning, for one version
 #: (CHANGELOG.md, "For plugin authors").
-PLUGIN_API_VERSION = 2
+PLUGIN_API_VERSION = 3
 
 #: The core modules a plugin may import, and what each is for. Everything else in the core is private.
 PUBLIC_MODULES = {
     "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components",
     "populora_core.components": "the Protocols each component kind implements and the data passed between them",
     "populora_core.adapters": "LoRA factors <-> PEFT directories, compatibility checks, fresh adapters",
+    "populora_core.runview": "RunView, what every lifecycle hook receives as ``run``",
     "populora_core.population": "members, ratings, lineage, compute counters, selection_history of a lineage",
     "populora_core.problems": "files of Problem records",
     "populora_core.errors": "UserError, RecipeError, PluginError",
@@ -28,7 +29,7 @@ PUBLIC_MODULES = {
     "populora_core.rng": "seeds derived from (seed, step, phase)",
     "populora_core.modelhost": "the process-wide shared base model that engines and trainers add adapters to",
     "populora_core.probe": "greedy probe accuracy of adapters on a set of problems",
-    "populora_core.evolution": "operator arity and apply_operator, the checked way to make one child; readiness, "
+    "populora_core.operators": "operator arity and apply_operator, the checked way to make one child; readiness, "
     "child ratings and select, the checked way to call a selector",
     "populora_core.trainer_state": "a checkpoint's trainer state: one file per member plus a manifest",
 }

@@ -17,9 +17,12 @@ Component contracts (the Protocols) live in :mod:`populora_core.components`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from .runview import RunView
 
 hookspec = pluggy.HookspecMarker("populora")
 hookimpl = pluggy.HookimplMarker("populora")
@@ -87,7 +90,7 @@ def register_operators(register: Any) -> None:
     ``op(parents: list[adapters.LoraWeights], params, generator: torch.Generator) -> LoraWeights``.
     Declare the arity as meta: ``register("svd", fn, params=P, min_parents=2, max_parents=None)``
     (``max_parents=None``: no upper bound; a mutation is ``min_parents=1, max_parents=1``). The loop and
-    ``populora evolve`` make children through :func:`populora_core.evolution.apply_operator`, which checks
+    ``populora evolve`` make children through :func:`populora_core.operators.apply_operator`, which checks
     the parents' count and refuses a child that changes rank, alpha, target modules or shapes.
     """
 
@@ -127,22 +130,23 @@ def register_commands(cli: Any) -> None:
 
 
 @hookspec
-def on_run_start(run: Any) -> None:
-    """A run starts or resumes; ``run`` is the :class:`populora_core.loop.Run` (recipe, population, dirs)."""
+def on_run_start(run: RunView) -> None:
+    """A run starts or resumes. Every lifecycle hook's ``run`` is a :class:`populora_core.runview.RunView`:
+    ``recipe``, ``run_dir``, ``steps_done``, a copy of the ``population``, and ``emit(records)``."""
 
 
 @hookspec
-def on_run_end(run: Any, status: str) -> None:
+def on_run_end(run: RunView, status: str) -> None:
     """A run ends; ``status`` is ``"completed"``, ``"failed"`` or ``"interrupted"``."""
 
 
 @hookspec
-def on_step_start(run: Any, step: int) -> None:
+def on_step_start(run: RunView, step: int) -> None:
     """Step ``step`` (1-based) is about to start."""
 
 
 @hookspec
-def after_matchmaking(run: Any, step: int, matches: list[Any]) -> None:
+def after_matchmaking(run: RunView, step: int, matches: list[Any]) -> None:
     """Teachers were paired with students; ``matches`` is a list of :class:`components.Match`.
 
     A hookimpl may reorder or replace entries in place to steer pairing.
@@ -150,7 +154,7 @@ def after_matchmaking(run: Any, step: int, matches: list[Any]) -> None:
 
 
 @hookspec
-def after_rewards(run: Any, step: int, rollouts: list[Any]) -> None:
+def after_rewards(run: RunView, step: int, rollouts: list[Any]) -> None:
     """Rewards of this step's trained rollouts are computed, before any policy update.
 
     ``rollouts`` is a list of :class:`components.Rollout`; a hookimpl may adjust ``rollout.reward``
@@ -159,20 +163,20 @@ def after_rewards(run: Any, step: int, rollouts: list[Any]) -> None:
 
 
 @hookspec
-def on_step_end(run: Any, step: int, metrics: dict[str, Any]) -> None:
+def on_step_end(run: RunView, step: int, metrics: dict[str, Any]) -> None:
     """Step ``step`` finished; ``metrics`` is the flat dict also written to the event log."""
 
 
 @hookspec
-def before_evolution(run: Any, step: int, population: Any) -> None:
+def before_evolution(run: RunView, step: int, population: Any) -> None:
     """Selection and replacement are about to run on ``population`` (a :class:`Population`)."""
 
 
 @hookspec
-def after_evolution(run: Any, step: int, events: list[dict[str, Any]]) -> None:
+def after_evolution(run: RunView, step: int, events: list[dict[str, Any]]) -> None:
     """Children were born; ``events`` are the lineage records (child, parents, operator, params, seed)."""
 
 
 @hookspec
-def on_checkpoint(run: Any, step: int, path: str) -> None:
+def on_checkpoint(run: RunView, step: int, path: str) -> None:
     """A complete checkpoint for ``step`` was atomically written at ``path``."""

@@ -45,10 +45,11 @@ from .recipe import LOCAL_CLUSTER, Recipe
 from .registry import Component
 from .rng import derived_rng, derived_seed
 from .run import RunDir
+from .runview import RunView
 
 
 class Run:
-    """A live run: recipe, components, population, run directory. Hooks receive this object."""
+    """A live run: recipe, components, population, run directory. Hooks receive its :meth:`view`."""
 
     def __init__(
         self, recipe: Recipe, run_dir: RunDir, manager: PluginManager, *, base_model: BaseModel | None = None
@@ -136,6 +137,12 @@ class Run:
             logprobs=logprobs or self.trainer.needs_sampling_logprobs,
         )
 
+    def view(self) -> RunView:
+        """What hooks receive (:class:`RunView`): the recipe, run directory, steps done, a population copy, emit."""
+        return RunView(
+            self.recipe, self.dir.path, self.step, Population.from_dict(self.population.to_dict()), self.emit
+        )
+
     def emit(self, records: list[dict[str, Any]]) -> None:
         self.dir.append("events.jsonl", records)
         for sink in self.sinks:
@@ -171,7 +178,7 @@ class Run:
         step, cfg = self.step + 1, self.recipe.rollout
         timer = PhaseTimer()
         step_start = time.perf_counter()
-        self.hook.on_step_start(run=self, step=step)
+        self.hook.on_step_start(run=self.view(), step=step)
         with timer("matchmaking"):
             matches = self._match(step)
             student_of = {m.teacher: m for m in matches}
@@ -186,7 +193,7 @@ class Run:
         rollouts += solving.buffer_solves(self, step, timer)
         with timer("ratings"):
             outcomes = self._rate(matches, proposals)
-        self.hook.after_rewards(run=self, step=step, rollouts=rollouts)
+        self.hook.after_rewards(run=self.view(), step=step, rollouts=rollouts)
         with timer("train"):
             self.engine.sleep()
             train_stats = self._train(rollouts)
@@ -208,7 +215,7 @@ class Run:
         timer.seconds["checkpoint"] += self._last_checkpoint_s  # the previous step's, paid between steps
         metrics.update(timer.metrics(time.perf_counter() - step_start + self._last_checkpoint_s, len(events)))
         self.emit([{"event": "step", **metrics}])
-        self.hook.on_step_end(run=self, step=step, metrics=metrics)
+        self.hook.on_step_end(run=self.view(), step=step, metrics=metrics)
         probe = self.recipe.probe
         if probe.enabled and (step == self.recipe.steps or (probe.every and step % probe.every == 0)):
             self.probe(step, include_base=False)
@@ -228,7 +235,7 @@ class Run:
             matches = self.matchmaker.pair(
                 teachers, self.population.students, derived_rng(self.recipe.seed, step, "match")
             )
-        self.hook.after_matchmaking(run=self, step=step, matches=matches)
+        self.hook.after_matchmaking(run=self.view(), step=step, matches=matches)
         return matches
 
     def _propose(self, step: int, timer: PhaseTimer) -> list[Proposal]:
@@ -397,7 +404,7 @@ def execute(
     run: Run, *, on_step: Callable[[dict[str, Any]], None] | None = None, on_probe: Callable[[], None] | None = None
 ) -> None:
     """Run steps until the recipe's ``steps`` with the run hooks around them; the callbacks are for displays."""
-    run.hook.on_run_start(run=run)
+    run.hook.on_run_start(run=run.view())
     status = "failed"
     try:
         if run.recipe.probe.enabled and run.step == 0:
@@ -413,5 +420,5 @@ def execute(
         status = "interrupted"
         raise
     finally:
-        run.hook.on_run_end(run=run, status=status)
+        run.hook.on_run_end(run=run.view(), status=status)
         run.close()

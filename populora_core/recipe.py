@@ -401,7 +401,7 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
 
 
 def _check_operator(component: Any, name: str, recipe: str, path: str) -> None:
-    from .evolution import operator_arity
+    from .operators import operator_arity
 
     try:
         operator_arity(component)

@@ -62,7 +62,7 @@ def checkpoint(run: Run) -> Path:
     }
     extra = {"tasks": write_tasks, "trainer": run.trainer.save_state}
     path = run.dir.write_checkpoint(run.step, state, extra, keep=run.recipe.checkpoint.keep)
-    run.hook.on_checkpoint(run=run, step=run.step, path=str(path))
+    run.hook.on_checkpoint(run=run.view(), step=run.step, path=str(path))
     return path
 
 

@@ -6,8 +6,10 @@ process does, in the middle of a step (generated and rewarded, not yet trained).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from pathlib import Path
 
 from populora_core import hookimpl
 
@@ -15,4 +17,5 @@ from populora_core import hookimpl
 @hookimpl
 def after_rewards(run, step, rollouts):
     if str(step) == os.environ.get("POPULORA_TEST_KILL_STEP"):
-        os.kill(run.trainer.workers[-1].info["pid"], signal.SIGKILL)
+        workers = json.loads((Path(run.run_dir) / "ray_workers.json").read_text())
+        os.kill(workers[-1]["pid"], signal.SIGKILL)

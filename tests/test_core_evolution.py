@@ -7,7 +7,7 @@ import torch
 
 from populora_core import PluginError, UserError
 from populora_core.adapters import LoraFactors, LoraWeights
-from populora_core.evolution import apply_operator, operator_arity
+from populora_core.operators import apply_operator, operator_arity
 from populora_core.registry import Component, NoParams
 
 
@@ -40,14 +40,13 @@ def test_arity_comes_from_min_and_max_parents_and_must_be_declared():
         operator_arity(_operator(identity, min_parents=3, max_parents=2))
 
 
-def test_the_plugin_api_1_keyword_parents_still_works_with_a_warning_naming_the_new_ones():
-    """A third-party operator written against plugin API 1 (``parents=N``) keeps running for one version."""
+def test_the_plugin_api_1_keyword_parents_is_an_error_naming_the_new_ones_since_api_3():
+    """``parents=N`` was read with a FutureWarning for one version (API 2); since API 3 it names its successors."""
     import populora_core
 
-    assert populora_core.PLUGIN_API_VERSION == 2
-    for parents, arity in ((1, (1, 1)), (2, (2, 2)), (0, (2, None)), (None, (2, None))):
-        with pytest.warns(FutureWarning, match=r"parents=.*min_parents= and max_parents=.*plugin API 3"):
-            assert operator_arity(_operator(identity, parents=parents)) == arity
+    assert populora_core.PLUGIN_API_VERSION == 3
+    with pytest.raises(PluginError, match=r"min_parents= and max_parents=.*parents= was plugin API 1"):
+        operator_arity(_operator(identity, parents=2))
 
 
 def test_parent_count_and_compatibility_are_checked_before_the_operator_runs():

@@ -119,8 +119,8 @@ def fake_run(tiny_model_dir, monkeypatch, tmp_path):
 
 
 def test_every_lifecycle_hook_fires_with_its_documented_arguments(fake_run):
-    from populora_core.loop import Run
     from populora_core.population import Population
+    from populora_core.runview import RunView
 
     recorder, directory = fake_run
     calls = recorder.calls
@@ -128,7 +128,7 @@ def test_every_lifecycle_hook_fires_with_its_documented_arguments(fake_run):
     assert fired == set(LIFECYCLE), f"hooks the run never called: {sorted(set(LIFECYCLE) - fired)}"
     for name, args in calls:  # each with exactly its spec's arguments, the run object first
         assert set(args) >= set(inspect.signature(getattr(hookspecs, name)).parameters), name
-        assert isinstance(args["run"], Run), name
+        assert isinstance(args["run"], RunView), name
         assert "step" not in args or isinstance(args["step"], int), name
 
     def steps(name: str) -> list[int]:

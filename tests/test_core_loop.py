@@ -17,6 +17,7 @@ from populora_core.loop import execute, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
+from populora_core.runview import RunView
 from populora_core.solving import solve
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
 
@@ -48,7 +49,7 @@ class Recorder:
 
     @hookimpl
     def on_run_start(self, run):
-        self.calls.append(("on_run_start", {"step": run.step}))
+        self.calls.append(("on_run_start", {"step": run.steps_done}))
 
     @hookimpl
     def on_run_end(self, run, status):
@@ -108,6 +109,69 @@ def test_every_lifecycle_hook_is_called_in_order(env, tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     pairs = [c[1]["pairs"] for c in rec.calls if c[0] == "after_matchmaking"]
     assert [[tuple(p) for p in r["matches"]] for r in steps] == pairs
+
+
+def test_hooks_see_a_run_view_whose_population_is_a_copy_and_whose_emit_logs(env, tmp_path):
+    """Hooks get RunView, never the loop's Run: steps_done as documented, a population copy an observer cannot
+    change the run through, and emit into events.jsonl."""
+    seen: list[tuple[str, int]] = []
+
+    class Observer:
+        def _see(self, name, run):
+            assert type(run) is RunView, f"{name} got {type(run).__name__}"
+            seen.append((name, run.steps_done))
+
+        @hookimpl
+        def on_run_start(self, run):
+            self._see("on_run_start", run)
+
+        @hookimpl
+        def on_step_start(self, run, step):
+            self._see("on_step_start", run)
+
+        @hookimpl
+        def after_matchmaking(self, run, step, matches):
+            self._see("after_matchmaking", run)
+            for member in run.population.members.values():
+                member.rating.mu = -1000.0  # a copy: the run's ratings must not move
+            run.emit([{"event": "observer", "step": step, "members": sorted(run.population.members)}])
+
+        @hookimpl
+        def after_rewards(self, run, step, rollouts):
+            self._see("after_rewards", run)
+
+        @hookimpl
+        def on_step_end(self, run, step, metrics):
+            self._see("on_step_end", run)
+
+        @hookimpl
+        def before_evolution(self, run, step, population):
+            self._see("before_evolution", run)
+
+        @hookimpl
+        def after_evolution(self, run, step, events):
+            self._see("after_evolution", run)
+
+        @hookimpl
+        def on_checkpoint(self, run, step, path):
+            self._see("on_checkpoint", run)
+
+        @hookimpl
+        def on_run_end(self, run, status):
+            self._see("on_run_end", run)
+
+    directory = _run(_manager(Observer()), tmp_path / "run", ["steps=3"])
+    names = [name for name, _ in seen]
+    second = names.index("on_step_start", names.index("on_step_start") + 1)
+    assert seen[second : second + 7] == [
+        ("on_step_start", 1), ("after_matchmaking", 1), ("after_rewards", 1),
+        ("before_evolution", 2), ("after_evolution", 2), ("on_step_end", 2), ("on_checkpoint", 2),
+    ]  # fmt: skip
+    assert seen[0] == ("on_run_start", 0) and seen[-1] == ("on_run_end", 3)
+    logged = [r for r in directory.read_log("events.jsonl") if r["event"] == "observer"]
+    assert [r["step"] for r in logged] == [1, 2, 3]
+    members = json.loads((directory.path / "members.json").read_text())["members"]
+    assert all(m["rating"]["mu"] > -100 for m in members), members
 
 
 def test_after_rewards_adjustment_is_what_the_trainer_sees(env, tmp_path):

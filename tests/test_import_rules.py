@@ -5,11 +5,13 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 import populora_core
+from populora_core.runview import RunView
 
 PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
@@ -86,3 +88,47 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
         "which populora_rogue.PLUGIN_REQUIRES does not declare",
     ]
     assert violations(plugins / "populora_polite", plugins) == []
+
+
+LIFECYCLE_HOOKS = {"on_run_start", "on_run_end", "on_step_start", "after_matchmaking", "after_rewards"} | {
+    "on_step_end",
+    "before_evolution",
+    "after_evolution",
+    "on_checkpoint",
+}
+VIEW_FIELDS = {f.name for f in fields(RunView) if not f.name.startswith("_")} | {"emit"}
+
+
+def run_reads_beyond_the_view(source: str) -> list[tuple[int, str]]:
+    """(line, attribute) of every ``run.<attribute>`` a lifecycle hookimpl reads that RunView does not offer."""
+    bad = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.FunctionDef) and fn.name in LIFECYCLE_HOOKS and any(a.arg == "run" for a in fn.args.args):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "run":
+                    if node.attr not in VIEW_FIELDS:
+                        bad.append((node.lineno, node.attr))
+    return bad
+
+
+HOOK_SOURCES = [
+    *PLUGINS.rglob("*.py"),
+    *Path(__file__).parent.glob("*plugin*.py"),
+    *Path(__file__).parent.glob("*_stack.py"),
+]
+HOOK_SOURCES += list(Path(__file__).parent.glob("thirdparty_*/**/*.py"))
+
+
+@pytest.mark.parametrize("file", sorted(HOOK_SOURCES), ids=lambda p: str(p.relative_to(PLUGINS.parent)))
+def test_lifecycle_hookimpls_read_only_what_the_run_view_offers(file):
+    assert run_reads_beyond_the_view(file.read_text()) == []
+
+
+def test_a_hookimpl_reaching_into_the_run_is_caught():
+    source = (
+        "@hookimpl\ndef on_step_end(run, step, metrics):\n"
+        "    run.emit([metrics]); print(run.run_dir, run.steps_done)\n"
+        "    run.trainer.workers[0].kill()\n"
+        "def helper(run):\n    return run.dir\n"
+    )
+    assert run_reads_beyond_the_view(source) == [(4, "trainer")]

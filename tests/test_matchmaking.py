@@ -170,7 +170,7 @@ def test_selection_replaces_the_weakest_more_often_than_chance_when_skills_diffe
 
 
 def test_only_ready_members_are_replaced():
-    from populora_core.evolution import ready_ids, select
+    from populora_core.operators import ready_ids, select
 
     members = _rated(4)  # s0 is the worst
     members[0].born_step = 6
@@ -186,7 +186,7 @@ def test_only_ready_members_are_replaced():
 
 def test_a_selector_that_ignores_readiness_is_refused():
     from populora_core import PluginError
-    from populora_core.evolution import select
+    from populora_core.operators import select
 
     class Old:  # written before `ready` existed: called without it
         def select(self, members, rng):

@@ -45,7 +45,7 @@ def evolve(
 
     from populora_core import format_validation_error
     from populora_core.adapters import adapter_hash, load_lora, write_peft_files
-    from populora_core.evolution import apply_operator
+    from populora_core.operators import apply_operator
 
     comp = registry.get("operator", operator)
     try:

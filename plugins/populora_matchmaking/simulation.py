@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from populora_core.components import MatchOutcome
-from populora_core.evolution import child_rating, ready_ids, select
+from populora_core.operators import child_rating, ready_ids, select
 from populora_core.population import Population, selection_history
 
 BETA = 25.0 / 6.0

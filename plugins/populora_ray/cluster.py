@@ -12,6 +12,7 @@ Everything Ray-specific is imported inside functions: loading the plugin needs n
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import time
@@ -142,6 +143,17 @@ class RayCluster:
         except BaseException:
             self.close()
             raise
+        self._write_worker_list()
+
+    def _write_worker_list(self) -> None:
+        """``RUN/ray_workers.json``: each worker's index, role, pid and node, to find (or kill) a worker's process."""
+        from populora_core.files import atomic_write_text
+
+        workers = [
+            {"index": w.index, "role": w.role, "pid": w.info.get("pid"), "node": w.info.get("node")}
+            for w in self.workers
+        ]
+        atomic_write_text(self.run_dir / "ray_workers.json", json.dumps(workers, indent=1))
 
     # --- start-up ---------------------------------------------------------------------------------
 

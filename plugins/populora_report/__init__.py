@@ -9,10 +9,11 @@ tasks/problems.jsonl, probe.jsonl); matplotlib is imported only when a report is
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from populora_core import hookimpl
 
-_started: dict[int, float] = {}  # id(run) -> perf_counter at on_run_start
+_started: dict[Path, float] = {}  # run directory -> perf_counter at on_run_start
 
 
 @hookimpl
@@ -36,18 +37,18 @@ def register_commands(cli):
 
 @hookimpl
 def on_run_start(run):
-    _started[id(run)] = time.perf_counter()
+    _started[run.run_dir] = time.perf_counter()
 
 
 @hookimpl
 def on_run_end(run, status):
     """A completed run prints its summary table and writes summary.json; a failed one leaves its error alone."""
-    start = _started.pop(id(run), None)
+    start = _started.pop(run.run_dir, None)
     if status != "completed":
         return
     import click
 
     from .summary import format_summary, write_summary
 
-    summary = write_summary(run.dir.path, wall_s=None if start is None else time.perf_counter() - start)
+    summary = write_summary(run.run_dir, wall_s=None if start is None else time.perf_counter() - start)
     click.echo(format_summary(summary))

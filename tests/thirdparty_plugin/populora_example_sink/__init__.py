@@ -35,4 +35,4 @@ def register_sinks(register):
 
 @hookimpl
 def on_run_end(run, status):
-    (Path(run.dir.path) / "example_sink_status.txt").write_text(status)
+    (Path(run.run_dir) / "example_sink_status.txt").write_text(status)

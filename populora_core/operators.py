@@ -1,0 +1,88 @@
+"""The public half of evolution: how many parents an operator takes, the one checked way to make a child, and
+how selection is asked (readiness, a child's first rating, the selector's answer checked).
+
+:func:`apply_operator` is used by the loop and by ``populora evolve``: it checks the parents' count against the
+operator's declared arity and their shapes against each other, runs the operator with a seeded generator, and
+checks that the child has the parents' rank, alpha, target modules and shapes before anything saves it.
+torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from .adapters import LoraWeights, check_compatible, shape_difference
+from .components import Replacement
+from .errors import PluginError, UserError
+from .population import Member, Rating
+from .registry import Component, Params, accepted_arguments
+
+
+def operator_arity(component: Component) -> tuple[int, int | None]:
+    """(fewest, most) parents an operator takes, as registered: ``min_parents=``, ``max_parents=`` (None: no bound)."""
+    meta = component.meta
+    if "min_parents" not in meta:
+        old = " (parents= was plugin API 1, read until API 3)" if "parents" in meta else ""
+        raise PluginError(
+            f"operator {component.name!r} (plugin {component.plugin}) does not declare how many parents it takes "
+            f"(register it with min_parents= and max_parents=){old}"
+        )
+    low, high = int(meta["min_parents"]), meta.get("max_parents")
+    high = None if high is None else int(high)
+    if low < 1 or (high is not None and high < low):
+        raise PluginError(f"operator {component.name!r} (plugin {component.plugin}): bad arity {low}..{high}")
+    return low, high
+
+
+def arity_text(component: Component) -> str:
+    low, high = operator_arity(component)
+    if high is None:
+        return f"{low} or more"
+    return f"exactly {low}" if low == high else f"{low} to {high}"
+
+
+def apply_operator(component: Component, params: Params, parents: list[LoraWeights], seed: int) -> LoraWeights:
+    """One child of ``parents`` (best first) by ``component``, checked before anyone saves it."""
+    import torch
+
+    low, high = operator_arity(component)
+    if len(parents) < low or (high is not None and len(parents) > high):
+        raise UserError(f"operator {component.name!r} takes {arity_text(component)} parent(s), got {len(parents)}")
+    check_compatible(parents)
+    child = component.factory(parents, params, torch.Generator().manual_seed(int(seed)))
+    check_child(component, parents[0], child)
+    return child
+
+
+def check_child(component: Component, parent: LoraWeights, child: Any) -> None:
+    """A child keeps its parents' rank, alpha, target modules and every module's shapes."""
+    where = f"operator {component.name!r} (plugin {component.plugin})"
+    if not isinstance(child, LoraWeights):
+        raise PluginError(f"{where} returned {type(child).__name__}, not LoraWeights")
+    diff = shape_difference(parent, child, arrow="->")
+    if diff is not None:
+        raise PluginError(f"{where} changed {diff}")
+
+
+def ready_ids(members: list[Member], step: int, readiness: int) -> set[str]:
+    """PBT's readiness: the members that have lived ``readiness`` steps and so may be replaced at ``step``."""
+    return {m.id for m in members if step - m.born_step >= readiness}
+
+
+def child_rating(parent: Rating, policy: str) -> Rating:
+    """A child's first rating. ``inherit``: its first parent's mu and sigma, so mu - k*sigma compares it with the
+    veterans like with like (a child is a small step from its parent in weight space); ``fresh``: the prior."""
+    return Rating(parent.mu, parent.sigma) if policy == "inherit" else Rating()
+
+
+def select(selector: Any, members: list[Member], rng: random.Random, ready: set[str]) -> list[Replacement]:
+    """The selector's replacements for one sub-population; only ready members may be replaced."""
+    reps = selector.select(members, rng, **accepted_arguments(selector.select, {"ready": ready}))
+    for rep in reps:
+        if rep.dead not in ready:
+            raise PluginError(
+                f"selector {type(selector).__name__} replaced {rep.dead!r}, which is not ready yet "
+                f"(ready: {sorted(ready)}); a selector must take `ready` and replace only those members"
+            )
+    return reps
