@@ -26,6 +26,8 @@ PUBLIC_MODULES = {
     "populora_core.problems": "files of Problem records",
     "populora_core.errors": "UserError, RecipeError, PluginError",
     "populora_core.files": "atomic writes of a file or a folder (atomic_write_text/bytes, atomic_path, atomic_dir)",
+    "populora_core.runtime": "the one owner of torch's thread count: set_torch_threads (a worker process), "
+    "torch_threads (a scoped section)",
     "populora_core.rng": "seeds derived from (seed, step, phase)",
     "populora_core.modelhost": "the process-wide shared base model that engines and trainers add adapters to",
     "populora_core.probe": "greedy probe accuracy of adapters on a set of problems",

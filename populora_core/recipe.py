@@ -183,6 +183,14 @@ class RuntimeSection(_Strict):
         "reproduces across CPUs (an AVX-512 box computes what an AVX2 box does); native: each library uses the "
         "CPU's widest instructions (results differ between CPUs). No effect on GPU kernels",
     )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch's CPU threads in this process, and OMP/MKL threads in the processes it starts; set once "
+        "at start, by the core only (results on the CPU depend on it). None: the environment's OMP_NUM_THREADS, "
+        "else torch's default (the cores). 1 where an engine's parallel_batches or a trainer's parallel_updates "
+        "spreads work over cores in threads of its own",
+    )
 
 
 #: The built-in cluster: today's single process, no cluster component (engine and trainer in the driver).

@@ -1,4 +1,9 @@
-"""Process settings a recipe asks for that must be in place before torch loads (the ``runtime`` section).
+"""Process settings a recipe asks for that must be in place before torch loads (the ``runtime`` section), and the
+one owner of torch's thread count: no component calls ``torch.set_num_threads`` (a test scans for it).
+
+``threads`` is set once at start, as ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (read when torch loads; children
+inherit them). :func:`set_torch_threads` is for a process the core does not start (a Ray worker);
+:func:`torch_threads` scopes a section that must run torch on fewer threads (an operator's per-module threads).
 
 ``cpu_isa: avx2`` makes a seed's run reproduce across x86 CPUs: torch's vectorized kernels, MKL's GEMMs and
 oneDNN take their AVX2 code paths even where the CPU has AVX-512, so an AVX-512 box computes what an AVX2 box
@@ -12,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: cpu_isa -> the environment that pins it (native: nothing, each library picks the CPU's widest path)
@@ -27,31 +34,61 @@ CPU_ISA_ENV: dict[str, dict[str, str]] = {
 
 def runtime_env(section: Any) -> dict[str, str]:
     """The environment variables a ``runtime`` section sets."""
-    return dict(CPU_ISA_ENV[section.cpu_isa])
+    env = dict(CPU_ISA_ENV[section.cpu_isa])
+    if section.threads is not None:
+        env.update(OMP_NUM_THREADS=str(section.threads), MKL_NUM_THREADS=str(section.threads))
+    return env
+
+
+def set_torch_threads(threads: int) -> None:
+    """torch's intra-op threads for the rest of this process (a worker process the recipe's start did not set)."""
+    import torch
+
+    torch.set_num_threads(int(threads))
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch on ``threads`` threads inside, the process's count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def apply_runtime(section: Any) -> dict[str, str]:
     """Set the section's variables in ``os.environ`` (children inherit them); returns what it set.
 
-    Where torch is already imported in this process its kernels may have dispatched already, so nothing is set
-    (a warning says so): this process and the workers it starts keep the same code paths. A variable that
-    already held another value is replaced (the recipe wins), with a warning.
+    Where torch is already imported in this process its kernels may have dispatched already, so ``cpu_isa`` is not
+    set (a warning says so): this process and the workers it starts keep the same code paths; ``threads`` then
+    goes to torch directly. A variable that already held another value is replaced (the recipe wins), with a
+    warning naming the setting.
     """
     env = runtime_env(section)
-    if not env:
-        return env
     if "torch" in sys.modules:
-        warnings.warn(
-            f"runtime.cpu_isa={section.cpu_isa} cannot apply: torch is already imported in this process "
-            "(set it before torch loads); the CPU's native code paths are used",
-            stacklevel=3,
-        )
-        return {}
+        if section.cpu_isa != "native":
+            warnings.warn(
+                f"runtime.cpu_isa={section.cpu_isa} cannot apply: torch is already imported in this process "
+                "(set it before torch loads); the CPU's native code paths are used",
+                stacklevel=3,
+            )
+            env = {k: v for k, v in env.items() if k not in CPU_ISA_ENV[section.cpu_isa]}
+        if section.threads is not None:
+            set_torch_threads(section.threads)
+    replaced: dict[str, list[str]] = {}
     for key, value in env.items():
         old = os.environ.get(key)
         if old is not None and old != value:
-            warnings.warn(
-                f"runtime.cpu_isa={section.cpu_isa}: {key}={old} in the environment replaced by {value}", stacklevel=3
-            )
+            setting = "threads" if key.endswith("_NUM_THREADS") else "cpu_isa"
+            replaced.setdefault(setting, []).append(f"{key}={old}")
         os.environ[key] = value
+    for setting, olds in replaced.items():
+        value = getattr(section, setting)
+        warnings.warn(
+            f"runtime.{setting}={value}: {', '.join(olds)} in the environment replaced (the recipe wins)", stacklevel=3
+        )
     return env

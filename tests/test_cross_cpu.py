@@ -13,6 +13,7 @@ them after such a change, on any x86 machine, with::
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import platform
@@ -102,7 +103,7 @@ def test_cpu_isa_must_be_a_known_path():
 
 
 def test_apply_runtime_sets_the_paths_before_torch_and_refuses_after(monkeypatch):
-    avx2, _ = load_recipe(RECIPE)
+    avx2, _ = load_recipe(RECIPE, ["runtime.threads=null"])
     for var in CPU_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setitem(sys.modules, "torch", object())  # as in a process that already imported torch
@@ -111,13 +112,51 @@ def test_apply_runtime_sets_the_paths_before_torch_and_refuses_after(monkeypatch
     assert all(var not in os.environ for var in CPU_VARS)
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
-    with pytest.warns(UserWarning, match="MKL_CBWR=COMPATIBLE in the environment replaced by AVX2"):
+    with pytest.warns(UserWarning, match="runtime.cpu_isa=avx2: MKL_CBWR=COMPATIBLE in the environment replaced"):
         assert apply_runtime(avx2.runtime) == CPU_ISA_ENV["avx2"]
     assert {var: os.environ[var] for var in CPU_VARS} == CPU_ISA_ENV["avx2"]
-    native, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native"])
+    native, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=null"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert apply_runtime(native.runtime) == {}
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypatch):
+    """The recipe's ``runtime.threads`` reaches torch (and the processes the run starts) without the Makefile."""
+    import torch
+
+    recipe, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=3"])
+    for var in THREAD_VARS:
+        monkeypatch.setenv(var, "1")
+    monkeypatch.delitem(sys.modules, "torch")  # not imported yet: the environment, read when torch loads
+    with pytest.warns(UserWarning, match=r"runtime.threads=3: OMP_NUM_THREADS=1, MKL_NUM_THREADS=1 in the environment replaced"):
+        assert apply_runtime(recipe.runtime) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+    assert [os.environ[v] for v in THREAD_VARS] == ["3", "3"]
+    monkeypatch.setitem(sys.modules, "torch", torch)  # already imported: torch itself, and the environment
+    before = torch.get_num_threads()
+    try:
+        recipe2, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=2"])
+        with pytest.warns(UserWarning, match="runtime.threads=2: OMP_NUM_THREADS=3, MKL_NUM_THREADS=3 in the environment replaced"):
+            apply_runtime(recipe2.runtime)
+        assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RecipeError, match=r"runtime\.threads"):
+        load_recipe(RECIPE, ["runtime.threads=0"])
+
+
+def test_no_component_sets_the_thread_count_but_the_core_runtime():
+    """One owner: torch.set_num_threads appears only in populora_core/runtime.py (plugins call its functions)."""
+    callers = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in [*(REPO / "populora_core").rglob("*.py"), *(REPO / "plugins").rglob("*.py")]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("set_num_threads", "set_num_interop_threads")
+    ]
+    assert callers and all(c.startswith("populora_core/runtime.py:") for c in callers), callers
 
 
 if __name__ == "__main__":  # re-pin: print the constant from a fresh run

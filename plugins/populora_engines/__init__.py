@@ -36,7 +36,7 @@ class HFEngineParams(Params):
         ge=1,
         description="the decode loop's rows split into this many runs of about equal cost, decoded at once in "
         "threads through the one shared base (the same tokens as 1: every row samples from its own key). On "
-        "the CPU a small model decodes on one core per thread (set it to the cores, with OMP_NUM_THREADS=1); "
+        "the CPU a small model decodes on one core per thread (set it to the cores, with runtime.threads: 1); "
         "on a GPU keep 1. decode: generate ignores it",
     )
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import torch
+
+from populora_core.runtime import torch_threads
 
 Svd = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # U (d_out x k), S (k), Vh (k x d_in)
 
@@ -118,7 +119,7 @@ def svds(
         groups.setdefault((gx.shape[0], gy.shape[0], str(gx.device)), []).append(i)
     fallback = []
     for idx in groups.values():
-        with single_threaded():
+        with torch_threads(1):
             small = _cholesky_svds([grams[i] for i in idx], [stacks[i] for i in idx], [ranks[i] for i in idx], max_cond)
         for i, res in zip(idx, small):
             if res is None:
@@ -231,11 +232,11 @@ def parallel_map(fn: Any, items: list[Any], threads: int | None = None) -> list[
     """
     n = workers() if threads is None else threads
     if n <= 1 or len(items) <= 1 or _on_cuda(items[0]):
-        with single_threaded():
+        with torch_threads(1):
             return [fn(x) for x in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    with single_threaded(), ThreadPoolExecutor(min(n, len(items))) as pool:
+    with torch_threads(1), ThreadPoolExecutor(min(n, len(items))) as pool:
         return list(pool.map(fn, items))
 
 
@@ -253,7 +254,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def module_parallel(fn: F) -> F:
     """Run an operator with torch on one thread and its per-module work on :func:`workers` threads.
 
-    ``torch.set_num_threads`` stays the one knob: it becomes the number of modules worked on at once.
+    The process's torch thread count (``runtime.threads``) stays the one knob: it becomes the number of modules
+    worked on at once.
     """
 
     @functools.wraps(fn)
@@ -262,23 +264,12 @@ def module_parallel(fn: F) -> F:
             return fn(*args, **kwargs)
         _OPERATOR.workers = torch.get_num_threads()
         try:
-            with single_threaded():
+            with torch_threads(1):
                 return fn(*args, **kwargs)
         finally:
             _OPERATOR.workers = None
 
     return cast(F, run)
-
-
-@contextmanager
-def single_threaded() -> Iterator[None]:
-    """torch ops on one thread inside (small batched LAPACK calls, too, stall on a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _on_cuda(item: Any) -> bool:

@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    torch.set_num_threads(args.threads)
+    from populora_core.runtime import set_torch_threads
+
+    set_torch_threads(args.threads)
     t0 = time.time()
     from . import corpus as C
 

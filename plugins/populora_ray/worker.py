@@ -71,10 +71,10 @@ class PopulationWorker:
 
     def build(self, kind: str, name: str, params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
         """Build the recipe's engine or trainer here; returns what the driver needs to know about it."""
-        import torch
-
-        torch.set_num_threads(self.threads)  # Ray sets OMP_NUM_THREADS from the actor's CPUs; results depend on it
         from populora_core import get_registry
+        from populora_core.runtime import set_torch_threads
+
+        set_torch_threads(self.threads)  # Ray sets OMP_NUM_THREADS from the actor's CPUs; results depend on it
 
         component = get_registry().get(kind, name)
         built = component.build(params, **context)

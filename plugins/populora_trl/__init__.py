@@ -112,7 +112,7 @@ class TRRParams(_Common):
         ge=1,
         description="members updated at once in threads sharing the base, each in its own adapter slot; results "
         "bit-identical to 1 (one at a time). On the CPU a small model's update uses one core per thread "
-        "(set it to the cores, with OMP_NUM_THREADS=1); on a GPU keep 1. The single process's: a Ray worker trains "
+        "(set it to the cores, with runtime.threads: 1); on a GPU keep 1. The single process's: a Ray worker trains "
         "its members one after another on its own cores. Needs lora_forward: fused and kl_coef: 0",
     )
 
