@@ -130,17 +130,24 @@ def _apply_runtime(section: Any) -> None:
 @click.argument("overrides", nargs=-1)
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
+@click.option("--dry-run", is_flag=True, help="Print the resolved recipe and its plan; run nothing, write nothing.")
 @click.pass_obj
-def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None) -> None:
+def run(
+    manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None, dry_run: bool
+) -> None:
     """Run a recipe: populora run RECIPE [key.sub=value ...].
 
     \b
     Overrides are YAML values at dotted paths; list items by index:
       populora run recipes/nano.yaml seed=1 steps=8 --run-dir runs/nano-s1
       populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
+      populora run recipes/azr_7b.yaml --dry-run     # the recipe as it would run, and whether it fits
     Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint.
     """
     model, resolved = _load_recipe(manager, recipe, overrides)
+    if dry_run:
+        _dry_run(manager, recipe, overrides, model, resolved, run_dir)
+        return
     _apply_runtime(model.runtime)
     from .loop import start_run
     from .modelhost import resolve_device
@@ -156,6 +163,23 @@ def run(manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | No
     )
     _execute(start_run(model, resolved, directory, manager), directory.path, progress)
     click.echo(f"run complete: {directory.path}")
+
+
+def _dry_run(
+    manager: Any, recipe: str, overrides: tuple[str, ...], model: Any, resolved: dict[str, Any], run_dir: str | None
+) -> None:
+    """The resolved recipe (every default filled in, as ``recipe.yaml`` of the run would hold it) and the plan."""
+    import yaml
+
+    from .plan import format_plan, plan_file
+
+    click.echo(f"# populora run {recipe} -> {run_dir or f'runs/{model.name}'} (dry run: nothing runs or is written)")
+    click.echo(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False).rstrip())
+    try:
+        planned = format_plan(plan_file(recipe, overrides, manager))
+    except UserError as exc:  # no model config at hand (an uncached hub model): the recipe is still valid
+        planned = f"no plan: {exc}"
+    click.echo("\n# plan (populora plan)\n" + "\n".join(f"# {line}" if line else "#" for line in planned.splitlines()))
 
 
 def _execute(run_obj: Any, run_dir: Any, progress: bool | None) -> None:

@@ -182,3 +182,22 @@ def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params
     assert "params.lr " in trr and "AdamW learning rate" in trr and "params.parallel_updates" in trr
     typo = run_cli("keys", "rolout")
     assert typo.returncode == 2 and "did you mean 'rollout'?" in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_path):
+    """`populora run --dry-run`: every default filled in (what recipe.yaml of the run would hold), the plan, no run."""
+    run_dir = tmp_path / "would-be"
+    recipe = TESTS.parent / "recipes" / "nano.yaml"
+    dry = run_cli("run", str(recipe), "steps=3", "trainer.params.lr=2.0e-4", "--run-dir", str(run_dir), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    header, _, rest = dry.stdout.partition("\n")
+    assert f"-> {run_dir} (dry run" in header
+    resolved_text, _, plan = rest.partition("# plan (populora plan)")
+    resolved = yaml.safe_load(resolved_text)
+    assert resolved["steps"] == 3 and resolved["trainer"]["params"]["lr"] == 2.0e-4
+    assert resolved["runtime"] == {"cpu_isa": "avx2", "threads": 1}  # defaults appear too
+    assert resolved["rollout"]["solver_samples"] == load_recipe(recipe)[0].rollout.solver_samples
+    assert "# fits: peak" in plan and "trainer AdamW moments" in plan
+    assert not run_dir.exists()
+    bad = run_cli("run", str(recipe), "trainer.params.lr=-1", "--dry-run")
+    assert bad.returncode == 2 and "trainer.params.lr" in bad.stderr and "Traceback" not in bad.stderr
