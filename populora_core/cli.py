@@ -79,6 +79,30 @@ def cli(ctx: click.Context, plugin_files: tuple[str, ...]) -> None:
     ctx.obj = get_manager(plugin_files)
 
 
+def _complete_override(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of ``key.sub=value`` overrides: the recipe's keys (components' params: ``populora keys``)."""
+    from .recipe import Recipe, model_keys
+
+    return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script (commands, options, recipe keys after a recipe).
+
+    \b
+      echo 'eval "$(populora completion bash)"' >> ~/.bashrc
+      echo 'eval "$(populora completion zsh)"' >> ~/.zshrc
+      populora completion fish > ~/.config/fish/completions/populora.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None  # click ships all three
+    click.echo(completer(cli, {}, "populora", "_POPULORA_COMPLETE").source())
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -127,7 +151,7 @@ def _apply_runtime(section: Any) -> None:
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1)
+@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved recipe and its plan; run nothing, write nothing.")
@@ -198,7 +222,7 @@ def _execute(run_obj: Any, run_dir: Any, progress: bool | None) -> None:
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1)
+@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
 @click.option("--out", type=click.Path(), required=True, help="JSONL file to write (Problem records).")
 @click.option("--per-type", type=int, default=256, show_default=True, help="Valid seeds per task type (AZR: 256).")
 @click.option("--max-rounds", type=int, default=40, show_default=True, help="Give up after this many rounds.")
@@ -261,7 +285,7 @@ def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progr
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1)
+@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
 @click.pass_obj
 def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe (structure, then every component's params) without running it, and print its
@@ -305,7 +329,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1)
+@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs; members are split over them.")
 @click.option("--gpu-memory", help="Memory per GPU, e.g. 80GiB, 141GiB, 80GB (default: the visible GPU, else 80GiB).")
 @click.option("--config", "config_path", type=click.Path(), help="The base model's config.json (no weights needed).")

@@ -201,3 +201,16 @@ def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_
     assert not run_dir.exists()
     bad = run_cli("run", str(recipe), "trainer.params.lr=-1", "--dry-run")
     assert bad.returncode == 2 and "trainer.params.lr" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_shell_completion_script_and_recipe_keys_complete(tmp_path):
+    """`populora completion SHELL` prints click's script; after a recipe, overrides complete to the recipe's keys."""
+    script = run_cli("completion", "bash")
+    assert script.returncode == 0 and "_POPULORA_COMPLETE=bash_complete" in script.stdout
+    assert run_cli("completion", "tcsh").returncode == 2
+    words = {"COMP_WORDS": "populora run recipes/nano.yaml rollout.sol", "COMP_CWORD": "3"}
+    done = run_cli(env={**words, "_POPULORA_COMPLETE": "bash_complete"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["plain,rollout.solver_samples", "plain,rollout.solve_max_tokens"]
+    commands = run_cli(env={"COMP_WORDS": "populora do", "COMP_CWORD": "1", "_POPULORA_COMPLETE": "bash_complete"})
+    assert commands.stdout.split() == ["plain,doctor"]
