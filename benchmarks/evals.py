@@ -50,7 +50,7 @@ def end_to_end(workdir: Path, limit: int, max_tokens: int) -> dict[str, Any]:
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(base)
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         target=str(adapter),
         benchmarks="shipped",
         engine="hf",
@@ -96,7 +96,7 @@ class _Instant:
 
 def grading_throughput(quick: bool) -> dict[str, Any]:
     from populora_evals import grading
-    from populora_evals.evaluators import BENCHMARKS, EvaluatorParams
+    from populora_evals.evaluators import BENCHMARKS, EvaluatorParams, FunctionBenchmark
     from populora_evals.runner import make_executor
 
     executor = make_executor("sandbox")
@@ -109,6 +109,7 @@ def grading_throughput(quick: bool) -> dict[str, Any]:
             items = b.items()
             comps = [[it[field]] for it in items]
             if name == "humaneval":
+                assert isinstance(b, FunctionBenchmark)  # HumanEval is one
                 jobs = [
                     grading.check_job(b.program(it, c[0]), it["test"], it["entry_point"], 60)
                     for it, c in zip(items, comps)

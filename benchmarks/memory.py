@@ -110,6 +110,7 @@ def run(quick: bool, device: str, work: Path) -> dict[str, Any]:
                 adapter_bytes = sum(
                     a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in held.values()
                 )
+        assert adapter_bytes is not None  # set by the first adapter loaded
         extra = measure() - base_rss
         rows[str(n)] = {"extra_mb": round(extra / 2**20, 3), "ratio": round(extra / (n * adapter_bytes), 4)}
     assert adapter_bytes is not None

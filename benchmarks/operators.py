@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -88,7 +88,8 @@ def _timed(fn: Any, setup: Any = None) -> tuple[Any, float, float]:
     """(last result, median wall seconds, largest peak extra MB) of ``fn(*setup())`` (setup untimed); the
     median process CPU seconds go to _CPU["last"] (the CPU is shared, so CPU time is the contention-robust
     figure next to wall time)."""
-    walls, cpus, peaks = [], [], []
+    walls: list[float] = []
+    cpus, peaks = [], []
     out = None
     while not walls or (len(walls) < _REPEATS["n"] and walls[0] < REPEAT_BELOW_S):
         args = setup() if setup is not None else ()
@@ -151,7 +152,7 @@ def peft_svd_one_layer(
     t0 = time.perf_counter()
     model.add_weighted_adapter(["p0", "p1"], weights, "child", combination_type="svd")
     dt = time.perf_counter() - t0
-    deltas = {n: model.get_submodule(n).get_delta_weight("child").float() for n in names}
+    deltas = {n: cast(Any, model.get_submodule(n)).get_delta_weight("child").float() for n in names}  # a LoRA layer
     return deltas, dt
 
 
@@ -315,7 +316,7 @@ def bench_rank(
     peft_modules: list[str] | None,
 ) -> dict[str, Any]:
     import torch
-    from populora_lora_ops import OPERATORS, ops
+    from populora_lora_ops import OPERATORS, SvdCrossoverParams, ops
     from populora_lora_ops.synthetic import module_names, trained_like
 
     from populora_core.adapters import load_lora, save_lora
@@ -374,13 +375,13 @@ def bench_rank(
     names0 = [n for n in _layer0(list(named)) if peft_modules is None or n.rsplit(".", 1)[-1] in peft_modules]
     weights = [0.5, 0.5]
     sub = [p.with_modules({n: p.modules[n] for n in names0}) for p in parents]
-    svd_params = OPERATORS["svd"][1](weights=weights)
+    svd_params = SvdCrossoverParams(weights=weights)  # OPERATORS["svd"][1]
     _, ours_sub_s, _ = _timed(lambda: ops.svd_crossover(sub, svd_params, torch.Generator()))
     ours = ops.svd_crossover(sub, svd_params, torch.Generator())
     peft_deltas, peft_dt = peft_svd_one_layer(parents, names0, named, weights)
     err_num = err_sum_num = ref_den = sum_den = peft_num = peft_sum_num = favg_num = 0.0
     for n in names0:
-        w = sum(wi * p.modules[n].delta() for wi, p in zip(weights, parents))
+        w = cast(torch.Tensor, sum(wi * p.modules[n].delta() for wi, p in zip(weights, parents)))  # two parents
         u, s, vh = torch.linalg.svd(w, full_matrices=False)
         ref = (u[:, :rank] * s[:rank]) @ vh[:rank]
         mine = ours.modules[n].delta()

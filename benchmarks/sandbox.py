@@ -264,6 +264,7 @@ def validate_unsafe(programs: list[tuple[str, str]]) -> tuple[list[str | None], 
     start = time.perf_counter()
     try:
         for code, inp in programs:
+            assert proc.stdin is not None and proc.stdout is not None  # _unsafe_worker checked both
             data = json.dumps({"code": code, "inp": inp}).encode()
             proc.stdin.write(struct.pack(">I", len(data)) + data)
             proc.stdin.flush()

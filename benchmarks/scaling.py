@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -48,7 +48,8 @@ def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> di
 
     def record_overhead(metrics: dict[str, Any]) -> None:
         if run.cluster is not None:
-            overhead[metrics["step"]] = run.cluster.time.overhead_s
+            # .time is the Ray cluster's timer, not part of the Cluster protocol
+            overhead[metrics["step"]] = cast(Any, run.cluster).time.overhead_s
 
     execute(run, on_step=record_overhead)
     steps = [e for e in RunDir(workdir / label).read_log("events.jsonl") if e["event"] == "step"]
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         configs = {k: v for k, v in configs.items() if k in ("local", "ray-2")}
 
     manager = get_manager()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")  # one cluster for every Ray row
+    # one cluster for every Ray row; ray.init takes a level name too (its stubs say int only)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=cast(Any, "warning"))
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="populora-scaling-") as tmp:

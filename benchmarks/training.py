@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.logprob_variant:
-        result = logprob_variant(Path(args.work), args.logprob_variant, args.chunk, 4096, args.device)
+        result: dict[str, Any] = logprob_variant(Path(args.work), args.logprob_variant, args.chunk, 4096, args.device)
         print(json.dumps(result), flush=True)
         return
     if args.logprob_memory:
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         work = Path(tmp)
         build_tiny_model(work / "model", hidden=128, heads=2, kv_heads=1)
-        result: dict[str, Any] = {"benchmark": "training", "quick": args.quick}
+        result = {"benchmark": "training", "quick": args.quick}
         trr = bench("trr++", {"micro_batch_size": 16}, args.quick, args.device, work)
         result["trr"] = trr
         result["trr_tokens_per_s"] = trr["tokens_per_s"]

@@ -132,14 +132,18 @@ def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypat
     for var in THREAD_VARS:
         monkeypatch.setenv(var, "1")
     monkeypatch.delitem(sys.modules, "torch")  # not imported yet: the environment, read when torch loads
-    with pytest.warns(UserWarning, match=r"runtime.threads=3: OMP_NUM_THREADS=1, MKL_NUM_THREADS=1 in the environment replaced"):
+    with pytest.warns(
+        UserWarning, match=r"runtime.threads=3: OMP_NUM_THREADS=1, MKL_NUM_THREADS=1 in the environment replaced"
+    ):
         assert apply_runtime(recipe.runtime) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
     assert [os.environ[v] for v in THREAD_VARS] == ["3", "3"]
     monkeypatch.setitem(sys.modules, "torch", torch)  # already imported: torch itself, and the environment
     before = torch.get_num_threads()
     try:
         recipe2, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=2"])
-        with pytest.warns(UserWarning, match="runtime.threads=2: OMP_NUM_THREADS=3, MKL_NUM_THREADS=3 in the environment replaced"):
+        with pytest.warns(
+            UserWarning, match="runtime.threads=2: OMP_NUM_THREADS=3, MKL_NUM_THREADS=3 in the environment replaced"
+        ):
             apply_runtime(recipe2.runtime)
         assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
     finally:

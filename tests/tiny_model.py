@@ -8,7 +8,7 @@ pre-tokenizer rules, which would change ids after a save/load round trip.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 _CORPUS = [
     "def f(x):\n    return x + 1\n",
@@ -64,7 +64,7 @@ def build_tiny_model(
         tie_word_embeddings=False,
         head_dim=hidden // heads,
     )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = cast(Any, LlamaForCausalLM(config)).to(torch.float32)  # transformers' stubs type .to() wrongly
     model.save_pretrained(out)
     return out
 

@@ -134,9 +134,10 @@ class HFEngine:
                 return results
             self._calls += 1  # counts calls that generate, so a dropped request never moves later seeds
             seed = sampling.seed if sampling.seed is not None else hashed_seed(self.seed, self._calls, bits=63)
-            distinct = {requests[i].adapter.served_key for i in served if requests[i].adapter is not None}
+            adapters = [requests[i].adapter for i in served]
+            distinct = {a.served_key for a in adapters if a is not None}
             host.capacity = max(host.capacity, len(distinct))
-            keys = [host.ensure(requests[i].adapter) if requests[i].adapter is not None else BASE for i in served]
+            keys = [host.ensure(a) if a is not None else BASE for a in adapters]
             kept = [prompts[i] for i in served]
             call_index = [requests[i].index if requests[i].index is not None else i for i in served]
             rows = [(k, j) for k in range(len(served)) for j in range(sampling.n)]

@@ -151,7 +151,7 @@ def files_sha256(paths: Iterable[Path]) -> dict[str, str]:
 
 
 def _opener(path: Path) -> Callable[..., IO[Any]]:
-    return gzip.open if path.name.endswith(".gz") else open  # type: ignore[return-value]
+    return gzip.open if path.name.endswith(".gz") else open
 
 
 def jsonl_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:

@@ -222,10 +222,10 @@ OPERATORS: dict[str, tuple[str, type[Params], tuple[int, int | None]]] = {
 }
 
 
-def _lazy(fn_name: str, doc: str):  # type: ignore[no-untyped-def]
+def _lazy(fn_name: str, doc: str):
     """A thin entry that imports the torch-based implementation on first call, not at plugin load."""
 
-    def op(parents, params, generator):  # type: ignore[no-untyped-def]
+    def op(parents, params, generator):
         from . import ops
 
         return getattr(ops, fn_name)(parents, params, generator)
@@ -236,7 +236,7 @@ def _lazy(fn_name: str, doc: str):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def register_operators(register):  # type: ignore[no-untyped-def]
+def register_operators(register):
     for name, (fn_name, params, (fewest, most)) in OPERATORS.items():
         doc = (params.__doc__ or "").strip().splitlines()[0]
         kind = "mutation" if most == 1 and name != "clone" else "crossover"
@@ -246,7 +246,7 @@ def register_operators(register):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def register_commands(cli):  # type: ignore[no-untyped-def]
+def register_commands(cli):
     from .cli import add_evolve_command
 
     add_evolve_command(cli)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,14 +415,15 @@ def generate_programs(
     *,
     candidates: int = 14,
     min_inputs: int = 10,
-    exclude: set[str] = frozenset(),
+    exclude: Collection[str] = frozenset(),
     chunk: int = 500,
 ) -> list[Program]:
     """``count`` distinct programs (code not in ``exclude``) with at least ``min_inputs`` valid inputs."""
     out: list[Program] = []
     seen = set(exclude)
     while len(out) < count:
-        batch, cands = [], []
+        batch: list[Program] = []
+        cands: list[list[str]] = []
         while len(batch) < chunk:
             prog = random_program(rng)
             if prog.code in seen:
@@ -453,7 +454,9 @@ def pick_inputs(prog: Program, n: int, rng: random.Random) -> list[int]:
     """``n`` input indices, preferring inputs with distinct outputs (more revealing pairs)."""
     idx = list(range(len(prog.inputs)))
     rng.shuffle(idx)
-    first, rest, seen = [], [], set()
+    first: list[int] = []
+    rest: list[int] = []
+    seen = set()
     for i in idx:
         (rest if prog.outputs[i] in seen else first).append(i)
         seen.add(prog.outputs[i])

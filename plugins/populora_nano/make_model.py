@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 #: Head sizes allowed so the model stays servable by the vllm CPU build too (32 and 48 checked here;
@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(args.seed)
-    config = LlamaConfig(
+    # transformers' stubs omit rope_theta, which LlamaConfig still takes (into rope_parameters)
+    config = cast(Any, LlamaConfig)(
         vocab_size=len(tokenizer),
         hidden_size=args.hidden,
         intermediate_size=args.hidden * 8 // 3,
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
     )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = cast(Any, LlamaForCausalLM(config)).to(torch.float32)  # transformers' stubs type .to() wrongly
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters")
     stats = pretrain(

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         problems = [p for t in TASK_TYPES for p in [q for q in problems if q.task_type == t][: args.limit]]
     executor = reg.get("executor", "sandbox").build()
     try:
-        tasks = {}
+        tasks: dict[str, Any] = {}
         for name in TASK_TYPES:
             tasks[name] = reg.get("task", name).build(
                 {"style": "compact"}, executor=executor, rng=args.seed, tasks=tasks

@@ -306,7 +306,9 @@ def load_run(path: str | Path) -> RunData:
         raise UserError(f"{recipe_file}: not valid YAML ({exc})") from None
     if not isinstance(recipe, dict):
         raise UserError(f"{recipe_file} is not a recipe mapping")
-    population = recipe.get("population") if isinstance(recipe.get("population"), dict) else {}
+    population = recipe.get("population")
+    if not isinstance(population, dict):
+        population = {}
     notes: list[str] = []
     events = _read_jsonl(directory / "events.jsonl", notes)
     if events is None:

@@ -582,10 +582,10 @@ def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
             bars.append((label, acc, {"color": "white", "edgecolor": "black", "hatch": "//"}))
         width = 0.82 / max(len(bars), 1)
         for i, (label, acc, style) in enumerate(bars):
-            xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
+            positions = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
             heights = [acc.get(g, 0.0) for g in groups]
-            bar_ax.bar(xs, heights, width=width, label=label, **style)
-            bar_ax.text(xs[-1], heights[-1] + 0.015, f"{heights[-1]:.2f}", ha="center", fontsize=6, rotation=90)
+            bar_ax.bar(positions, heights, width=width, label=label, **style)
+            bar_ax.text(positions[-1], heights[-1] + 0.015, f"{heights[-1]:.2f}", ha="center", fontsize=6, rotation=90)
         bar_ax.set_xticks(range(len(groups)), groups)
         bar_ax.set_ylim(0, 1.1)
         bar_ax.set_ylabel("probe accuracy (greedy)" if col == 0 else "")

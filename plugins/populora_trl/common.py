@@ -51,7 +51,10 @@ class LoraTrainerBase:
     """
 
     algorithm = "base"
-    needs_sampling_logprobs = False  # the loss recomputes the old policy's log-probs itself
+
+    @property
+    def needs_sampling_logprobs(self) -> bool:
+        return False  # the loss recomputes the old policy's log-probs itself
 
     def __init__(self, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
         from populora_core.modelhost import get_host
@@ -570,6 +573,7 @@ def _logp_entropy_function() -> Any:
                         block.add_(g_lp[rows])
                     block.mul_(lp.exp()).neg_()
                 else:  # d lp_t / d z_j = onehot_tj - p_j
+                    assert g_lp is not None  # g_ent is None here, so g_logp is not (both None returned above)
                     block = lp.exp().mul_(-g_lp[rows])
                 if g_lp is not None:
                     block.scatter_add_(-1, targets[rows].unsqueeze(-1), g_lp[rows])

@@ -104,7 +104,7 @@ class GRPOLoraTrainer(LoraTrainerBase):
             disable_dropout=False,
         )
 
-        def unused_reward(prompts: Any, completions: Any, **kwargs: Any) -> list[float]:
+        def unused_reward(prompts: Any, completions: Any, **kwargs: Any) -> list[float | None]:
             raise RuntimeError("the grpo plugin scores rollouts itself; TRL's reward path is not used")
 
         trainer = GRPOTrainer(
