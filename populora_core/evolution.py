@@ -14,7 +14,6 @@ from .errors import UserError
 from .operators import apply_operator, child_rating, operator_arity, ready_ids, select
 from .population import Lineage, Member
 from .registry import Component, Params
-from .rng import derived_rng, derived_seed
 
 if TYPE_CHECKING:
     from .loop import Run
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 def initialise(run: Run) -> None:
     """Fresh adapters (version 0) for every member, from the base model's module shapes, with lineage."""
     for i, member in enumerate(run.population.members.values()):
-        member_seed = derived_seed(run.recipe.seed, 0, f"init/{i}")
+        member_seed = run.streams.sampling_seed(0, f"init/{i}")
         weights = fresh_lora(run.base_model.path, run.lora, seed=member_seed)
         save_lora(weights, run.dir.adapter_path(member.version_name))
         member.lineage = Lineage(operator="init", seed=member_seed)
@@ -49,7 +48,7 @@ def evolve(run: Run, step: int) -> list[dict[str, Any]]:
     """Selection and replacement per sub-population; returns the lineage records of the children."""
     assert run.selector is not None
     run.hook.before_evolution(run=run.view(), step=step, population=run.population)
-    rng = derived_rng(run.recipe.seed, step, "evolution")
+    rng = run.streams.rng(step, "evolution")
     evo = run.recipe.evolution
     events: list[dict[str, Any]] = []
     for role, group in sorted(run.population.subpopulations().items()):

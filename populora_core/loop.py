@@ -12,7 +12,6 @@ uninterrupted one would.
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -43,7 +42,7 @@ from .probe import ProbeTarget, probe_records, probe_set
 from .problems import Proposal
 from .recipe import LOCAL_CLUSTER, Recipe
 from .registry import Component
-from .rng import derived_rng, derived_seed
+from .rng import Streams
 from .run import RunDir
 from .runview import RunView
 
@@ -58,6 +57,7 @@ class Run:
         self.dir = run_dir
         self.manager = manager
         self.hook = manager.hook
+        self.streams = Streams(recipe.seed)
         reg = manager.registry
         self.single_agent = recipe.population.mode == "single_agent"
         self.base_model = base_model or reg.base_model(recipe.base_model.name, recipe.base_model.params)
@@ -95,7 +95,7 @@ class Run:
         for i, ref in enumerate(recipe.tasks):
             if ref.name in self.tasks:
                 raise UserError(f"task {ref.name!r} is listed twice in the recipe")
-            rng = random.Random(f"{recipe.seed}/task/{i}")
+            rng = self.streams.task_rng(i)
             self.tasks[ref.name] = reg.get("task", ref.name).build(
                 ref.params, executor=self.executor, rng=rng, tasks=self.tasks
             )
@@ -132,7 +132,7 @@ class Run:
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             max_tokens=max_tokens,
-            seed=derived_seed(self.recipe.seed, step, phase),
+            seed=self.streams.sampling_seed(step, phase),
             max_prompt_tokens=cfg.max_prompt_tokens,
             logprobs=logprobs or self.trainer.needs_sampling_logprobs,
         )
@@ -233,7 +233,7 @@ class Run:
             matches = [Match(m.id, m.id, 0.5) for m in teachers]
         else:
             matches = self.matchmaker.pair(
-                teachers, self.population.students, derived_rng(self.recipe.seed, step, "match")
+                teachers, self.population.students, self.streams.rng(step, "match")
             )
         self.hook.after_matchmaking(run=self.view(), step=step, matches=matches)
         return matches
@@ -244,7 +244,7 @@ class Run:
         with timer("prompts"):
             proposals, requests = [], []
             for task_name, task in self.tasks.items():
-                rng = derived_rng(self.recipe.seed, step, f"propose/{task_name}")
+                rng = self.streams.rng(step, f"propose/{task_name}")
                 for teacher in self.population.teachers:
                     for prompt, ctx in task.proposer_prompts(cfg.proposals_per_teacher, rng):
                         requests.append(GenerationRequest(prompt, self.adapter_ref(teacher)))

@@ -16,7 +16,6 @@ from typing import Any
 
 from .components import GenerationRequest, Problem
 from .errors import UserError
-from .rng import derived_rng
 
 
 def make_seeds(
@@ -38,7 +37,7 @@ def make_seeds(
         for name, task in run.tasks.items():
             if len(found[name]) >= per_type:
                 continue
-            rng = derived_rng(run.recipe.seed, round_, f"seed/{name}")
+            rng = run.streams.rng(round_, f"seed/{name}")
             for prompt, ctx in task.proposer_prompts(prompts_per_round, rng):
                 requests.append(GenerationRequest(prompt, None))
                 origin.append((name, ctx))

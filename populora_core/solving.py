@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from .components import GenerationRequest, Problem, Rollout
 from .metrics import PhaseTimer
 from .population import Member
-from .rng import derived_rng
 
 if TYPE_CHECKING:
     from .loop import Run
@@ -22,7 +21,7 @@ def buffer_solves(run: Run, step: int, timer: PhaseTimer) -> list[Rollout]:
     attempts = []
     for task_name, task in run.tasks.items():
         for student in run.population.students:
-            rng = derived_rng(run.recipe.seed, step, f"buffer/{task_name}/{student.id}")
+            rng = run.streams.rng(step, f"buffer/{task_name}/{student.id}")
             attempts += [(task_name, student, problem) for problem in task.sample_problems(k, rng)]
     scored = solve(run, attempts, step, "sample/buffer", n=1, timer=timer, phase="generate_buffer")
     rollouts = [r for answers in scored for r in answers]
