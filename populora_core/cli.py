@@ -361,6 +361,47 @@ def plan(
 
 
 @cli.command()
+@click.argument("directory", required=False, default="runs", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def runs(directory: str, as_json: bool) -> None:
+    """The runs under DIRECTORY (default runs/): recipe, seed, checkpointed steps of planned, status, best - base.
+
+    \b
+      populora runs
+      populora runs /scratch/study --json
+    Status: running (its process holds the run's lock), finished, or stopped (`populora resume` continues it).
+    """
+    from pathlib import Path
+
+    from .run import list_runs
+
+    if not Path(directory).is_dir():
+        raise UserError(f"{directory}: no such directory (runs go to runs/<recipe name> unless --run-dir says)")
+    rows = list_runs(directory)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no runs under {directory}")
+        return
+
+    def gain(row: dict[str, Any]) -> str:
+        value, interval = row["best_minus_base"], row["best_minus_base_interval"]
+        if value is None:
+            return "-"
+        text = f"{100 * value:+.1f}"
+        return text + (f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "")
+
+    table = [("run", "recipe", "seed", "steps", "status", "best - base (points)")] + [
+        (r["path"], str(r["recipe"]), str(r["seed"]), f"{r['steps_done']}/{r['steps']}", r["status"], gain(r))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
     """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination."""

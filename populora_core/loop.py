@@ -232,9 +232,7 @@ class Run:
         if self.single_agent:
             matches = [Match(m.id, m.id, 0.5) for m in teachers]
         else:
-            matches = self.matchmaker.pair(
-                teachers, self.population.students, self.streams.rng(step, "match")
-            )
+            matches = self.matchmaker.pair(teachers, self.population.students, self.streams.rng(step, "match"))
         self.hook.after_matchmaking(run=self.view(), step=step, matches=matches)
         return matches
 
@@ -356,16 +354,20 @@ class Run:
         return records
 
     def close(self) -> None:
-        for closer in (self.engine, self.executor, *self.sinks, self.cluster):
-            close = getattr(closer, "close", None)
-            if close is not None:
-                close()
+        try:
+            for closer in (self.engine, self.executor, *self.sinks, self.cluster):
+                close = getattr(closer, "close", None)
+                if close is not None:
+                    close()
+        finally:
+            self.dir.unlock()
 
 
 def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
     run_dir.create(resolved)
     try:
+        run_dir.lock()
         run = Run(recipe, run_dir, manager, base_model=base)
     except BaseException:
         run_dir.discard_new()  # a run that never started (no cluster, bad component) leaves no run directory
@@ -389,7 +391,12 @@ def resume_run(run_dir: RunDir, manager: PluginManager, cluster_overrides: tuple
             raise UserError(f"resume override {item!r}: only the cluster section may change when a run resumes")
     data = apply_overrides(run_dir.read_recipe(), cluster_overrides, recipe=recipe_file)
     recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
-    run = Run(recipe, run_dir, manager)
+    run_dir.lock()
+    try:
+        run = Run(recipe, run_dir, manager)
+    except BaseException:
+        run_dir.unlock()
+        raise
     if cluster_overrides:
         run_dir.write_recipe(recipe.model_dump(mode="json"))
     if run_dir.latest_checkpoint() is None:

@@ -33,6 +33,7 @@ LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
 class RunDir:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._lock_fd: int | None = None  # RUN/.lock while this process runs the run
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -64,6 +65,47 @@ class RunDir:
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         self.write_recipe(resolved_recipe)
 
+    def lock(self) -> None:
+        """Hold ``RUN/.lock`` while this process runs the run: a second ``run``/``resume`` of the same directory
+        would interleave its logs and checkpoints, so it is refused (the lock goes with the process, even on kill)."""
+        import fcntl
+
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(
+                f"run directory {self.path} is in use by another populora process (pid {holder}); "
+                "wait for it to end or stop it, then `populora resume` it"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def running_pid(self) -> int | None:
+        """The pid of the process running this run now, else None."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path / ".lock", os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        finally:
+            os.close(fd)
+        return None
+
     def write_recipe(self, resolved_recipe: dict[str, Any]) -> None:
         """Replace the resolved recipe (resume on another cluster changes its ``cluster`` section)."""
         atomic_write_text(self.path / "recipe.yaml", yaml.safe_dump(resolved_recipe, sort_keys=False))
@@ -74,6 +116,8 @@ class RunDir:
             folder = self.path / sub
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
+        self.unlock()
+        (self.path / ".lock").unlink(missing_ok=True)
         (self.path / "recipe.yaml").unlink(missing_ok=True)
         if self.path.is_dir() and not any(self.path.iterdir()):
             self.path.rmdir()
@@ -195,3 +239,42 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, Any]]:
+    """Every run directory under ``root`` (``recipe.yaml`` up to ``depth`` levels down): what ``populora runs``
+    shows. ``status``: running (another process holds its lock), finished, stopped (``populora resume`` goes on)."""
+    found = []
+    base = Path(root)
+    for recipe_file in sorted(base.glob("recipe.yaml")) + sorted(
+        p for level in range(1, depth + 1) for p in base.glob("/".join(["*"] * level) + "/recipe.yaml")
+    ):
+        run_dir = RunDir(recipe_file.parent)
+        try:
+            recipe = yaml.safe_load(recipe_file.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        planned = int(recipe.get("steps", 0) or 0)
+        latest = run_dir.latest_checkpoint()
+        done = int(run_dir.read_checkpoint(latest).get("step", 0)) if latest is not None else 0
+        pid = run_dir.running_pid()
+        status = f"running (pid {pid})" if pid is not None else "finished" if planned and done >= planned else "stopped"
+        summary: dict[str, Any] = {}
+        if (run_dir.path / "summary.json").is_file():
+            try:
+                summary = json.loads((run_dir.path / "summary.json").read_text())
+            except (OSError, json.JSONDecodeError):
+                summary = {}
+        found.append(
+            {
+                "path": str(run_dir.path),
+                "recipe": recipe.get("name", "?"),
+                "seed": recipe.get("seed"),
+                "steps_done": done,
+                "steps": planned,
+                "status": status,
+                "best_minus_base": summary.get("best_minus_base"),
+                "best_minus_base_interval": summary.get("best_minus_base_interval"),
+            }
+        )
+    return found

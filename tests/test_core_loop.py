@@ -540,3 +540,38 @@ def test_ctrl_c_names_the_command_that_continues_the_run(env, tmp_path):
     assert f"interrupted after step 2: `populora resume {run_dir}` continues from its last checkpoint" in stderr
     _resume(env, run_dir)
     assert int((run_dir / "checkpoints" / "LATEST").read_text()) == 6
+
+
+def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_process(env, tmp_path):
+    """`populora runs`: finished, stopped (resume continues it), running (its process holds RUN/.lock); a second
+    `resume` of a running run is an exit-2 error naming the process, not two processes writing one run."""
+    import shutil
+    import sys
+
+    root = tmp_path / "runs"
+    _run(_manager(), root / "done", ["steps=2"])
+    shutil.copytree(root / "done", root / "stopped")
+    (root / "stopped" / "checkpoints" / "LATEST").write_text("00000001\n")
+    shutil.copytree(root / "stopped", root / "busy")
+    hold = "from populora_core.run import RunDir; import sys, time; RunDir(sys.argv[1]).lock(); print('locked', flush=True); time.sleep(120)"  # noqa: E501
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(root / "busy")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        listed = run_cli("runs", str(root), "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)}
+        assert (rows["done"]["status"], rows["done"]["steps_done"], rows["done"]["steps"]) == ("finished", 2, 2)
+        assert (rows["stopped"]["status"], rows["stopped"]["steps_done"]) == ("stopped", 1)
+        assert rows["busy"]["status"] == f"running (pid {holder.pid})"
+        second = run_cli("--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env)
+        assert second.returncode == 2 and f"in use by another populora process (pid {holder.pid})" in second.stderr
+        assert "Traceback" not in second.stderr
+        table = run_cli("runs", str(root)).stdout.splitlines()
+        assert table[0].split()[:5] == ["run", "recipe", "seed", "steps", "status"]
+        assert any(line.startswith(str(root / "done")) and " 2/2 " in line and "finished" in line for line in table)
+    finally:
+        holder.kill()
+        holder.wait()
+    resumed = run_cli("--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env)  # the lock went with it
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_cli("runs", str(tmp_path / "nowhere")).returncode == 2
