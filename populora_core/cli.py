@@ -180,13 +180,14 @@ def run(
 
     directory = RunDir(run_dir or f"runs/{model.name}")
     warn_if_not_fits(model, resolved, manager.registry, recipe)  # CUDA only: the plan says it will not fit
-    click.echo(
+    startup = (
         f"populora run {recipe} -> {directory.path} ({model.name}, seed {model.seed}, {model.steps} steps, "
-        f"{resolve_device()})",
-        err=True,
+        f"{resolve_device()})"
     )
-    _execute(start_run(model, resolved, directory, manager), directory.path, progress)
-    click.echo(f"run complete: {directory.path}")
+    click.echo(startup, err=True)
+    run_obj = start_run(model, resolved, directory, manager)
+    directory.log_line(startup)
+    _execute(run_obj, directory, progress)
 
 
 def _dry_run(
@@ -206,18 +207,26 @@ def _dry_run(
     click.echo("\n# plan (populora plan)\n" + "\n".join(f"# {line}" if line else "#" for line in planned.splitlines()))
 
 
-def _execute(run_obj: Any, run_dir: Any, progress: bool | None) -> None:
-    """The steps with the live display; Ctrl-C ends with the command that continues the run (exit 130)."""
+def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
+    """The steps with the live display, each line also in ``RUN/run.log``; Ctrl-C ends with the command that
+    continues the run (exit 130)."""
     from .progress import execute_with_progress
 
     try:
         execute_with_progress(run_obj, progress=progress)
     except KeyboardInterrupt:
-        click.echo(
-            f"\ninterrupted after step {run_obj.step}: `populora resume {run_dir}` continues from its last checkpoint",
-            err=True,
+        stopped = (
+            f"interrupted after step {run_obj.step}: `populora resume {directory.path}` continues from its last "
+            "checkpoint"
         )
+        directory.log_line(stopped)
+        click.echo(f"\n{stopped}", err=True)
         sys.exit(130)
+    except Exception as exc:
+        directory.log_line(f"failed after step {run_obj.step}: {type(exc).__name__}: {exc}")
+        raise
+    directory.log_line("run complete")
+    click.echo(f"run complete: {directory.path}")
 
 
 @cli.command()
@@ -278,9 +287,10 @@ def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progr
     from .loop import resume_run
 
     run_obj = resume_run(directory, manager, cluster_overrides)
-    click.echo(f"resuming {run_dir} at step {run_obj.step}", err=True)
-    _execute(run_obj, run_dir, progress)
-    click.echo(f"run complete: {run_dir}")
+    resuming = f"resuming {run_dir} at step {run_obj.step}"
+    click.echo(resuming, err=True)
+    directory.log_line(resuming + (f" ({' '.join(cluster_overrides)})" if cluster_overrides else ""))
+    _execute(run_obj, directory, progress)
 
 
 @cli.command()

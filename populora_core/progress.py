@@ -29,6 +29,7 @@ def execute_with_progress(run: Run, *, progress: bool | None = None) -> None:
 
         def on_probe() -> None:
             bar.update(task, info="probe evaluation of the base and the initial students")
+            run.dir.log_line("probe evaluation of the base and the initial students")
 
         def on_step(m: dict[str, Any]) -> None:
             info = (
@@ -36,8 +37,10 @@ def execute_with_progress(run: Run, *, progress: bool | None = None) -> None:
                 f"children {m.get('evolution/children', 0)} {m['time/step']:.1f}s/step"
             )
             bar.update(task, completed=run.step, info=info)
+            line = f"step {run.step}/{run.recipe.steps} {info}"
+            run.dir.log_line(line)
             if not show:
-                print(f"[{run.recipe.name}] step {run.step}/{run.recipe.steps} {info}", file=sys.stderr, flush=True)
+                print(f"[{run.recipe.name}] {line}", file=sys.stderr, flush=True)
 
         execute(run, on_step=on_step, on_probe=on_probe)
 

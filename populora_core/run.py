@@ -2,7 +2,7 @@
 
 Layout::
 
-    RUN/recipe.yaml  events.jsonl  lineage.jsonl  members.json
+    RUN/recipe.yaml  events.jsonl  lineage.jsonl  members.json  run.log (what the terminal showed)
         adapters/<member>@v<k>/      PEFT dirs, never overwritten
         tasks/problems.jsonl          every proposed problem (``datasets.load_dataset("json", ...)``)
         checkpoints/<step>/  LATEST   complete checkpoints; LATEST names the newest
@@ -105,6 +105,14 @@ class RunDir:
         finally:
             os.close(fd)
         return None
+
+    def log_line(self, text: str) -> None:
+        """Append a timestamped line to ``RUN/run.log``: what the terminal showed, without the bar, across resumes
+        (not rolled back with the logs: it is the run's history as a person saw it)."""
+        import time
+
+        with open(self.path / "run.log", "a") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
     def write_recipe(self, resolved_recipe: dict[str, Any]) -> None:
         """Replace the resolved recipe (resume on another cluster changes its ``cluster`` section)."""

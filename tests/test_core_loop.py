@@ -540,6 +540,14 @@ def test_ctrl_c_names_the_command_that_continues_the_run(env, tmp_path):
     assert f"interrupted after step 2: `populora resume {run_dir}` continues from its last checkpoint" in stderr
     _resume(env, run_dir)
     assert int((run_dir / "checkpoints" / "LATEST").read_text()) == 6
+    # RUN/run.log: what the terminal showed, without the bar, across the interruption and the resume
+    logged = [line.split(" ", 1)[1] for line in (run_dir / "run.log").read_text().splitlines()]
+    assert logged[0].startswith(f"populora run {RECIPE} -> {run_dir} (")
+    assert [line.split(" solve")[0] for line in logged if line.startswith("step ")] == [
+        "step 1/6", "step 2/6", "step 3/6", "step 4/6", "step 5/6", "step 6/6",
+    ]  # fmt: skip
+    assert logged[3] == f"interrupted after step 2: `populora resume {run_dir}` continues from its last checkpoint"
+    assert logged[4] == f"resuming {run_dir} at step 2" and logged[-1] == "run complete"
 
 
 def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_process(env, tmp_path):
