@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
-import json
 import os
 import sys
 import warnings
@@ -53,15 +51,27 @@ def _fail(exc: Exception) -> None:
     sys.exit(getattr(exc, "exit_code", 2))
 
 
-def _plugin_files_from_argv() -> list[str]:
-    """``--plugin FILE`` is global; read it early so plugin commands and components can come from it."""
-    files, argv = [], sys.argv[1:]
-    for i, arg in enumerate(argv):
-        if arg == "--plugin" and i + 1 < len(argv):
+def _split_plugin_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``--plugin`` files, the other arguments): ``--plugin FILE`` is global, read early so plugin commands
+    and components can come from it, and accepted after the command too, as users of other CLIs expect."""
+    files: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--plugin" and i + 1 < len(argv):
             files.append(argv[i + 1])
-        elif arg.startswith("--plugin="):
-            files.append(arg.split("=", 1)[1])
-    return files
+            i += 2
+            continue
+        if argv[i].startswith("--plugin="):
+            files.append(argv[i].split("=", 1)[1])
+        else:
+            rest.append(argv[i])
+        i += 1
+    return files, rest
+
+
+def _plugin_files_from_argv() -> list[str]:
+    return _split_plugin_options(sys.argv[1:])[0]
 
 
 @click.group(cls=PopuloraGroup)
@@ -84,56 +94,6 @@ def _complete_override(ctx: click.Context, param: click.Parameter, incomplete: s
     from .recipe import Recipe, model_keys
 
     return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
-
-
-@cli.command()
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
-    """Print the shell completion script (commands, options, recipe keys after a recipe).
-
-    \b
-      echo 'eval "$(populora completion bash)"' >> ~/.bashrc
-      echo 'eval "$(populora completion zsh)"' >> ~/.zshrc
-      populora completion fish > ~/.config/fish/completions/populora.fish
-    """
-    from click.shell_completion import get_completion_class
-
-    completer = get_completion_class(shell)
-    assert completer is not None  # click ships all three
-    click.echo(completer(cli, {}, "populora", "_POPULORA_COMPLETE").source())
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def plugins(manager: Any, as_json: bool) -> None:
-    """List installed plugins, their hooks, components and load errors."""
-    by_plugin: dict[str, list[str]] = {}
-    for comp in manager.registry:
-        by_plugin.setdefault(comp.plugin, []).append(f"{comp.kind}:{comp.name}")
-    rows = [
-        {
-            "name": p.name,
-            "source": p.source,
-            "version": p.version,
-            "hooks": p.hooks,
-            "components": by_plugin.get(p.name, []),
-            "error": p.error,
-        }
-        for p in sorted(manager.plugins.values(), key=lambda p: p.name)
-    ]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    for row in rows:
-        status = click.style("FAILED", fg="red") if row["error"] else click.style("ok", fg="green")
-        click.echo(f"{row['name']} ({row['source']} {row['version']}) {status}")
-        if row["error"]:
-            click.echo(f"    error: {row['error']}")
-        if row["components"]:
-            click.echo(f"    components: {', '.join(row['components'])}")
-        if row["hooks"]:
-            click.echo(f"    hooks: {', '.join(row['hooks'])}")
 
 
 def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
@@ -240,6 +200,10 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     """AZR's seeding stage: the recipe's base model proposes seed problems for its tasks (no training).
 
     Recipes load the file with seeds.enabled=true seeds.file=OUT.
+
+    \b
+      populora seed recipes/azr_7b.yaml --out seeds/qwen7b.jsonl --per-type 256
+      populora run recipes/azr_7b.yaml seeds.enabled=true seeds.file=seeds/qwen7b.jsonl
     """
     import tempfile
 
@@ -273,6 +237,10 @@ def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progr
 
     CLUSTER_OVERRIDES (``cluster.name=ray cluster.params.workers=4``, or ``cluster.name=local cluster.params={}``)
     continue it on other hardware with the same result; nothing else of the recipe may change.
+
+    \b
+      populora resume runs/nano-2t2s
+      populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
     """
     from .recipe import parse_recipe
     from .run import RunDir
@@ -307,6 +275,10 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     solves = students x buffer_problems_per_student x task types; trained rollouts <= proposals + buffer
     solves (+ solver samples with train_on_estimation); generated tokens <= proposals x propose_max_tokens
     + (solver samples + buffer solves) x solve_max_tokens. Each is divided by the number of slots.
+
+    \b
+      populora validate recipes/azr_7b.yaml
+      populora validate recipes/nano.yaml population.teachers=4 population.students=4
     """
     from fractions import Fraction
 
@@ -337,162 +309,17 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     )
 
 
-@cli.command()
-@click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
-@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs; members are split over them.")
-@click.option("--gpu-memory", help="Memory per GPU, e.g. 80GiB, 141GiB, 80GB (default: the visible GPU, else 80GiB).")
-@click.option("--config", "config_path", type=click.Path(), help="The base model's config.json (no weights needed).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def plan(
-    manager: Any,
-    recipe: str,
-    overrides: tuple[str, ...],
-    gpus: int,
-    gpu_memory: str | None,
-    config_path: str | None,
-    as_json: bool,
-) -> None:
-    """Will a recipe fit? GPU memory per device (base copies, vLLM, trainer) and disk, from the model config.
-
-    Exit 0 when it fits, 1 when it does not (the verdict says by how much and what to try).
-
-    \b
-      populora plan recipes/azr_7b.yaml --gpu-memory 80GiB
-      populora plan recipes/azr_7b.yaml --gpus 8 --gpu-memory 141GiB --json
-    """
-    from .plan import does_not_fit, format_plan, plan_file
-
-    result = plan_file(recipe, overrides, manager, gpus=gpus, gpu_memory=gpu_memory, config=config_path)
-    click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
-    if does_not_fit(result):
-        sys.exit(1)
-
-
-@cli.command()
-@click.argument("directory", required=False, default="runs", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def runs(directory: str, as_json: bool) -> None:
-    """The runs under DIRECTORY (default runs/): recipe, seed, checkpointed steps of planned, status, best - base.
-
-    \b
-      populora runs
-      populora runs /scratch/study --json
-    Status: running (its process holds the run's lock), finished, or stopped (`populora resume` continues it).
-    """
-    from pathlib import Path
-
-    from .run import list_runs
-
-    if not Path(directory).is_dir():
-        raise UserError(f"{directory}: no such directory (runs go to runs/<recipe name> unless --run-dir says)")
-    rows = list_runs(directory)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"no runs under {directory}")
-        return
-
-    def gain(row: dict[str, Any]) -> str:
-        value, interval = row["best_minus_base"], row["best_minus_base_interval"]
-        if value is None:
-            return "-"
-        text = f"{100 * value:+.1f}"
-        return text + (f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "")
-
-    table = [("run", "recipe", "seed", "steps", "status", "best - base (points)")] + [
-        (r["path"], str(r["recipe"]), str(r["seed"]), f"{r['steps_done']}/{r['steps']}", r["status"], gain(r))
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def doctor(as_json: bool) -> None:
-    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination."""
-    from .doctor import diagnose, format_report, report_json
-
-    report = diagnose()
-    click.echo(report_json(report) if as_json else format_report(report))
-    if not report.ok:
-        sys.exit(1)
-
-
-@cli.command()
-@click.argument("what", required=False)
-@click.pass_obj
-def keys(manager: Any, what: str | None) -> None:
-    """Every recipe key with its type, default and description; or one section's, or one component's params.
-
-    \b
-      populora keys                 the recipe's sections and keys
-      populora keys rollout         one section
-      populora keys trainer         the trainers there are, then each one's params
-      populora keys trr++           one component's params (trainer.params.*)
-    """
-    from .errors import UserError
-    from .recipe import COMPONENT_SECTIONS, Recipe, model_keys
-
-    def table(rows: list[tuple[str, str, str, str]]) -> None:
-        width = max((len(r[0]) for r in rows), default=0)
-        for key, kind, default, description in rows:
-            click.echo(
-                f"{key:<{width}}  {kind}  default {default}"
-                + (f"\n{'':<{width}}  {description}" if description else "")
-            )
-
-    registry = manager.registry
-    rows = model_keys(Recipe)
-    if what is None:
-        table(rows)
-        click.echo(f"\ncomponents: `populora keys SECTION` for {', '.join(COMPONENT_SECTIONS)}")
-        return
-    section = [r for r in rows if r[0] == what or r[0].startswith(f"{what}.")]
-    components = [c for c in registry if c.name == what]
-    if what in COMPONENT_SECTIONS:
-        components = [c for c in registry if c.kind == COMPONENT_SECTIONS[what]]
-    if not section and not components:
-        near = difflib.get_close_matches(what, [r[0].split(".")[0] for r in rows] + [c.name for c in registry], n=1)
-        raise UserError(f"keys: no section or component {what!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
-    if section and what not in COMPONENT_SECTIONS:
-        table(section)
-    for component in components:
-        click.echo(f"\n{component.kind} {component.name} (plugin {component.plugin}): {component.description}")
-        table(model_keys(component.params_model, "params."))
-
-
-@cli.command("recipe-schema")
-@click.pass_obj
-def recipe_schema(manager: Any) -> None:
-    """Print the JSON Schema of a recipe, including every installed plugin's params."""
-    from .recipe import recipe_json_schema
-
-    click.echo(json.dumps(recipe_json_schema(manager.registry), indent=2))
-
-
 def _warning_line(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
     return f"Warning: {message}\n"
 
 
 def _plugin_options_first(argv: list[str]) -> list[str]:
-    """``--plugin FILE`` is a global option; typed after the command (``populora run R --plugin F``) it is
-    moved before it, as users of other CLIs expect, instead of failing with "No such option"."""
-    moved: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--plugin" and i + 1 < len(argv):
-            moved += argv[i : i + 2]
-            i += 2
-            continue
-        (moved if argv[i].startswith("--plugin=") else rest).append(argv[i])
-        i += 1
-    return moved + rest
+    """``--plugin`` options moved before the command (``populora run R --plugin F`` fails no more)."""
+    files, rest = _split_plugin_options(argv)
+    return [arg for file in files for arg in ("--plugin", file)] + rest
+
+
+from . import cli_tools  # noqa: E402,F401  (registers the inspecting commands on `cli`)
 
 
 def main() -> None:

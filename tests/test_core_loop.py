@@ -583,3 +583,43 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     resumed = run_cli("--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env)  # the lock went with it
     assert resumed.returncode == 0, resumed.stderr
     assert run_cli("runs", str(tmp_path / "nowhere")).returncode == 2
+
+
+def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_computes_the_same(env, tmp_path):
+    """`populora export RUN MEMBER`: PEFT loads the folder on the base; `--merge` is a full model whose logits are
+    the base + adapter's; the card names lineage, rating and probe; mistakes are exit-2 errors."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    _run(_manager(), run_dir, ["steps=3"])  # a replacement at step 2: s-children with lineage
+    members = {m["id"]: m for m in json.loads((run_dir / "members.json").read_text())["members"]}
+    child = next(m for m in members.values() if m["lineage"]["operator"] != "init" and m["role"] == "student")
+    adapter_out, merged_out = tmp_path / "adapter", tmp_path / "merged"
+    done = run_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
+    assert done.returncode == 0, done.stderr
+    merged = run_cli(
+        "--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(merged_out), "--merge", env=env
+    )
+    assert merged.returncode == 0, merged.stderr
+    version = f"{child['id']}@v{child['version']}"
+    card = (adapter_out / "README.md").read_text()
+    assert card.startswith(f"# {version} from the PopuLoRA run `run`") and "## Lineage" in card
+    assert child["lineage"]["parents"][0] in card and "rating mu" in card and "vllm serve" in card
+
+    ids = torch.tensor([[1, 5, 9, 13, 2, 7]])
+    base = AutoModelForCausalLM.from_pretrained(env["POPULORA_TEST_MODEL"], dtype=torch.float32)
+    with torch.no_grad():
+        plain = base(ids).logits
+        with_adapter = PeftModel.from_pretrained(base, str(adapter_out))(ids).logits
+        full = AutoModelForCausalLM.from_pretrained(str(merged_out), dtype=torch.float32)(ids).logits
+    assert not torch.equal(with_adapter, plain)  # a trained adapter changes the model
+    torch.testing.assert_close(full, with_adapter, rtol=1e-4, atol=1e-4)
+
+    again = run_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
+    assert again.returncode == 2 and "not an empty folder" in again.stderr
+    nobody = run_cli("--plugin", FAKE, "export", str(run_dir), "s99", "--out", str(tmp_path / "x"), env=env)
+    assert nobody.returncode == 2 and "member 's99' is not in" in nobody.stderr and "Traceback" not in nobody.stderr
+    pruned = run_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"), env=env)
+    assert pruned.returncode == 2 and "kept versions of s0" in pruned.stderr

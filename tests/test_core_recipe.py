@@ -214,3 +214,17 @@ def test_shell_completion_script_and_recipe_keys_complete(tmp_path):
     assert done.stdout.split() == ["plain,rollout.solver_samples", "plain,rollout.solve_max_tokens"]
     commands = run_cli(env={"COMP_WORDS": "populora do", "COMP_CWORD": "1", "_POPULORA_COMPLETE": "bash_complete"})
     assert commands.stdout.split() == ["plain,doctor"]
+
+
+def test_every_command_help_shows_an_example():
+    """Each `populora CMD --help` (the core's and the built-in plugins') has a line that runs the command."""
+    listed = run_cli("--help").stdout
+    commands = [line.split()[0] for line in listed.split("Commands:")[1].splitlines() if line.strip()]
+    assert {"run", "resume", "runs", "export", "eval", "evolve", "report", "sandbox"} <= set(commands)
+    missing = []
+    for command in commands:
+        help_text = run_cli(command, "--help").stdout
+        examples = [line for line in help_text.splitlines() if line.strip().startswith(f"populora {command}")]
+        if not examples:
+            missing.append(command)
+    assert not missing, f"--help without an example: {missing}"

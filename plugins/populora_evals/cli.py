@@ -285,7 +285,12 @@ def register(cli: Any) -> None:
         no_cache: bool,
         no_base: bool,
     ) -> None:
-        """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks."""
+        """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks.
+
+        \b
+          populora eval runs/nano-2t2s --benchmarks humaneval_plus,mbpp_plus --baseline runs/nano-single
+          populora eval --prefetch humaneval_plus,gsm8k      # fetch and cache the data once, then offline
+        """
         if prefetch:
             prefetch_data(prefetch, _kv(data, "--data"), _kv(eval_param, "--eval-param"))
             return

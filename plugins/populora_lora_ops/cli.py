@@ -97,6 +97,11 @@ def add_evolve_command(cli: Any) -> None:
     def evolve_cmd(
         manager: Any, operator: str, parents: tuple[str, ...], out: str, sets: tuple[str, ...], seed: int
     ) -> None:
-        """Make one child adapter from parent PEFT dirs with a LoRA weight-space operator."""
+        """Make one child adapter from parent PEFT dirs with a LoRA weight-space operator.
+
+        \b
+          populora evolve gaussian --parent runs/nano-2t2s/adapters/s0@v8 --out child --seed 1 --set eps=0.1
+          populora evolve svd --parent A --parent B --out child --seed 2
+        """
         record = evolve(manager.registry, operator, parents, out, sets, seed)
         click.echo(f"{out}: {operator} of {len(parents)} parent(s), seed {seed}, hash {record['hash'][:12]}")

@@ -29,7 +29,12 @@ def register_commands(cli):
         help="Output directory (default RUN_DIR/report for one run, ./report for several).",
     )
     def report(run_dirs: tuple[str, ...], out: str | None) -> None:
-        """Render figures and a self-contained HTML page: populora report RUN_DIR [RUN_DIR ...]."""
+        """Render figures and a self-contained HTML page of one run, or of several side by side.
+
+        \b
+          populora report runs/nano-2t2s
+          populora report runs/study/population-seed* runs/study/baseline-seed* --out report-study
+        """
         from .render import render_report
 
         click.echo(str(render_report(list(run_dirs), out)))

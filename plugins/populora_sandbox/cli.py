@@ -21,6 +21,10 @@ def add_commands(cli: Any) -> None:
         """Run PROGRAM.py in the sandbox with the default limits (or those given); print one JSON object.
 
         Exit code 0 whenever the sandbox itself worked, whatever the program did.
+
+        \b
+          populora sandbox program.py
+          populora sandbox program.py --timeout 2 --memory-mb 256 --expr "f(3)"
         """
         from pydantic import ValidationError
 

@@ -1,0 +1,236 @@
+"""The ``populora`` commands that inspect rather than run: plugins, keys, plan, doctor, runs, export, completion,
+recipe-schema. Registered on :data:`populora_core.cli.cli` when that module loads; nothing heavy at import."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from typing import Any
+
+import click
+
+from .cli import _complete_override, cli
+from .errors import UserError
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script (commands, options, recipe keys after a recipe).
+
+    \b
+      echo 'eval "$(populora completion bash)"' >> ~/.bashrc
+      echo 'eval "$(populora completion zsh)"' >> ~/.zshrc
+      populora completion fish > ~/.config/fish/completions/populora.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None  # click ships all three
+    click.echo(completer(cli, {}, "populora", "_POPULORA_COMPLETE").source())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def plugins(manager: Any, as_json: bool) -> None:
+    """List installed plugins, their hooks, components and load errors.
+
+    \b
+      populora plugins
+      populora --plugin my_reward.py plugins --json
+    """
+    by_plugin: dict[str, list[str]] = {}
+    for comp in manager.registry:
+        by_plugin.setdefault(comp.plugin, []).append(f"{comp.kind}:{comp.name}")
+    rows = [
+        {
+            "name": p.name,
+            "source": p.source,
+            "version": p.version,
+            "hooks": p.hooks,
+            "components": by_plugin.get(p.name, []),
+            "error": p.error,
+        }
+        for p in sorted(manager.plugins.values(), key=lambda p: p.name)
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        status = click.style("FAILED", fg="red") if row["error"] else click.style("ok", fg="green")
+        click.echo(f"{row['name']} ({row['source']} {row['version']}) {status}")
+        if row["error"]:
+            click.echo(f"    error: {row['error']}")
+        if row["components"]:
+            click.echo(f"    components: {', '.join(row['components'])}")
+        if row["hooks"]:
+            click.echo(f"    hooks: {', '.join(row['hooks'])}")
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path())
+@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs; members are split over them.")
+@click.option("--gpu-memory", help="Memory per GPU, e.g. 80GiB, 141GiB, 80GB (default: the visible GPU, else 80GiB).")
+@click.option("--config", "config_path", type=click.Path(), help="The base model's config.json (no weights needed).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def plan(
+    manager: Any,
+    recipe: str,
+    overrides: tuple[str, ...],
+    gpus: int,
+    gpu_memory: str | None,
+    config_path: str | None,
+    as_json: bool,
+) -> None:
+    """Will a recipe fit? GPU memory per device (base copies, vLLM, trainer) and disk, from the model config.
+
+    Exit 0 when it fits, 1 when it does not (the verdict says by how much and what to try).
+
+    \b
+      populora plan recipes/azr_7b.yaml --gpu-memory 80GiB
+      populora plan recipes/azr_7b.yaml --gpus 8 --gpu-memory 141GiB --json
+    """
+    from .plan import does_not_fit, format_plan, plan_file
+
+    result = plan_file(recipe, overrides, manager, gpus=gpus, gpu_memory=gpu_memory, config=config_path)
+    click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
+    if does_not_fit(result):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path())
+@click.argument("member")
+@click.option("--out", type=click.Path(), required=True, help="A new (or empty) folder to write.")
+@click.option("--merge", is_flag=True, help="A full model: the base with the adapter merged in, and its tokenizer.")
+@click.pass_obj
+def export(manager: Any, run_dir: str, member: str, out: str, merge: bool) -> None:
+    """Export a member of a run: a PEFT adapter folder with a card (lineage, rating, probe), or --merge'd.
+
+    MEMBER is a member id (its current version) or a version (s0@v3).
+
+    \b
+      populora export runs/nano-2t2s s0 --out exports/s0
+      populora export runs/nano-2t2s s1@v8 --out exports/s1-merged --merge
+    """
+    from .export import export as export_member
+
+    click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry)))
+
+
+@cli.command()
+@click.argument("directory", required=False, default="runs", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def runs(directory: str, as_json: bool) -> None:
+    """The runs under DIRECTORY (default runs/): recipe, seed, checkpointed steps of planned, status, best - base.
+
+    \b
+      populora runs
+      populora runs /scratch/study --json
+    Status: running (its process holds the run's lock), finished, or stopped (`populora resume` continues it).
+    """
+    from pathlib import Path
+
+    from .run import list_runs
+
+    if not Path(directory).is_dir():
+        raise UserError(f"{directory}: no such directory (runs go to runs/<recipe name> unless --run-dir says)")
+    rows = list_runs(directory)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no runs under {directory}")
+        return
+
+    def gain(row: dict[str, Any]) -> str:
+        value, interval = row["best_minus_base"], row["best_minus_base_interval"]
+        if value is None:
+            return "-"
+        text = f"{100 * value:+.1f}"
+        return text + (f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "")
+
+    table = [("run", "recipe", "seed", "steps", "status", "best - base (points)")] + [
+        (r["path"], str(r["recipe"]), str(r["seed"]), f"{r['steps_done']}/{r['steps']}", r["status"], gain(r))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination.
+
+    \b
+      populora doctor
+      populora doctor --json
+    """
+    from .doctor import diagnose, format_report, report_json
+
+    report = diagnose()
+    click.echo(report_json(report) if as_json else format_report(report))
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("what", required=False)
+@click.pass_obj
+def keys(manager: Any, what: str | None) -> None:
+    """Every recipe key with its type, default and description; or one section's, or one component's params.
+
+    \b
+      populora keys                 the recipe's sections and keys
+      populora keys rollout         one section
+      populora keys trainer         the trainers there are, then each one's params
+      populora keys trr++           one component's params (trainer.params.*)
+    """
+    from .errors import UserError
+    from .recipe import COMPONENT_SECTIONS, Recipe, model_keys
+
+    def table(rows: list[tuple[str, str, str, str]]) -> None:
+        width = max((len(r[0]) for r in rows), default=0)
+        for key, kind, default, description in rows:
+            click.echo(
+                f"{key:<{width}}  {kind}  default {default}"
+                + (f"\n{'':<{width}}  {description}" if description else "")
+            )
+
+    registry = manager.registry
+    rows = model_keys(Recipe)
+    if what is None:
+        table(rows)
+        click.echo(f"\ncomponents: `populora keys SECTION` for {', '.join(COMPONENT_SECTIONS)}")
+        return
+    section = [r for r in rows if r[0] == what or r[0].startswith(f"{what}.")]
+    components = [c for c in registry if c.name == what]
+    if what in COMPONENT_SECTIONS:
+        components = [c for c in registry if c.kind == COMPONENT_SECTIONS[what]]
+    if not section and not components:
+        near = difflib.get_close_matches(what, [r[0].split(".")[0] for r in rows] + [c.name for c in registry], n=1)
+        raise UserError(f"keys: no section or component {what!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+    if section and what not in COMPONENT_SECTIONS:
+        table(section)
+    for component in components:
+        click.echo(f"\n{component.kind} {component.name} (plugin {component.plugin}): {component.description}")
+        table(model_keys(component.params_model, "params."))
+
+
+@cli.command("recipe-schema")
+@click.pass_obj
+def recipe_schema(manager: Any) -> None:
+    """Print the JSON Schema of a recipe, including every installed plugin's params.
+
+    \b
+      populora recipe-schema > populora.schema.json   # editors validate recipes against it
+    """
+    from .recipe import recipe_json_schema
+
+    click.echo(json.dumps(recipe_json_schema(manager.registry), indent=2))
