@@ -229,35 +229,46 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 
 @cli.command()
 @click.argument("run_dir", type=click.Path())
-@click.argument("cluster_overrides", nargs=-1)
+@click.argument("overrides", nargs=-1)
 @click.option("--progress/--no-progress", default=None)
 @click.pass_obj
-def resume(manager: Any, run_dir: str, cluster_overrides: tuple[str, ...], progress: bool | None) -> None:
+def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: bool | None) -> None:
     """Continue a run from its last complete checkpoint (one killed before its first starts over).
 
-    CLUSTER_OVERRIDES (``cluster.name=ray cluster.params.workers=4``, or ``cluster.name=local cluster.params={}``)
-    continue it on other hardware with the same result; nothing else of the recipe may change.
+    OVERRIDES: ``cluster.name=ray cluster.params.workers=4`` (or ``cluster.name=local cluster.params={}``)
+    continue it on other hardware with the same result; ``steps=N`` extends a run (a finished one too) to N
+    steps, computing what a run planned for N steps does after its last step. Nothing else may change.
 
     \b
       populora resume runs/nano-2t2s
+      populora resume runs/nano-2t2s steps=64        # 32 more steps
       populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
     """
-    from .recipe import parse_recipe
+    from .loop import check_resume_overrides
+    from .recipe import apply_overrides, parse_recipe
     from .run import RunDir
 
+    check_resume_overrides(overrides)
     directory = RunDir(run_dir)
-    recorded = parse_recipe(directory.read_recipe(), None, recipe=str(directory.path / "recipe.yaml"))
+    recipe_file = str(directory.path / "recipe.yaml")
+    recorded = parse_recipe(
+        apply_overrides(directory.read_recipe(), list(overrides), recipe=recipe_file), None, recipe=recipe_file
+    )
     finished = directory.finished_at(recorded.steps)
+    if finished is not None and finished > recorded.steps:
+        raise UserError(
+            f"steps={recorded.steps}: the run has already done {finished} steps; extend it, never shorten it"
+        )
     if finished is not None:  # resuming would only rewrite its summary (wall time 0 s): the record stays as it is
         click.echo(f"{run_dir} already finished at step {finished} (its summary.json is its record); nothing to do")
         return
     _apply_runtime(recorded.runtime)
     from .loop import resume_run
 
-    run_obj = resume_run(directory, manager, cluster_overrides)
+    run_obj = resume_run(directory, manager, overrides)
     resuming = f"resuming {run_dir} at step {run_obj.step}"
     click.echo(resuming, err=True)
-    directory.log_line(resuming + (f" ({' '.join(cluster_overrides)})" if cluster_overrides else ""))
+    directory.log_line(resuming + (f" ({' '.join(overrides)})" if overrides else ""))
     _execute(run_obj, directory, progress)
 
 

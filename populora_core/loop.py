@@ -84,6 +84,7 @@ class Run:
         self.coverage: dict[str, set[str]] = defaultdict(set)
         self._probe: dict[str, list[Problem]] | None = None
         self.dropped: Counter[str] = Counter()  # this step's requests the engine did not generate for, by reason
+        self.evolution_deferred: int | None = None  # the last step, when its evolution was due but left out
         self._last_checkpoint_s = 0.0
 
     def _build_components(self, recipe: Recipe, run_dir: RunDir) -> None:
@@ -175,6 +176,9 @@ class Run:
     # --- one step -----------------------------------------------------------------------------
 
     def run_step(self) -> dict[str, Any]:
+        if self.evolution_deferred == self.step:  # `populora resume RUN steps=N`: what a longer run did here
+            evolution.evolve(self, self.step)
+        self.evolution_deferred = None
         step, cfg = self.step + 1, self.recipe.rollout
         timer = PhaseTimer()
         step_start = time.perf_counter()
@@ -208,10 +212,13 @@ class Run:
         metrics.update({f"rollout/dropped/{reason}": n for reason, n in sorted(self.dropped.items())})
         self.dropped.clear()
         events = []
-        evolve_now = self.recipe.evolution.every and step % self.recipe.evolution.every == 0
-        if evolve_now and step < self.recipe.steps and not self.single_agent:  # a last-step child would never train
-            with timer("evolution"):
-                events = evolution.evolve(self, step)
+        every = self.recipe.evolution.every
+        if every and step % every == 0 and not self.single_agent:
+            if step < self.recipe.steps:
+                with timer("evolution"):
+                    events = evolution.evolve(self, step)
+            else:  # a last-step child would never train; a run extended past this step replays it first
+                self.evolution_deferred = step
         timer.seconds["checkpoint"] += self._last_checkpoint_s  # the previous step's, paid between steps
         metrics.update(timer.metrics(time.perf_counter() - step_start + self._last_checkpoint_s, len(events)))
         self.emit([{"event": "step", **metrics}])
@@ -376,28 +383,41 @@ def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager
     return run
 
 
-def resume_run(run_dir: RunDir, manager: PluginManager, cluster_overrides: tuple[str, ...] = ()) -> Run:
+def check_resume_overrides(overrides: tuple[str, ...]) -> None:
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if not (key.startswith("cluster") or key == "steps"):
+            raise UserError(
+                f"resume override {item!r}: only the cluster section and steps may change when a run resumes"
+            )
+
+
+def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ...] = ()) -> Run:
     """The run from its last complete checkpoint; one killed before its first starts over from step 0.
 
-    ``cluster_overrides`` (``cluster.name=ray``, ``cluster.params.workers=1``) move the run to other
-    hardware: where the components run never changes what a run computes, so only the ``cluster``
-    section may change on resume; the new section is written to the run's recipe once the run is built.
+    ``overrides`` may move the run to other hardware (``cluster.name=ray``, ``cluster.params.workers=1``): where
+    the components run never changes what a run computes. ``steps=N`` extends the run to N steps: the steps
+    after its last are what a run planned for N steps from the start computes (adapters, lineage, problems),
+    the last step's evolution included, which a run leaves out at its final step. Nothing else may change; the
+    new values are written to the run's recipe once the run is built.
     """
     from .recipe import apply_overrides, parse_recipe
 
     recipe_file = str(run_dir.path / "recipe.yaml")
-    for item in cluster_overrides:
-        if not item.split("=", 1)[0].startswith("cluster"):
-            raise UserError(f"resume override {item!r}: only the cluster section may change when a run resumes")
-    data = apply_overrides(run_dir.read_recipe(), cluster_overrides, recipe=recipe_file)
+    check_resume_overrides(overrides)
+    data = apply_overrides(run_dir.read_recipe(), overrides, recipe=recipe_file)
     recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
+    latest = run_dir.latest_checkpoint()
+    done = int(run_dir.read_checkpoint(latest)["step"]) if latest is not None else 0
+    if recipe.steps < done:
+        raise UserError(f"steps={recipe.steps}: the run has already done {done} steps; extend it, never shorten it")
     run_dir.lock()
     try:
         run = Run(recipe, run_dir, manager)
     except BaseException:
         run_dir.unlock()
         raise
-    if cluster_overrides:
+    if overrides:
         run_dir.write_recipe(recipe.model_dump(mode="json"))
     if run_dir.latest_checkpoint() is None:
         run_dir.clear()

@@ -46,6 +46,7 @@ def restore(run: Run) -> None:
     if state.get("matchmaker") is not None:
         run.matchmaker.load_state_dict(state["matchmaker"])
     run.trainer.load_state(path / "trainer")
+    run.evolution_deferred = state.get("evolution_deferred")
 
 
 def checkpoint(run: Run) -> Path:
@@ -59,6 +60,7 @@ def checkpoint(run: Run) -> Path:
         "population": run.population.to_dict(),
         "coverage": {k: sorted(v) for k, v in run.coverage.items()},
         "matchmaker": run.matchmaker.state_dict(),
+        "evolution_deferred": run.evolution_deferred,
     }
     extra = {"tasks": write_tasks, "trainer": run.trainer.save_state}
     path = run.dir.write_checkpoint(run.step, state, extra, keep=run.recipe.checkpoint.keep)

@@ -623,3 +623,35 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
     assert nobody.returncode == 2 and "member 's99' is not in" in nobody.stderr and "Traceback" not in nobody.stderr
     pruned = run_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"), env=env)
     assert pruned.returncode == 2 and "kept versions of s0" in pruned.stderr
+
+
+def test_resume_steps_extends_a_finished_run_to_what_a_longer_run_computes(env, tmp_path):
+    """`populora resume RUN steps=N`: a run of 4 steps (its last-step evolution left out) extended to 6 equals a
+    run planned for 6: adapters bit for bit, lineage, problems; the step-4 log line and the final probe differ."""
+    short, planned = tmp_path / "short", tmp_path / "planned"
+    args = ["--plugin", FAKE, "run", str(RECIPE), "--no-progress"]
+    for run_dir, steps in ((short, 4), (planned, 6)):
+        done = subprocess.run(
+            [POPULORA, *args, f"steps={steps}", "--run-dir", str(run_dir)], env=env, cwd=REPO, capture_output=True
+        )
+        assert done.returncode == 0, done.stderr
+    assert not [r for r in RunDir(short).read_log("lineage.jsonl") if r["step"] == 4]  # evolution every 2: left out
+    shorter = run_cli("--plugin", FAKE, "resume", str(short), "steps=3", env=env)
+    assert shorter.returncode == 2 and "never shorten it" in shorter.stderr
+    other = run_cli("--plugin", FAKE, "resume", str(short), "seed=9", env=env)
+    assert other.returncode == 2 and "only the cluster section and steps may change" in other.stderr
+    extended = run_cli("--plugin", FAKE, "resume", str(short), "steps=6", "--no-progress", env=env)
+    assert extended.returncode == 0, extended.stderr
+    assert yaml_steps(short) == 6
+    assert _adapters(short).keys() == _adapters(planned).keys()
+    for name, tensors in _adapters(planned).items():
+        assert all((_adapters(short)[name][k] == v).all() for k, v in tensors.items()), name
+    for log in ("lineage.jsonl", "tasks/problems.jsonl"):
+        assert RunDir(short).read_log(log) == RunDir(planned).read_log(log), log
+    assert json.loads((short / "members.json").read_text()) == json.loads((planned / "members.json").read_text())
+
+
+def yaml_steps(run_dir: Path) -> int:
+    import yaml
+
+    return int(yaml.safe_load((run_dir / "recipe.yaml").read_text())["steps"])
