@@ -107,7 +107,14 @@ def register_base_models(register: Any) -> None:
 
 @hookspec
 def register_sinks(register: Any) -> None:
-    """Register metric sinks (tensorboard, wandb). ``factory(params, *, run_dir) -> components.MetricSink``."""
+    """Register metric sinks (tensorboard, wandb).
+
+    ``factory(params, *, run_dir, resume_step) -> components.MetricSink``.
+
+    ``resume_step`` (a factory may leave it out): the checkpoint step a resumed run continues from, 0 for a new
+    run; the steps after it were logged before the interruption and are logged again, so a sink that appends to
+    an earlier log drops what it holds after that step (TensorBoard's ``purge_step``, W&B's ``resume_from``).
+    """
 
 
 @hookspec

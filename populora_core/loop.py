@@ -51,9 +51,16 @@ class Run:
     """A live run: recipe, components, population, run directory. Hooks receive its :meth:`view`."""
 
     def __init__(
-        self, recipe: Recipe, run_dir: RunDir, manager: PluginManager, *, base_model: BaseModel | None = None
+        self,
+        recipe: Recipe,
+        run_dir: RunDir,
+        manager: PluginManager,
+        *,
+        base_model: BaseModel | None = None,
+        resume_step: int = 0,
     ) -> None:
         self.recipe = recipe
+        self.resume_step = resume_step  # the checkpoint a resumed run continues from (0: a new run)
         self.dir = run_dir
         self.manager = manager
         self.hook = manager.hook
@@ -115,7 +122,10 @@ class Run:
         for ref in evo.operators if evo.every else []:
             comp = reg.get("operator", ref.name)
             self.operators.append((comp, comp.parse_params(ref.params), ref.weight))
-        self.sinks = [reg.get("sink", ref.name).build(ref.params, run_dir=run_dir.path) for ref in recipe.sinks]
+        self.sinks = [
+            reg.get("sink", ref.name).build(ref.params, run_dir=run_dir.path, resume_step=self.resume_step)
+            for ref in recipe.sinks
+        ]
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -413,7 +423,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
         raise UserError(f"steps={recipe.steps}: the run has already done {done} steps; extend it, never shorten it")
     run_dir.lock()
     try:
-        run = Run(recipe, run_dir, manager)
+        run = Run(recipe, run_dir, manager, resume_step=done)
     except BaseException:
         run_dir.unlock()
         raise

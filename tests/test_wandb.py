@@ -98,3 +98,24 @@ def test_bad_params_are_a_user_error(tiny_model_dir, tmp_path):
     result = run_cli("--plugin", FAKE, "validate", RECIPE, sink, env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "mode" in result.stderr and "wandb" in result.stderr
+
+
+def test_an_online_resume_rewinds_the_wandb_run_to_its_checkpoint(tmp_path, monkeypatch):
+    """Online, a resumed run's W&B history is rewound to the checkpoint (``resume_from``), so the steps logged
+    after it are not held twice; offline (no rewind there) and for a new run the id is continued or made."""
+    import sys
+    import types
+
+    from populora_wandb import WandbParams, WandbSink
+
+    calls: list[dict] = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(kw) or types.SimpleNamespace(id="abc123"))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / "recipe.yaml").write_text("name: r\n")
+    WandbSink(WandbParams(mode="online"), run_dir=tmp_path)  # a new run: wandb makes the id
+    assert calls[-1]["id"] is None and "resume" not in calls[-1] and "resume_from" not in calls[-1]
+    assert (tmp_path / "wandb_run_id").read_text().strip() == "abc123"
+    WandbSink(WandbParams(mode="online"), run_dir=tmp_path, resume_step=4)
+    assert calls[-1]["resume_from"] == "abc123?_step=5" and calls[-1]["id"] is None and "resume" not in calls[-1]
+    WandbSink(WandbParams(mode="offline"), run_dir=tmp_path, resume_step=4)
+    assert calls[-1]["id"] == "abc123" and calls[-1]["resume"] == "allow" and "resume_from" not in calls[-1]

@@ -21,10 +21,12 @@ class TensorBoardParams(Params):
 
 
 class TensorBoardSink:
-    def __init__(self, params: TensorBoardParams, *, run_dir: str | Path) -> None:
+    def __init__(self, params: TensorBoardParams, *, run_dir: str | Path, resume_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(Path(run_dir) / params.subdir), flush_secs=params.flush_secs)
+        # a resumed run logs the steps after its checkpoint again: TensorBoard drops the earlier copies
+        purge = resume_step + 1 if resume_step else None
+        self.writer = SummaryWriter(str(Path(run_dir) / params.subdir), flush_secs=params.flush_secs, purge_step=purge)
 
     def emit(self, record: dict[str, Any]) -> None:
         step = record.get("step")

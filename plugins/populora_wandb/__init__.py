@@ -35,13 +35,19 @@ class WandbParams(Params):
 class WandbSink:
     """One W&B run per PopuLoRA run; a resumed run continues the same W&B run (its id is kept in the run dir)."""
 
-    def __init__(self, params: WandbParams, *, run_dir: str | Path) -> None:
+    def __init__(self, params: WandbParams, *, run_dir: str | Path, resume_step: int = 0) -> None:
         import wandb
 
         run_dir = Path(run_dir)
         id_file = run_dir / RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else None  # None: wandb makes one
         recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+        mode = params.mode or os.environ.get("WANDB_MODE", "online")
+        resume: dict[str, Any] = {"resume": "allow"} if run_id else {}
+        if run_id and resume_step and mode == "online":
+            # the steps after the checkpoint are logged again: rewind the W&B run's history to the checkpoint
+            # (offline runs cannot rewind: `wandb sync` keeps the first copy of those steps)
+            resume = {"resume_from": f"{run_id}?_step={resume_step + 1}"}
         self.run = wandb.init(
             project=params.project,
             entity=params.entity,
@@ -50,9 +56,9 @@ class WandbSink:
             tags=params.tags or None,
             mode=params.mode,
             dir=params.dir or (None if os.environ.get("WANDB_DIR") else str(run_dir)),
-            id=run_id,
-            resume="allow" if run_id else None,
+            id=None if "resume_from" in resume else run_id,
             config=recipe,
+            **resume,
         )
         id_file.write_text(self.run.id + "\n")
 
