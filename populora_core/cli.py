@@ -115,9 +115,20 @@ def _apply_runtime(section: Any) -> None:
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved recipe and its plan; run nothing, write nothing.")
+@click.option(
+    "--init-from",
+    type=click.Path(),
+    help="Start from existing adapters: a run directory or a folder of PEFT folders (population.init_from).",
+)
 @click.pass_obj
 def run(
-    manager: Any, recipe: str, overrides: tuple[str, ...], run_dir: str | None, progress: bool | None, dry_run: bool
+    manager: Any,
+    recipe: str,
+    overrides: tuple[str, ...],
+    run_dir: str | None,
+    progress: bool | None,
+    dry_run: bool,
+    init_from: str | None,
 ) -> None:
     """Run a recipe: populora run RECIPE [key.sub=value ...].
 
@@ -126,8 +137,11 @@ def run(
       populora run recipes/nano.yaml seed=1 steps=8 --run-dir runs/nano-s1
       populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
       populora run recipes/azr_7b.yaml --dry-run     # the recipe as it would run, and whether it fits
+      populora run recipes/nano.yaml --init-from runs/nano-single --run-dir runs/nano-warm
     Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint.
     """
+    if init_from is not None:
+        overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
     if dry_run:
         _dry_run(manager, recipe, overrides, model, resolved, run_dir)

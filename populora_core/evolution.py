@@ -5,10 +5,12 @@ sub-population and children of survivors in their place, with lineage. Private t
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import fresh_lora, load_lora, save_lora
+from .adapters import fresh_lora, load_lora, save_lora, shape_difference
 from .components import Replacement
 from .errors import UserError
 from .operators import apply_operator, child_rating, operator_arity, ready_ids, select
@@ -20,12 +22,25 @@ if TYPE_CHECKING:
 
 
 def initialise(run: Run) -> None:
-    """Fresh adapters (version 0) for every member, from the base model's module shapes, with lineage."""
+    """Version 0 of every member, with lineage: fresh adapters from the base model's module shapes, or the
+    recipe's ``population.init_from`` adapters."""
+    sources = init_sources(run.recipe.population.init_from, list(run.population.members.values()))
     for i, member in enumerate(run.population.members.values()):
         member_seed = run.streams.sampling_seed(0, f"init/{i}")
         weights = fresh_lora(run.base_model.path, run.lora, seed=member_seed)
+        if sources:
+            source = sources[member.id]
+            loaded = load_lora(source)
+            diff = shape_difference(weights, loaded, arrow="->")
+            if diff is not None:
+                raise UserError(f"population.init_from: {source} does not fit the recipe's lora ({diff})")
+            weights = loaded
         save_lora(weights, run.dir.adapter_path(member.version_name))
-        member.lineage = Lineage(operator="init", seed=member_seed)
+        member.lineage = (
+            Lineage([], "init_from", {"from": str(sources[member.id])})
+            if sources
+            else Lineage(operator="init", seed=member_seed)
+        )
     run.dir.append(
         "lineage.jsonl",
         [
@@ -35,13 +50,40 @@ def initialise(run: Run) -> None:
                 "member": m.id,
                 "role": m.role,
                 "parents": [],
-                "operator": "init",
-                "params": {},
+                "operator": m.lineage.operator,
+                "params": dict(m.lineage.params),
                 "seed": m.lineage.seed,
             }
             for m in run.population.members.values()
         ],
     )
+
+
+def init_sources(init_from: str | None, members: list[Member]) -> dict[str, Path]:
+    """Member id -> the adapter folder it starts from ({} without ``init_from``): a run directory's current members
+    of each role in turn (a single-agent run's members serve both roles), else the PEFT folders under a folder."""
+    if not init_from:
+        return {}
+    root = Path(init_from)
+    if (root / "members.json").is_file():
+        recorded = json.loads((root / "members.json").read_text())["members"]
+        pick = {
+            role: [root / "adapters" / f"{m['id']}@v{m['version']}" for m in recorded if m["role"] in (role, "both")]
+            for role in ("teacher", "student")
+        }
+    elif root.is_dir():
+        folders = sorted(p for p in root.iterdir() if (p / "adapter_config.json").is_file())
+        pick = {"teacher": folders, "student": folders}
+    else:
+        raise UserError(f"population.init_from: {init_from} is neither a run directory nor a folder of adapters")
+    sources: dict[str, Path] = {}
+    for role, available in pick.items():
+        mine = [m for m in members if m.role == role or (m.role == "both" and role == "teacher")]
+        if mine and not available:
+            raise UserError(f"population.init_from: {init_from} holds no {role} adapters (nor PEFT folders)")
+        for k, member in enumerate(mine):
+            sources[member.id] = available[k % len(available)]
+    return sources
 
 
 def evolve(run: Run, step: int) -> list[dict[str, Any]]:

@@ -60,6 +60,12 @@ class PopulationSection(_Strict):
     mode: Literal["population", "single_agent"] = Field(
         "population", description="single_agent: one adapter per slot plays both roles (AZR baseline)"
     )
+    init_from: str | None = Field(
+        None,
+        description="start from existing adapters instead of fresh ones: a run directory (each role from that run's "
+        "current members of the role, in turn) or a folder of PEFT adapter folders (all members, in turn); they "
+        "must have the recipe's lora rank, alpha and target modules (`populora run --init-from`)",
+    )
 
     @model_validator(mode="after")
     def _single_agent_shape(self) -> PopulationSection:

@@ -655,3 +655,39 @@ def yaml_steps(run_dir: Path) -> int:
     import yaml
 
     return int(yaml.safe_load((run_dir / "recipe.yaml").read_text())["steps"])
+
+
+def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_path):
+    """`populora run --init-from RUN`: version 0 of each member is the source run's current member of its role, in
+    turn, with lineage saying so; a folder of PEFT folders works too; adapters of another shape are an exit-2 error."""
+    source = tmp_path / "source"
+    _run(_manager(), source, ["steps=2"])
+    recorded = json.loads((source / "members.json").read_text())["members"]
+    by_role = {r: [f"{m['id']}@v{m['version']}" for m in recorded if m["role"] == r] for r in ("teacher", "student")}
+    warm = tmp_path / "warm"
+    args = ["--plugin", FAKE, "run", str(RECIPE), "steps=1", "--no-progress", "--run-dir", str(warm)]
+    done = run_cli(*args, "--init-from", str(source), env=env)
+    assert done.returncode == 0, done.stderr
+    src, got = _adapters(source), _adapters(warm)
+    births = [r for r in RunDir(warm).read_log("lineage.jsonl") if r["step"] == 0]
+    assert {r["operator"] for r in births} == {"init_from"}
+    for birth in births:
+        role = "teacher" if birth["member"].startswith("t") else "student"
+        origin = Path(birth["params"]["from"]).name
+        assert origin in by_role[role]
+        assert all(torch_equal(got[birth["child"]][k], v) for k, v in src[origin].items()), birth
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    import shutil
+
+    shutil.copytree(source / "adapters" / by_role["student"][0], folder / "only")
+    from_folder = run_cli(*args[:-1], str(tmp_path / "warm2"), "--init-from", str(folder), env=env)
+    assert from_folder.returncode == 0, from_folder.stderr
+    wrong = run_cli(*args[:-1], str(tmp_path / "warm3"), "lora.rank=2", "--init-from", str(source), env=env)
+    assert wrong.returncode == 2 and "population.init_from" in wrong.stderr and "Traceback" not in wrong.stderr
+    nowhere = run_cli(*args[:-1], str(tmp_path / "warm4"), "--init-from", str(tmp_path / "nope"), env=env)
+    assert nowhere.returncode == 2 and "neither a run directory nor a folder" in nowhere.stderr
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
