@@ -125,8 +125,8 @@ def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(e
     reference = _run(pm, tmp_path / "reference", ["steps=4"])
     moved = _run(pm, tmp_path / "moved", ["steps=4", "cluster=in_process"])
     (moved.checkpoints / "LATEST").write_text("00000003\n")  # keep: 2 leaves checkpoints 3 and 4
-    with pytest.raises(UserError, match="only the cluster section may change"):
-        resume_run(moved, pm, ("steps=9",))
+    with pytest.raises(UserError, match="only the cluster section and steps may change"):
+        resume_run(moved, pm, ("seed=9",))
     run = resume_run(moved, pm, ("cluster=local",))
     assert run.step == 3 and run.cluster is None
     execute(run)
