@@ -90,6 +90,27 @@ def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], eng
     )  # fmt: skip
 
 
+def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int) -> list[str]:
+    """A step's largest generation call (the students' solve samples) against the KV cache, per GPU: one that does
+    not fit at once is queued and preempted by vLLM (recomputed), so the step takes longer; say which settings."""
+    rollout, pop = data.get("rollout") or {}, data.get("population") or {}
+    tasks = len(data.get("tasks") or [None, None, None])
+    proposals = int(pop.get("teachers", 4)) * int(rollout.get("proposals_per_teacher", 8)) * tasks
+    sequences = math.ceil(proposals * int(rollout.get("solver_samples", 8)) / gpus)
+    prompt = int(rollout.get("max_prompt_tokens") or 0)
+    tokens = sequences * (prompt + int(rollout.get("solve_max_tokens", 512)))
+    if not kv_tokens or tokens <= kv_tokens:
+        return []
+    share = kv_tokens / tokens
+    return [
+        f"vLLM KV cache ({kv_tokens} tokens) holds {share:.0%} of a step's largest generation call at its longest "
+        f"({sequences} solver samples x {'max_prompt_tokens + ' if prompt else ''}solve_max_tokens = {tokens} tokens"
+        f"{' per GPU' if gpus > 1 else ''}): vLLM queues and preempts the rest (slower steps); "
+        "raise engine.params.gpu_memory_utilization, or lower rollout.solver_samples, rollout.solve_max_tokens or "
+        "rollout.proposals_per_teacher"
+    ]
+
+
 def _vllm_share(arch: Arch, engine: dict[str, Any], rank: int, gpu_bytes: int, seq: int) -> dict[str, Any]:
     """vLLM's budget (gpu_memory_utilization x GPU) split into weights, LoRA slots, overhead and KV cache."""
     vb, tp = dtype_bytes(engine.get("dtype") or arch.dtype), int(engine.get("tensor_parallel_size") or 1)
@@ -113,6 +134,7 @@ def _vllm_share(arch: Arch, engine: dict[str, Any], rank: int, gpu_bytes: int, s
         )
     return {
         "budget": budget,
+        "kv_tokens": kv_tokens,
         "kv_short": None
         if kv_tokens >= max_len
         else f"vLLM KV cache ({kv / GIB:.1f} GiB) is under one max_model_len {max_len} sequence "
@@ -156,6 +178,7 @@ def plan_recipe(
         share = _vllm_share(arch, engine, rank, gpu_bytes, t["seq"])
         rows, notes = rows + share["rows"], notes + share["notes"]
         generation, asleep, kv_short = resident + share["budget"], share["asleep"], share["kv_short"]
+        notes += _largest_call_note(data, share["kv_tokens"], gpus)
     else:  # hf shares the trainer's base; its served versions (fp32, LRU) stay while training
         served = min(max(32, int(engine.get("max_loaded_adapters", 64))), members * (int(data.get("steps", 1)) + 1))
         budget = int(engine.get("token_budget", 32768))

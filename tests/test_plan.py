@@ -339,3 +339,15 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_a_kv_cache_smaller_than_the_steps_largest_call_is_a_note_naming_the_settings(manager, qwen7b):
+    """azr_7b on one 80 GiB GPU: 4 teachers x 16 proposals x 3 tasks x 8 samples of up to 6144 + 8096 tokens do not
+    fit vLLM's KV cache at once: the plan says what share does and which settings change it; a small call is
+    silent."""
+    plan = plan_recipe(_azr(manager), qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
+    (note,) = [n for n in plan["notes"] if "largest generation call" in n]
+    assert "1536 solver samples" in note and "gpu_memory_utilization" in note and "rollout.solver_samples" in note
+    small = _azr(manager, "rollout.proposals_per_teacher=1", "rollout.solver_samples=1", "rollout.solve_max_tokens=64")
+    small_plan = plan_recipe(small, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
+    assert not [n for n in small_plan["notes"] if "largest generation call" in n]
