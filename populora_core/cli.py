@@ -144,7 +144,7 @@ def run(
         overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
     if dry_run:
-        _dry_run(manager, recipe, overrides, model, resolved, run_dir)
+        _dry_run(manager, recipe, model, resolved, run_dir)
         return
     _apply_runtime(model.runtime)
     from .loop import start_run
@@ -164,18 +164,16 @@ def run(
     _execute(run_obj, directory, progress)
 
 
-def _dry_run(
-    manager: Any, recipe: str, overrides: tuple[str, ...], model: Any, resolved: dict[str, Any], run_dir: str | None
-) -> None:
+def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], run_dir: str | None) -> None:
     """The resolved recipe (every default filled in, as ``recipe.yaml`` of the run would hold it) and the plan."""
     import yaml
 
-    from .plan import format_plan, plan_file
+    from .plan import format_plan, gpu_budget, plan_loaded
 
     click.echo(f"# populora run {recipe} -> {run_dir or f'runs/{model.name}'} (dry run: nothing runs or is written)")
     click.echo(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False).rstrip())
     try:
-        planned = format_plan(plan_file(recipe, overrides, manager))
+        planned = format_plan(plan_loaded(model, resolved, manager.registry, recipe, *gpu_budget(None)))
     except UserError as exc:  # no model config at hand (an uncached hub model): the recipe is still valid
         planned = f"no plan: {exc}"
     click.echo("\n# plan (populora plan)\n" + "\n".join(f"# {line}" if line else "#" for line in planned.splitlines()))
@@ -258,7 +256,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
       populora resume runs/nano-2t2s steps=64        # 32 more steps
       populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
     """
-    from .loop import check_resume_overrides
+    from .loop import check_resume_overrides, check_resume_steps
     from .recipe import apply_overrides, parse_recipe
     from .run import RunDir
 
@@ -268,13 +266,10 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     recorded = parse_recipe(
         apply_overrides(directory.read_recipe(), list(overrides), recipe=recipe_file), None, recipe=recipe_file
     )
-    finished = directory.finished_at(recorded.steps)
-    if finished is not None and finished > recorded.steps:
-        raise UserError(
-            f"steps={recorded.steps}: the run has already done {finished} steps; extend it, never shorten it"
-        )
-    if finished is not None:  # resuming would only rewrite its summary (wall time 0 s): the record stays as it is
-        click.echo(f"{run_dir} already finished at step {finished} (its summary.json is its record); nothing to do")
+    done = directory.checkpointed_step()
+    check_resume_steps(recorded.steps, done)
+    if done == recorded.steps:  # resuming would only rewrite its summary (wall time 0 s): the record stays as it is
+        click.echo(f"{run_dir} already finished at step {done} (its summary.json is its record); nothing to do")
         return
     _apply_runtime(recorded.runtime)
     from .loop import resume_run

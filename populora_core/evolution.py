@@ -26,7 +26,7 @@ def initialise(run: Run) -> None:
     recipe's ``population.init_from`` adapters."""
     sources = init_sources(run.recipe.population.init_from, list(run.population.members.values()))
     for i, member in enumerate(run.population.members.values()):
-        member_seed = run.streams.sampling_seed(0, f"init/{i}")
+        member_seed = run.streams.seed_for(0, f"init/{i}")
         weights = fresh_lora(run.base_model.path, run.lora, seed=member_seed)
         if sources:
             source = sources[member.id]

@@ -44,9 +44,7 @@ def resolve_version(run_dir: RunDir, member: str) -> tuple[str, dict[str, Any] |
 
 def lineage_chain(run_dir: RunDir, version_name: str) -> list[dict[str, Any]]:
     """The births from the fresh adapter to ``version_name``'s member: each child record, oldest first."""
-    births = (
-        {r["child"]: r for r in run_dir.read_log("lineage.jsonl")} if (run_dir.path / "lineage.jsonl").exists() else {}
-    )
+    births = {r["child"]: r for r in run_dir.read_log("lineage.jsonl")}
     chain, name = [], f"{version_name.split('@')[0]}@v0"
     while name in births:
         record = births[name]
@@ -57,10 +55,8 @@ def lineage_chain(run_dir: RunDir, version_name: str) -> list[dict[str, Any]]:
 
 
 def probe_accuracy(run_dir: RunDir, version_name: str) -> dict[str, float]:
-    """Greedy probe accuracy per task type of ``version_name`` (its last probe), and the base's at step 0."""
-    path = run_dir.path / "probe.jsonl"
-    rows = run_dir.read_log("probe.jsonl") if path.exists() else []
-    mine = [r for r in rows if r.get("version") == version_name]
+    """Greedy probe accuracy per task type of ``version_name`` at its last probe ({} when it was never probed)."""
+    mine = [r for r in run_dir.read_log("probe.jsonl") if r.get("version") == version_name]
     last = max((r["step"] for r in mine), default=None)
     return {r["task_type"]: float(r["accuracy"]) for r in mine if r["step"] == last}
 

@@ -143,7 +143,7 @@ class Run:
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             max_tokens=max_tokens,
-            seed=self.streams.sampling_seed(step, phase),
+            seed=self.streams.seed_for(step, phase),
             max_prompt_tokens=cfg.max_prompt_tokens,
             logprobs=logprobs or self.trainer.needs_sampling_logprobs,
         )
@@ -402,6 +402,12 @@ def check_resume_overrides(overrides: tuple[str, ...]) -> None:
             )
 
 
+def check_resume_steps(steps: int, done: int) -> None:
+    """``steps=N`` may extend a run, never shorten it below the steps it has checkpointed."""
+    if steps < done:
+        raise UserError(f"steps={steps}: the run has already done {done} steps; extend it, never shorten it")
+
+
 def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ...] = ()) -> Run:
     """The run from its last complete checkpoint; one killed before its first starts over from step 0.
 
@@ -417,10 +423,8 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     check_resume_overrides(overrides)
     data = apply_overrides(run_dir.read_recipe(), overrides, recipe=recipe_file)
     recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
-    latest = run_dir.latest_checkpoint()
-    done = int(run_dir.read_checkpoint(latest)["step"]) if latest is not None else 0
-    if recipe.steps < done:
-        raise UserError(f"steps={recipe.steps}: the run has already done {done} steps; extend it, never shorten it")
+    done = run_dir.checkpointed_step()
+    check_resume_steps(recipe.steps, done)
     run_dir.lock()
     try:
         run = Run(recipe, run_dir, manager, resume_step=done)
@@ -429,7 +433,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
         raise
     if overrides:
         run_dir.write_recipe(recipe.model_dump(mode="json"))
-    if run_dir.latest_checkpoint() is None:
+    if done == 0:  # no checkpoint
         run_dir.clear()
         run.initialise()
     else:

@@ -316,18 +316,40 @@ def plan_file(
     gpu_memory: str | None = None,
     config: str | None = None,
 ) -> dict[str, Any]:
-    """``populora plan``: load and validate the recipe, find its model config, plan it."""
+    """``populora plan``: check the flags, load and validate the recipe, find its model config, plan it."""
     from .recipe import load_recipe
 
     if gpus < 1:
         raise UserError(f"--gpus: {gpus} is not a GPU count (1 or more)")
-    visible = _visible_gpu() if gpu_memory is None else 0
-    gpu_bytes = parse_memory(gpu_memory) if gpu_memory is not None else visible or ASSUMED_GPU_BYTES
+    gpu_bytes, gpu_from = gpu_budget(gpu_memory)
     if config is not None and not Path(config).is_file():
         raise UserError(f"--config: {config} is not a file")
     model, data = load_recipe(recipe, list(overrides), manager.registry)
-    result = plan_model(model, data, manager.registry, recipe, gpu_bytes, gpus, config)
-    result["gpu_memory_from"] = "--gpu-memory" if gpu_memory is not None else "this GPU" if visible else "assumed"
+    return plan_loaded(model, data, manager.registry, recipe, gpu_bytes, gpu_from, gpus=gpus, config=config)
+
+
+def gpu_budget(gpu_memory: str | None) -> tuple[int, str]:
+    """(bytes per GPU, where that figure came from): ``--gpu-memory``, else the visible GPU, else the assumed one."""
+    if gpu_memory is not None:
+        return parse_memory(gpu_memory), "--gpu-memory"
+    visible = _visible_gpu()
+    return (visible, "this GPU") if visible else (ASSUMED_GPU_BYTES, "assumed")
+
+
+def plan_loaded(
+    model: Any,
+    data: dict[str, Any],
+    registry: Any,
+    recipe: str | None,
+    gpu_bytes: int,
+    gpu_from: str,
+    *,
+    gpus: int = 1,
+    config: str | None = None,
+) -> dict[str, Any]:
+    """The plan of an already loaded recipe (``populora plan``, ``populora run --dry-run``)."""
+    result = plan_model(model, data, registry, recipe, gpu_bytes, gpus, config)
+    result["gpu_memory_from"] = gpu_from
     return result
 
 

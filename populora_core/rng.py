@@ -39,7 +39,8 @@ class Streams:
     def rng(self, step: int, phase: str) -> random.Random:
         return derived_rng(self.seed, step, phase)
 
-    def sampling_seed(self, step: int, phase: str) -> int:
+    def seed_for(self, step: int, phase: str) -> int:
+        """An integer seed for (step, phase): a sampler's, or a fresh adapter's initialisation."""
         return derived_seed(self.seed, step, phase)
 
     def task_rng(self, index: int) -> random.Random:

@@ -199,13 +199,10 @@ class RunDir:
             else:
                 stale.unlink(missing_ok=True)
 
-    def finished_at(self, steps: int) -> int | None:
-        """The step of the last checkpoint when it is the recipe's last step (the run completed), else None."""
+    def checkpointed_step(self) -> int:
+        """The step of the latest complete checkpoint, 0 when there is none (a run resumes from it)."""
         latest = self.latest_checkpoint()
-        if latest is None:
-            return None
-        step = int(self.read_checkpoint(latest).get("step", -1))
-        return step if step >= steps else None
+        return int(self.read_checkpoint(latest).get("step", 0)) if latest is not None else 0
 
     def latest_checkpoint(self) -> Path | None:
         marker = self.checkpoints / "LATEST"
@@ -263,8 +260,7 @@ def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, An
         except (OSError, yaml.YAMLError):
             continue
         planned = int(recipe.get("steps", 0) or 0)
-        latest = run_dir.latest_checkpoint()
-        done = int(run_dir.read_checkpoint(latest).get("step", 0)) if latest is not None else 0
+        done = run_dir.checkpointed_step()
         pid = run_dir.running_pid()
         status = f"running (pid {pid})" if pid is not None else "finished" if planned and done >= planned else "stopped"
         summary: dict[str, Any] = {}

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,41 +47,54 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict]] = []
+        self.views: list[tuple[str, Any]] = []  # (hook, the run object it got)
+
+    def _saw(self, name: str, run: Any) -> None:
+        self.views.append((name, run))
 
     @hookimpl
     def on_run_start(self, run):
+        self._saw("on_run_start", run)
         self.calls.append(("on_run_start", {"step": run.steps_done}))
 
     @hookimpl
     def on_run_end(self, run, status):
+        self._saw("on_run_end", run)
         self.calls.append(("on_run_end", {"status": status}))
 
     @hookimpl
     def on_step_start(self, run, step):
+        self._saw("on_step_start", run)
         self.calls.append(("on_step_start", {"step": step}))
 
     @hookimpl
     def after_matchmaking(self, run, step, matches):
+        self._saw("after_matchmaking", run)
         self.calls.append(("after_matchmaking", {"step": step, "pairs": [(m.teacher, m.student) for m in matches]}))
 
     @hookimpl
     def after_rewards(self, run, step, rollouts):
+        self._saw("after_rewards", run)
         self.calls.append(("after_rewards", {"step": step, "n": len(rollouts)}))
 
     @hookimpl
     def on_step_end(self, run, step, metrics):
+        self._saw("on_step_end", run)
         self.calls.append(("on_step_end", {"step": step, "solve_rate": metrics["solve_rate"]}))
 
     @hookimpl
     def before_evolution(self, run, step, population):
+        self._saw("before_evolution", run)
         self.calls.append(("before_evolution", {"step": step, "members": sorted(population.members)}))
 
     @hookimpl
     def after_evolution(self, run, step, events):
+        self._saw("after_evolution", run)
         self.calls.append(("after_evolution", {"step": step, "events": events}))
 
     @hookimpl
     def on_checkpoint(self, run, step, path):
+        self._saw("on_checkpoint", run)
         self.calls.append(("on_checkpoint", {"step": step, "exists": Path(path, "state.json").is_file()}))
 
 
@@ -114,53 +128,19 @@ def test_every_lifecycle_hook_is_called_in_order(env, tmp_path):
 def test_hooks_see_a_run_view_whose_population_is_a_copy_and_whose_emit_logs(env, tmp_path):
     """Hooks get RunView, never the loop's Run: steps_done as documented, a population copy an observer cannot
     change the run through, and emit into events.jsonl."""
-    seen: list[tuple[str, int]] = []
 
-    class Observer:
-        def _see(self, name, run):
-            assert type(run) is RunView, f"{name} got {type(run).__name__}"
-            seen.append((name, run.steps_done))
-
-        @hookimpl
-        def on_run_start(self, run):
-            self._see("on_run_start", run)
-
-        @hookimpl
-        def on_step_start(self, run, step):
-            self._see("on_step_start", run)
-
+    class Observer(Recorder):
         @hookimpl
         def after_matchmaking(self, run, step, matches):
-            self._see("after_matchmaking", run)
+            super().after_matchmaking(run, step, matches)
             for member in run.population.members.values():
                 member.rating.mu = -1000.0  # a copy: the run's ratings must not move
             run.emit([{"event": "observer", "step": step, "members": sorted(run.population.members)}])
 
-        @hookimpl
-        def after_rewards(self, run, step, rollouts):
-            self._see("after_rewards", run)
-
-        @hookimpl
-        def on_step_end(self, run, step, metrics):
-            self._see("on_step_end", run)
-
-        @hookimpl
-        def before_evolution(self, run, step, population):
-            self._see("before_evolution", run)
-
-        @hookimpl
-        def after_evolution(self, run, step, events):
-            self._see("after_evolution", run)
-
-        @hookimpl
-        def on_checkpoint(self, run, step, path):
-            self._see("on_checkpoint", run)
-
-        @hookimpl
-        def on_run_end(self, run, status):
-            self._see("on_run_end", run)
-
-    directory = _run(_manager(Observer()), tmp_path / "run", ["steps=3"])
+    observer = Observer()
+    directory = _run(_manager(observer), tmp_path / "run", ["steps=3"])
+    assert all(type(run) is RunView for _, run in observer.views), {type(run) for _, run in observer.views}
+    seen = [(name, run.steps_done) for name, run in observer.views]
     names = [name for name, _ in seen]
     second = names.index("on_step_start", names.index("on_step_start") + 1)
     assert seen[second : second + 7] == [
