@@ -48,18 +48,20 @@ def run_seed(
     recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int, pool_size: int, work: Path
 ) -> dict[str, Any]:
     from populora_core.loop import start_run
+    from populora_core.phases import solve
     from populora_core.plugins import get_manager
+    from populora_core.probe import run_probe_set
     from populora_core.recipe import load_recipe
     from populora_core.rng import derived_rng
     from populora_core.run import RunDir
-    from populora_core.solving import solve
 
     manager = get_manager()
     recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"], manager.registry)
     run = start_run(recipe, resolved, RunDir(work / f"seed{seed}"), manager)
     try:
-        probe_programs = {p.program for items in run.probe_problems().values() for p in items}
-        pool = curriculum(pool_size, 7919 + seed, run.executor, probe_programs)
+        c = run.components
+        probe_programs = {p.program for items in run_probe_set(c).values() for p in items}
+        pool = curriculum(pool_size, 7919 + seed, c.executor, probe_programs)
         student = run.population.students[0]
         cfg = run.recipe.rollout
 
@@ -73,19 +75,19 @@ def run_seed(
         for step in range(1, steps + 1):
             attempts = [
                 (name, student, problem)
-                for name in run.tasks
+                for name in c.tasks
                 for problem in derived_rng(seed, step, f"curriculum/{name}").sample(
                     pool[name], cfg.proposals_per_teacher
                 )
             ]
-            answers = solve(run, attempts, step, "sample/solve", n=cfg.solver_samples)
+            answers = solve(c, attempts, step, "sample/solve", n=cfg.solver_samples).answers
             rollouts = [r for scored in answers for r in scored]
             rates: dict[str, list[float]] = {}
             for (name, _, _), scored in zip(attempts, answers):
                 rates.setdefault(name, []).append(statistics.fmean(r.info["correct"] for r in scored))
-            parent = run.adapter_ref(student)
+            parent = c.adapter_ref(student)
             student.version += 1
-            run.trainer.update(student.id, parent, rollouts, run.dir.adapter_path(student.version_name))
+            c.trainer.update(student.id, parent, rollouts, run.dir.adapter_path(student.version_name))
             solve_rates.append({k: statistics.fmean(v) for k, v in rates.items()})
             if step % probe_every == 0 or step == steps:
                 checkpoints[step] = probe(step)

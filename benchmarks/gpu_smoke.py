@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -264,7 +264,7 @@ def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list
     from populora_core.run import RunDir
 
     run = start_run(recipe, resolved, RunDir(path), manager)
-    generate = run.engine.generate
+    generate = run.components.engine.generate
 
     def recording(requests: Any, sampling: Any) -> Any:
         out = generate(requests, sampling)
@@ -274,7 +274,7 @@ def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list
                 lengths.append((run.step + 1, len(c.token_ids)))
         return out
 
-    run.engine.generate = recording
+    cast(Any, run.components.engine).generate = recording
     execute(run)
     return RunDir(path).read_log("events.jsonl")
 

@@ -106,7 +106,7 @@ class TokenCounter:
     def __init__(self, run: Any) -> None:
         self.generated: list[tuple[int, list[int]]] = []
         self.trained: list[tuple[int, int]] = []
-        generate = run.engine.generate
+        generate = run.components.engine.generate
 
         def counted_generate(requests: Any, sampling: Any) -> Any:
             out = generate(requests, sampling)
@@ -120,25 +120,16 @@ class TokenCounter:
                 if r.completion_token_ids:
                     self.trained.append((len(r.prompt_token_ids), len(r.completion_token_ids)))
 
-        run.engine.generate = counted_generate
-        # the loop hands a trainer with update_many the whole step (which may call update): wrap one of them
-        update_many = getattr(run.trainer, "update_many", None)
-        if update_many is not None:
+        run.components.engine.generate = counted_generate
+        # the loop hands the trainer the whole step through update_many
+        update_many = run.components.trainer.update_many
 
-            def counted_update_many(jobs: Any) -> Any:
-                for job in jobs:
-                    count(job.rollouts)
-                return update_many(jobs)
+        def counted_update_many(jobs: Any) -> Any:
+            for job in jobs:
+                count(job.rollouts)
+            return update_many(jobs)
 
-            run.trainer.update_many = counted_update_many
-        else:
-            update = run.trainer.update
-
-            def counted_update(member_id: str, adapter: Any, rollouts: Any, out_dir: Any) -> Any:
-                count(rollouts)
-                return update(member_id, adapter, rollouts, out_dir)
-
-            run.trainer.update = counted_update
+        run.components.trainer.update_many = counted_update_many
 
     def take(self) -> tuple[list[tuple[int, list[int]]], list[tuple[int, int]]]:
         out = (self.generated, self.trained)
@@ -233,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
             runs[name] = start_run(recipe, resolved, RunDir(Path(tmp) / name), manager)
             counters[name] = TokenCounter(runs[name])
         recipe = runs["current"].recipe
-        base = runs["current"].base_model
+        base = runs["current"].components.base_model
         arch = load_arch(Path(base.path) / "config.json", list(recipe.lora.target_modules))
         records: dict[str, list[dict[str, Any]]] = defaultdict(list)
         flops: dict[str, list[float]] = defaultdict(list)

@@ -47,9 +47,9 @@ def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> di
     overhead: dict[int, float] = {}  # the cluster's cumulative Ray overhead at the end of every step
 
     def record_overhead(metrics: dict[str, Any]) -> None:
-        if run.cluster is not None:
+        if run.components.cluster is not None:
             # .time is the Ray cluster's timer, not part of the Cluster protocol
-            overhead[metrics["step"]] = cast(Any, run.cluster).time.overhead_s
+            overhead[metrics["step"]] = cast(Any, run.components.cluster).time.overhead_s
 
     execute(run, on_step=record_overhead)
     steps = [e for e in RunDir(workdir / label).read_log("events.jsonl") if e["event"] == "step"]
@@ -69,7 +69,9 @@ def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> di
         "train_s": train_s,
         "ray_overhead_s": overhead_s,
         "startup_s": startup_s,
-        "state_moves": dict(getattr(run.trainer, "state_moves", {})),  # optimizer states moved between workers
+        "state_moves": dict(
+            getattr(run.components.trainer, "state_moves", {})
+        ),  # optimizer states moved between workers
     }
 
 

@@ -91,7 +91,8 @@ def cli(ctx: click.Context, plugin_files: tuple[str, ...]) -> None:
 
 def _complete_override(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     """Shell completion of ``key.sub=value`` overrides: the recipe's keys (components' params: ``populora keys``)."""
-    from .recipe import Recipe, model_keys
+    from .recipe import Recipe
+    from .recipe_keys import model_keys
 
     return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
 
@@ -221,7 +222,7 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 
     model, _ = _load_recipe(manager, recipe, overrides)
     _apply_runtime(model.runtime)
-    from .loop import Run
+    from .assembly import build_components
     from .problems import write_problems
     from .run import RunDir
     from .seeding import make_seeds
@@ -231,11 +232,11 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
         click.echo(f"round {round_}: {done}", err=True)
 
     with tempfile.TemporaryDirectory(prefix="populora-seed-") as tmp:
-        run_obj = Run(model, RunDir(tmp), manager)
+        components = build_components(model, RunDir(tmp), manager)
         try:
-            problems = make_seeds(run_obj, per_type, max_rounds=max_rounds, on_round=report)
+            problems = make_seeds(components, per_type, max_rounds=max_rounds, on_round=report)
         finally:
-            run_obj.close()
+            components.close()
     click.echo(f"{len(problems)} seed problems written to {write_problems(problems, out)}")
 
 
@@ -257,7 +258,8 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
       populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
     """
     from .loop import check_resume_overrides, check_resume_steps
-    from .recipe import apply_overrides, parse_recipe
+    from .recipe import parse_recipe
+    from .recipe_yaml import apply_overrides
     from .run import RunDir
 
     check_resume_overrides(overrides)

@@ -193,7 +193,8 @@ def keys(manager: Any, what: str | None) -> None:
       populora keys trr++           one component's params (trainer.params.*)
     """
     from .errors import UserError
-    from .recipe import COMPONENT_SECTIONS, Recipe, model_keys
+    from .recipe import Recipe
+    from .recipe_keys import COMPONENT_SECTIONS, model_keys
 
     def table(rows: list[tuple[str, str, str, str]]) -> None:
         width = max((len(r[0]) for r in rows), default=0)
@@ -231,6 +232,6 @@ def recipe_schema(manager: Any) -> None:
     \b
       populora recipe-schema > populora.schema.json   # editors validate recipes against it
     """
-    from .recipe import recipe_json_schema
+    from .recipe_keys import recipe_json_schema
 
     click.echo(json.dumps(recipe_json_schema(manager.registry), indent=2))

@@ -14,20 +14,20 @@ from .adapters import fresh_lora, load_lora, save_lora, shape_difference
 from .components import Replacement
 from .errors import UserError
 from .operators import apply_operator, child_rating, operator_arity, ready_ids, select
-from .population import Lineage, Member
+from .population import Lineage, Member, Population
 from .registry import Component, Params
 
 if TYPE_CHECKING:
-    from .loop import Run
+    from .assembly import Components
 
 
-def initialise(run: Run) -> None:
+def initialise(c: Components, population: Population) -> None:
     """Version 0 of every member, with lineage: fresh adapters from the base model's module shapes, or the
     recipe's ``population.init_from`` adapters."""
-    sources = init_sources(run.recipe.population.init_from, list(run.population.members.values()))
-    for i, member in enumerate(run.population.members.values()):
-        member_seed = run.streams.seed_for(0, f"init/{i}")
-        weights = fresh_lora(run.base_model.path, run.lora, seed=member_seed)
+    sources = init_sources(c.recipe.population.init_from, list(population.members.values()))
+    for i, member in enumerate(population.members.values()):
+        member_seed = c.streams.seed_for(0, f"init/{i}")
+        weights = fresh_lora(c.base_model.path, c.lora, seed=member_seed)
         if sources:
             source = sources[member.id]
             loaded = load_lora(source)
@@ -35,13 +35,13 @@ def initialise(run: Run) -> None:
             if diff is not None:
                 raise UserError(f"population.init_from: {source} does not fit the recipe's lora ({diff})")
             weights = loaded
-        save_lora(weights, run.dir.adapter_path(member.version_name))
+        save_lora(weights, c.run_dir.adapter_path(member.version_name))
         member.lineage = (
             Lineage([], "init_from", {"from": str(sources[member.id])})
             if sources
             else Lineage(operator="init", seed=member_seed)
         )
-    run.dir.append(
+    c.run_dir.append(
         "lineage.jsonl",
         [
             {
@@ -54,7 +54,7 @@ def initialise(run: Run) -> None:
                 "params": dict(m.lineage.params),
                 "seed": m.lineage.seed,
             }
-            for m in run.population.members.values()
+            for m in population.members.values()
         ],
     )
 
@@ -86,47 +86,44 @@ def init_sources(init_from: str | None, members: list[Member]) -> dict[str, Path
     return sources
 
 
-def evolve(run: Run, step: int) -> list[dict[str, Any]]:
-    """Selection and replacement per sub-population; returns the lineage records of the children."""
-    assert run.selector is not None
-    run.hook.before_evolution(run=run.view(), step=step, population=run.population)
-    rng = run.streams.rng(step, "evolution")
-    evo = run.recipe.evolution
+def evolve(c: Components, population: Population, step: int) -> list[dict[str, Any]]:
+    """Selection and replacement per sub-population of ``population`` (changed in place); returns the lineage
+    records of the children."""
+    assert c.selector is not None
+    rng = c.streams.rng(step, "evolution")
+    evo = c.recipe.evolution
     events: list[dict[str, Any]] = []
-    for role, group in sorted(run.population.subpopulations().items()):
+    for role, group in sorted(population.subpopulations().items()):
         if role not in evo.subpopulations or len(group) < 2:
             continue
-        for rep in select(run.selector, group, rng, ready_ids(group, step, evo.readiness)):
-            events.append(_replace(run, step, rep, rng))
-    run.dir.append("lineage.jsonl", events)
-    run.emit([{"event": "evolution", **e} for e in events])
-    run.hook.after_evolution(run=run.view(), step=step, events=events)
+        for rep in select(c.selector, group, rng, ready_ids(group, step, evo.readiness)):
+            events.append(_replace(c, population, step, rep, rng))
     return events
 
 
-def _replace(run: Run, step: int, rep: Replacement, rng: random.Random) -> dict[str, Any]:
+def _replace(c: Components, population: Population, step: int, rep: Replacement, rng: random.Random) -> dict[str, Any]:
     """``rep.dead`` leaves; a child of ``rep.parents`` by a drawn (or the named) operator takes its place."""
-    component, params = _choose_operator(run, rep, rng)
+    component, params = _choose_operator(c, rep, rng)
     _, most = operator_arity(component)
     available = rep.parents[:1] if rep.mutation_only else rep.parents
-    parents: list[Member] = [run.population.members[p] for p in available[:most]]
+    parents: list[Member] = [population.members[p] for p in available[:most]]
     op_seed = rng.randrange(2**31)
     child_weights = apply_operator(
-        component, params, [load_lora(run.dir.adapter_path(p.version_name)) for p in parents], op_seed
+        component, params, [load_lora(c.run_dir.adapter_path(p.version_name)) for p in parents], op_seed
     )
-    dead = run.population.remove(rep.dead)
+    dead = population.remove(rep.dead)
     params_dict = params.model_dump(mode="json")
-    child = run.population.add_new(
+    child = population.add_new(
         dead.id.rstrip("0123456789"),
         dead.role,
         born_step=step,
         lineage=Lineage([p.version_name for p in parents], component.name, params_dict, op_seed, step),
     )
-    child.rating = child_rating(parents[0].rating, run.recipe.evolution.child_rating)
-    save_lora(child_weights, run.dir.adapter_path(child.version_name))
-    if run.recipe.evolution.child_optimizer == "inherit":
-        run.trainer.copy_state(parents[0].id, child.id)
-    run.trainer.forget(dead.id)
+    child.rating = child_rating(parents[0].rating, c.recipe.evolution.child_rating)
+    save_lora(child_weights, c.run_dir.adapter_path(child.version_name))
+    if c.recipe.evolution.child_optimizer == "inherit":
+        c.trainer.copy_state(parents[0].id, child.id)
+    c.trainer.forget(dead.id)
     return {
         "step": step,
         "child": child.version_name,
@@ -141,13 +138,13 @@ def _replace(run: Run, step: int, rep: Replacement, rng: random.Random) -> dict[
     }
 
 
-def _choose_operator(run: Run, rep: Replacement, rng: random.Random) -> tuple[Component, Params]:
+def _choose_operator(c: Components, rep: Replacement, rng: random.Random) -> tuple[Component, Params]:
     """The selector's named operator, else one drawn by weight among the recipe's that fit the parents."""
     if rep.operator:
-        component = run.manager.registry.get("operator", rep.operator)
+        component = c.registry.get("operator", rep.operator)
         return component, component.parse_params(rep.params)
     available = 1 if rep.mutation_only else len(rep.parents)
-    fits = [(c, p, w) for c, p, w in run.operators if operator_arity(c)[0] <= available]
+    fits = [(op, p, w) for op, p, w in c.operators if operator_arity(op)[0] <= available]
     if not fits:
         raise UserError(
             "evolution: no operator in the recipe's mix fits "

@@ -154,7 +154,7 @@ def plan_recipe(
     data: dict[str, Any], arch: Arch, *, gpu_bytes: int, gpus: int = 1, registry: Any = None, suggest: bool = True
 ) -> dict[str, Any]:
     """The plan of a resolved recipe dict: rows per GPU, both phases' peaks, disk, verdict and suggestions."""
-    from .recipe import apply_overrides
+    from .recipe_yaml import apply_overrides
 
     engine, _ = component_params(registry, "engine", data.get("engine") or {"name": "hf"})
     trainer, declared = component_params(registry, "trainer", data.get("trainer") or {"name": "trr++"})
@@ -252,7 +252,7 @@ def _suggestions(
     data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, t: dict[str, Any]
 ) -> list[str]:
     """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination."""
-    from .recipe import apply_overrides
+    from .recipe_yaml import apply_overrides
 
     engine = (data.get("engine") or {}).get("params") or {}
     candidates = [] if t["ckpt"] else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true

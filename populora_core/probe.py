@@ -1,6 +1,6 @@
 """Held-out probe evaluation: greedy solver accuracy per task type, of every student and of the base.
 
-The loop calls :func:`probe_records` before the first step and after the last (``probe`` in a recipe);
+The loop calls :func:`evaluate` before the first step and after the last (``probe`` in a recipe);
 ``populora_nano.probe`` uses :func:`greedy_grades` for the model card. Records carry each problem's outcome
 in probe order, so two members can be compared problem by problem (paired statistics).
 """
@@ -11,10 +11,15 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task
+from .errors import UserError
+from .population import Member
 from .problems import load_problems
+
+if TYPE_CHECKING:
+    from .assembly import Components
 
 
 @dataclass(frozen=True)
@@ -93,3 +98,20 @@ def probe_records(
         for task_name in problems
         if per_task.get(task_name)
     ]
+
+
+def run_probe_set(c: Components) -> dict[str, list[Problem]]:
+    """A run's held-out probe set per task type: the recipe's file, else the one shipped with the base."""
+    cfg = c.recipe.probe
+    path = cfg.file or c.base_model.probe_path
+    if not path:
+        raise UserError("probe.enabled is true but probe.file is empty and the base model ships no probe set")
+    return probe_set(path, list(c.tasks), cfg.problems_per_type)
+
+
+def evaluate(c: Components, students: Sequence[Member], step: int, *, include_base: bool) -> list[dict[str, Any]]:
+    """The probe records of a run's students' current versions (and the base first, with ``include_base``)."""
+    targets = [ProbeTarget(m.id, c.adapter_ref(m), m.version_name, m.role) for m in students]
+    if include_base:
+        targets.insert(0, ProbeTarget("base", None, "base", "base"))
+    return probe_records(step, c.engine, c.tasks, run_probe_set(c), targets, c.recipe.probe.max_tokens)

@@ -7,18 +7,16 @@ Every error names the recipe file, the YAML path, the component and its plugin.
 
 from __future__ import annotations
 
-import copy
 import difflib
-import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .components import DEFAULT_TARGET_MODULES
 from .errors import PluginError, RecipeError, UserError
+from .recipe_yaml import apply_overrides, load_yaml
 from .registry import Registry, format_validation_error
 
 Role = Literal["teacher", "student", "both"]
@@ -33,11 +31,17 @@ class ComponentRef(_Strict):
 
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+    _parsed: Any = PrivateAttr(default=None)  # the plugin's params model, set when the registry validated it
 
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    def build_params(self) -> Any:
+        """What the factory receives: the params parsed when the recipe was validated (parsed once, the same
+        object a Ray worker gets), else the raw dict for a recipe read without a registry."""
+        return self._parsed if self._parsed is not None else self.params
 
 
 class WeightedOperator(ComponentRef):
@@ -256,77 +260,6 @@ class Recipe(_Strict):
         return refs
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last
-    silently, so a recipe's second ``lr:`` would quietly win over the first)."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"key {key!r} appears twice in one mapping (lines {seen[key]} and {key_node.start_mark.line + 1})",
-                key_node.start_mark,
-            )
-        seen[key] = key_node.start_mark.line + 1
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"recipe not found: {file}")
-    try:
-        data = yaml.load(file.read_text(), Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"not valid YAML: {exc}", recipe=str(file)) from None
-    if not isinstance(data, dict):
-        raise RecipeError("a recipe is a YAML mapping at the top level", recipe=str(file))
-    return data
-
-
-def apply_overrides(
-    data: dict[str, Any], overrides: list[str] | tuple[str, ...], recipe: str | None = None
-) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML; list items by index)."""
-    result = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise RecipeError(f"override {item!r} is not key.sub=value", recipe=recipe)
-        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw != "" else ""
-        node: Any = result
-        parts = key.split(".")
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise RecipeError(
-                        f"override {item!r}: no list item {part!r}", recipe=recipe, path=".".join(parts[: i + 1])
-                    )
-                if last:
-                    node[int(part)] = value
-                else:
-                    node = node[int(part)]
-                continue
-            if not isinstance(node, dict):
-                raise RecipeError(f"override {item!r}: {'.'.join(parts[:i])} is not a mapping", recipe=recipe)
-            if isinstance(node.get(part), str) and not last:  # `engine: hf` then `engine.params.x=1`
-                node[part] = {"name": node[part]}
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-    return result
-
-
 def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = "<recipe>") -> Recipe:
     """Both validation passes; ``registry=None`` runs only the structural pass."""
     try:
@@ -401,7 +334,7 @@ def validate_components(recipe_model: Recipe, registry: Registry, recipe: str) -
         except UserError as exc:
             raise RecipeError(str(exc), recipe=recipe, path=f"{path}.name") from None
         try:
-            component.parse_params(ref.params)
+            ref._parsed = component.parse_params(ref.params)
         except ValidationError as err:
             raise RecipeError(
                 format_validation_error(err, prefix=f"{path}.params", model=component.params_model),
@@ -430,102 +363,3 @@ def load_recipe(
     data = apply_overrides(load_yaml(path), overrides, recipe=str(path))
     model = parse_recipe(data, registry, recipe=str(path))
     return model, model.model_dump(mode="json")
-
-
-#: recipe sections that name a component, and its kind (``populora keys trainer`` lists the trainers)
-COMPONENT_SECTIONS = {
-    "base_model": "base_model",
-    "tasks": "task",
-    "executor": "executor",
-    "engine": "engine",
-    "trainer": "trainer",
-    "matchmaker": "matchmaker",
-    "sinks": "sink",
-    "cluster": "cluster",
-    "evolution.selector": "selector",
-    "evolution.operators": "operator",
-}
-
-
-def model_keys(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, description) of every field of a params or section model, nested sections
-    expanded: what ``populora keys`` prints and the recipe reference is generated from."""
-    rows = []
-    for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and annotation is not ComponentRef:
-            rows += model_keys(annotation, f"{key}.")
-            continue
-        plain = isinstance(annotation, type) and typing.get_origin(annotation) is None
-        kind = annotation.__name__ if plain else str(annotation).replace("typing.", "").replace(f"{__name__}.", "")  # type: ignore[union-attr]
-        if field.is_required():
-            default = "(required)"
-        else:
-            value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
-            dump = (
-                [v.model_dump() if isinstance(v, BaseModel) else v for v in value] if isinstance(value, list) else value
-            )
-            default = repr(dump.model_dump() if isinstance(dump, BaseModel) else dump)
-        rows.append((key, kind, default, " ".join((field.description or "").split())))
-    return rows
-
-
-def recipe_json_schema(registry: Registry) -> dict[str, Any]:
-    """JSON Schema of a recipe, each component reference narrowed to installed names and params."""
-    schema = Recipe.model_json_schema()
-    defs = schema.setdefault("$defs", {})
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for comp in registry:
-        params_schema = comp.params_model.model_json_schema()
-        nested = params_schema.pop("$defs", {})
-        defs.update(nested)
-        by_kind.setdefault(comp.kind, []).append(
-            {
-                "type": "object",
-                "title": f"{comp.kind} {comp.name} ({comp.plugin})",
-                "properties": {
-                    "name": {"const": comp.name},
-                    "params": params_schema,
-                    **({"weight": {"type": "number"}} if comp.kind == "operator" else {}),
-                },
-                "required": ["name"],
-                "additionalProperties": False,
-            }
-        )
-    fields = {
-        "executor": "executor",
-        "engine": "engine",
-        "trainer": "trainer",
-        "matchmaker": "matchmaker",
-        "cluster": "cluster",
-    }
-    props = schema["properties"]
-    local = {
-        "type": "object",
-        "title": "cluster local (built in)",
-        "properties": {"name": {"const": LOCAL_CLUSTER}, "params": {"type": "object", "maxProperties": 0}},
-        "required": ["name"],
-        "additionalProperties": False,
-    }
-    by_kind["cluster"] = [local, *by_kind.get("cluster", [])]
-    for field_name, kind in fields.items():
-        if by_kind.get(kind):
-            props[field_name] = {
-                "anyOf": [
-                    *by_kind[kind],
-                    {"type": "string", "enum": [o["properties"]["name"]["const"] for o in by_kind[kind]]},
-                ]
-            }
-    for field_name, kind in (("tasks", "task"), ("sinks", "sink")):
-        if by_kind.get(kind):
-            names = [o["properties"]["name"]["const"] for o in by_kind[kind]]
-            props[field_name] = {
-                "type": "array",
-                "items": {"anyOf": [*by_kind[kind], {"type": "string", "enum": names}]},
-            }
-    schema["x-populora-components"] = {
-        kind: {o["properties"]["name"]["const"]: o["properties"]["params"] for o in items}
-        for kind, items in by_kind.items()
-    }
-    return schema

@@ -12,53 +12,54 @@ abduction-style seeds into both buffers), and programs are not stripped of comme
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .components import GenerationRequest, Problem
 from .errors import UserError
 
+if TYPE_CHECKING:
+    from .assembly import Components
+
 
 def make_seeds(
-    run: Any,
+    c: Components,
     per_type: int,
     *,
     prompts_per_round: int = 32,
     max_rounds: int = 40,
     on_round: Callable[[int, dict[str, int]], None] | None = None,
 ) -> list[Problem]:
-    """Valid, distinct base-model proposals: ``per_type`` of every task type of ``run`` (a ``Run``)."""
+    """Valid, distinct base-model proposals: ``per_type`` of every task type of the run's components."""
     if per_type < 1:
         raise UserError(f"seeding: per-type count must be at least 1, got {per_type}")
-    found: dict[str, list[Problem]] = {name: [] for name in run.tasks}
+    found: dict[str, list[Problem]] = {name: [] for name in c.tasks}
     seen: set[tuple[str, str, tuple[str, ...]]] = set()
-    cfg = run.recipe.rollout
+    cfg = c.recipe.rollout
     for round_ in range(1, max_rounds + 1):
         requests, origin = [], []
-        for name, task in run.tasks.items():
+        for name, task in c.tasks.items():
             if len(found[name]) >= per_type:
                 continue
-            rng = run.streams.rng(round_, f"seed/{name}")
+            rng = c.streams.rng(round_, f"seed/{name}")
             for prompt, ctx in task.proposer_prompts(prompts_per_round, rng):
                 requests.append(GenerationRequest(prompt, None))
                 origin.append((name, ctx))
         if not requests:
             break
-        outputs = run.engine.generate(
-            requests, run.sampling(round_, "sample/seed", n=1, max_tokens=cfg.propose_max_tokens)
-        )
-        problems = run.parse_proposals(
+        outputs = c.engine.generate(requests, c.sampling(round_, "sample/seed", n=1, max_tokens=cfg.propose_max_tokens))
+        problems = c.parse_proposals(
             [c[0].text for c in outputs],
             [name for name, _ in origin],
             [ctx for _, ctx in origin],
             ["base"] * len(origin),
         )
-        fresh: dict[str, list[Problem]] = {name: [] for name in run.tasks}
+        fresh: dict[str, list[Problem]] = {name: [] for name in c.tasks}
         for (name, _), problem in zip(origin, problems):
             key = (name, problem.program, tuple(problem.inputs))
             if problem.valid and key not in seen and len(found[name]) + len(fresh[name]) < per_type:
                 seen.add(key)
                 fresh[name].append(problem)
-        for name, task in run.tasks.items():
+        for name, task in c.tasks.items():
             found[name] += fresh[name]
             task.add_to_buffer(fresh[name])
         if on_round is not None:

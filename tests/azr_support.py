@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from populora_core.components import ExecJob, ExecResult
+from populora_core.components import ExecJob, ExecResult, Executor
 
 _RUNNER = r"""
 import json, sys
@@ -32,7 +32,7 @@ sys.__stdout__.write("\n@@RESULT@@" + json.dumps(out))
 """
 
 
-class SubprocessTestExecutor:
+class SubprocessTestExecutor(Executor):
     """Test-only fallback: one fresh ``python -I`` per job, ``PYTHONHASHSEED`` from ``hash_variant``."""
 
     def __init__(self, timeout_s: float = 10.0, workers: int = 2, max_output: int = 1 << 20) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from populora_core.components import RolloutEngine
+
 EVALPLUS_ROWS = [
     {
         "task_id": "HumanEval/0",
@@ -123,7 +125,7 @@ CALLS: list[int] = []  # number of requests of each generate() call
 REQUESTS: list[tuple[str | None, str, tuple[str, ...]]] = []  # (adapter name, prompt, stop strings)
 
 
-class OracleEngine:
+class OracleEngine(RolloutEngine):
     """Answers math prompts from the shipped gold: adapters named ``*good*`` right, others wrong.
 
     The base model (no adapter) answers the first half of the problems right, so every subject has a
@@ -158,7 +160,7 @@ class OracleEngine:
             )
         return out
 
-    def close(self) -> None:
+    def sleep(self) -> None:
         pass
 
 

@@ -16,14 +16,23 @@ from typing import Any
 from pydantic import Field
 
 from populora_core import Params, hookimpl
-from populora_core.components import BaseModel, Completion, Grade, Problem, UpdateStats
+from populora_core.components import (
+    BaseModel,
+    Completion,
+    Executor,
+    Grade,
+    Problem,
+    RolloutEngine,
+    Trainer,
+    UpdateStats,
+)
 
 
 class FakeEngineParams(Params):
     delay_s: float = Field(0.0, ge=0)
 
 
-class FakeEngine:
+class FakeEngine(RolloutEngine):
     """Answers with a number derived from the adapter's weights, the prompt and the seed.
 
     A prompt counts one token per character against ``sampling.max_prompt_tokens``."""
@@ -64,10 +73,8 @@ class FakeTrainerParams(Params):
     lr: float = 0.01
 
 
-class FakeTrainer:
+class FakeTrainer(Trainer):
     """Moves B by lr * mean reward * a member-seeded direction; 'optimizer state' is a reward EMA."""
-
-    needs_sampling_logprobs = False
 
     def __init__(self, params: FakeTrainerParams, *, base_model: Any, lora: Any, seed: int) -> None:
         self.params, self.seed, self.state = params, seed, {}
@@ -162,7 +169,7 @@ class CountTask:
         self.buffer = list(state["buffer"])
 
 
-class NullExecutor:
+class NullExecutor(Executor):
     def __init__(self, params: Any) -> None:
         pass
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from populora_core import Params, RecipeError, UserError, hookimpl
+from populora_core.components import Cluster
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
@@ -29,7 +30,7 @@ class InProcessParams(Params):
     fail: bool = False  # the cluster cannot start (an unreachable address, say)
 
 
-class InProcessCluster:
+class InProcessCluster(Cluster):
     """Builds the components in this process and wraps the trainer with ``update_many``: what the seam asks."""
 
     opened: ClassVar[list[InProcessCluster]] = []
@@ -128,7 +129,7 @@ def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(e
     with pytest.raises(UserError, match="only the cluster section and steps may change"):
         resume_run(moved, pm, ("seed=9",))
     run = resume_run(moved, pm, ("cluster=local",))
-    assert run.step == 3 and run.cluster is None
+    assert run.step == 3 and run.components.cluster is None
     execute(run)
     assert yaml.safe_load((moved.path / "recipe.yaml").read_text())["cluster"] == {"name": "local", "params": {}}
     assert _adapter_hashes(moved.path) == _adapter_hashes(reference.path)

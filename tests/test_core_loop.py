@@ -15,11 +15,11 @@ import pytest
 from populora_core import PluginError, hookimpl
 from populora_core.adapters import LoraFactors, LoraWeights
 from populora_core.loop import execute, start_run
+from populora_core.phases import solve
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
 from populora_core.run import RunDir
 from populora_core.runview import RunView
-from populora_core.solving import solve
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
 
 TESTS = Path(__file__).parent
@@ -336,7 +336,8 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
         s0, s1 = run.population.students[:2]
         problems = [Problem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
         tokens_before = s0.counters.tokens
-        answers = solve(run, [("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
+        solved = solve(run.components, [("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
+        answers = solved.answers
         assert [len(a) for a in answers] == [4, 4]
         for student, problem, scored in zip((s0, s1), problems, answers):
             assert {(r.member_id, r.group) for r in scored} == {(student.id, "count/solve")}
@@ -347,9 +348,9 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
             assert all(
                 r.reward == (1.0 if r.info["correct"] else -0.5 if r.completion_token_ids[0] else -1.0) for r in scored
             )
-            assert problem.signature in run.coverage[student.id]
+            assert (student.id, problem.signature) in solved.covered
         assert s0.counters.tokens == tokens_before + 4 * 2
-        assert solve(run, [], 1, "sample/solve", n=4) == []
+        assert solve(run.components, [], 1, "sample/solve", n=4).answers == []
     finally:
         run.close()
 
@@ -369,7 +370,7 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
     recipe, resolved = load_recipe(RECIPE, ["seeds.enabled=true", f"seeds.file={seeds}"], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
-        assert [p.program for p in run.tasks["count"].buffer] == [r["program"] for r in records]
+        assert [p.program for p in run.components.tasks["count"].buffer] == [r["program"] for r in records]
     finally:
         run.close()
     logged = [r for r in RunDir(tmp_path / "run").read_log("events.jsonl") if r["event"] == "seeds"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from populora_core import Params, hookimpl
+from populora_core.components import UpdateJob
 from populora_core.errors import PluginError
 from populora_core.plugins import PluginLoadWarning, PluginManager
 from tests.cli_helpers import REPO, pip_install_target, run_cli
@@ -302,3 +303,43 @@ def test_third_party_plugin_is_usable_from_a_recipe(plugin_site, tiny_model_dir,
     )
     assert bad.returncode == 2
     assert "(component sink 'example_csv' from plugin example_sink): sinks.0.params.colour: unknown key" in bad.stderr
+
+
+def test_a_component_missing_a_protocol_member_is_an_error_naming_it_before_the_run(tmp_path):
+    """Optional capabilities are Protocol members with defaults (a component subclasses its Protocol); one built
+    without subclassing and without a member is refused when the run is built, not in its first step."""
+    from populora_core.assembly import check_implements
+    from populora_core.components import RolloutEngine, Trainer
+
+    class Bare:
+        def update(self, member_id, adapter, rollouts, out_dir):
+            raise NotImplementedError
+
+    with pytest.raises(PluginError, match=r"trainer 'bare' \(Bare\) lacks .*update_many.*subclass populora_core"):
+        check_implements(Bare(), Trainer, "trainer", "bare")
+
+    class Subclassed(Trainer):
+        def update(self, member_id, adapter, rollouts, out_dir):
+            return member_id
+
+        def copy_state(self, source_member, target_member): ...
+
+        def forget(self, member_id): ...
+
+        def save_state(self, directory): ...
+
+        def load_state(self, directory): ...
+
+    check_implements(Subclassed(), Trainer, "trainer", "subclassed")  # the defaults fill in the optional members
+    trainer = Subclassed()
+    assert not trainer.needs_sampling_logprobs
+    jobs = [UpdateJob(m, None, [], tmp_path) for m in ("a", "b")]  # type: ignore[arg-type]
+    assert trainer.update_many(jobs) == ["a", "b"]  # the default: update per member, in job order
+
+    class Engine(RolloutEngine):
+        def generate(self, requests, sampling):
+            return []
+
+        def sleep(self): ...
+
+    assert not Engine().row_seeded and Engine().close() is None

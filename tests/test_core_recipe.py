@@ -10,7 +10,9 @@ import yaml
 
 from populora_core.errors import RecipeError, UserError
 from populora_core.plugins import PluginManager
-from populora_core.recipe import apply_overrides, load_recipe, recipe_json_schema
+from populora_core.recipe import load_recipe
+from populora_core.recipe_keys import recipe_json_schema
+from populora_core.recipe_yaml import apply_overrides
 from tests.cli_helpers import run_cli
 
 TESTS = Path(__file__).parent
@@ -167,7 +169,8 @@ def test_a_misspelled_base_model_is_a_recipe_error_with_the_registered_name(tmp_
 
 def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params():
     """`populora keys` is the readable reference: generated from the models, so no key can be missing."""
-    from populora_core.recipe import Recipe, model_keys
+    from populora_core.recipe import Recipe
+    from populora_core.recipe_keys import model_keys
 
     every = run_cli("keys")
     assert every.returncode == 0, every.stderr

@@ -92,7 +92,7 @@ def test_does_not_fit_says_what_exceeds_and_a_change_that_fits(manager, qwen7b):
     assert 'trainer.params.gradient_checkpointing="on"' in plan["suggestions"]
     small = plan_recipe(_azr(manager), qwen7b, gpu_bytes=40 * GIB, registry=manager.registry)
     assert not small["fits"] and "try:" in small["verdict"]
-    from populora_core.recipe import apply_overrides
+    from populora_core.recipe_yaml import apply_overrides
 
     words = small["suggestions"][0].split()  # key=value overrides, maybe --gpus N
     gpus = int(words[words.index("--gpus") + 1]) if "--gpus" in words else 1

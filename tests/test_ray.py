@@ -195,16 +195,21 @@ def test_two_ray_trainer_workers_give_the_single_process_run_bit_for_bit(referen
     steps = [e for e in RunDir(run_dir).read_log("events.jsonl") if e["event"] == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert len(_hashes(run_dir)) > 4 * 2 and len(set(_hashes(run_dir).values())) > 4  # the members did train
-    assert {w for _, w in run.trainer.placement.owner.items()} == {0, 1}  # both workers own members
-    assert run.engine.split and len(run.engine.workers) == 2  # generation split too (the hf engine is row-seeded)
-    assert run.cluster.time.calls > 0 and run.cluster.time.wall_s >= run.cluster.time.inside_s
+    assert {w for _, w in run.components.trainer.placement.owner.items()} == {0, 1}  # both workers own members
+    assert (
+        run.components.engine.split and len(run.components.engine.workers) == 2
+    )  # generation split too (the hf engine is row-seeded)
+    assert (
+        run.components.cluster.time.calls > 0
+        and run.components.cluster.time.wall_s >= run.components.cluster.time.inside_s
+    )
 
 
 def test_children_inherit_their_parents_moments_across_workers(on_ray):
     run_dir, run = on_ray
     children = [e for e in RunDir(run_dir).read_log("lineage.jsonl") if e["operator"] not in ("init",)]
     assert len(children) == 2
-    moves = run.trainer.state_moves
+    moves = run.components.trainer.state_moves
     assert moves["inherit"] >= 1, moves  # a child bred on the other worker than its parent's: moments moved
     assert moves["balance"] >= 1, moves  # and members moved with their state to even a step's work
     # the moments arrived before the child's first update: checkpoint 2 (after breeding) holds its state
@@ -268,11 +273,11 @@ def test_without_a_shared_run_dir_files_move_through_the_object_store(reference,
     run = resume_run(RunDir(store), manager, ("cluster=ray", *RAY_2, "cluster.params.transfer=object_store"))
     execute(run)
     assert_same_run(reference, store)
-    mirrors = [Path(w.info["mirror"]) for w in run.cluster.workers]
+    mirrors = [Path(w.info["mirror"]) for w in run.components.cluster.workers]
     assert len(set(mirrors)) == 2 and not any(m.exists() for m in mirrors)  # removed when the run closed
     adapters = str(store / "adapters")
-    assert all(any(p.startswith(adapters) for p in held) for held in run.cluster.mirrored.values())
-    assert run.cluster.moved_bytes > 0
+    assert all(any(p.startswith(adapters) for p in held) for held in run.components.cluster.mirrored.values())
+    assert run.components.cluster.moved_bytes > 0
 
 
 def test_a_mirroring_worker_reads_and_writes_only_its_mirror(tmp_path):

@@ -24,6 +24,7 @@ from populora_core.components import (
     Completion,
     GenerationRequest,
     LoraSettings,
+    RolloutEngine,
     SamplingParams,
     split_by_cost,
 )
@@ -50,7 +51,7 @@ def _stop_check(tokenizer: Any, stop: Sequence[str]) -> Any:
     return stopped
 
 
-class HFEngine:
+class HFEngine(RolloutEngine):
     """transformers + PEFT rollout engine over :func:`populora_core.modelhost.get_host`."""
 
     @classmethod

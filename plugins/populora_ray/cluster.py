@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from populora_core.components import Cluster
 from populora_core.errors import PopuloraError, UserError
 
 from . import transfer
@@ -106,7 +107,7 @@ def connect(
     return True
 
 
-class RayCluster:
+class RayCluster(Cluster):
     """Components on Ray workers, the run in the driver. ``close`` releases every actor and the placement group."""
 
     def __init__(

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.components import Completion, GenerationRequest, SamplingParams, split_by_cost
+from populora_core.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
 
 from .cluster import absolute
 
@@ -26,7 +26,7 @@ def token_budget(request: GenerationRequest, sampling: SamplingParams) -> int:
     return len(request.prompt) // 4 + 1 + sampling.n * sampling.max_tokens
 
 
-class RayEngine:
+class RayEngine(RolloutEngine):
     def __init__(self, cluster: Any, workers: list[Any], *, split: bool) -> None:
         self.cluster = cluster
         self.workers = workers

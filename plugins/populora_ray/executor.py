@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.components import ExecJob, ExecResult
+from populora_core.components import ExecJob, ExecResult, Executor
 from populora_core.errors import UserError
 
 from .cluster import WorkerLost, connect, first_line, import_ray
@@ -45,7 +45,7 @@ class ExecutorHost:
         self.executor.close()
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """The driver's executor: ``run_batch`` splits a batch over the actors and puts the results back in order."""
 
     def __init__(self, params: Any, *, plugin_files: Sequence[str] = ()) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import AdapterRef, Rollout, UpdateJob, UpdateStats
+from populora_core.components import AdapterRef, Rollout, Trainer, UpdateJob, UpdateStats
 from populora_core.trainer_state import read_manifest, write_manifest
 
 from .cluster import absolute
@@ -35,16 +35,20 @@ def work(job: UpdateJob) -> float:
     return UPDATE_OVERHEAD_TOKENS + sum(len(r.prompt_token_ids) + len(r.completion_token_ids) for r in job.rollouts)
 
 
-class RayTrainer:
+class RayTrainer(Trainer):
     def __init__(self, cluster: Any, workers: list[Any], *, algorithm: str, needs_logprobs: bool) -> None:
         self.cluster = cluster
         self.workers = workers
         self.algorithm = algorithm
-        self.needs_sampling_logprobs = needs_logprobs
+        self._needs_logprobs = needs_logprobs
         self.placement = MemberPlacement(len(workers))
         self._pending: dict[str, str] = {}  # child -> parent whose optimizer state it inherits (copy_state)
         #: optimizer states moved between workers: "inherit" (a child bred away from its parent), "balance"
         self.state_moves: Counter[str] = Counter()
+
+    @property
+    def needs_sampling_logprobs(self) -> bool:
+        return self._needs_logprobs
 
     def _call(self, what: str, worker_index: int, method: str, *args: Any) -> Any:
         worker = self.workers[worker_index]
@@ -59,7 +63,7 @@ class RayTrainer:
     def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
         return self.update_many([UpdateJob(member_id, adapter, rollouts, out_dir)])[0]
 
-    def update_many(self, jobs: list[UpdateJob]) -> list[UpdateStats]:
+    def update_many(self, jobs: Sequence[UpdateJob]) -> list[UpdateStats]:
         """Place new members, balance this step's work (moving state with a member), then every worker trains
         its own at once."""
         self._settle()

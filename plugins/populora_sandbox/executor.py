@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from populora_core.components import ExecJob, ExecResult
+from populora_core.components import ExecJob, ExecResult, Executor
 
 from .params import SandboxParams
 
@@ -79,7 +79,7 @@ class _Batch:
     active: dict[int, _Worker] = field(default_factory=dict)  # fd -> worker with jobs in flight
 
 
-class SandboxExecutor:
+class SandboxExecutor(Executor):
     """Runs untrusted Python programs, each in its own isolated process; see the package README."""
 
     def __init__(self, params: SandboxParams | None = None) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from populora_core import Params, hookimpl
+from populora_core.components import MetricSink
 
 
 class TensorBoardParams(Params):
@@ -20,7 +21,7 @@ class TensorBoardParams(Params):
     flush_secs: int = Field(10, ge=1)
 
 
-class TensorBoardSink:
+class TensorBoardSink(MetricSink):
     def __init__(self, params: TensorBoardParams, *, run_dir: str | Path, resume_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollout
+from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollout, Trainer
 from populora_core.errors import UserError
 from populora_core.files import atomic_path
 
@@ -43,7 +43,7 @@ def scheduled_lr(lr: float, steps_done: int, decay_steps: int | None, min_ratio:
     return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-class LoraTrainerBase:
+class LoraTrainerBase(Trainer):
     """Trains one member at a time in the host's scratch slot; keeps AdamW state per member.
 
     The optimizer is rebuilt for each update over the scratch slot's parameters (sorted by name) and

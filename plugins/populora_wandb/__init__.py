@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field
 
 from populora_core import Params, hookimpl
+from populora_core.components import MetricSink
 
 RUN_ID_FILE = "wandb_run_id"
 
@@ -32,7 +33,7 @@ class WandbParams(Params):
     dir: str | None = Field(None, description="where wandb/ is written (default: WANDB_DIR, else the run directory)")
 
 
-class WandbSink:
+class WandbSink(MetricSink):
     """One W&B run per PopuLoRA run; a resumed run continues the same W&B run (its id is kept in the run dir)."""
 
     def __init__(self, params: WandbParams, *, run_dir: str | Path, resume_step: int = 0) -> None:

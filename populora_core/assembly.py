@@ -1,0 +1,192 @@
+"""The components of a run, built once from its parsed recipe, and what every step phase reads from them.
+
+Built in one place so a run, ``populora seed`` and the benchmarks get the same wiring: the cluster first (the
+engine and the trainer go onto its workers), then the executor, the tasks in recipe order, engine, trainer,
+matchmaker, the evolution's selector and operators, and the sinks. Factories receive the params the recipe's
+validation parsed (:meth:`ComponentRef.build_params`), so a recipe is parsed once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .components import (
+    AdapterRef,
+    BaseModel,
+    Cluster,
+    Executor,
+    LoraSettings,
+    Matchmaker,
+    MetricSink,
+    Problem,
+    RolloutEngine,
+    SamplingParams,
+    Selector,
+    Task,
+    Trainer,
+)
+from .errors import PluginError, UserError
+from .modelhost import refuse_idle_gpus
+from .plugins import PluginManager
+from .population import Member
+from .recipe import LOCAL_CLUSTER, Recipe
+from .registry import Component, Params
+from .rng import Streams
+from .run import RunDir
+
+
+@dataclass
+class Components:
+    """A run's built components with its recipe, seed streams and run directory: what the phases read."""
+
+    recipe: Recipe
+    streams: Streams
+    run_dir: RunDir
+    registry: Any
+    base_model: BaseModel
+    lora: LoraSettings
+    cluster: Cluster | None
+    executor: Executor
+    tasks: dict[str, Task]
+    engine: RolloutEngine
+    trainer: Trainer
+    matchmaker: Matchmaker
+    selector: Selector | None
+    operators: list[tuple[Component, Params, float]] = field(default_factory=list)
+    sinks: list[MetricSink] = field(default_factory=list)
+
+    def adapter_ref(self, member: Member) -> AdapterRef:
+        return AdapterRef(member.version_name, str(self.run_dir.adapter_path(member.version_name)))
+
+    def sampling(self, step: int, phase: str, *, n: int, max_tokens: int, logprobs: bool = False) -> SamplingParams:
+        """Rollout sampling settings with a seed derived from (recipe seed, step, phase).
+
+        Log-probs are asked for when the trainer reads them, or when ``logprobs`` (the proposals: the step
+        metrics' ``token_nll``); asking never changes the sampled tokens."""
+        cfg = self.recipe.rollout
+        return SamplingParams(
+            n=n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=max_tokens,
+            seed=self.streams.seed_for(step, phase),
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            logprobs=logprobs or self.trainer.needs_sampling_logprobs,
+        )
+
+    def parse_proposals(
+        self, texts: list[str], task_names: list[str], contexts: list[Any], proposers: list[str]
+    ) -> list[Problem]:
+        """Every task parses and validates its own proposals in one batch; problems come back in input order."""
+        problems: list[Problem] = [None] * len(texts)  # type: ignore[list-item]
+        by_task: dict[str, list[int]] = defaultdict(list)
+        for i, task_name in enumerate(task_names):
+            by_task[task_name].append(i)
+        for task_name, idx in by_task.items():
+            parsed = self.tasks[task_name].parse_proposals(
+                [texts[i] for i in idx], [contexts[i] for i in idx], [proposers[i] for i in idx]
+            )
+            for i, problem in zip(idx, parsed):
+                problems[i] = problem
+        return problems
+
+    def close(self) -> None:
+        """Close what holds processes, files or workers; the cluster last (the engine and trainer live on it)."""
+        for part in (self.engine, self.executor, *self.sinks, self.cluster):
+            if part is not None:
+                part.close()
+
+
+def build_components(
+    recipe: Recipe,
+    run_dir: RunDir,
+    manager: PluginManager,
+    *,
+    base_model: BaseModel | None = None,
+    resume_step: int = 0,
+) -> Components:
+    """Every component the recipe names; on failure what was built is closed (a started cluster above all)."""
+    reg = manager.registry
+    streams = Streams(recipe.seed)
+    base = base_model or reg.base_model(recipe.base_model.name, recipe.base_model.params)
+    lora = recipe.lora
+    settings = LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.init_std)
+    cluster: Cluster | None = None
+    if recipe.cluster.name == LOCAL_CLUSTER:
+        refuse_idle_gpus()
+    else:
+        cluster = reg.get("cluster", recipe.cluster.name).build(
+            recipe.cluster.build_params(), run_dir=run_dir.path, plugin_files=manager.plugin_files
+        )
+    try:
+        executor = reg.get("executor", recipe.executor.name).build(
+            recipe.executor.build_params(), plugin_files=manager.plugin_files
+        )
+        tasks: dict[str, Any] = {}  # filled in recipe order; each task factory may take it as `tasks`
+        for i, ref in enumerate(recipe.tasks):
+            if ref.name in tasks:
+                raise UserError(f"task {ref.name!r} is listed twice in the recipe")
+            tasks[ref.name] = reg.get("task", ref.name).build(
+                ref.build_params(), executor=executor, rng=streams.task_rng(i), tasks=tasks
+            )
+        ctx = {"base_model": base, "lora": settings, "seed": recipe.seed}
+        engine_ctx = {**ctx, "max_prompt_tokens": recipe.rollout.max_prompt_tokens}
+        if cluster is None:
+            engine = reg.get("engine", recipe.engine.name).build(recipe.engine.build_params(), **engine_ctx)
+            trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.build_params(), **ctx)
+        else:
+            engine = cluster.engine(recipe.engine.name, recipe.engine.build_params(), engine_ctx)
+            trainer = cluster.trainer(recipe.trainer.name, recipe.trainer.build_params(), ctx)
+        for kind, built, protocol in (
+            ("executor", executor, Executor),
+            ("engine", engine, RolloutEngine),
+            ("trainer", trainer, Trainer),
+        ):
+            check_implements(built, protocol, kind, getattr(recipe, kind).name)
+        evo = recipe.evolution
+        operators = []
+        for ref in evo.operators if evo.every else []:
+            component = reg.get("operator", ref.name)
+            operators.append((component, _parsed(component, ref), ref.weight))
+        return Components(
+            recipe=recipe,
+            streams=streams,
+            run_dir=run_dir,
+            registry=reg,
+            base_model=base,
+            lora=settings,
+            cluster=cluster,
+            executor=executor,
+            tasks=tasks,
+            engine=engine,
+            trainer=trainer,
+            matchmaker=reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.build_params()),
+            selector=reg.get("selector", evo.selector.name).build(evo.selector.build_params()) if evo.every else None,
+            operators=operators,
+            sinks=[
+                reg.get("sink", ref.name).build(ref.build_params(), run_dir=run_dir.path, resume_step=resume_step)
+                for ref in recipe.sinks
+            ],
+        )
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
+
+
+def check_implements(built: Any, protocol: type, kind: str, name: str) -> None:
+    """A component the loop cannot drive (a member of its protocol missing) is an error before the run starts,
+    not an AttributeError in its first step."""
+    if not isinstance(built, protocol):
+        missing = sorted(n for n in dir(protocol) if not n.startswith("_") and not hasattr(built, n))
+        raise PluginError(
+            f"{kind} {name!r} ({type(built).__name__}) lacks {', '.join(missing)}: subclass "
+            f"populora_core.components.{protocol.__name__} to inherit the optional members' defaults (plugin API 4)"
+        )
+
+
+def _parsed(component: Component, ref: Any) -> Params:
+    params = ref.build_params()
+    return params if isinstance(params, Params) else component.parse_params(params)

@@ -1,0 +1,211 @@
+"""The phases of one step, each a function of what it reads that returns what it produced.
+
+matchmaking -> teachers propose (every task type) -> validation in the executor -> matched students solve n
+samples per valid problem (and AZR's buffer problems once) -> grading and rewards (a teacher's from its MATCHED
+student's solve rate) -> rating updates -> one policy update per member -> the step's problems kept. The loop
+(:mod:`.loop`) calls them in that order with the lifecycle hooks between; what a phase changes on members
+(counters, ratings, versions) is on the population it is handed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .assembly import Components
+from .components import GenerationRequest, Match, MatchOutcome, Problem, Rollout, UpdateJob
+from .metrics import PhaseTimer, problem_records
+from .population import Member, Population
+from .problems import Proposal
+
+
+@dataclass
+class Solved:
+    """Graded answers per attempt (the student's rollouts, ``info["correct"]``), the requests the engine dropped
+    by reason, and the (student id, problem signature) pairs the attempts covered."""
+
+    answers: list[list[Rollout]] = field(default_factory=list)
+    dropped: Counter[str] = field(default_factory=Counter)
+    covered: list[tuple[str, str]] = field(default_factory=list)
+
+
+def match(c: Components, population: Population, step: int) -> list[Match]:
+    """Teacher -> student pairs: the matchmaker's, or each member with itself in a single-agent run."""
+    if c.recipe.population.mode == "single_agent":
+        return [Match(m.id, m.id, 0.5) for m in population.teachers]
+    return c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
+
+
+def propose(c: Components, population: Population, step: int, timer: PhaseTimer) -> tuple[list[Proposal], Counter[str]]:
+    """Every teacher's proposals for every task type, generated in one call and validated per task; with the
+    requests the engine dropped, by reason."""
+    cfg = c.recipe.rollout
+    with timer("prompts"):
+        proposals, requests = [], []
+        for task_name, task in c.tasks.items():
+            rng = c.streams.rng(step, f"propose/{task_name}")
+            for teacher in population.teachers:
+                for prompt, ctx in task.proposer_prompts(cfg.proposals_per_teacher, rng):
+                    requests.append(GenerationRequest(prompt, c.adapter_ref(teacher)))
+                    proposals.append(Proposal(task_name, teacher, ctx))
+    with timer("generate_propose"):
+        sampling = c.sampling(step, "sample/propose", n=1, max_tokens=cfg.propose_max_tokens, logprobs=True)
+        completions = [completion for (completion,) in c.engine.generate(requests, sampling)]
+    dropped: Counter[str] = Counter()
+    with timer("validate"):
+        problems = c.parse_proposals(
+            [completion.text for completion in completions],
+            [p.task for p in proposals],
+            [p.ctx for p in proposals],
+            [p.teacher.version_name for p in proposals],
+        )
+        for proposal, completion, problem in zip(proposals, completions, problems):
+            if completion.dropped:
+                problem.valid, problem.error = False, f"not generated: {completion.finish_reason}"
+                dropped[completion.finish_reason] += 1
+            proposal.completion, proposal.problem = completion, problem
+    return proposals, dropped
+
+
+def solve(
+    c: Components,
+    attempts: Sequence[tuple[str, Member, Problem]],
+    step: int,
+    stream: str,
+    *,
+    n: int,
+    timer: PhaseTimer | None = None,
+    phase: str = "generate_solve",
+) -> Solved:
+    """Each ``(task name, student, problem)``: ``n`` sampled answers of the student, graded by the task, per
+    attempt in order; counts the student's tokens. ``stream`` names the sampling seed's phase."""
+    solved = Solved()
+    if not attempts:
+        return solved
+    timer = timer or PhaseTimer()
+    with timer("prompts"):
+        requests = [
+            GenerationRequest(c.tasks[task_name].solver_prompt(problem), c.adapter_ref(student))
+            for task_name, student, problem in attempts
+        ]
+    with timer(phase):
+        sampling = c.sampling(step, stream, n=n, max_tokens=c.recipe.rollout.solve_max_tokens)
+        answers = c.engine.generate(requests, sampling)
+    with timer("grade"):
+        for (task_name, student, problem), completions in zip(attempts, answers):
+            solved.dropped.update(completion.finish_reason for completion in completions if completion.dropped)
+            completions = [completion for completion in completions if not completion.dropped]
+            grades = c.tasks[task_name].grade(problem, [x.text for x in completions]) if completions else []
+            student.counters.tokens += sum(len(x.token_ids) for x in completions)
+            solved.covered.append((student.id, problem.signature))
+            solved.answers.append(
+                [
+                    Rollout.of(student.id, f"{task_name}/solve", x, g.reward, correct=g.correct)
+                    for x, g in zip(completions, grades)
+                ]
+            )
+    return solved
+
+
+def solve_proposals(
+    c: Components, population: Population, proposals: list[Proposal], matches: list[Match], step: int, timer: PhaseTimer
+) -> Solved:
+    """The matched student of each valid proposal's teacher answers it ``rollout.solver_samples`` times."""
+    student_of = {m.teacher: m.student for m in matches}
+    attempts = [
+        (p.task, population.members[student_of[p.teacher.id]], p.problem)
+        for p in proposals
+        if p.valid and p.problem is not None
+    ]
+    return solve(c, attempts, step, "sample/solve", n=c.recipe.rollout.solver_samples, timer=timer)
+
+
+def solve_buffer(c: Components, population: Population, step: int, timer: PhaseTimer) -> Solved:
+    """AZR's solver batch: buffer problems each student solves once (trained, not estimating)."""
+    k = c.recipe.rollout.buffer_problems_per_student
+    if not k:
+        return Solved()
+    attempts = []
+    for task_name, task in c.tasks.items():
+        for student in population.students:
+            rng = c.streams.rng(step, f"buffer/{task_name}/{student.id}")
+            attempts += [(task_name, student, problem) for problem in task.sample_problems(k, rng)]
+    solved = solve(c, attempts, step, "sample/buffer", n=1, timer=timer, phase="generate_buffer")
+    for answers in solved.answers:
+        for rollout in answers:
+            rollout.info["buffer"] = True
+    return solved
+
+
+def grade(
+    c: Components, population: Population, proposals: list[Proposal], matches: list[Match], solved: Solved
+) -> list[Rollout]:
+    """Students' solve rates and rollouts, then each teacher's reward from its matched student's rate."""
+    student_of = {m.teacher: m.student for m in matches}
+    rollouts: list[Rollout] = []
+    valid = [(i, p) for i, p in enumerate(proposals) if p.valid]
+    for (i, proposal), scored in zip(valid, solved.answers, strict=True):
+        # None when every answer was dropped: the teacher is rewarded as for an unusable problem
+        proposal.solve_rate = sum(r.info["correct"] for r in scored) / len(scored) if scored else None
+        population.members[student_of[proposal.teacher.id]].counters.estimation_rollouts += len(scored)
+        if c.recipe.rollout.train_on_estimation:
+            for r in scored:
+                r.info["problem"] = i
+            rollouts += scored
+    for i, p in enumerate(proposals):
+        assert p.problem is not None and p.completion is not None
+        if p.completion.dropped:
+            continue
+        p.teacher.counters.tokens += len(p.completion.token_ids)
+        reward = c.tasks[p.task].proposer_reward(p.problem, p.solve_rate if p.valid else None)
+        rollouts.append(Rollout.of(p.teacher.id, f"{p.task}/propose", p.completion, reward, valid=p.valid, problem=i))
+    return rollouts
+
+
+def rate(c: Components, population: Population, matches: list[Match], proposals: list[Proposal]) -> list[MatchOutcome]:
+    """Each match's outcome (the student's mean solve rate over its teacher's problems); the matchmaker updates
+    the ratings from them (a single-agent run keeps none)."""
+    outcomes = []
+    for m in matches:
+        rates = [p.solve_rate for p in proposals if p.teacher.id == m.teacher and p.solve_rate is not None]
+        mean = statistics.fmean(rates) if rates else None
+        outcomes.append(MatchOutcome(m.teacher, m.student, mean, m.expected_solve_rate))
+    if c.recipe.population.mode != "single_agent":
+        c.matchmaker.update_ratings(outcomes, population.members)
+    return outcomes
+
+
+def train(c: Components, population: Population, rollouts: list[Rollout]) -> dict[str, dict[str, Any]]:
+    """One policy update per member that has rollouts; each writes the member's next version. Returns the
+    update statistics per member id. A trainer that declares ``update_many`` gets the step's updates at once
+    (a cluster runs them in parallel); otherwise they run one member at a time."""
+    jobs: list[tuple[Member, UpdateJob]] = []
+    for member in list(population.members.values()):
+        own = [r for r in rollouts if r.member_id == member.id]
+        if not own:
+            continue
+        parent = c.adapter_ref(member)
+        member.version += 1
+        jobs.append((member, UpdateJob(member.id, parent, own, c.run_dir.adapter_path(member.version_name))))
+    if c.trainer.update_many is not None:
+        results = c.trainer.update_many([job for _, job in jobs])
+    else:
+        results = [c.trainer.update(job.member_id, job.adapter, job.rollouts, job.out_dir) for _, job in jobs]
+    stats: dict[str, dict[str, Any]] = {}
+    for (member, job), result in zip(jobs, results, strict=True):
+        member.counters.rollouts += len(job.rollouts)
+        member.counters.trained_tokens += sum(len(r.completion_token_ids) for r in job.rollouts)
+        member.counters.updates += 1
+        stats[member.id] = asdict(result)
+    return stats
+
+
+def keep_problems(c: Components, proposals: list[Proposal], matches: list[Match], step: int) -> None:
+    """Valid problems join their task's buffer; every proposal is recorded in ``tasks/problems.jsonl``."""
+    for task_name, task in c.tasks.items():
+        task.add_to_buffer([p.problem for p in proposals if p.task == task_name and p.valid and p.problem is not None])
+    student_of = {m.teacher: m for m in matches}
+    c.run_dir.append("tasks/problems.jsonl", problem_records(step, proposals, student_of, c.tasks))

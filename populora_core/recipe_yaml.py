@@ -1,0 +1,82 @@
+"""Reading a recipe file: YAML in which a key given twice is an error, and ``key=value`` overrides on top."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RecipeError, UserError
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last
+    silently, so a recipe's second ``lr:`` would quietly win over the first)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key {key!r} appears twice in one mapping (lines {seen[key]} and {key_node.start_mark.line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"recipe not found: {file}")
+    try:
+        data = yaml.load(file.read_text(), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"not valid YAML: {exc}", recipe=str(file)) from None
+    if not isinstance(data, dict):
+        raise RecipeError("a recipe is a YAML mapping at the top level", recipe=str(file))
+    return data
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str] | tuple[str, ...], recipe: str | None = None
+) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML; list items by index)."""
+    result = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"override {item!r} is not key.sub=value", recipe=recipe)
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw != "" else ""
+        node: Any = result
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise RecipeError(
+                        f"override {item!r}: no list item {part!r}", recipe=recipe, path=".".join(parts[: i + 1])
+                    )
+                if last:
+                    node[int(part)] = value
+                else:
+                    node = node[int(part)]
+                continue
+            if not isinstance(node, dict):
+                raise RecipeError(f"override {item!r}: {'.'.join(parts[:i])} is not a mapping", recipe=recipe)
+            if isinstance(node.get(part), str) and not last:  # `engine: hf` then `engine.params.x=1`
+                node[part] = {"name": node[part]}
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+    return result

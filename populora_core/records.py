@@ -1,0 +1,253 @@
+"""The plain data passed between components and the loop: requests, completions, rollouts, problems, matches.
+
+Values only (dataclasses, no behaviour beyond small helpers); :mod:`.components` re-exports every name, so a
+plugin imports them from there beside the Protocols. No torch import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# --- models and adapters --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A resolved base model: a local directory (or hub id on machines with a hub) and its dtype."""
+
+    path: str
+    name: str = ""
+    dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on GPU
+    chat_template: bool = False  # AZR feeds raw text; True wraps prompts in the tokenizer's template
+    probe_path: str = ""  # a held-out probe set (JSONL of Problem records) shipped with the model, if any
+
+
+#: Every attention and MLP projection of a Llama/Qwen-style decoder: the recipe's ``lora.target_modules`` default.
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Shape of every adapter in a population (kept equal so operators stay consistent)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+    init_std: float = 0.0  # >0: B starts with this noise instead of zeros (PEFT's B = 0 default)
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """One immutable adapter version: ``name`` like ``s0@v3`` and its PEFT directory."""
+
+    name: str
+    path: str
+
+    @property
+    def served_key(self) -> str:
+        """What engines cache a version by: its name and resolved path. Two runs in one process both have
+        an ``s0@v3``; a name alone would serve the first run's weights to the second."""
+        return f"{self.name} ({Path(self.path).resolve()})"
+
+
+# --- generation -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    max_prompt_tokens: int | None = None  # longer prompts get no generation (finish_reason "prompt_too_long")
+    logprobs: bool = False  # per-token log-probs in Completion.logprobs (else []): only a trainer that reads them
+
+
+#: Finish reasons of a request the engine did not generate for: the loop trains on none of them.
+DROPPED = ("prompt_too_long", "error")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    adapter: AdapterRef | None = None  # None: the base model alone
+    # the request's position in the whole logical call when a caller split one call into parts (a cluster
+    # spreading generation over workers); None: its position in this call. A row-seeded engine seeds by it.
+    index: int | None = None
+
+
+def split_by_cost(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` ranges of ``costs``, at most ``parts`` and none empty, each near an equal
+    share of the total (a call's requests over workers, or over parallel decode runs).
+
+    A row goes to the part that holds the middle of its cost; a middle exactly on a boundary goes to the
+    earlier part (``<=``: either choice is equally even, this one is the hf engine's, whose runs it keeps).
+    """
+    total, bounds, running, start = sum(costs), [], 0.0, 0
+    for part in range(1, parts):
+        goal = total * part / parts
+        end = start
+        while end < len(costs) and running + costs[end] / 2 <= goal:
+            running += costs[end]
+            end += 1
+        if end > start:
+            bounds.append((start, end))
+            start = end
+    if start < len(costs):
+        bounds.append((start, len(costs)))
+    return bounds
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # per generated token under the sampling policy, when SamplingParams.logprobs
+    prompt_token_ids: list[int]
+    finish_reason: str = "stop"  # "stop" | "length" | one of DROPPED (then text "" and no tokens)
+
+    @property
+    def dropped(self) -> bool:
+        return self.finish_reason in DROPPED
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """One scored completion of one member: what a trainer learns from."""
+
+    member_id: str
+    group: str  # advantage-normalisation group, e.g. "deduction/solve" (AZR: task type x role)
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, member_id: str, group: str, completion: Completion, reward: float, **info: Any) -> Rollout:
+        """The rollout of one engine completion: its tokens and sampling logprobs, scored with ``reward``."""
+        return cls(
+            member_id, group, completion.prompt_token_ids, completion.token_ids, completion.logprobs, reward, info
+        )
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    entropy: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UpdateJob:
+    """One member's policy update, as :meth:`Trainer.update` takes it: a value so many can be handed over at once."""
+
+    member_id: str
+    adapter: AdapterRef
+    rollouts: Sequence[Rollout]
+    out_dir: Path
+
+
+# --- execution and tasks ----------------------------------------------------------------------------
+
+
+@dataclass
+class ExecResult:
+    """Outcome of one sandboxed program. ``status``: ok | error | timeout | memory | killed | output_too_large."""
+
+    status: str
+    value: str | None = None  # repr of the evaluated expression when status == "ok"
+    stdout: str = ""
+    error: str | None = None  # "ExceptionType: message" for status == "error"
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class ExecJob:
+    """A program to run: ``code`` as a module, then ``expr`` evaluated in its namespace (repr returned).
+
+    ``timeout_s``/``memory_mb`` override the executor's defaults for this job. ``hash_variant`` picks
+    an interpreter family with its own ``PYTHONHASHSEED`` (and random state): every job runs in a fresh
+    process, but processes of one family share str/bytes hash order. For AZR's determinism check, run
+    the same job once with ``hash_variant=0`` and once with ``hash_variant=1`` in one ``run_batch``
+    and compare the two ``value``s; set/dict-order dependence then shows up as a difference.
+    """
+
+    code: str
+    expr: str | None = None
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    hash_variant: int = 0
+
+
+@dataclass
+class Problem:
+    """A proposed problem after parsing and validation (valid or not), with its program metrics."""
+
+    task_type: str
+    program: str
+    inputs: list[str]
+    outputs: list[str]
+    message: str = ""
+    valid: bool = False
+    error: str | None = None  # why it is invalid
+    proposer: str = ""  # adapter version name that proposed it
+    metrics: dict[str, Any] = field(default_factory=dict)  # ast_depth, cyclomatic, loc
+    signature: str = ""  # normalised shape hash for problem-space coverage
+
+
+@dataclass
+class Grade:
+    reward: float
+    correct: bool
+    formatted: bool
+
+
+# --- population dynamics ------------------------------------------------------------------------------
+
+
+@dataclass
+class Match:
+    teacher: str
+    student: str
+    expected_solve_rate: float = 0.5
+
+
+@dataclass
+class MatchOutcome:
+    teacher: str
+    student: str
+    solve_rate: float | None  # None: the teacher produced no valid problem
+    expected_solve_rate: float = 0.5
+
+
+@dataclass
+class Replacement:
+    """``dead`` leaves; a child of ``parents`` (survivor ids, best first) takes its place.
+
+    ``operator`` empty: the loop draws one from the recipe's operator mix (a crossover needs two
+    parents); ``mutation_only``: draw among mutations only (PBT's "mutate in place" tier, where
+    ``parents == [dead]``).
+    """
+
+    dead: str
+    parents: list[str]
+    operator: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    mutation_only: bool = False
