@@ -392,11 +392,10 @@ def test_a_run_dir_the_workers_cannot_see_is_an_error_naming_it(ray_cluster, tmp
 FILE_TRAINER = """
 import os
 from populora_core import NoParams, hookimpl
+from populora_core.components import MemberStateTrainer
 
 
-class WhereTrainer:
-    needs_sampling_logprobs = False
-
+class WhereTrainer(MemberStateTrainer):
     def update(self, member_id, adapter, rollouts, out_dir): raise NotImplementedError
     def copy_state(self, source_member, target_member): pass
     def forget(self, member_id): pass
