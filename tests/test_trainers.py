@@ -336,7 +336,7 @@ def test_state_is_one_file_per_member_with_a_manifest(base, adapters, tmp_path):
 
 
 def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters, tmp_path):
-    from populora_trl.common import scheduled_lr
+    from populora_trl.state import scheduled_lr
 
     assert scheduled_lr(1e-3, 5, None) == 1e-3
     assert [scheduled_lr(1.0, k, 4, 0.2) for k in (0, 2, 4, 9)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
@@ -552,7 +552,7 @@ def test_loraplus_gives_b_factors_a_larger_first_adam_step(base, adapters, tmp_p
 
 
 def test_param_validation_of_the_memory_settings(base):
-    from populora_trl.common import use_checkpointing
+    from populora_trl.forward import use_checkpointing
 
     for bad in ({"micro_batch_tokens": 0}, {"gradient_checkpointing": "yes"}, {"logprob_chunk_tokens": 0}):
         with pytest.raises(UserError, match=next(iter(bad))):
@@ -569,7 +569,7 @@ def test_param_validation_of_the_memory_settings(base):
 
 
 def test_micro_batches_by_a_token_budget_keep_the_order_and_count_padding():
-    from populora_trl.common import micro_batches
+    from populora_trl.batching import micro_batches
 
     def row(p, c):
         return (Rollout("m", "g", [1] * p, [2] * c, [], 0.0), (p, c))
@@ -589,7 +589,7 @@ def test_micro_batches_by_a_token_budget_keep_the_order_and_count_padding():
 
 def _logprob_setup(base, adapter):
     """The host's PeftModel with ``adapter`` in the trainable scratch slot, and one packed micro-batch."""
-    from populora_trl.common import pack
+    from populora_trl.batching import pack
 
     from populora_core.modelhost import get_host
 
@@ -607,7 +607,7 @@ def test_chunked_logprobs_equal_the_one_piece_computation(base, adapters, temper
     """Values and gradients (through the log-probs, the entropy or both) within fp32 rounding, for chunks of one
     token, a few tokens and all but one position; padded positions are 0 on the chunked path."""
     import torch
-    from populora_trl.common import token_logprobs
+    from populora_trl.logprobs import token_logprobs
 
     model, params, batch = _logprob_setup(base, adapters[0])
     mask = batch["completion_mask"].bool()
@@ -648,7 +648,7 @@ def test_chunked_logprobs_equal_the_one_piece_computation(base, adapters, temper
 def test_chunked_logprobs_keep_one_chunks_logits_in_backward(base, adapters):
     """The backward recomputes each chunk's logits: autograd never holds a (tokens, vocab) tensor."""
     import torch
-    from populora_trl.common import token_logprobs
+    from populora_trl.logprobs import token_logprobs
 
     model, params, batch = _logprob_setup(base, adapters[0])
     vocab = model.get_base_model().get_output_embeddings().weight.shape[0]
@@ -700,7 +700,7 @@ def test_token_budget_and_chunked_logprobs_match_one_batch(base, adapters, tmp_p
     The adapters are compared to 1% of an AdamW step: Adam's first step is about lr x sign(g), so an element
     whose gradient is near eps turns fp32 rounding of the gradient into a visible difference of the step."""
     import torch
-    from populora_trl.common import micro_batches
+    from populora_trl.batching import micro_batches
 
     rollouts = _rollouts("m0", n=9, seed=8)
     assert len(micro_batches([(r,) for r in rollouts], 8, 24)) > 3  # the budget really splits
@@ -758,7 +758,7 @@ def test_gradient_checkpointing_on_gives_the_same_update_and_is_off_afterwards(b
 def test_grpo_token_budget_micro_batches_match_one_batch(base, adapters, tmp_path):
     """Same gradient as one batch (adapters to 1% of an AdamW step, as above) for the loss types' normalisers."""
     import torch
-    from populora_trl.common import micro_batches
+    from populora_trl.batching import micro_batches
 
     rollouts = _grpo_rollouts("m0", seed=6)
     same = lambda r: len(r[0].prompt_token_ids)  # noqa: E731
@@ -793,7 +793,7 @@ def test_joined_layout_equals_the_split_layout(base, adapters, chunk):
     """Prompt and completion back to back, right padded: the split layout's log-probs, entropies and LoRA
     gradients within fp32 rounding, on fewer padded tokens (one piece and chunked)."""
     import torch
-    from populora_trl.common import token_logprobs
+    from populora_trl.logprobs import token_logprobs
 
     model, params, batch = _logprob_setup(base, adapters[0])
     mask = batch["completion_mask"].bool()
@@ -823,7 +823,7 @@ def test_joined_layout_equals_the_split_layout(base, adapters, chunk):
 def test_joined_micro_batches_count_prompt_and_completion_together():
     """Budget rows x longest (prompt + completion): a long prompt with a short completion and a short prompt
     with a long completion fit where the split layout's longest prompt + longest completion does not."""
-    from populora_trl.common import micro_batches
+    from populora_trl.batching import micro_batches
 
     from populora_core.components import Rollout
 
@@ -853,7 +853,8 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     s2 = peft.update("m0", adapters[0], rollouts, tmp_path / "peft")
     assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-5)
     assert g1.keys() == g2.keys() and all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
-    from populora_trl.common import SCRATCH, fused_lora
+    from populora_trl.forward import fused_lora
+    from populora_trl.state import SCRATCH
 
     layers = [m for m in get_host(base).peft.modules() if hasattr(m, "lora_A")]
     assert layers and not any("forward" in vars(m) for m in layers)  # no instance forward left behind
@@ -866,7 +867,7 @@ def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, ad
     the adapters, the optimizer states and the stats (time aside) of three updates one after another, over
     two steps so the second loads saved moments; afterwards only the scratch slot is active, nothing trains."""
     import torch
-    from populora_trl.common import SCRATCH
+    from populora_trl.state import SCRATCH
 
     from populora_core.components import UpdateJob
     from populora_core.modelhost import get_host

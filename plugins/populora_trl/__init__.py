@@ -57,7 +57,7 @@ class _Common(Params):
     lora_forward: Literal["fused", "peft"] = Field(
         "fused",
         description="fused: the LoRA product added to the base output in one addmm, scaling on the rank-r factor "
-        "(populora_trl.common.fused_lora); peft: PEFT's LoRA layer forward. The same gradients up to fp32 rounding",
+        "(populora_trl.forward.fused_lora); peft: PEFT's LoRA layer forward. The same gradients up to fp32 rounding",
     )
     temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
 

@@ -24,7 +24,8 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, UpdateStats
 from populora_core.errors import UserError
 
-from .common import SCRATCH, LoraTrainerBase, check_update, micro_batches, pack
+from .batching import micro_batches, pack
+from .state import SCRATCH, LoraTrainerBase, check_update
 
 REF = "__ref__"
 

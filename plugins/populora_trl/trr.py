@@ -26,7 +26,10 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, UpdateJob, UpdateStats
 from populora_core.errors import UserError
 
-from .common import SCRATCH, LoraTrainerBase, check_update, fused_adapter, micro_batches, pack, token_logprobs
+from .batching import micro_batches, pack
+from .forward import fused_adapter
+from .logprobs import token_logprobs
+from .state import SCRATCH, LoraTrainerBase, check_update
 
 
 def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
@@ -132,7 +135,7 @@ class TRRTrainer(LoraTrainerBase):
 
         Threads share the base weights: every job gets its own adapter slot (loaded before any thread
         starts, saved after all have ended), each thread's fused LoRA forward adds its own slot
-        (populora_trl.common.fused_adapter), and torch releases the GIL inside its kernels, so a small
+        (populora_trl.forward.fused_adapter), and torch releases the GIL inside its kernels, so a small
         model's updates use as many cores as threads. Each job runs the operations it runs alone on the
         same values, so adapters and optimizer states are bit-identical to one at a time. Each job's
         ``seconds`` is the wall time of the whole group (they ran together).
