@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from . import __version__
+from . import __version__, cli_tools
+from .cli_tools import complete_override
 from .errors import PluginError, UserError
 from .plugins import get_manager
 
@@ -89,14 +90,6 @@ def cli(ctx: click.Context, plugin_files: tuple[str, ...]) -> None:
     ctx.obj = get_manager(plugin_files)
 
 
-def _complete_override(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
-    """Shell completion of ``key.sub=value`` overrides: the recipe's keys (components' params: ``populora keys``)."""
-    from .recipe import Recipe
-    from .recipe_keys import model_keys
-
-    return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
-
-
 def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
     from .recipe import load_recipe
 
@@ -112,7 +105,7 @@ def _apply_runtime(section: Any) -> None:
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
+@click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved recipe and its plan; run nothing, write nothing.")
@@ -204,7 +197,7 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
+@click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--out", type=click.Path(), required=True, help="JSONL file to write (Problem records).")
 @click.option("--per-type", type=int, default=256, show_default=True, help="Valid seeds per task type (AZR: 256).")
 @click.option("--max-rounds", type=int, default=40, show_default=True, help="Give up after this many rounds.")
@@ -285,7 +278,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
 
 @cli.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
+@click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.pass_obj
 def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe (structure, then every component's params) without running it, and print its
@@ -341,7 +334,8 @@ def _plugin_options_first(argv: list[str]) -> list[str]:
     return [arg for file in files for arg in ("--plugin", file)] + rest
 
 
-from . import cli_tools  # noqa: E402,F401  (registers the inspecting commands on `cli`)
+for _command in cli_tools.COMMANDS:  # the verbs that inspect (cli_tools imports nothing from here)
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """The ``populora`` commands that inspect rather than run: plugins, keys, plan, doctor, runs, export, completion,
-recipe-schema. Registered on :data:`populora_core.cli.cli` when that module loads; nothing heavy at import."""
+recipe-schema. :mod:`populora_core.cli` adds :data:`COMMANDS` to its group; nothing heavy at import."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ from typing import Any
 
 import click
 
-from .cli import _complete_override, cli
 from .errors import UserError
 
 
-@cli.command()
+def complete_override(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of ``key.sub=value`` overrides: the recipe's keys (components' params: ``populora keys``)."""
+    from .recipe import Recipe
+    from .recipe_keys import model_keys
+
+    return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
+
+
+@click.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
     """Print the shell completion script (commands, options, recipe keys after a recipe).
@@ -28,10 +35,11 @@ def completion(shell: str) -> None:
 
     completer = get_completion_class(shell)
     assert completer is not None  # click ships all three
-    click.echo(completer(cli, {}, "populora", "_POPULORA_COMPLETE").source())
+    root = click.get_current_context().find_root().command  # the populora group this verb is part of
+    click.echo(completer(root, {}, "populora", "_POPULORA_COMPLETE").source())
 
 
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def plugins(manager: Any, as_json: bool) -> None:
@@ -69,9 +77,9 @@ def plugins(manager: Any, as_json: bool) -> None:
             click.echo(f"    hooks: {', '.join(row['hooks'])}")
 
 
-@cli.command()
+@click.command()
 @click.argument("recipe", type=click.Path())
-@click.argument("overrides", nargs=-1, shell_complete=_complete_override)
+@click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs; members are split over them.")
 @click.option("--gpu-memory", help="Memory per GPU, e.g. 80GiB, 141GiB, 80GB (default: the visible GPU, else 80GiB).")
 @click.option("--config", "config_path", type=click.Path(), help="The base model's config.json (no weights needed).")
@@ -102,7 +110,7 @@ def plan(
         sys.exit(1)
 
 
-@cli.command()
+@click.command()
 @click.argument("run_dir", type=click.Path())
 @click.argument("member")
 @click.option("--out", type=click.Path(), required=True, help="A new (or empty) folder to write.")
@@ -122,7 +130,7 @@ def export(manager: Any, run_dir: str, member: str, out: str, merge: bool) -> No
     click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry)))
 
 
-@cli.command()
+@click.command()
 @click.argument("directory", required=False, default="runs", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def runs(directory: str, as_json: bool) -> None:
@@ -163,7 +171,7 @@ def runs(directory: str, as_json: bool) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
     """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination.
@@ -180,7 +188,7 @@ def doctor(as_json: bool) -> None:
         sys.exit(1)
 
 
-@cli.command()
+@click.command()
 @click.argument("what", required=False)
 @click.pass_obj
 def keys(manager: Any, what: str | None) -> None:
@@ -224,7 +232,7 @@ def keys(manager: Any, what: str | None) -> None:
         table(model_keys(component.params_model, "params."))
 
 
-@cli.command("recipe-schema")
+@click.command("recipe-schema")
 @click.pass_obj
 def recipe_schema(manager: Any) -> None:
     """Print the JSON Schema of a recipe, including every installed plugin's params.
@@ -235,3 +243,7 @@ def recipe_schema(manager: Any) -> None:
     from .recipe_keys import recipe_json_schema
 
     click.echo(json.dumps(recipe_json_schema(manager.registry), indent=2))
+
+
+#: the inspecting verbs, added to the ``populora`` group by :mod:`populora_core.cli`
+COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema]

@@ -132,3 +132,66 @@ def test_a_hookimpl_reaching_into_the_run_is_caught():
         "def helper(run):\n    return run.dir\n"
     )
     assert run_reads_beyond_the_view(source) == [(4, "trainer")]
+
+
+def package_import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports anywhere in its source (function bodies included:
+    a deferred import is still a dependency a reader follows)."""
+    modules = {p.stem: p for p in package.glob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level == 1:
+                targets = [node.module] if node.module else [alias.name for alias in node.names]
+            elif node.level == 0 and node.module and node.module.split(".")[0] == package.name:
+                rest = node.module.split(".")[1:]
+                targets = rest[:1] if rest else [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t.split(".")[0] for t in targets if t and t.split(".")[0] in modules} - {name}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as a path that ends where it starts, else None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [node, nxt] if nxt in path else [node, nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [])
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+@pytest.mark.parametrize(
+    "package",
+    [Path(populora_core.__file__).parent, *sorted(p for p in PLUGINS.iterdir() if (p / "__init__.py").is_file())],
+)
+def test_no_import_cycles_inside_the_core_or_a_plugin(package):
+    """A newcomer follows imports one way: no module of a package reaches itself through the package's imports,
+    deferred ones included (``__init__`` is the package's registration surface and may import its modules)."""
+    graph = package_import_graph(package)
+    graph.pop("__init__", None)
+    for deps in graph.values():
+        deps.discard("__init__")
+    assert import_cycle(graph) is None, f"{package.name}: import cycle {' -> '.join(import_cycle(graph) or [])}"

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from .decode import MIN_ROWS
+from .numerics import MIN_ROWS
 
 BASE = "__base__"
 _THREAD = threading.local()  # .rows: the RowAdapters of this thread's forwards
@@ -133,7 +133,7 @@ class RowAdapters:
 
 def _rows_independent_matmul(x: Any, w: Any) -> Any:
     """``x @ w`` with at least MIN_ROWS rows in the GEMM (zero rows appended, then dropped): an adapter's few
-    rows then get what they would get among more (see populora_engines.decode.MIN_ROWS)."""
+    rows then get what they would get among more (see populora_engines.numerics.MIN_ROWS)."""
     import torch
 
     lead = x.shape[:-1]

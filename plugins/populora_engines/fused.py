@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decode import _attend
+from .batched_lora import hooked_rows
+from .numerics import attend, supported
 
 _FAMILIES = ("Llama", "Qwen2", "Mistral")
 # RoPE types whose forward only reads inv_freq and attention_scaling set at init ("dynamic" and "longrope"
@@ -36,8 +37,6 @@ def fused_supported(model: Any) -> bool:
     """Whether :class:`FusedStep` replicates ``model``'s forward: a Llama/Qwen2/Mistral causal LM of transformers'
     own module classes, full attention in every layer, a RoPE whose frequencies are fixed at init."""
     import torch
-
-    from .decode import supported
 
     family = type(model).__name__.removesuffix("ForCausalLM")
     if family not in _FAMILIES or not _of_class(model, f"{family}ForCausalLM") or not supported(model):
@@ -166,7 +165,7 @@ class FusedStep:
                 q = (q * cos) + (q.roll(half, -1) * sin_signed)
                 k = (k * cos) + (k.roll(half, -1) * sin_signed)
                 k, v = kv.update(k, v, layer.index)
-                attn = _attend(q, k, v, masked_out, layer.scaling).reshape(rows, 1, -1).contiguous()
+                attn = attend(q, k, v, masked_out, layer.scaling).reshape(rows, 1, -1).contiguous()
                 hidden = residual + self._linear(layer.o, attn)
                 residual = hidden
                 h = _rms_norm(hidden, *layer.post_norm)
@@ -181,8 +180,6 @@ def fused_step(model: Any) -> FusedStep | None:
     is not a plain (or PEFT-disabled) ``nn.Linear``, hooks other than the serving hooks or a patched forward
     on the modules the forward calls. The LoRA deltas are those the serving hooks would add in this thread."""
     from torch.nn.modules import module as torch_module
-
-    from .batched_lora import hooked_rows
 
     if not fused_supported(model):
         return None

@@ -32,7 +32,8 @@ from populora_core.rng import hashed_seed
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
 from .common import check_sampling, cut_completion, encode_prompts, not_generated
-from .decode import decode, decode_attention, row_key, supported
+from .decode import decode, decode_attention, row_key
+from .numerics import supported
 
 
 def _stop_check(tokenizer: Any, stop: Sequence[str]) -> Any:

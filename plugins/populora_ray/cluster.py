@@ -11,7 +11,6 @@ Everything Ray-specific is imported inside functions: loading the plugin needs n
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
@@ -57,13 +56,6 @@ class RemoteTime:
     def overhead_s(self) -> float:
         """Serialization, scheduling and transfer: what the driver waited beyond the slowest worker's work."""
         return max(0.0, self.wall_s - self.inside_s)
-
-
-def absolute(ref: Any) -> Any:
-    """An AdapterRef with an absolute path: workers do not run in the driver's working directory."""
-    if ref is None or Path(ref.path).is_absolute():
-        return ref
-    return dataclasses.replace(ref, path=str(Path(ref.path).absolute()))
 
 
 def import_ray(setting: str = "cluster.name: ray") -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 from populora_core.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
 
-from .cluster import absolute
+from .transfer import absolute
 
 
 def token_budget(request: GenerationRequest, sampling: SamplingParams) -> int:

@@ -22,8 +22,8 @@ from typing import Any
 from populora_core.components import AdapterRef, Rollout, Trainer, UpdateJob, UpdateStats
 from populora_core.trainer_state import read_manifest, write_manifest
 
-from .cluster import absolute
 from .placement import MemberPlacement
+from .transfer import absolute
 
 #: what a member's update costs beyond its tokens, in tokens (loading its slot, the optimizer step, writing
 #: its adapter): about 0.3 s against 0.4 ms a token on nano (measured per update, 4T-4S)

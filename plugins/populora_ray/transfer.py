@@ -1,4 +1,5 @@
-"""Moving run-directory files through Ray's object store, for clusters whose nodes share no filesystem.
+"""Moving run-directory files through Ray's object store, for clusters whose nodes share no filesystem; adapter
+paths made absolute for workers, which do not run in the driver's working directory.
 
 With ``cluster.params.transfer: object_store`` each worker keeps a private mirror of the driver's run
 directory (``mirror / <driver path>``): the driver ships the adapter versions a call reads before the call
@@ -9,10 +10,12 @@ shared filesystem. Pure file helpers here; the calls live in cluster.py and work
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from populora_core.files import atomic_write_bytes
 
@@ -59,3 +62,10 @@ def remove(paths: Iterable[str], mirror: Path) -> None:
             shutil.rmtree(here, ignore_errors=True)
         else:
             here.unlink(missing_ok=True)
+
+
+def absolute(ref: Any) -> Any:
+    """An AdapterRef with an absolute path: workers do not run in the driver's working directory."""
+    if ref is None or Path(ref.path).is_absolute():
+        return ref
+    return dataclasses.replace(ref, path=str(Path(ref.path).absolute()))
