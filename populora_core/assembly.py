@@ -139,6 +139,8 @@ def build_components(
         else:
             engine = cluster.engine(recipe.engine.name, recipe.engine.build_params(), engine_ctx)
             trainer = cluster.trainer(recipe.trainer.name, recipe.trainer.build_params(), ctx)
+        for i, ref in enumerate(recipe.tasks):
+            check_implements(tasks[ref.name], Task, f"tasks.{i}", ref.name)
         for kind, built, protocol in (
             ("executor", executor, Executor),
             ("engine", engine, RolloutEngine),

@@ -182,9 +182,14 @@ class Executor(Protocol):
 
 @runtime_checkable
 class Task(Protocol):
-    """One task type (AZR: deduction, abduction, induction): prompts, validation, grading, buffer."""
+    """One task type (AZR: deduction, abduction, induction): prompts, validation, grading, buffer. A task subclasses
+    this class to inherit the defaults of its optional members (``grade_many``, ``proposer_writes_program``,
+    ``proposer_metrics``)."""
 
     name: str
+    #: False for a task whose proposals carry a program the teacher did not write (AZR's induction: from a pool);
+    #: those are left out of the teachers' program metrics
+    proposer_writes_program: bool = True
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
         """``count`` proposer prompts with their context (references used), drawn from the buffer."""
@@ -201,6 +206,16 @@ class Task(Protocol):
     def grade(self, problem: Problem, answers: Sequence[str]) -> list[Grade]:
         """Check solver answers in the executor; never evaluates model text in this process."""
         ...
+
+    def grade_many(self, items: Sequence[tuple[Problem, Sequence[str]]]) -> list[list[Grade]]:
+        """The grades of many ``(problem, answers)`` at once, in order: what the loop calls, so a task can check a
+        whole step's answers in one executor batch. The default grades one problem at a time."""
+        return [self.grade(problem, answers) for problem, answers in items]
+
+    def proposer_metrics(self, contexts: Sequence[Any]) -> dict[str, Any]:
+        """What the task reports about its proposer prompts (AZR: the references shown), logged per step as
+        ``task/<name>/<key>``; nothing by default."""
+        return {}
 
     def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
         """Learnability reward of a proposal from the matched solver's solve rate (None: invalid)."""

@@ -8,10 +8,8 @@ the model's raw distribution (the engine's per-token log-probs; engines report n
 temperature 1 and top_p 1 it is an unbiased estimate of the teachers' mean per-token entropy; otherwise the
 cross-entropy of the sampling distribution with the model's.
 
-Two optional task attributes feed it: ``proposer_writes_program`` (default True; False for a task whose
-proposals carry a program the teacher did not write, such as AZR's induction: those are left out of the
-teachers' program metrics), and ``proposer_metrics(contexts) -> {name: number}``, what the task reports
-about its proposer prompts (AZR: the references shown), logged as ``task/<name>/<key>``.
+Two optional task members feed it (:class:`~populora_core.components.Task`): ``proposer_writes_program`` and
+``proposer_metrics(contexts)``, logged as ``task/<name>/<key>``.
 """
 
 from __future__ import annotations
@@ -64,7 +62,7 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def writes_program(task: Any) -> bool:
     """Whether a task's proposals carry a program its teacher wrote (AZR induction's come from a pool)."""
-    return bool(getattr(task, "proposer_writes_program", True))
+    return bool(task.proposer_writes_program)
 
 
 def _token_nll(completions: Iterable[Completion]) -> float | None:
@@ -102,9 +100,7 @@ def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) ->
         m[f"task/{task_name}/token_nll"] = _token_nll(generated)
         m[f"task/{task_name}/prompt_tokens"] = _mean(prompt_tokens)
         m[f"task/{task_name}/prompt_tokens_max"] = max(prompt_tokens, default=None)
-        extra = getattr(task, "proposer_metrics", None)
-        if callable(extra):
-            m.update({f"task/{task_name}/{k}": v for k, v in extra([p.ctx for p in mine]).items()})
+        m.update({f"task/{task_name}/{k}": v for k, v in task.proposer_metrics([p.ctx for p in mine]).items()})
     generated_all = [p.completion for p in proposals if p.completion is not None and not p.completion.dropped]
     m["teacher/cut_off"] = sum(c.finish_reason == "length" for c in generated_all)
     m["teacher/token_nll"] = _token_nll(generated_all)

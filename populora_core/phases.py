@@ -10,13 +10,13 @@ student's solve rate) -> rating updates -> one policy update per member -> the s
 from __future__ import annotations
 
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .assembly import Components
-from .components import GenerationRequest, Match, MatchOutcome, Problem, Rollout, UpdateJob
+from .components import Completion, GenerationRequest, Grade, Match, MatchOutcome, Problem, Rollout, UpdateJob
 from .metrics import PhaseTimer, problem_records
 from .population import Member, Population
 from .problems import Proposal
@@ -95,19 +95,37 @@ def solve(
         sampling = c.sampling(step, stream, n=n, max_tokens=c.recipe.rollout.solve_max_tokens)
         answers = c.engine.generate(requests, sampling)
     with timer("grade"):
-        for (task_name, student, problem), completions in zip(attempts, answers):
+        kept = []
+        for completions in answers:
             solved.dropped.update(completion.finish_reason for completion in completions if completion.dropped)
-            completions = [completion for completion in completions if not completion.dropped]
-            grades = c.tasks[task_name].grade(problem, [x.text for x in completions]) if completions else []
+            kept.append([completion for completion in completions if not completion.dropped])
+        grades = _grade_answers(c, attempts, kept)
+        for (task_name, student, problem), completions, grades_of in zip(attempts, kept, grades, strict=True):
             student.counters.tokens += sum(len(x.token_ids) for x in completions)
             solved.covered.append((student.id, problem.signature))
             solved.answers.append(
                 [
                     Rollout.of(student.id, f"{task_name}/solve", x, g.reward, correct=g.correct)
-                    for x, g in zip(completions, grades)
+                    for x, g in zip(completions, grades_of)
                 ]
             )
     return solved
+
+
+def _grade_answers(
+    c: Components, attempts: Sequence[tuple[str, Member, Problem]], kept: list[list[Completion]]
+) -> list[list[Grade]]:
+    """Each attempt's grades; one ``grade_many`` call per task, so a task checks a step's answers in one batch."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for k, (task_name, _, _) in enumerate(attempts):
+        if kept[k]:
+            by_task[task_name].append(k)
+    grades: list[list[Grade]] = [[] for _ in attempts]
+    for task_name, idx in by_task.items():
+        items = [(attempts[k][2], [x.text for x in kept[k]]) for k in idx]
+        for k, grades_of in zip(idx, c.tasks[task_name].grade_many(items), strict=True):
+            grades[k] = grades_of
+    return grades
 
 
 def solve_proposals(

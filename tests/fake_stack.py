@@ -23,6 +23,7 @@ from populora_core.components import (
     Grade,
     Problem,
     RolloutEngine,
+    Task,
     Trainer,
     UpdateStats,
 )
@@ -113,7 +114,7 @@ class CountTaskParams(Params):
     """Proposals are digits 1-6; a solver must answer the same digit."""
 
 
-class CountTask:
+class CountTask(Task):
     name = "count"
 
     def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:

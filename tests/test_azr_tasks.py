@@ -143,6 +143,32 @@ def test_deduction_grading(ex):
     ]
 
 
+def test_grade_many_checks_a_steps_answers_in_one_executor_batch_with_the_grades_of_one_at_a_time(ex):
+    """The loop grades a step's answers per task in one ``grade_many`` call: one executor batch, each problem's
+    grades those of ``grade`` alone (an answer refused before running, ``f('abc')``, keeps the others aligned)."""
+    task = build_task("deduction", ex)
+    first = propose(task, "def f(a):\n    return {'n': len(a), 'r': a[::-1]}", "'abc'")
+    second = propose(task, "def f(a):\n    return a * 3", "2")
+    assert first.valid and second.valid
+    items = [
+        (first, [answer("deduction", "f('abc')"), answer("deduction", "{'r': 'cba', 'n': 3}"), "no format"]),
+        (second, [answer("deduction", "6"), answer("deduction", "7"), answer("deduction", "6")]),
+        (first, [answer("deduction", "{'n': 3, 'r': 'abc'}")]),
+    ]
+    alone = [task.grade(problem, answers) for problem, answers in items]
+    batches = []
+    run_batch = ex.run_batch
+
+    def counted(jobs):
+        batches.append(len(jobs))
+        return run_batch(jobs)
+
+    task.executor = type("Counted", (), {"run_batch": staticmethod(counted)})()
+    assert task.grade_many(items) == alone
+    assert len(batches) == 1
+    assert [[g.correct for g in grades] for grades in alone] == [[False, True, False], [True, False, True], [False]]
+
+
 def test_deduction_equality_is_plain_python_eq(ex):
     task = build_task("deduction", ex)
     prob = propose(task, "def f(a):\n    return [a, a * 1.0, {a, a + 1}]", "1")

@@ -8,20 +8,20 @@ from typing import Any
 
 import pytest
 
-from populora_core.components import Completion, Match, Problem
+from populora_core.components import Completion, Match, Problem, Task
 from populora_core.metrics import problem_records, step_metrics
 from populora_core.population import Population
 from populora_core.problems import Proposal
 
 
-class _CodeTask:
+class _CodeTask(Task):
     """A task whose teachers write the program, reporting about its prompts."""
 
     def proposer_metrics(self, contexts: list[Any]) -> dict[str, Any]:
         return {"references/shown": sum(c["shown"] for c in contexts) / len(contexts)}
 
 
-class _PoolTask:
+class _PoolTask(Task):
     """A task whose programs come from a pool (as AZR's induction)."""
 
     proposer_writes_program = False

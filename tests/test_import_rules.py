@@ -162,9 +162,9 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [node, nxt] if nxt in path else [node, nxt]
+                return [*path[path.index(nxt) :], node, nxt] if nxt in path else [node, nxt]
             if nxt not in state:
-                found = visit(nxt, path + [node])
+                found = visit(nxt, [*path, node])
                 if found:
                     return found
         state[node] = 2

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from populora_core.components import ExecJob, ExecResult, Grade, Problem
+from populora_core.components import ExecJob, ExecResult, Grade, Problem, Task
 
 from . import checks, prompts
 from .buffer import ProblemBuffer, as_random
@@ -127,7 +127,7 @@ class _Prepared:
     payload: Any = None
 
 
-class _AZRTask:
+class _AZRTask(Task):
     """Shared parts of the three tasks (checks, job building, grading, rewards, state)."""
 
     name = ""
@@ -283,22 +283,29 @@ class _AZRTask:
 
     def grade(self, problem: Problem, answers: Sequence[str]) -> list[Grade]:
         """Check every answer in the executor (identical answers are checked once)."""
+        return self.grade_many([(problem, answers)])[0]
+
+    def grade_many(self, items: Sequence[tuple[Problem, Sequence[str]]]) -> list[list[Grade]]:
+        """Every problem's answers checked in one executor batch (identical answers of a problem once)."""
         p = self.params
-        formatted = [self._formatted(a) for a in answers]
-        parsed = [prompts.parse_solver_answer(self.name, a, self.style) for a in answers]
-        distinct = sorted({x for x in parsed if x is not None})
-        prepared = [self.answer_jobs(problem, x) for x in distinct]
-        results = self._run(prepared)
-        verdict = {
-            x: (prep.error is None and self.answer_correct(prep, res))
-            for x, prep, res in zip(distinct, prepared, results, strict=True)
-        }
-        grades = []
-        for ok_format, x in zip(formatted, parsed, strict=True):
-            correct = ok_format and x is not None and verdict[x]
-            reward = p.solver_correct if correct else (p.solver_wrong if ok_format else p.solver_format)
-            grades.append(Grade(reward=reward, correct=correct, formatted=ok_format))
-        return grades
+        parsed = [[prompts.parse_solver_answer(self.name, a, self.style) for a in answers] for _, answers in items]
+        distinct = [sorted({x for x in xs if x is not None}) for xs in parsed]
+        prepared = [[self.answer_jobs(problem, x) for x in xs] for (problem, _), xs in zip(items, distinct)]
+        results = iter(self._run([prep for per_problem in prepared for prep in per_problem]))
+        out = []
+        for (_, answers), xs, keys, preps in zip(items, parsed, distinct, prepared, strict=True):
+            ran = [next(results) for _ in preps]  # every prepared answer's results, read or not
+            verdict = {
+                x: prep.error is None and self.answer_correct(prep, res) for x, prep, res in zip(keys, preps, ran)
+            }
+            grades = []
+            for answer, x in zip(answers, xs, strict=True):
+                ok_format = self._formatted(answer)
+                correct = ok_format and x is not None and verdict[x]
+                reward = p.solver_correct if correct else (p.solver_wrong if ok_format else p.solver_format)
+                grades.append(Grade(reward=reward, correct=correct, formatted=ok_format))
+            out.append(grades)
+        return out
 
     def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
         raise NotImplementedError
