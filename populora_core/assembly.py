@@ -28,7 +28,6 @@ from .components import (
     Trainer,
 )
 from .errors import PluginError, UserError
-from .modelhost import refuse_idle_gpus
 from .plugins import PluginManager
 from .population import Member
 from .recipe import LOCAL_CLUSTER, Recipe
@@ -176,6 +175,26 @@ def build_components(
         if cluster is not None:
             cluster.close()
         raise
+
+
+def refuse_idle_gpus(visible: int | None = None) -> None:
+    """A run in one process uses one GPU: on a node with several visible, that is almost never what its user
+    meant (an 8-GPU node running on GPU 0 alone for days), so it is an error naming both ways out.
+
+    ``visible``: the CUDA device count (None: ask torch, which CUDA_VISIBLE_DEVICES already narrowed).
+    """
+    if visible is None:
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible > 1:
+        raise UserError(
+            f"cluster: {visible} GPUs are visible, but a run in one process (cluster: local) would use GPU 0 "
+            f"alone. To use them all, add `cluster=ray cluster.params.workers={visible} "
+            "cluster.params.gpus_per_worker=1` to the command (the Ray plugin's colocated placement, started on "
+            "this node; recipes/azr_7b_ray_node.yaml is that recipe); to use one on purpose, run it with "
+            "CUDA_VISIBLE_DEVICES=0"
+        )
 
 
 def check_implements(built: Any, protocol: type, kind: str, name: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,26 +35,6 @@ def resolve_device(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def refuse_idle_gpus(visible: int | None = None) -> None:
-    """A run in one process uses one GPU: on a node with several visible, that is almost never what its user
-    meant (an 8-GPU node running on GPU 0 alone for days), so it is an error naming both ways out.
-
-    ``visible``: the CUDA device count (None: ask torch, which CUDA_VISIBLE_DEVICES already narrowed).
-    """
-    if visible is None:
-        import torch
-
-        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible > 1:
-        raise UserError(
-            f"cluster: {visible} GPUs are visible, but a run in one process (cluster: local) would use GPU 0 "
-            f"alone. To use them all, add `cluster=ray cluster.params.workers={visible} "
-            "cluster.params.gpus_per_worker=1` to the command (the Ray plugin's colocated placement, started on "
-            "this node; recipes/azr_7b_ray_node.yaml is that recipe); to use one on purpose, run it with "
-            "CUDA_VISIBLE_DEVICES=0"
-        )
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
@@ -115,6 +97,95 @@ class ModelHost:
         self._linear_cache: dict[str, Any] | None = None
         self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
         self._torch = torch
+        self._mode_lock = threading.Lock()
+        self._mode: str | None = None  # "serving" or "training" while a block of that mode is open
+        self._mode_depth = 0  # open blocks of the mode (serving: one per thread that generates)
+        self._undo: list[Callable[[], None]] = []  # what the outermost block restores, last first
+
+    # --- modes: what the shared base is configured for ------------------------------------------
+
+    @contextmanager
+    def serving(self, row_hook: Callable[..., Any]) -> Iterator[None]:
+        """Within the block (re-entrant, from any thread) the base serves generation: PEFT's own adapters (the
+        trainers' slots) are off and every base linear carries the forward hook ``row_hook`` (an engine's
+        per-row adapter deltas). The outermost block configures the base and restores it. A serving block
+        while a training block is open is an error, not a race: both would change one model."""
+        with self._mode_lock:
+            if self._enter("serving"):
+                disable = self.peft.disable_adapter() if self.peft is not None else nullcontext()
+                disable.__enter__()
+                self._undo.append(lambda: disable.__exit__(None, None, None))
+                handles = [linear.register_forward_hook(row_hook) for linear in self.linears()]
+
+                def unhook() -> None:
+                    for handle in handles:
+                        handle.remove()
+
+                self._undo.append(unhook)
+        try:
+            yield
+        finally:
+            self._leave()
+
+    @contextmanager
+    def training(self, *, checkpointing: bool = False) -> Iterator[Any]:
+        """Within the block the PeftModel trains (train mode), with gradient checkpointing on when asked; the
+        model it yields is the PeftModel. Checkpointing is a flag on the base's decoder layers that transformers
+        honours in train mode only; it is switched off again (and the input-grad hook transformers adds removed)
+        before the model goes back to eval, so generation never sees it. A training block while a serving block
+        is open (or another training block) is an error."""
+        if self.peft is None:
+            raise RuntimeError("ModelHost.training: no adapter slot to train (create one with slot())")
+        with self._mode_lock:
+            self._enter("training", reentrant=False)
+            model, base = self.peft, self.base_model
+            had_hooks = bool(getattr(base, "_require_grads_hooks", None))
+            if checkpointing:
+                try:
+                    # use_reentrant=False: gradients reach the LoRA factors although no input requires grad
+                    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                except ValueError as exc:
+                    self._mode, self._mode_depth = None, 0
+                    raise UserError(f"trainer.gradient_checkpointing: {exc}; set it to off") from None
+
+                def off() -> None:
+                    base.gradient_checkpointing_disable()
+                    if not had_hooks and getattr(base, "_require_grads_hooks", None):
+                        base.disable_input_require_grads()
+
+                self._undo.append(off)
+            self._undo.append(model.eval)
+            model.train()
+        try:
+            yield model
+        finally:
+            self._leave()
+
+    def _enter(self, mode: str, reentrant: bool = True) -> bool:
+        """Count one more block of ``mode`` (under the mode lock); True for the outermost, which configures."""
+        if self._mode is not None and (self._mode != mode or not reentrant):
+            raise RuntimeError(
+                f"ModelHost: a {mode} block while a {self._mode} block is open on the same base model "
+                "(generation and training take turns; the engine's generate and the trainer's update never overlap)"
+            )
+        self._mode = mode
+        self._mode_depth += 1
+        return self._mode_depth == 1
+
+    def _leave(self) -> None:
+        with self._mode_lock:
+            self._mode_depth -= 1
+            if self._mode_depth:
+                return
+            self._mode = None
+            undo, self._undo = self._undo, []
+            for restore in reversed(undo):
+                restore()
+
+    @property
+    def mode(self) -> str | None:
+        """``serving``, ``training`` or None: what the base is configured for now."""
+        return self._mode
 
     # --- model access ---------------------------------------------------------------------------
 

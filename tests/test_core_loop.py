@@ -472,7 +472,7 @@ def test_a_local_run_on_a_node_with_several_gpus_is_refused_with_both_ways_out(e
     import torch
 
     from populora_core import UserError
-    from populora_core.modelhost import refuse_idle_gpus
+    from populora_core.assembly import refuse_idle_gpus
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from populora_core.components import GenerationRequest, LoraSettings, SamplingParams
+from populora_core.modelhost import ModelHost
 from tests.test_engines import PROMPTS, _tokens, make_engine
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
@@ -236,9 +237,12 @@ class _StubHost:
     """What RowAdapters and serving() read of a ModelHost, over a bare model and random LoRA versions."""
 
     def __init__(self, model, ranks, seed=0):
+        import threading
+
         import torch
 
         self.base_model, self.peft = model, None
+        self._mode_lock, self._mode, self._mode_depth, self._undo = threading.Lock(), None, 0, []
         self._linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         gen = torch.Generator().manual_seed(seed)
         self._versions = {
@@ -255,6 +259,11 @@ class _StubHost:
 
     def linears(self):
         return list(self._linears.values())
+
+    # the real host's serving mode (hooks installed by the outermost block, from any thread)
+    serving = ModelHost.serving
+    _enter = ModelHost._enter
+    _leave = ModelHost._leave
 
     def linear(self, path):
         return self._linears[path]

@@ -933,3 +933,56 @@ def test_out_of_range_optimizer_settings_are_recipe_errors_naming_the_key(key, v
 
     result = run_cli("validate", str(REPO / "recipes" / "nano.yaml"), f"trainer.params.{key}={value}")
     assert result.returncode == 2 and f"trainer.params.{key}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_host_owns_its_modes_and_refuses_overlap(base, adapters, tmp_path):
+    """Generation and training take turns on the one base: the host's serving block (re-entrant, from any
+    thread: the hf engine's parallel batches) and training block configure it and restore it, and a serving call
+    during a training block (or the reverse) is an error, not a race on a shared model."""
+    import threading
+
+    from populora_core.modelhost import get_host
+
+    host = get_host(base)
+    trainer = make("trainer", "trr++", base, gradient_checkpointing="on")
+    trainer.update("m0", adapters[0], _rollouts("m0"), tmp_path / "m0_v1")  # gives the host its PEFT slot
+    calls = []
+
+    def hook(module, args, output):
+        calls.append(module)
+        return output
+
+    linears = host.linears()
+    assert host.mode is None and not any(linear._forward_hooks for linear in linears)
+    with host.training(checkpointing=True) as model:
+        assert host.mode == "training" and model.training and host.base_model.is_gradient_checkpointing
+        with pytest.raises(RuntimeError, match="a serving block while a training block is open"), host.serving(hook):
+            pass
+        with pytest.raises(RuntimeError, match="a training block while a training block is open"):
+            with host.training():
+                pass
+        assert host.mode == "training"  # the refused blocks changed nothing
+    assert host.mode is None and not host.peft.training and not host.base_model.is_gradient_checkpointing
+
+    entered, release = threading.Barrier(3), threading.Event()
+
+    def serve() -> None:
+        with host.serving(hook):
+            entered.wait(timeout=60)
+            release.wait(timeout=60)
+
+    lora_layers = [m for m in host.peft.modules() if hasattr(m, "lora_A")]
+    assert lora_layers and not any(m.disable_adapters for m in lora_layers)
+    threads = [threading.Thread(target=serve, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    entered.wait(timeout=60)  # both threads inside: one configuration, hooks installed once, PEFT's slots off
+    assert host.mode == "serving" and all(list(linear._forward_hooks.values()) == [hook] for linear in linears)
+    assert all(m.disable_adapters for m in lora_layers)
+    with pytest.raises(RuntimeError, match="a training block while a serving block is open"), host.training():
+        pass
+    release.set()
+    for t in threads:
+        t.join()
+    assert host.mode is None and not any(linear._forward_hooks for linear in linears)
+    assert not any(m.disable_adapters for m in lora_layers)

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from .numerics import MIN_ROWS
 
 BASE = "__base__"
 _THREAD = threading.local()  # .rows: the RowAdapters of this thread's forwards
-_SERVING_LOCK = threading.Lock()
-_SERVING: dict[int, list[Any]] = {}  # id(host) -> [depth, hook handles, PEFT's disable context]
 
 
 def _modules(host: Any, names: Sequence[str]) -> dict[str, list[tuple[int, Any, Any]]]:
@@ -145,30 +143,11 @@ def _rows_independent_matmul(x: Any, w: Any) -> Any:
     return (padded @ w)[: flat.shape[0]].reshape(*lead, w.shape[-1])
 
 
-@contextmanager
-def serving(host: Any) -> Iterator[None]:
-    """Within the block (re-entrant, from any thread), the base linears add the calling thread's row deltas
-    and PEFT's own adapters (the trainers' slots) are off. The outermost block installs and removes the
-    hooks, so a caller that fans batches out to threads holds it around them."""
-    key = id(host)
-    with _SERVING_LOCK:
-        state = _SERVING.get(key)
-        if state is None:
-            disable = host.peft.disable_adapter() if host.peft is not None else nullcontext()
-            disable.__enter__()
-            handles = [linear.register_forward_hook(_row_delta) for linear in host.linears()]
-            state = _SERVING[key] = [0, handles, disable]
-        state[0] += 1
-    try:
-        yield
-    finally:
-        with _SERVING_LOCK:
-            state[0] -= 1
-            if state[0] == 0:
-                del _SERVING[key]
-                for h in state[1]:
-                    h.remove()
-                state[2].__exit__(None, None, None)
+def serving(host: Any) -> Any:
+    """Within the block (re-entrant, from any thread), the base linears add the calling thread's row deltas and
+    PEFT's own adapters (the trainers' slots) are off: the host's serving mode with this module's hook. The
+    outermost block configures the base, so a caller that fans batches out to threads holds it around them."""
+    return host.serving(_row_delta)
 
 
 @contextmanager

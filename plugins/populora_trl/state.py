@@ -151,33 +151,12 @@ class LoraTrainerBase(Trainer):
 
     @contextmanager
     def _training(self, slots: Sequence[str] = (SCRATCH,)) -> Iterator[Any]:
-        """The PeftModel in train mode, with gradient checkpointing on for the update only when asked.
-
-        Checkpointing is a flag on the shared base's decoder layers that transformers honours only in train
-        mode; it is switched off again (and the input-grad hook transformers adds is removed) before the
-        model goes back to eval, so the engines' generation never sees it.
-        """
-        model = self.host.peft
-        base = self.host.base_model
+        """The host's training mode (train mode, checkpointing when the params ask), with the fused LoRA forward
+        of ``slots`` when ``lora_forward: fused``."""
         on = use_checkpointing(self.params.gradient_checkpointing, self.host.device)
-        had_hooks = bool(getattr(base, "_require_grads_hooks", None))
-        if on:
-            try:
-                # use_reentrant=False: gradients reach the LoRA factors although no input requires grad
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            except ValueError as exc:
-                raise UserError(f"trainer.gradient_checkpointing: {exc}; set it to off") from None
-        model.train()
-        fused = fused_lora(model, slots) if self.params.lora_forward == "fused" else nullcontext()
-        try:
-            with fused:
+        with self.host.training(checkpointing=on) as model:
+            with fused_lora(model, slots) if self.params.lora_forward == "fused" else nullcontext():
                 yield model
-        finally:
-            model.eval()
-            if on:
-                base.gradient_checkpointing_disable()
-                if not had_hooks and getattr(base, "_require_grads_hooks", None):
-                    base.disable_input_require_grads()
 
     def _finish(self, adapter: AdapterRef, config: dict[str, Any], out_dir: Path, slot: str = SCRATCH) -> Path:
         out = self.host.save(slot, out_dir, config)
