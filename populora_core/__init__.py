@@ -34,6 +34,8 @@ PUBLIC_MODULES = {
     "populora_core.operators": "operator arity and apply_operator, the checked way to make one child; readiness, "
     "child ratings and select, the checked way to call a selector",
     "populora_core.trainer_state": "a checkpoint's trainer state: one file per member plus a manifest",
+    "populora_core.architecture": "a base model's shape from its config alone (Arch, dtype_bytes, GIB)",
+    "populora_core.memory": "what an engine's register(..., memory=fn) reports to populora plan (EngineMemory)",
 }
 
 __all__ = [

@@ -61,7 +61,9 @@ def register_trainers(register: Any) -> None:
 def register_engines(register: Any) -> None:
     """Register rollout engines (hf, vllm).
 
-    ``factory(params, *, base_model, lora, seed) -> components.RolloutEngine``.
+    ``factory(params, *, base_model, lora, seed) -> components.RolloutEngine``. Optional ``memory=fn``,
+    ``fn(params: dict, context: memory.PlanContext) -> memory.EngineMemory``: the engine's GPU memory terms for
+    ``populora plan``.
     """
 
 

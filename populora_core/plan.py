@@ -12,15 +12,15 @@ own start-up profile decides, estimated here.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, parse_memory
 from .errors import UserError
+from .memory import EngineMemory, PlanContext
 
-_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 CUDA_CONTEXT = GIB // 2  # per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
-VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
 BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive while autograd walks through it
 # bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
 # and makes two gradients; populora_trl's recomputed chunks hold the log-softmax, probs and one gradient
@@ -90,66 +90,6 @@ def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], eng
     )  # fmt: skip
 
 
-def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int) -> list[str]:
-    """A step's largest generation call (the students' solve samples) against the KV cache, per GPU: one that does
-    not fit at once is queued and preempted by vLLM (recomputed), so the step takes longer; say which settings."""
-    rollout, pop = data.get("rollout") or {}, data.get("population") or {}
-    tasks = len(data.get("tasks") or [None, None, None])
-    proposals = int(pop.get("teachers", 4)) * int(rollout.get("proposals_per_teacher", 8)) * tasks
-    sequences = math.ceil(proposals * int(rollout.get("solver_samples", 8)) / gpus)
-    prompt = int(rollout.get("max_prompt_tokens") or 0)
-    tokens = sequences * (prompt + int(rollout.get("solve_max_tokens", 512)))
-    if not kv_tokens or tokens <= kv_tokens:
-        return []
-    share = kv_tokens / tokens
-    return [
-        f"vLLM KV cache ({kv_tokens} tokens) holds {share:.0%} of a step's largest generation call at its longest "
-        f"({sequences} solver samples x {'max_prompt_tokens + ' if prompt else ''}solve_max_tokens = {tokens} tokens"
-        f"{' per GPU' if gpus > 1 else ''}): vLLM queues and preempts the rest (slower steps); "
-        "raise engine.params.gpu_memory_utilization, or lower rollout.solver_samples, rollout.solve_max_tokens or "
-        "rollout.proposals_per_teacher"
-    ]
-
-
-def _vllm_share(arch: Arch, engine: dict[str, Any], rank: int, gpu_bytes: int, seq: int) -> dict[str, Any]:
-    """vLLM's budget (gpu_memory_utilization x GPU) split into weights, LoRA slots, overhead and KV cache."""
-    vb, tp = dtype_bytes(engine.get("dtype") or arch.dtype), int(engine.get("tensor_parallel_size") or 1)
-    extra, big = engine.get("extra") or {}, gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
-    seqs = int(extra.get("max_num_seqs") or (1024 if big else 256))
-    batched = int(extra.get("max_num_batched_tokens") or (16384 if big else 8192))
-    max_len = int(engine.get("max_model_len") or arch.max_positions or seq)
-    max_rank = int(engine.get("max_lora_rank") or next((r for r in _VLLM_RANKS if r >= rank), rank))
-    budget = float(engine.get("gpu_memory_utilization", 0.85)) * gpu_bytes
-    weights, loras = arch.params * vb / tp, int(engine.get("max_loras", 8))
-    slots = loras * arch.lora_params(max_rank) * vb / tp
-    overhead = VLLM_FIXED + batched * (3 * arch.intermediate + 6 * arch.hidden) * vb / tp + seqs * arch.vocab * 8
-    kv = budget - weights - slots - overhead
-    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * vb / tp
-    kv_tokens = max(0, int(kv // per_token))
-    notes = []
-    if kv_tokens >= max_len and max_len * seqs * per_token > kv:
-        notes.append(
-            f"vLLM: max_model_len x max_num_seqs ({max_len} x {seqs}) would need {max_len * seqs * per_token / GIB:.0f}"
-            f" GiB of KV cache; it holds {kv_tokens // max_len} full-length sequences at once (shorter ones share)"
-        )
-    return {
-        "budget": budget,
-        "kv_tokens": kv_tokens,
-        "kv_short": None
-        if kv_tokens >= max_len
-        else f"vLLM KV cache ({kv / GIB:.1f} GiB) is under one max_model_len {max_len} sequence "
-        f"({max_len * per_token / GIB:.2f} GiB)",
-        "asleep": VLLM_FIXED if engine.get("enable_sleep_mode") else budget,
-        "notes": notes,
-        "rows": [
-            ("vLLM weights", weights, f"its own copy, {vb} bytes/param, tensor_parallel_size {tp}"),
-            ("vLLM LoRA slots", slots, f"max_loras {loras} x rank {max_rank}, {vb} bytes"),
-            ("vLLM activations, graphs", overhead, f"max_num_batched_tokens {batched}, max_num_seqs {seqs}"),
-            ("vLLM KV cache", kv, f"{kv_tokens} tokens = {kv_tokens // max_len} x max_model_len {max_len}"),
-        ],
-    }
-
-
 def plan_recipe(
     data: dict[str, Any], arch: Arch, *, gpu_bytes: int, gpus: int = 1, registry: Any = None, suggest: bool = True
 ) -> dict[str, Any]:
@@ -166,34 +106,23 @@ def plan_recipe(
     per_gpu = math.ceil(members / gpus)
     t = trainer_terms(arch, data, trainer, engine)
     base = arch.params * t["dtype_bytes"]
-    resident = base + CUDA_CONTEXT + per_gpu * t["moments"] + t["adapter"]
     rows: list[tuple[str, float, str]] = [
         ("trainer base", base, f"{params_text(arch.params)} params x {t['dtype_bytes']} bytes"),
         ("trainer AdamW moments", per_gpu * t["moments"], f"{per_gpu} members x 2 x fp32 adapter"),
         ("trainer scratch adapter", t["adapter"], f"fp32, rank {rank} on {', '.join(arch.targets)}"),
         ("trainer CUDA context", CUDA_CONTEXT, "outside torch's allocator"),
     ]
-    vllm = (data.get("engine") or {}).get("name") == "vllm"
-    if vllm:
-        share = _vllm_share(arch, engine, rank, gpu_bytes, t["seq"])
-        rows, notes = rows + share["rows"], notes + share["notes"]
-        generation, asleep, kv_short = resident + share["budget"], share["asleep"], share["kv_short"]
-        notes += _largest_call_note(data, share["kv_tokens"], gpus)
-    else:  # hf shares the trainer's base; its served versions (fp32, LRU) stay while training
-        served = min(max(32, int(engine.get("max_loaded_adapters", 64))), members * (int(data.get("steps", 1)) + 1))
-        budget = int(engine.get("token_budget", 32768))
-        gen_kv = budget * 2 * arch.layers * arch.kv_heads * arch.head_dim * t["dtype_bytes"]
-        rows += [
-            ("hf served versions", served * t["adapter"], f"{served} versions, fp32 (max_loaded_adapters)"),
-            ("hf generation KV cache", gen_kv, f"token_budget {budget}"),
-        ]
-        resident += served * t["adapter"]
-        generation, asleep, kv_short = resident + gen_kv, 0.0, None
+    context = PlanContext(arch, data, gpu_bytes, gpus, members, rank, t["seq"], t["adapter"], t["dtype_bytes"])
+    own, why = engine_memory(registry, (data.get("engine") or {}).get("name", "hf"), engine, context)
+    notes += why + own.notes
+    rows += own.rows
+    resident = base + CUDA_CONTEXT + per_gpu * t["moments"] + t["adapter"] + own.resident
+    generation = resident + own.generating
     mode = {True: "on", False: "off"}.get(trainer["gradient_checkpointing"], str(trainer["gradient_checkpointing"]))
     on = mode == "on" or (mode == "auto" and trainer.get("device", "auto") != "cpu")  # auto: on with CUDA
     act = t["on"] if on else t["off"]
     shape = f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {t['seq']} tokens"
-    training = resident + t["update"] + asleep + max(act, t["keep"])
+    training = resident + t["update"] + own.training + max(act, t["keep"])
     rows += [
         ("update: live AdamW + grads", t["update"], "of the member being trained"),
         ("update: activations", act, f"gradient_checkpointing {mode}: {'on' if on else 'off'}"),
@@ -201,14 +130,13 @@ def plan_recipe(
         ("  checkpointing on", t["on"], "layer inputs + one layer recomputed"),
         ("  log-prob peak in both", t["logits"], f"{t['chunk']} tokens x vocab {arch.vocab} at a time"),
     ]
-    if vllm:
-        rows.append(("vLLM while training", asleep, "asleep (sleep mode)" if asleep < share["budget"] else "awake"))
+    rows += own.training_rows
     phases = {"generation": generation, "training": training}
     over = [
         f"{k} phase ({v / GIB:.1f} GiB) exceeds {gpu_bytes / GIB:.1f} GiB by {(v - gpu_bytes) / GIB:.1f} GiB"
         for k, v in phases.items()
         if v > gpu_bytes
-    ] + ([kv_short] if kv_short else [])
+    ] + ([own.kv_short] if own.kv_short else [])
     peak = max(phases.values())
     result: dict[str, Any] = {
         "recipe": data.get("name"),
@@ -231,17 +159,16 @@ def plan_recipe(
         "suggestions": [],
         "verdict": f"fits: peak {peak / GIB:.1f} GiB of {gpu_bytes / GIB:.1f} GiB per GPU",
     }
-    if vllm and suggest and not over and asleep < share["budget"]:  # sleeping vLLM: room for more KV cache?
-        util = round(float(engine.get("gpu_memory_utilization", 0.85)) * 100)
-        for pct in range(95, util, -5):
-            trial = apply_overrides(data, [f"engine.params.gpu_memory_utilization={pct / 100:.2f}"])
+    if suggest and not over:  # room the engine could use that still fits (vLLM asleep: more KV cache)
+        for change in own.roomier:
+            trial = apply_overrides(data, [change])
             if plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)["fits"]:
-                notes.append(f"engine.params.gpu_memory_utilization up to {pct / 100:.2f} also fits (more KV cache)")
+                notes.append(f"{change.replace('=', ' up to ', 1)} also fits (more room for the engine)")
                 break
     if over:
         if suggest:
             result["suggestions"] = _suggestions(
-                data, arch, gpu_bytes, gpus, registry, dict(t, ckpt=on, per_gpu=per_gpu)
+                data, arch, gpu_bytes, gpus, registry, dict(t, ckpt=on, per_gpu=per_gpu), own.candidates
             )
         tries = f"; try: {', '.join(result['suggestions'])}" if result["suggestions"] else ""
         result["verdict"] = f"does not fit: {'; '.join(over)}{tries}"
@@ -249,43 +176,59 @@ def plan_recipe(
 
 
 def _suggestions(
-    data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, t: dict[str, Any]
+    data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, t: dict[str, Any], engine: list[str]
 ) -> list[str]:
-    """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination."""
+    """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination. The
+    trainer's candidates come first, then the engine's (``engine``, nearest first); of a key the engine offers
+    several values for, only the first that fits is suggested."""
     from .recipe_yaml import apply_overrides
 
-    engine = (data.get("engine") or {}).get("params") or {}
     candidates = [] if t["ckpt"] else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true
     if t["rows"] > 1:
         candidates.append(f"trainer.params.micro_batch_tokens={t['seq']}")
     if t["chunk"] > 2048:
         candidates.append("trainer.params.logprob_chunk_tokens=2048")
-    if (data.get("engine") or {}).get("name") == "vllm":
-        candidates += [] if engine.get("enable_sleep_mode") else ["engine.params.enable_sleep_mode=true"]
-        util = round(float(engine.get("gpu_memory_utilization", 0.85)) * 100)  # nearest first, lower before higher
-        for pct in sorted(set(range(10, 96, 5)) - {util}, key=lambda x: (abs(x - util), x)):
-            candidates.append(f"engine.params.gpu_memory_utilization={pct / 100:.2f}")
-        candidates += [f"engine.params.max_loras={n}" for n in (4, 2) if n < int(engine.get("max_loras", 8))]
+    candidates += engine
+    values = Counter(c.split("=", 1)[0] for c in candidates)
+
+    def several(change: str) -> bool:
+        return values[change.split("=", 1)[0]] > 1
 
     def fits(changes: list[str], n: int = gpus) -> bool:
         trial = apply_overrides(data, changes)
         return bool(plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=n, registry=registry, suggest=False)["fits"])
 
-    found = [c for c in candidates if fits([c])]
-    found = [c for i, c in enumerate(found) if "utilization" not in c or not any("utilization" in f for f in found[:i])]
+    found: list[str] = []
+    for change in candidates:
+        key = change.split("=", 1)[0]
+        if not any(f.split("=", 1)[0] == key for f in found) and fits([change]):
+            found.append(change)
     if t["per_gpu"] > 1 and fits([], 2 * gpus):  # members split over more GPUs
         found.append(f"--gpus {2 * gpus}")
     if found:
         return found[:5]
-    others = [c for c in candidates if "utilization" not in c]
-    utils = [None, *(c for c in candidates if "utilization" in c)]
-    for n in (gpus, 2 * gpus):  # no single change: the fewest of the others (in order), with a utilization
+    others = [c for c in candidates if not several(c)]
+    choices = [None, *(c for c in candidates if several(c))]
+    for n in (gpus, 2 * gpus):  # no single change: the fewest of the others (in order), with one of the choices
         for i in range(len(others) + 1):
-            for util_change in utils:
-                changes = others[:i] + ([util_change] if util_change else [])
+            for choice in choices:
+                changes = others[:i] + ([choice] if choice else [])
                 if (changes or n > gpus) and fits(changes, n):
                     return [" ".join(changes + ([f"--gpus {n}"] if n > gpus else []))]
     return []
+
+
+def engine_memory(
+    registry: Any, name: str, params: dict[str, Any], context: PlanContext
+) -> tuple[EngineMemory, list[str]]:
+    """The engine's own terms (its registered ``memory=`` function) and a note when it reports none."""
+    try:
+        report = registry.get("engine", name).meta.get("memory") if registry is not None else None
+    except UserError:
+        report = None
+    if report is None:
+        return EngineMemory(), [f"engine {name!r} reports no memory terms (register(..., memory=)): none planned"]
+    return report(params, context), []
 
 
 def _disk(data: dict[str, Any], members: int, t: dict[str, Any]) -> dict[str, Any]:

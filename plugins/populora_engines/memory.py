@@ -1,0 +1,109 @@
+"""Each engine's GPU memory terms for ``populora plan`` (registered with ``memory=``): arithmetic on the model's
+shape and the engine's params, no torch. The plan adds the trainer's side and decides whether the recipe fits."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from populora_core.architecture import GIB, dtype_bytes
+from populora_core.memory import EngineMemory, PlanContext
+
+_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
+
+
+def hf_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
+    """The hf engine shares the trainer's base; its served versions (fp32, LRU) stay while training, its
+    generation KV cache (``token_budget`` tokens) exists while it generates."""
+    arch = ctx.arch
+    steps = int(ctx.recipe.get("steps", 1))
+    served = min(max(32, int(params.get("max_loaded_adapters", 64))), ctx.members * (steps + 1))
+    budget = int(params.get("token_budget", 32768))
+    kv = budget * 2 * arch.layers * arch.kv_heads * arch.head_dim * ctx.dtype_bytes
+    versions = served * ctx.adapter_bytes
+    return EngineMemory(
+        rows=[
+            ("hf served versions", versions, f"{served} versions, fp32 (max_loaded_adapters)"),
+            ("hf generation KV cache", kv, f"token_budget {budget}"),
+        ],
+        resident=versions,
+        generating=kv,
+    )
+
+
+def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
+    """vLLM's budget (gpu_memory_utilization x GPU) split into its own weights, LoRA slots, overhead and KV cache;
+    asleep (``enable_sleep_mode``) it keeps its fixed pools only while the trainer updates."""
+    arch = ctx.arch
+    vb, tp = dtype_bytes(params.get("dtype") or arch.dtype), int(params.get("tensor_parallel_size") or 1)
+    extra, big = params.get("extra") or {}, ctx.gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
+    seqs = int(extra.get("max_num_seqs") or (1024 if big else 256))
+    batched = int(extra.get("max_num_batched_tokens") or (16384 if big else 8192))
+    max_len = int(params.get("max_model_len") or arch.max_positions or ctx.seq)
+    max_rank = int(params.get("max_lora_rank") or next((r for r in _VLLM_RANKS if r >= ctx.rank), ctx.rank))
+    util = float(params.get("gpu_memory_utilization", 0.85))
+    budget = util * ctx.gpu_bytes
+    weights, loras = arch.params * vb / tp, int(params.get("max_loras", 8))
+    slots = loras * arch.lora_params(max_rank) * vb / tp
+    overhead = VLLM_FIXED + batched * (3 * arch.intermediate + 6 * arch.hidden) * vb / tp + seqs * arch.vocab * 8
+    kv = budget - weights - slots - overhead
+    per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * vb / tp
+    kv_tokens = max(0, int(kv // per_token))
+    sleeps = bool(params.get("enable_sleep_mode"))
+    asleep = VLLM_FIXED if sleeps else budget
+    notes = []
+    if kv_tokens >= max_len and max_len * seqs * per_token > kv:
+        notes.append(
+            f"vLLM: max_model_len x max_num_seqs ({max_len} x {seqs}) would need {max_len * seqs * per_token / GIB:.0f}"
+            f" GiB of KV cache; it holds {kv_tokens // max_len} full-length sequences at once (shorter ones share)"
+        )
+    notes += _largest_call_note(ctx.recipe, kv_tokens, ctx.gpus)
+    percent = round(util * 100)
+    candidates = [] if sleeps else ["engine.params.enable_sleep_mode=true"]
+    # nearest first, lower before higher
+    for pct in sorted(set(range(10, 96, 5)) - {percent}, key=lambda x: (abs(x - percent), x)):
+        candidates.append(f"engine.params.gpu_memory_utilization={pct / 100:.2f}")
+    candidates += [f"engine.params.max_loras={n}" for n in (4, 2) if n < loras]
+    return EngineMemory(
+        rows=[
+            ("vLLM weights", weights, f"its own copy, {vb} bytes/param, tensor_parallel_size {tp}"),
+            ("vLLM LoRA slots", slots, f"max_loras {loras} x rank {max_rank}, {vb} bytes"),
+            ("vLLM activations, graphs", overhead, f"max_num_batched_tokens {batched}, max_num_seqs {seqs}"),
+            ("vLLM KV cache", kv, f"{kv_tokens} tokens = {kv_tokens // max_len} x max_model_len {max_len}"),
+        ],
+        training_rows=[("vLLM while training", asleep, "asleep (sleep mode)" if asleep < budget else "awake")],
+        generating=budget,
+        training=asleep,
+        kv_short=None
+        if kv_tokens >= max_len
+        else f"vLLM KV cache ({kv / GIB:.1f} GiB) is under one max_model_len {max_len} sequence "
+        f"({max_len * per_token / GIB:.2f} GiB)",
+        notes=notes,
+        candidates=candidates,
+        # asleep, more of the GPU may go to the KV cache while generating
+        roomier=[f"engine.params.gpu_memory_utilization={pct / 100:.2f}" for pct in range(95, percent, -5)]
+        if asleep < budget
+        else [],
+    )
+
+
+def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int) -> list[str]:
+    """A step's largest generation call (the students' solve samples) against the KV cache, per GPU: one that does
+    not fit at once is queued and preempted by vLLM (recomputed), so the step takes longer; say which settings."""
+    rollout, pop = data.get("rollout") or {}, data.get("population") or {}
+    tasks = len(data.get("tasks") or [None, None, None])
+    proposals = int(pop.get("teachers", 4)) * int(rollout.get("proposals_per_teacher", 8)) * tasks
+    sequences = math.ceil(proposals * int(rollout.get("solver_samples", 8)) / gpus)
+    prompt = int(rollout.get("max_prompt_tokens") or 0)
+    tokens = sequences * (prompt + int(rollout.get("solve_max_tokens", 512)))
+    if not kv_tokens or tokens <= kv_tokens:
+        return []
+    share = kv_tokens / tokens
+    return [
+        f"vLLM KV cache ({kv_tokens} tokens) holds {share:.0%} of a step's largest generation call at its longest "
+        f"({sequences} solver samples x {'max_prompt_tokens + ' if prompt else ''}solve_max_tokens = {tokens} tokens"
+        f"{' per GPU' if gpus > 1 else ''}): vLLM queues and preempts the rest (slower steps); "
+        "raise engine.params.gpu_memory_utilization, or lower rollout.solver_samples, rollout.solve_max_tokens or "
+        "rollout.proposals_per_teacher"
+    ]
