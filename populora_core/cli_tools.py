@@ -190,8 +190,9 @@ def doctor(as_json: bool) -> None:
 
 @click.command()
 @click.argument("what", required=False)
+@click.option("--markdown", is_flag=True, help="The whole reference as one Markdown page (docs/recipe-keys.md).")
 @click.pass_obj
-def keys(manager: Any, what: str | None) -> None:
+def keys(manager: Any, what: str | None, markdown: bool) -> None:
     """Every recipe key with its type, default and description; or one section's, or one component's params.
 
     \b
@@ -199,10 +200,11 @@ def keys(manager: Any, what: str | None) -> None:
       populora keys rollout         one section
       populora keys trainer         the trainers there are, then each one's params
       populora keys trr++           one component's params (trainer.params.*)
+      populora keys --markdown      everything as one Markdown page
     """
     from .errors import UserError
     from .recipe import Recipe
-    from .recipe_keys import COMPONENT_SECTIONS, model_keys
+    from .recipe_keys import COMPONENT_SECTIONS, model_keys, reference_markdown
 
     def table(rows: list[tuple[str, str, str, str]]) -> None:
         width = max((len(r[0]) for r in rows), default=0)
@@ -213,6 +215,9 @@ def keys(manager: Any, what: str | None) -> None:
             )
 
     registry = manager.registry
+    if markdown:
+        click.echo(reference_markdown(registry), nl=False)
+        return
     rows = model_keys(Recipe)
     if what is None:
         table(rows)

@@ -49,18 +49,20 @@ class WeightedOperator(ComponentRef):
 
 
 class LoraSection(_Strict):
-    rank: int = Field(16, ge=1)
-    alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+    rank: int = Field(16, ge=1, description="LoRA rank r of every adapter (operators may change a child's)")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout while training (the fused forward needs 0)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TARGET_MODULES), description="the base's linear modules that get LoRA"
+    )
     init_std: float = Field(
         0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0"
     )
 
 
 class PopulationSection(_Strict):
-    teachers: int = Field(4, ge=1)
-    students: int = Field(4, ge=1)
+    teachers: int = Field(4, ge=1, description="adapters that propose problems")
+    students: int = Field(4, ge=1, description="adapters that solve them (single_agent: unused, a teacher solves)")
     mode: Literal["population", "single_agent"] = Field(
         "population", description="single_agent: one adapter per slot plays both roles (AZR baseline)"
     )
@@ -89,10 +91,10 @@ class RolloutSection(_Strict):
     train_on_estimation: bool = Field(
         True, description="[choice] students train on the solve samples that estimate learnability"
     )
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    propose_max_tokens: int = Field(512, ge=1)
-    solve_max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of proposals and answers")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of proposals and answers (1: off)")
+    propose_max_tokens: int = Field(512, ge=1, description="longest proposal a teacher may generate")
+    solve_max_tokens: int = Field(512, ge=1, description="longest answer a student may generate")
     max_prompt_tokens: int | None = Field(
         None,
         ge=1,
@@ -103,12 +105,17 @@ class RolloutSection(_Strict):
 
 class EvolutionSection(_Strict):
     every: int = Field(20, ge=0, description="replace every E steps; 0 disables evolution")
-    selector: ComponentRef = Field(default_factory=lambda: ComponentRef(name="truncation"))
+    selector: ComponentRef = Field(
+        default_factory=lambda: ComponentRef(name="truncation"),
+        description="who is replaced and who breeds, per sub-population (`populora keys evolution.selector`)",
+    )
     operators: list[WeightedOperator] = Field(
         default_factory=lambda: [
             WeightedOperator(name="svd", weight=0.5),
             WeightedOperator(name="svd_structured", weight=0.5),
-        ]
+        ],
+        description="LoRA weight-space operators a child is made with, drawn by weight among those that fit its "
+        "parents (`populora keys evolution.operators`)",
     )
     child_rating: Literal["fresh", "inherit"] = Field(
         "inherit",
@@ -116,14 +123,19 @@ class EvolutionSection(_Strict):
         "the veterans it competes with; fresh: the rating prior, whose large sigma ranks every child last under "
         "mu - k*sigma (the youngest is then always the one replaced)",
     )
-    child_optimizer: Literal["fresh", "inherit"] = "fresh"
+    child_optimizer: Literal["fresh", "inherit"] = Field(
+        "fresh", description="fresh: a child starts with no AdamW moments; inherit: a copy of its first parent's"
+    )
     ready_after: int | None = Field(
         None,
         ge=0,
         description="PBT readiness: a member can be replaced only once it has lived this many steps; "
         "None: the interval `every`",
     )
-    subpopulations: list[Role] = Field(default_factory=lambda: list[Role](["teacher", "student"]))
+    subpopulations: list[Role] = Field(
+        default_factory=lambda: list[Role](["teacher", "student"]),
+        description="the roles evolution selects within (each separately: teachers replace teachers)",
+    )
 
     @property
     def readiness(self) -> int:
@@ -132,7 +144,7 @@ class EvolutionSection(_Strict):
 
 
 class CheckpointSection(_Strict):
-    every: int = Field(10, ge=1)
+    every: int = Field(10, ge=1, description="a complete checkpoint every N steps (and after the last)")
     keep: int = Field(2, ge=1, description="complete checkpoints kept on disk")
 
 
@@ -150,11 +162,11 @@ class AdaptersSection(_Strict):
 class ProbeSection(_Strict):
     """Held-out probe evaluation: greedy solver accuracy of every student (and the base) per task type."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="evaluate the probe set (probe.jsonl in the run directory)")
     every: int = Field(0, ge=0, description="also every N steps; 0: only before the first and after the last step")
     file: str = Field("", description="JSONL of Problem records; empty: the probe set shipped with the base model")
     problems_per_type: int = Field(50, ge=1, description="first N problems of each task type")
-    max_tokens: int = Field(256, ge=1)
+    max_tokens: int = Field(256, ge=1, description="longest greedy answer per probe problem")
 
 
 class SeedsSection(_Strict):
@@ -164,7 +176,7 @@ class SeedsSection(_Strict):
     their own early proposals; AZR ships 256 per model (``azr.seed_dataset``).
     """
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="fill each task's buffer with seed problems before step 1")
     file: str = Field("", description="JSONL of Problem records, e.g. written by populora seed")
 
     @model_validator(mode="after")
@@ -208,22 +220,36 @@ LOCAL_CLUSTER = "local"
 
 
 class Recipe(_Strict):
-    name: str
-    seed: int = 0
-    steps: int = Field(ge=1)
-    base_model: ComponentRef
+    name: str = Field(description="the run's name (the default run directory is runs/<name>)")
+    seed: int = Field(0, description="every random draw of the run derives from it (populora_core.rng)")
+    steps: int = Field(ge=1, description="co-evolution steps to run")
+    base_model: ComponentRef = Field(
+        description="the frozen base: a registered name (nano), a local directory or a hub id (org/name)"
+    )
     lora: LoraSection = Field(default_factory=LoraSection)
     population: PopulationSection = Field(default_factory=PopulationSection)
     tasks: list[ComponentRef] = Field(
-        default_factory=lambda: [ComponentRef(name=n) for n in ("deduction", "abduction", "induction")], min_length=1
+        default_factory=lambda: [ComponentRef(name=n) for n in ("deduction", "abduction", "induction")],
+        min_length=1,
+        description="the task types teachers propose and students solve (AZR's three)",
     )
-    executor: ComponentRef = Field(default_factory=lambda: ComponentRef(name="sandbox"))
-    engine: ComponentRef = Field(default_factory=lambda: ComponentRef(name="hf"))
-    trainer: ComponentRef = Field(default_factory=lambda: ComponentRef(name="trr++"))
-    matchmaker: ComponentRef = Field(default_factory=lambda: ComponentRef(name="pfsp"))
+    executor: ComponentRef = Field(
+        default_factory=lambda: ComponentRef(name="sandbox"), description="runs model-written programs"
+    )
+    engine: ComponentRef = Field(
+        default_factory=lambda: ComponentRef(name="hf"), description="generates proposals and answers"
+    )
+    trainer: ComponentRef = Field(
+        default_factory=lambda: ComponentRef(name="trr++"), description="one policy update per member and step"
+    )
+    matchmaker: ComponentRef = Field(
+        default_factory=lambda: ComponentRef(name="pfsp"), description="pairs teachers with students; keeps ratings"
+    )
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     evolution: EvolutionSection = Field(default_factory=EvolutionSection)
-    sinks: list[ComponentRef] = Field(default_factory=list)
+    sinks: list[ComponentRef] = Field(
+        default_factory=list, description="metric sinks besides events.jsonl (tensorboard, wandb)"
+    )
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     adapters: AdaptersSection = Field(default_factory=AdaptersSection)
     seeds: SeedsSection = Field(default_factory=SeedsSection)

@@ -110,3 +110,62 @@ def recipe_json_schema(registry: Registry) -> dict[str, Any]:
         for kind, items in by_kind.items()
     }
     return schema
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_table(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    lines = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
+    return lines + [
+        f"| `{key}` | {_cell(kind)} | `{_cell(default)}` | {_cell(text)} |" for key, kind, default, text in rows
+    ]
+
+
+def reference_markdown(registry: Registry, plugins: set[str] | None = None) -> str:
+    """Every recipe key and every component's params as one Markdown page (``docs/recipe-keys.md`` holds the
+    built-in plugins' page; ``populora keys --markdown`` prints the installed ones'). ``plugins``: only the
+    components of these plugins (None: all)."""
+    lines = [
+        "# Recipe keys",
+        "",
+        "Generated from the params models by `python -m populora_core.recipe_keys` (a test keeps it current);",
+        "`populora keys [SECTION|COMPONENT]` prints the same for what is installed. A key is overridden on the",
+        "command line as `key.sub=value` (list items by index: `evolution.operators.0.name=svd`).",
+        "",
+        "## Sections",
+        "",
+        *_markdown_table(model_keys(Recipe)),
+    ]
+    for section, kind in COMPONENT_SECTIONS.items():
+        components = sorted(
+            (c for c in registry if c.kind == kind and (plugins is None or c.plugin in plugins)), key=lambda c: c.name
+        )
+        if not components:
+            continue
+        lines += ["", f"## `{section}`: {kind} components", ""]
+        for component in components:
+            lines += ["", f"### `{component.name}` (plugin {component.plugin})", ""]
+            lines += [component.description, ""] if component.description else []
+            rows = model_keys(component.params_model, f"{section}.params.")
+            lines += _markdown_table(rows) if rows else ["No params."]
+    return "\n".join(lines) + "\n"
+
+
+def builtin_plugins() -> set[str]:
+    """The plugins this toolkit ships: its own distribution's ``populora`` entry points."""
+    from importlib.metadata import distribution
+
+    return {ep.name for ep in distribution("populora-toolkit").entry_points if ep.group == "populora"}
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    from .plugins import get_manager
+
+    target = Path(__file__).resolve().parents[1] / "docs" / "recipe-keys.md"
+    target.write_text(reference_markdown(get_manager().registry, builtin_plugins()))
+    print(f"wrote {target}", file=sys.stderr)

@@ -231,3 +231,19 @@ def test_every_command_help_shows_an_example():
         if not examples:
             missing.append(command)
     assert not missing, f"--help without an example: {missing}"
+
+
+def test_the_recipe_keys_page_is_current_and_documents_every_key():
+    """docs/recipe-keys.md is generated from the params models (`python -m populora_core.recipe_keys`): a key,
+    default or description changed without regenerating it fails here, and every section key says what it does."""
+    from populora_core.plugins import get_manager
+    from populora_core.recipe import Recipe
+    from populora_core.recipe_keys import builtin_plugins, model_keys, reference_markdown
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "recipe-keys.md"
+    expected = reference_markdown(get_manager().registry, builtin_plugins())
+    assert page.read_text() == expected, "docs/recipe-keys.md is stale: run python -m populora_core.recipe_keys"
+    assert {"engines", "trl", "azr", "lora_ops"} <= builtin_plugins()
+    assert "### `trr++` (plugin trl)" in expected and "`trainer.params.lr`" in expected
+    undocumented = [key for key, _, _, text in model_keys(Recipe) if not text]
+    assert not undocumented, f"recipe keys without a description: {undocumented}"
