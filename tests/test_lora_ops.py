@@ -9,8 +9,8 @@ import pytest
 import torch
 from populora_lora_ops import OPERATORS, DeltaMergeParams, ops
 from populora_lora_ops import linalg as la
-from populora_lora_ops.common import ZeroDeltaWarning
 from populora_lora_ops.merge import dense_merge
+from populora_lora_ops.parents import ZeroDeltaWarning
 from populora_lora_ops.synthetic import trained_like
 
 from populora_core.adapters import LoraFactors, LoraWeights, load_lora, save_lora

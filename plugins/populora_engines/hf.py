@@ -31,7 +31,7 @@ from populora_core.components import (
 from populora_core.rng import hashed_seed
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
-from .common import check_sampling, cut_completion, encode_prompts, not_generated
+from .completions import check_sampling, cut_completion, encode_prompts, not_generated
 from .decode import decode, decode_attention, row_key
 from .numerics import supported
 

@@ -32,7 +32,7 @@ from populora_core.components import (
 from populora_core.errors import UserError
 from populora_core.rng import hashed_seed
 
-from .common import check_sampling, encode_prompts, not_generated
+from .completions import check_sampling, encode_prompts, not_generated
 
 _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

@@ -22,7 +22,7 @@ import torch
 from populora_core.adapters import LoraFactors, LoraWeights
 
 from . import linalg as la
-from .common import _refactored, _warn_zero_crossover, check_parents
+from .parents import _refactored, _warn_zero_crossover, check_parents
 
 #: Entries of delta W per parent in one block of rows: a few hundred kB, so the rebuilt rows, the
 #: merged rows and the sketch GEMM stay in this core's cache.

@@ -19,7 +19,8 @@ from populora_core.adapters import LoraFactors, LoraWeights
 from populora_core.errors import UserError
 
 from . import linalg as la
-from .common import (
+from .merge import delta_merge
+from .parents import (
     ZeroDeltaWarning,
     _copy,
     _is_zero,
@@ -31,7 +32,6 @@ from .common import (
     rand,
     randn,
 )
-from .merge import delta_merge
 
 __all__ = [
     "ZeroDeltaWarning",

@@ -1,4 +1,5 @@
-"""Helpers shared by the operators: parent checks, B = 0 detection, refactoring to the parents' form."""
+"""What the operators share about their parents: compatibility checks, B = 0 detection, refactoring a result to
+the parents' form, and the seeded draws (one generator per module) every random operator makes."""
 
 from __future__ import annotations
 

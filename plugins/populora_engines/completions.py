@@ -1,4 +1,5 @@
-"""Helpers both engines share, so they tokenize prompts and cut completions the same way."""
+"""Requests in, completions out, the same way in both engines: prompts tokenized, sampling checked, completions cut
+at stop strings, dropped requests answered."""
 
 from __future__ import annotations
 
