@@ -224,9 +224,14 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
 
 
 def execute(
-    run: Run, *, on_step: Callable[[dict[str, Any]], None] | None = None, on_probe: Callable[[], None] | None = None
+    run: Run,
+    *,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_probe: Callable[[], None] | None = None,
+    on_steps_done: Callable[[], None] | None = None,
 ) -> None:
-    """Run steps until the recipe's ``steps`` with the run hooks around them; the callbacks are for displays."""
+    """Run steps until the recipe's ``steps`` with the run hooks around them; the callbacks are for displays
+    (``on_steps_done``: the steps are over, before ``on_run_end`` observers print their summaries)."""
     run.hook.on_run_start(run=run.view())
     status = "failed"
     try:
@@ -243,5 +248,7 @@ def execute(
         status = "interrupted"
         raise
     finally:
+        if on_steps_done is not None:
+            on_steps_done()
         run.hook.on_run_end(run=run.view(), status=status)
         run.close()

@@ -42,7 +42,8 @@ def execute_with_progress(run: Run, *, progress: bool | None = None) -> None:
             if not show:
                 print(f"[{run.recipe.name}] {line}", file=sys.stderr, flush=True)
 
-        execute(run, on_step=on_step, on_probe=on_probe)
+        # the bar ends before on_run_end observers print (the report plugin's summary): else it is redrawn below
+        execute(run, on_step=on_step, on_probe=on_probe, on_steps_done=bar.stop)
 
 
 def _fmt(value: float | None) -> str:

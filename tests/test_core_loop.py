@@ -672,3 +672,15 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
 
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
+
+
+def test_a_display_hears_the_steps_are_over_before_on_run_end_observers_print(env, tmp_path):
+    """The live bar stops on ``on_steps_done``, before the report plugin's summary (an ``on_run_end``
+    observer) prints: otherwise the bar is redrawn below the summary on a terminal."""
+    rec = Recorder()
+    pm = _manager(rec)
+    recipe, resolved = load_recipe(RECIPE, ["steps=1"], pm.registry)
+    run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
+    execute(run, on_steps_done=lambda: rec.calls.append(("steps_done", {})))
+    names = [name for name, _ in rec.calls]
+    assert names[-2:] == ["steps_done", "on_run_end"] and names.count("steps_done") == 1
