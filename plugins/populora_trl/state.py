@@ -178,10 +178,12 @@ class LoraTrainerBase(Trainer):
         return sorted(self._states)
 
     def export_member(self, member_id: str) -> dict[str, Any] | None:
-        """A copy of one member's AdamW state and per-member extras (None: no state), to move it elsewhere."""
+        """A host-memory copy of one member's AdamW state and per-member extras (None: no state), to move it
+        elsewhere: a Ray driver without a GPU cannot unpickle CUDA tensors, and a checkpoint file should not need
+        one either. Importing puts the moments back on the parameters' device (the optimizer's load does)."""
         if member_id not in self._states:
             return None
-        return {"optimizer_state": copy.deepcopy(self._states[member_id]), "extra": self._member_extra(member_id)}
+        return {"optimizer_state": _host_copy(self._states[member_id]), "extra": self._member_extra(member_id)}
 
     def import_member(self, member_id: str, state: dict[str, Any] | None) -> None:
         self.forget(member_id)
@@ -236,3 +238,16 @@ class LoraTrainerBase(Trainer):
 
     def _load_member_extra(self, member_id: str, extra: dict[str, Any]) -> None:
         pass
+
+
+def _host_copy(value: Any) -> Any:
+    """A deep copy with every tensor in host memory."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _host_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(v) for v in value)
+    return copy.deepcopy(value)
