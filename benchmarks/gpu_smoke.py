@@ -213,7 +213,8 @@ def overrides_for(args: argparse.Namespace, engine: str, pop: int, model_dir: Pa
 def run_variant(args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str) -> dict[str, Any]:
     from populora_core import modelhost
     from populora_core.architecture import load_arch
-    from populora_core.plan import CUDA_CONTEXT, plan_recipe
+    from populora_core.memory import CUDA_CONTEXT
+    from populora_core.plan import plan_recipe
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
 

@@ -35,7 +35,7 @@ PUBLIC_MODULES = {
     "child ratings and select, the checked way to call a selector",
     "populora_core.trainer_state": "a checkpoint's trainer state: one file per member plus a manifest",
     "populora_core.architecture": "a base model's shape from its config alone (Arch, dtype_bytes, GIB)",
-    "populora_core.memory": "what an engine's register(..., memory=fn) reports to populora plan (EngineMemory)",
+    "populora_core.memory": "what an engine's or trainer's register(..., memory=fn) reports to populora plan",
 }
 
 __all__ = [

@@ -114,3 +114,8 @@ def load_arch(config_file: str | Path, target_modules: list[str] | tuple[str, ..
 
 def dtype_bytes(dtype: Any) -> int:
     return _DTYPE_BYTES.get(str(dtype), 2)
+
+
+def params_text(n: float) -> str:
+    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"

@@ -53,7 +53,9 @@ def register_executors(register: Any) -> None:
 def register_trainers(register: Any) -> None:
     """Register policy-update algorithms (trr++, grpo).
 
-    ``factory(params, *, base_model, lora, seed) -> components.Trainer``.
+    ``factory(params, *, base_model, lora, seed) -> components.Trainer``. Optional ``memory=fn``,
+    ``fn(params: dict, context: memory.PlanContext) -> memory.TrainerMemory``: the trainer's GPU memory terms for
+    ``populora plan``.
     """
 
 

@@ -1,9 +1,11 @@
-"""What an engine tells ``populora plan`` about its GPU memory: the contract of ``register(..., memory=fn)``.
+"""What engines and trainers tell ``populora plan`` about their GPU memory: the contract of
+``register(..., memory=fn)`` for both kinds.
 
-The plan owns the trainer's terms and the verdict; each engine plugin owns its own terms (its weights copy, LoRA
-slots, caches, what it keeps while the trainer updates), so the core holds no copy of an engine's internals. The
-function is pure arithmetic on the model's shape (:class:`~populora_core.architecture.Arch`) and the engine's
-params (defaults filled in): no torch, no GPU.
+The plan owns the composition and the verdict; each engine and trainer plugin owns its own terms (an engine's
+weights copy, LoRA slots, caches, what it keeps while the trainer updates; a trainer's base, optimizer state and
+an update's activations), so the core holds no copy of their internals. A function is pure arithmetic on the
+model's shape (:class:`~populora_core.architecture.Arch`) and the component's params (defaults filled in): no
+torch, no GPU.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from .architecture import Arch
 #: one plan table row: (what, bytes, detail)
 Row = tuple[str, float, str]
 
+#: per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
+CUDA_CONTEXT = 2**29
+
 
 @dataclass(frozen=True)
 class PlanContext:
@@ -27,9 +32,10 @@ class PlanContext:
     gpu_bytes: int  # memory of one GPU
     gpus: int
     members: int  # adapters the run trains
+    members_per_gpu: int  # of them, on one GPU (a trainer keeps their optimizer state)
     rank: int  # the recipe's LoRA rank
-    seq: int  # the trainer's longest row (prompt + completion tokens)
-    adapter_bytes: int  # one fp32 adapter (what the trainer writes per version)
+    seq: int  # the longest row: prompt (rollout.max_prompt_tokens, else what the engine's max_len leaves) + completion
+    adapter_bytes: int  # one fp32 adapter (what a trainer writes per version)
     dtype_bytes: int  # bytes per base parameter of the trainer's (and a shared) base
 
 
@@ -45,6 +51,7 @@ class EngineMemory:
 
     rows: list[Row] = field(default_factory=list)
     training_rows: list[Row] = field(default_factory=list)
+    max_len: int | None = None  # the longest sequence the engine serves (bounds the prompt the plan assumes)
     resident: float = 0.0
     generating: float = 0.0
     training: float = 0.0
@@ -52,3 +59,24 @@ class EngineMemory:
     notes: list[str] = field(default_factory=list)
     candidates: list[str] = field(default_factory=list)
     roomier: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainerMemory:
+    """A trainer's terms, per GPU. ``resident``: bytes held in both phases (its base, every member's optimizer
+    state, its scratch adapter, the process's CUDA context); ``update``: bytes added while one member updates
+    (live optimizer and gradients, the larger of activations and what is kept meanwhile). ``rows`` are shown first,
+    ``update_rows`` after the engine's rows. ``member_state_bytes``: one member's optimizer state (checkpoints);
+    ``side_bytes``: what the trainer adds beside a shared base (a measured peak is compared with it);
+    ``gradient_checkpointing``: "on" or "off" as planned. ``candidates``: overrides of the trainer's params the plan
+    may try when the recipe does not fit."""
+
+    rows: list[Row] = field(default_factory=list)
+    update_rows: list[Row] = field(default_factory=list)
+    resident: float = 0.0
+    update: float = 0.0
+    member_state_bytes: int = 0
+    side_bytes: int = 0
+    gradient_checkpointing: str = "off"
+    notes: list[str] = field(default_factory=list)
+    candidates: list[str] = field(default_factory=list)

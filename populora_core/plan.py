@@ -1,93 +1,39 @@
 """``populora plan``: GPU memory per device and disk of a recipe, from the base model's config alone.
 
-No weights are read: config.json is built on the meta device to count parameters per module. The terms
-follow what the built-in components allocate: the trainer (populora_trl) keeps the base, every member's
-AdamW moments and one scratch adapter; the hf engine shares the trainer's base, vllm holds its own copy,
-LoRA slots and a KV cache inside ``gpu_memory_utilization``. Decoder activations are the tensors autograd
-keeps per token and layer (PEFT casts a bf16 base's inputs to its fp32 adapters, so those copies count).
-tests/test_plan.py checks the trainer-side terms against peaks measured on CPU; vLLM's KV cache is what its
-own start-up profile decides, estimated here.
+No weights are read: config.json is built on the meta device to count parameters per module. The plan composes
+what the recipe's engine and trainer report through their registered ``memory=`` functions
+(:mod:`populora_core.memory`: the built-ins' are in ``populora_engines/memory.py`` and ``populora_trl/memory.py``)
+into both phases' peaks per GPU, and adds disk, the verdict and the single changes that would make it fit. The
+core keeps no copy of a component's internals; a component without such a function is planned as holding
+nothing, with a note.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, parse_memory
+from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, params_text, parse_memory
 from .errors import UserError
-from .memory import EngineMemory, PlanContext
+from .memory import EngineMemory, PlanContext, TrainerMemory
 
-CUDA_CONTEXT = GIB // 2  # per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
-BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive while autograd walks through it
-# bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
-# and makes two gradients; populora_trl's recomputed chunks hold the log-softmax, probs and one gradient
-LOGIT_BYTES, CHUNKED_LOGIT_BYTES = 16, 12
-_SHARED_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})  # modules that read one tensor
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
-#: trainer params the plan reads, and what it assumes of a trainer that does not declare one (no such feature)
-ABSENT: dict[str, Any] = {"micro_batch_tokens": None, "gradient_checkpointing": "off", "logprob_chunk_tokens": None}
 
 
-def component_params(registry: Any, kind: str, ref: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """A component's params with its defaults filled in, and the names its params model declares."""
+def declared_params(registry: Any, kind: str, ref: dict[str, Any]) -> dict[str, Any]:
+    """What a component's ``memory=`` function receives: the params its model declares, defaults filled in (an
+    override of a param it does not have changes nothing, as it would be refused at run time). Without a registry,
+    an unknown component or params that do not validate: the raw params."""
     raw = dict(ref.get("params") or {})
     try:
         comp = registry.get(kind, ref["name"])
         fields = set(comp.params_model.model_fields)
-        return {**comp.parse_params({k: v for k, v in raw.items() if k in fields}).model_dump(), **raw}, fields
-    except Exception:  # no registry, an unknown component, or params that do not validate: read them raw
-        return raw, set(raw)
-
-
-def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
-    """Bytes autograd keeps per token and decoder layer when LoRA (fp32) trains on a base of ``b`` bytes."""
-    h, i, f = arch.hidden, arch.intermediate, 4
-    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    inputs = {k: d_in for k, (_, d_in, _) in arch.targets.items()}
-    if b == f:  # no cast to the adapters' dtype: modules that read one tensor share it
-        for group in _SHARED_INPUT:
-            for k in sorted(group & set(inputs))[1:]:
-                inputs.pop(k)
-    lora = (sum(inputs.values()) + len(arch.targets) * rank) * f  # LoRA inputs and A outputs, fp32
-    attention = (2 * q + 2 * (q if masked else kv)) * b  # q, k, v (repeated for GQA under a mask), output
-    return lora + 2 * h * 4 + attention + 3 * i * b  # + RMSNorms' fp32 inputs + gate, silu(gate), up
-
-
-def trainer_terms(arch: Arch, data: dict[str, Any], trainer: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
-    """Bytes of the trainer's side: LoRA, AdamW, and one micro-batch's activations with checkpointing off and on."""
-    b = dtype_bytes(arch.dtype if arch.dtype != "auto" else "bfloat16")
-    rank, roll = int(data.get("lora", {}).get("rank", 16)), data.get("rollout", {})
-    p = arch.lora_params(rank)
-    completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
-    max_len = engine.get("max_model_len")
-    prompt = roll.get("max_prompt_tokens") or (max_len - completion if max_len else DEFAULT_PROMPT_TOKENS)
-    seq = min(completion + max(1, int(prompt)), max_len or arch.max_positions or 1 << 40)
-    budget = int(trainer.get("micro_batch_tokens") or 0)
-    if budget:  # the worst packing: the budget filled; the largest padding mask is two rows of half of it
-        rows, tokens = max(1, budget // seq), max(budget, seq)
-        mask = budget * min(seq, budget // 2) if budget >= 2 else 0
-        comp_tokens = min(tokens, max(1, budget // (completion + 1)) * completion)
-    else:
-        rows = max(1, int(trainer.get("micro_batch_size", 8)))
-        tokens, comp_tokens, mask = rows * seq, rows * completion, rows * seq * seq if rows > 1 else 0
-    chunk = int(trainer.get("logprob_chunk_tokens") or 0)
-    chunked = 0 < chunk < comp_tokens
-    cast = 4 if b != 4 else 0  # the fp32 copy of bf16 logits
-    if chunked:  # decoder's last hidden states, then one recomputed chunk at a time
-        logits = chunk * arch.vocab * (b + CHUNKED_LOGIT_BYTES) + (tokens + comp_tokens) * arch.hidden * b
-    else:
-        logits = comp_tokens * arch.vocab * (b + cast + LOGIT_BYTES)
-    # padded rows: transformers passes a boolean (rows, 1, L, L) mask, and SDPA saves a float copy of it per layer
-    layer = tokens * layer_bytes_per_token(arch, b, rank, masked=mask > 0)
-    off = arch.layers * (layer + mask * b) + mask + max(logits, int(layer * (BACKWARD_FACTOR - 1)))
-    on = arch.layers * tokens * arch.hidden * b + mask * (1 + b) + max(logits, int(layer * BACKWARD_FACTOR))
-    return dict(
-        lora_params=p, adapter=4 * p, moments=8 * p, update=12 * p, keep=8 * p, off=off, on=on, logits=logits,
-        rows=rows, seq=seq, tokens=tokens, budget=budget, chunk=chunk if chunked else comp_tokens, dtype_bytes=b,
-    )  # fmt: skip
+        return comp.parse_params({k: v for k, v in raw.items() if k in fields}).model_dump()
+    except Exception:
+        return raw
 
 
 def plan_recipe(
@@ -96,41 +42,30 @@ def plan_recipe(
     """The plan of a resolved recipe dict: rows per GPU, both phases' peaks, disk, verdict and suggestions."""
     from .recipe_yaml import apply_overrides
 
-    engine, _ = component_params(registry, "engine", data.get("engine") or {"name": "hf"})
-    trainer, declared = component_params(registry, "trainer", data.get("trainer") or {"name": "trr++"})
-    name = (data.get("trainer") or {}).get("name")
-    notes = [f"trainer {name!r} has no {k}: planned as {v!r}" for k, v in ABSENT.items() if k not in declared]
-    trainer = {**ABSENT, **{k: v for k, v in trainer.items() if k in declared or k not in ABSENT}}
-    pop, rank = data.get("population", {}), int(data.get("lora", {}).get("rank", 16))
+    engine_ref, trainer_ref = data.get("engine") or {"name": "hf"}, data.get("trainer") or {"name": "trr++"}
+    engine = declared_params(registry, "engine", engine_ref)
+    trainer = declared_params(registry, "trainer", trainer_ref)
+    pop, rank, roll = data.get("population", {}), int(data.get("lora", {}).get("rank", 16)), data.get("rollout", {})
     members = int(pop.get("teachers", 4)) + (0 if pop.get("mode") == "single_agent" else int(pop.get("students", 4)))
     per_gpu = math.ceil(members / gpus)
-    t = trainer_terms(arch, data, trainer, engine)
-    base = arch.params * t["dtype_bytes"]
-    rows: list[tuple[str, float, str]] = [
-        ("trainer base", base, f"{params_text(arch.params)} params x {t['dtype_bytes']} bytes"),
-        ("trainer AdamW moments", per_gpu * t["moments"], f"{per_gpu} members x 2 x fp32 adapter"),
-        ("trainer scratch adapter", t["adapter"], f"fp32, rank {rank} on {', '.join(arch.targets)}"),
-        ("trainer CUDA context", CUDA_CONTEXT, "outside torch's allocator"),
-    ]
-    context = PlanContext(arch, data, gpu_bytes, gpus, members, rank, t["seq"], t["adapter"], t["dtype_bytes"])
-    own, why = engine_memory(registry, (data.get("engine") or {}).get("name", "hf"), engine, context)
-    notes += why + own.notes
-    rows += own.rows
-    resident = base + CUDA_CONTEXT + per_gpu * t["moments"] + t["adapter"] + own.resident
+    b = dtype_bytes(arch.dtype if arch.dtype != "auto" else "bfloat16")
+    completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
+
+    def longest_row(max_len: int | None) -> int:
+        prompt = roll.get("max_prompt_tokens") or (max_len - completion if max_len else DEFAULT_PROMPT_TOKENS)
+        return min(completion + max(1, int(prompt)), max_len or arch.max_positions or 1 << 40)
+
+    context = PlanContext(
+        arch, data, gpu_bytes, gpus, members, per_gpu, rank, longest_row(None), 4 * arch.lora_params(rank), b
+    )
+    own, engine_notes = component_memory(registry, "engine", engine_ref.get("name", "hf"), engine, context)
+    context = dataclasses.replace(context, seq=longest_row(own.max_len))
+    side, trainer_notes = component_memory(registry, "trainer", trainer_ref.get("name", "trr++"), trainer, context)
+    notes = trainer_notes + side.notes + engine_notes + own.notes
+    rows = side.rows + own.rows + side.update_rows + own.training_rows
+    resident = side.resident + own.resident
     generation = resident + own.generating
-    mode = {True: "on", False: "off"}.get(trainer["gradient_checkpointing"], str(trainer["gradient_checkpointing"]))
-    on = mode == "on" or (mode == "auto" and trainer.get("device", "auto") != "cpu")  # auto: on with CUDA
-    act = t["on"] if on else t["off"]
-    shape = f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {t['seq']} tokens"
-    training = resident + t["update"] + own.training + max(act, t["keep"])
-    rows += [
-        ("update: live AdamW + grads", t["update"], "of the member being trained"),
-        ("update: activations", act, f"gradient_checkpointing {mode}: {'on' if on else 'off'}"),
-        ("  checkpointing off", t["off"], f"micro-batch: {shape}"),
-        ("  checkpointing on", t["on"], "layer inputs + one layer recomputed"),
-        ("  log-prob peak in both", t["logits"], f"{t['chunk']} tokens x vocab {arch.vocab} at a time"),
-    ]
-    rows += own.training_rows
+    training = resident + side.update + own.training
     phases = {"generation": generation, "training": training}
     over = [
         f"{k} phase ({v / GIB:.1f} GiB) exceeds {gpu_bytes / GIB:.1f} GiB by {(v - gpu_bytes) / GIB:.1f} GiB"
@@ -146,14 +81,14 @@ def plan_recipe(
         "members": members,
         "members_per_gpu": per_gpu,
         "base_params": arch.params,
-        "lora_params": t["lora_params"],
+        "lora_params": arch.lora_params(rank),
         "rows": [{"what": w, "gib": round(v / GIB, 2), "detail": d} for w, v, d in rows],
         "generation_gib": round(generation / GIB, 2),
         "training_gib": round(training / GIB, 2),
         "peak_gib": round(peak / GIB, 2),
-        "trainer_side_bytes": int(per_gpu * t["moments"] + t["adapter"] + t["update"] + max(act, t["keep"])),
-        "gradient_checkpointing": "on" if on else "off",
-        "disk": _disk(data, members, t),
+        "trainer_side_bytes": side.side_bytes,
+        "gradient_checkpointing": side.gradient_checkpointing,
+        "disk": _disk(data, members, context.adapter_bytes, side.member_state_bytes),
         "notes": notes,
         "fits": not over,
         "suggestions": [],
@@ -167,28 +102,21 @@ def plan_recipe(
                 break
     if over:
         if suggest:
-            result["suggestions"] = _suggestions(
-                data, arch, gpu_bytes, gpus, registry, dict(t, ckpt=on, per_gpu=per_gpu), own.candidates
-            )
+            candidates = side.candidates + own.candidates
+            result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates)
         tries = f"; try: {', '.join(result['suggestions'])}" if result["suggestions"] else ""
         result["verdict"] = f"does not fit: {'; '.join(over)}{tries}"
     return result
 
 
 def _suggestions(
-    data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, t: dict[str, Any], engine: list[str]
+    data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, per_gpu: int, candidates: list[str]
 ) -> list[str]:
     """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination. The
-    trainer's candidates come first, then the engine's (``engine``, nearest first); of a key the engine offers
-    several values for, only the first that fits is suggested."""
+    candidates are the trainer's, then the engine's (each nearest first); of a key offered with several values,
+    only the first that fits is suggested."""
     from .recipe_yaml import apply_overrides
 
-    candidates = [] if t["ckpt"] else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true
-    if t["rows"] > 1:
-        candidates.append(f"trainer.params.micro_batch_tokens={t['seq']}")
-    if t["chunk"] > 2048:
-        candidates.append("trainer.params.logprob_chunk_tokens=2048")
-    candidates += engine
     values = Counter(c.split("=", 1)[0] for c in candidates)
 
     def several(change: str) -> bool:
@@ -203,7 +131,7 @@ def _suggestions(
         key = change.split("=", 1)[0]
         if not any(f.split("=", 1)[0] == key for f in found) and fits([change]):
             found.append(change)
-    if t["per_gpu"] > 1 and fits([], 2 * gpus):  # members split over more GPUs
+    if per_gpu > 1 and fits([], 2 * gpus):  # members split over more GPUs
         found.append(f"--gpus {2 * gpus}")
     if found:
         return found[:5]
@@ -218,20 +146,19 @@ def _suggestions(
     return []
 
 
-def engine_memory(
-    registry: Any, name: str, params: dict[str, Any], context: PlanContext
-) -> tuple[EngineMemory, list[str]]:
-    """The engine's own terms (its registered ``memory=`` function) and a note when it reports none."""
+def component_memory(registry: Any, kind: str, name: str, params: dict[str, Any], context: PlanContext) -> Any:
+    """An engine's or trainer's own terms (its registered ``memory=`` function), and a note when it reports none."""
     try:
-        report = registry.get("engine", name).meta.get("memory") if registry is not None else None
+        report = registry.get(kind, name).meta.get("memory") if registry is not None else None
     except UserError:
         report = None
     if report is None:
-        return EngineMemory(), [f"engine {name!r} reports no memory terms (register(..., memory=)): none planned"]
+        empty = EngineMemory() if kind == "engine" else TrainerMemory()
+        return empty, [f"{kind} {name!r} reports no memory terms (register(..., memory=)): none planned"]
     return report(params, context), []
 
 
-def _disk(data: dict[str, Any], members: int, t: dict[str, Any]) -> dict[str, Any]:
+def _disk(data: dict[str, Any], members: int, adapter: int, state: int) -> dict[str, Any]:
     """Each trained member writes one fp32 adapter version per step; ``adapters.keep`` decides what stays."""
     steps, ck = int(data.get("steps", 1)), data.get("checkpoint", {})
     policy = data.get("adapters") or {}
@@ -242,11 +169,11 @@ def _disk(data: dict[str, Any], members: int, t: dict[str, Any]) -> dict[str, An
         versions = members * (2 + int(ck.get("keep", 2)) + int(ck.get("every", 10)))
         versions += members * (int(policy.get("last", 2)) - 1) if keep == "last" else 0
     return {
-        "adapter_mb": round(t["adapter"] / 1e6, 1),
-        "per_step_gb": round(members * t["adapter"] / 1e9, 3),
+        "adapter_mb": round(adapter / 1e6, 1),
+        "per_step_gb": round(members * adapter / 1e9, 3),
         "adapters_kept": keep if "keep" in policy else "all (the recipe has no adapters.keep)",
-        "run_gb": round(versions * t["adapter"] / 1e9, 1),  # children of evolution add a version each
-        "checkpoints_gb": round((int(ck.get("keep", 2)) + 1) * members * t["moments"] / 1e9, 1),
+        "run_gb": round(versions * adapter / 1e9, 1),  # children of evolution add a version each
+        "checkpoints_gb": round((int(ck.get("keep", 2)) + 1) * members * state / 1e9, 1),
     }
 
 
@@ -321,11 +248,6 @@ def _visible_gpu() -> int:
 
 #: the GPU a plan is made for when none is visible and --gpu-memory is not given (an A100/H100 80 GB)
 ASSUMED_GPU_BYTES = 80 * GIB
-
-
-def params_text(n: float) -> str:
-    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 def does_not_fit(plan: dict[str, Any]) -> bool:

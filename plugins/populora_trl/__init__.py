@@ -143,6 +143,7 @@ class GRPOParams(_Common):
 @hookimpl
 def register_trainers(register):
     from .grpo import GRPOLoraTrainer
+    from .memory import grpo_memory, trr_memory
     from .trr import TRRTrainer
 
     register(
@@ -150,10 +151,12 @@ def register_trainers(register):
         TRRTrainer.factory,
         params=TRRParams,
         description="AZR Task-Relative REINFORCE++ (per task x role whitening, token-mean loss)",
+        memory=trr_memory,
     )
     register(
         "grpo",
         GRPOLoraTrainer.factory,
         params=GRPOParams,
         description="TRL GRPO loss family on toolkit rollouts, one adapter per member",
+        memory=grpo_memory,
     )

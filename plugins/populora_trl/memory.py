@@ -1,0 +1,111 @@
+"""The trainers' GPU memory terms for ``populora plan`` (registered with ``memory=``): the base, every member's AdamW
+moments, the scratch adapter, and one update's activations with gradient checkpointing off and on, from the
+model's shape alone. tests/test_plan.py checks them against peaks measured on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from populora_core.architecture import Arch, params_text
+from populora_core.memory import CUDA_CONTEXT, PlanContext, TrainerMemory
+
+BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive while autograd walks through it
+# bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
+# and makes two gradients; the recomputed chunks (logprob_chunk_tokens) hold the log-softmax, probs and one gradient
+LOGIT_BYTES, CHUNKED_LOGIT_BYTES = 16, 12
+_SHARED_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})  # modules that read one tensor
+#: params the plan reads, and what it assumes where a trainer has no such param (grpo: no token budget)
+ABSENT: dict[str, Any] = {"micro_batch_tokens": None, "gradient_checkpointing": "off", "logprob_chunk_tokens": None}
+
+
+def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
+    """Bytes autograd keeps per token and decoder layer when LoRA (fp32) trains on a base of ``b`` bytes."""
+    h, i, f = arch.hidden, arch.intermediate, 4
+    q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    inputs = {k: d_in for k, (_, d_in, _) in arch.targets.items()}
+    if b == f:  # no cast to the adapters' dtype: modules that read one tensor share it
+        for group in _SHARED_INPUT:
+            for k in sorted(group & set(inputs))[1:]:
+                inputs.pop(k)
+    lora = (sum(inputs.values()) + len(arch.targets) * rank) * f  # LoRA inputs and A outputs, fp32
+    attention = (2 * q + 2 * (q if masked else kv)) * b  # q, k, v (repeated for GQA under a mask), output
+    return lora + 2 * h * 4 + attention + 3 * i * b  # + RMSNorms' fp32 inputs + gate, silu(gate), up
+
+
+def activation_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> dict[str, Any]:
+    """One micro-batch's activations with checkpointing off and on, and the log-prob peak in both."""
+    b, rank, seq, roll = ctx.dtype_bytes, ctx.rank, ctx.seq, ctx.recipe.get("rollout", {})
+    completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
+    budget = int(params.get("micro_batch_tokens") or 0)
+    if budget:  # the worst packing: the budget filled; the largest padding mask is two rows of half of it
+        rows, tokens = max(1, budget // seq), max(budget, seq)
+        mask = budget * min(seq, budget // 2) if budget >= 2 else 0
+        comp_tokens = min(tokens, max(1, budget // (completion + 1)) * completion)
+    else:
+        rows = max(1, int(params.get("micro_batch_size", 8)))
+        tokens, comp_tokens, mask = rows * seq, rows * completion, rows * seq * seq if rows > 1 else 0
+    chunk = int(params.get("logprob_chunk_tokens") or 0)
+    chunked = 0 < chunk < comp_tokens
+    cast = 4 if b != 4 else 0  # the fp32 copy of bf16 logits
+    if chunked:  # decoder's last hidden states, then one recomputed chunk at a time
+        logits = chunk * arch.vocab * (b + CHUNKED_LOGIT_BYTES) + (tokens + comp_tokens) * arch.hidden * b
+    else:
+        logits = comp_tokens * arch.vocab * (b + cast + LOGIT_BYTES)
+    # padded rows: transformers passes a boolean (rows, 1, L, L) mask, and SDPA saves a float copy of it per layer
+    layer = tokens * layer_bytes_per_token(arch, b, rank, masked=mask > 0)
+    off = arch.layers * (layer + mask * b) + mask + max(logits, int(layer * (BACKWARD_FACTOR - 1)))
+    on = arch.layers * tokens * arch.hidden * b + mask * (1 + b) + max(logits, int(layer * BACKWARD_FACTOR))
+    shown = chunk if chunked else comp_tokens
+    return dict(off=off, on=on, logits=logits, rows=rows, tokens=tokens, budget=budget, chunk=shown)
+
+
+def trainer_memory(params: dict[str, Any], ctx: PlanContext, name: str) -> TrainerMemory:
+    """``trr++``'s and ``grpo``'s terms (``name``: which, for the notes on params it does not have)."""
+    arch, b, per_gpu = ctx.arch, ctx.dtype_bytes, ctx.members_per_gpu
+    notes = [f"trainer {name!r} has no {k}: planned as {v!r}" for k, v in ABSENT.items() if k not in params]
+    has = set(params)
+    params = {**ABSENT, **params}
+    p = arch.lora_params(ctx.rank)
+    moments, live, keep = 8 * p, 12 * p, 8 * p
+    t = activation_terms(arch, params, ctx)
+    setting = params["gradient_checkpointing"]
+    mode = {True: "on", False: "off"}.get(setting, str(setting))
+    on = mode == "on" or (mode == "auto" and params.get("device", "auto") != "cpu")  # auto: on with CUDA
+    act = t["on"] if on else t["off"]
+    shape = f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {ctx.seq} tokens"
+    base = arch.params * b
+    candidates = [] if on else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true
+    if t["rows"] > 1 and "micro_batch_tokens" in has:
+        candidates.append(f"trainer.params.micro_batch_tokens={ctx.seq}")
+    if t["chunk"] > 2048 and "logprob_chunk_tokens" in has:
+        candidates.append("trainer.params.logprob_chunk_tokens=2048")
+    return TrainerMemory(
+        rows=[
+            ("trainer base", base, f"{params_text(arch.params)} params x {b} bytes"),
+            ("trainer AdamW moments", per_gpu * moments, f"{per_gpu} members x 2 x fp32 adapter"),
+            ("trainer scratch adapter", ctx.adapter_bytes, f"fp32, rank {ctx.rank} on {', '.join(arch.targets)}"),
+            ("trainer CUDA context", CUDA_CONTEXT, "outside torch's allocator"),
+        ],
+        update_rows=[
+            ("update: live AdamW + grads", live, "of the member being trained"),
+            ("update: activations", act, f"gradient_checkpointing {mode}: {'on' if on else 'off'}"),
+            ("  checkpointing off", t["off"], f"micro-batch: {shape}"),
+            ("  checkpointing on", t["on"], "layer inputs + one layer recomputed"),
+            ("  log-prob peak in both", t["logits"], f"{t['chunk']} tokens x vocab {arch.vocab} at a time"),
+        ],
+        resident=base + CUDA_CONTEXT + per_gpu * moments + ctx.adapter_bytes,
+        update=live + max(act, keep),
+        member_state_bytes=moments,
+        side_bytes=int(per_gpu * moments + ctx.adapter_bytes + live + max(act, keep)),
+        gradient_checkpointing="on" if on else "off",
+        notes=notes,
+        candidates=candidates,
+    )
+
+
+def trr_memory(params: dict[str, Any], ctx: PlanContext) -> TrainerMemory:
+    return trainer_memory(params, ctx, "trr++")
+
+
+def grpo_memory(params: dict[str, Any], ctx: PlanContext) -> TrainerMemory:
+    return trainer_memory(params, ctx, "grpo")
