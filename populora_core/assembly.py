@@ -93,9 +93,20 @@ class Components:
 
     def close(self) -> None:
         """Close what holds processes, files or workers; the cluster last (the engine and trainer live on it)."""
-        for part in (self.engine, self.executor, *self.sinks, self.cluster):
+        close_all([self.engine, self.executor, *self.sinks, self.cluster])
+
+
+def close_all(parts: list[Any]) -> None:
+    """``close()`` each part in order, every one even if another fails (the first failure is raised after)."""
+    errors = []
+    for part in parts:
+        try:
             if part is not None:
                 part.close()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def build_components(
@@ -119,38 +130,57 @@ def build_components(
         cluster = reg.get("cluster", recipe.cluster.name).build(
             recipe.cluster.build_params(), run_dir=run_dir.path, plugin_files=manager.plugin_files
         )
+    built: list[Any] = []  # closed, last first, when a later component fails to build
+
+    def check(part: Any, protocol: type, kind: str, name: str) -> Any:
+        built.append(part)
+        check_implements(part, protocol, kind, name)
+        return part
+
     try:
-        executor = reg.get("executor", recipe.executor.name).build(
-            recipe.executor.build_params(), plugin_files=manager.plugin_files
+        executor = check(
+            reg.get("executor", recipe.executor.name).build(
+                recipe.executor.build_params(), plugin_files=manager.plugin_files
+            ),
+            Executor,
+            "executor",
+            recipe.executor.name,
         )
         tasks: dict[str, Any] = {}  # filled in recipe order; each task factory may take it as `tasks`
         for i, ref in enumerate(recipe.tasks):
             if ref.name in tasks:
                 raise UserError(f"task {ref.name!r} is listed twice in the recipe")
-            tasks[ref.name] = reg.get("task", ref.name).build(
+            task = reg.get("task", ref.name).build(
                 ref.build_params(), executor=executor, rng=streams.task_rng(i), tasks=tasks
             )
+            check_implements(task, Task, f"tasks.{i}", ref.name)
+            tasks[ref.name] = task
         ctx = {"base_model": base, "lora": settings, "seed": recipe.seed}
         engine_ctx = {**ctx, "max_prompt_tokens": recipe.rollout.max_prompt_tokens}
         if cluster is None:
             engine = reg.get("engine", recipe.engine.name).build(recipe.engine.build_params(), **engine_ctx)
-            trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.build_params(), **ctx)
         else:
             engine = cluster.engine(recipe.engine.name, recipe.engine.build_params(), engine_ctx)
+        check(engine, RolloutEngine, "engine", recipe.engine.name)
+        if cluster is None:
+            trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.build_params(), **ctx)
+        else:
             trainer = cluster.trainer(recipe.trainer.name, recipe.trainer.build_params(), ctx)
-        for i, ref in enumerate(recipe.tasks):
-            check_implements(tasks[ref.name], Task, f"tasks.{i}", ref.name)
-        for kind, built, protocol in (
-            ("executor", executor, Executor),
-            ("engine", engine, RolloutEngine),
-            ("trainer", trainer, Trainer),
-        ):
-            check_implements(built, protocol, kind, getattr(recipe, kind).name)
+        check_implements(trainer, Trainer, "trainer", recipe.trainer.name)
         evo = recipe.evolution
         operators = []
         for ref in evo.operators if evo.every else []:
             component = reg.get("operator", ref.name)
             operators.append((component, _parsed(component, ref), ref.weight))
+        sinks = [
+            check(
+                reg.get("sink", ref.name).build(ref.build_params(), run_dir=run_dir.path, resume_step=resume_step),
+                MetricSink,
+                f"sinks.{i}",
+                ref.name,
+            )
+            for i, ref in enumerate(recipe.sinks)
+        ]
         return Components(
             recipe=recipe,
             streams=streams,
@@ -166,14 +196,10 @@ def build_components(
             matchmaker=reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.build_params()),
             selector=reg.get("selector", evo.selector.name).build(evo.selector.build_params()) if evo.every else None,
             operators=operators,
-            sinks=[
-                reg.get("sink", ref.name).build(ref.build_params(), run_dir=run_dir.path, resume_step=resume_step)
-                for ref in recipe.sinks
-            ],
+            sinks=sinks,
         )
     except BaseException:
-        if cluster is not None:
-            cluster.close()
+        close_all([*reversed(built), cluster])
         raise
 
 
@@ -201,7 +227,8 @@ def check_implements(built: Any, protocol: type, kind: str, name: str) -> None:
     """A component the loop cannot drive (a member of its protocol missing) is an error before the run starts,
     not an AttributeError in its first step."""
     if not isinstance(built, protocol):
-        missing = sorted(n for n in dir(protocol) if not n.startswith("_") and not hasattr(built, n))
+        members = {n for cls in protocol.__mro__ for n in (*vars(cls), *getattr(cls, "__annotations__", {}))}
+        missing = sorted(n for n in members if not n.startswith("_") and not hasattr(built, n))
         raise PluginError(
             f"{kind} {name!r} ({type(built).__name__}) lacks {', '.join(missing)}: subclass "
             f"populora_core.components.{protocol.__name__} to inherit the optional members' defaults (plugin API 4)"

@@ -216,6 +216,8 @@ def keys(manager: Any, what: str | None, markdown: bool) -> None:
 
     registry = manager.registry
     if markdown:
+        if what is not None:
+            raise UserError(f"keys: --markdown prints the whole reference; leave out {what!r}")
         click.echo(reference_markdown(registry), nl=False)
         return
     rows = model_keys(Recipe)

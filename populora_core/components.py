@@ -113,7 +113,7 @@ class Trainer(Protocol):
         for them. False by default."""
         return False
 
-    #: the policy-gradient algorithm's name, in logs and the plan (default: the registered trainer name)
+    #: the policy-gradient algorithm's name (a Ray worker reports it; empty: the registered trainer name)
     algorithm: str = ""
 
     def update_many(self, jobs: Sequence[UpdateJob]) -> list[UpdateStats]:
@@ -272,11 +272,12 @@ class Cluster(Protocol):
     cluster object) is the single process."""
 
     def engine(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> RolloutEngine:
-        """The recipe's engine ``name`` with raw ``params``, on the workers; ``context``: its factory's arguments."""
+        """The recipe's engine ``name`` with its ``params`` (as the recipe's validation parsed them), on the workers;
+        ``context``: its factory's arguments."""
         ...
 
     def trainer(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> Trainer:
-        """The recipe's trainer ``name`` with raw ``params``, on the workers."""
+        """The recipe's trainer ``name`` with its ``params`` (as parsed), on the workers."""
         ...
 
     def close(self) -> None:

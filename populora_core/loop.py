@@ -248,7 +248,9 @@ def execute(
         status = "interrupted"
         raise
     finally:
-        if on_steps_done is not None:
-            on_steps_done()
-        run.hook.on_run_end(run=run.view(), status=status)
-        run.close()
+        try:
+            if on_steps_done is not None:
+                on_steps_done()
+            run.hook.on_run_end(run=run.view(), status=status)
+        finally:
+            run.close()

@@ -98,7 +98,7 @@ class ModelHost:
         self._configs: dict[str, dict[str, Any]] = {}  # PEFT key -> adapter config
         self._torch = torch
         self._mode_lock = threading.Lock()
-        self._mode: str | None = None  # "serving" or "training" while a block of that mode is open
+        self.mode: str | None = None  # what the base is configured for: "serving", "training" or None
         self._mode_depth = 0  # open blocks of the mode (serving: one per thread that generates)
         self._undo: list[Callable[[], None]] = []  # what the outermost block restores, last first
 
@@ -106,22 +106,19 @@ class ModelHost:
 
     @contextmanager
     def serving(self, row_hook: Callable[..., Any]) -> Iterator[None]:
-        """Within the block (re-entrant, from any thread) the base serves generation: PEFT's own adapters (the
-        trainers' slots) are off and every base linear carries the forward hook ``row_hook`` (an engine's
-        per-row adapter deltas). The outermost block configures the base and restores it. A serving block
-        while a training block is open is an error, not a race: both would change one model."""
+        """Within the block (re-entrant, from any thread) the base serves generation: PEFT's slots are off and every
+        base linear carries the forward hook ``row_hook`` (an engine's per-row adapter deltas), configured by the
+        outermost block. Serving while a training block is open is an error, not a race on one model."""
+
+        def configure() -> None:
+            disable = self.peft.disable_adapter() if self.peft is not None else nullcontext()
+            disable.__enter__()
+            self._undo.append(lambda: disable.__exit__(None, None, None))
+            for linear in self.linears():
+                self._undo.append(linear.register_forward_hook(row_hook).remove)
+
         with self._mode_lock:
-            if self._enter("serving"):
-                disable = self.peft.disable_adapter() if self.peft is not None else nullcontext()
-                disable.__enter__()
-                self._undo.append(lambda: disable.__exit__(None, None, None))
-                handles = [linear.register_forward_hook(row_hook) for linear in self.linears()]
-
-                def unhook() -> None:
-                    for handle in handles:
-                        handle.remove()
-
-                self._undo.append(unhook)
+            self._enter("serving", configure)
         try:
             yield
         finally:
@@ -129,23 +126,21 @@ class ModelHost:
 
     @contextmanager
     def training(self, *, checkpointing: bool = False) -> Iterator[Any]:
-        """Within the block the PeftModel trains (train mode), with gradient checkpointing on when asked; the
-        model it yields is the PeftModel. Checkpointing is a flag on the base's decoder layers that transformers
-        honours in train mode only; it is switched off again (and the input-grad hook transformers adds removed)
-        before the model goes back to eval, so generation never sees it. A training block while a serving block
-        is open (or another training block) is an error."""
+        """Within the block the yielded PeftModel trains, with gradient checkpointing (a flag transformers honours
+        in train mode only) on when asked; at the end the model goes back to eval and checkpointing off again
+        (with the input-grad hook transformers adds), so generation never sees it. A training block while a
+        serving or another training block is open is an error."""
         if self.peft is None:
             raise RuntimeError("ModelHost.training: no adapter slot to train (create one with slot())")
-        with self._mode_lock:
-            self._enter("training", reentrant=False)
-            model, base = self.peft, self.base_model
+        model, base = self.peft, self.base_model
+
+        def configure() -> None:
             had_hooks = bool(getattr(base, "_require_grads_hooks", None))
             if checkpointing:
                 try:
                     # use_reentrant=False: gradients reach the LoRA factors although no input requires grad
                     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 except ValueError as exc:
-                    self._mode, self._mode_depth = None, 0
                     raise UserError(f"trainer.gradient_checkpointing: {exc}; set it to off") from None
 
                 def off() -> None:
@@ -156,36 +151,51 @@ class ModelHost:
                 self._undo.append(off)
             self._undo.append(model.eval)
             model.train()
+
+        with self._mode_lock:
+            self._enter("training", configure, reentrant=False)
         try:
             yield model
         finally:
             self._leave()
 
-    def _enter(self, mode: str, reentrant: bool = True) -> bool:
-        """Count one more block of ``mode`` (under the mode lock); True for the outermost, which configures."""
-        if self._mode is not None and (self._mode != mode or not reentrant):
+    def _enter(self, mode: str, configure: Callable[[], None], reentrant: bool = True) -> None:
+        """One more block of ``mode`` (under the mode lock); the outermost runs ``configure``, which queues its
+        restores in ``_undo``. A configuration that fails is undone as far as it got, and the block is not open."""
+        if self.mode is not None and (self.mode != mode or not reentrant):
             raise RuntimeError(
-                f"ModelHost: a {mode} block while a {self._mode} block is open on the same base model "
+                f"ModelHost: a {mode} block while a {self.mode} block is open on the same base model "
                 "(generation and training take turns; the engine's generate and the trainer's update never overlap)"
             )
-        self._mode = mode
+        self.mode = mode
         self._mode_depth += 1
-        return self._mode_depth == 1
+        if self._mode_depth > 1:
+            return
+        try:
+            configure()
+        except BaseException:
+            self._mode_depth = 0
+            self._restore()
+            raise
 
     def _leave(self) -> None:
         with self._mode_lock:
             self._mode_depth -= 1
-            if self._mode_depth:
-                return
-            self._mode = None
-            undo, self._undo = self._undo, []
-            for restore in reversed(undo):
-                restore()
+            if not self._mode_depth:
+                self._restore()
 
-    @property
-    def mode(self) -> str | None:
-        """``serving``, ``training`` or None: what the base is configured for now."""
-        return self._mode
+    def _restore(self) -> None:
+        """The queued restores, last first, every one even if another fails (the first failure is raised after)."""
+        self.mode = None
+        undo, self._undo = self._undo, []
+        errors = []
+        for restore in reversed(undo):
+            try:
+                restore()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     # --- model access ---------------------------------------------------------------------------
 

@@ -198,8 +198,8 @@ def rate(c: Components, population: Population, matches: list[Match], proposals:
 
 def train(c: Components, population: Population, rollouts: list[Rollout]) -> dict[str, dict[str, Any]]:
     """One policy update per member that has rollouts; each writes the member's next version. Returns the
-    update statistics per member id. A trainer that declares ``update_many`` gets the step's updates at once
-    (a cluster runs them in parallel); otherwise they run one member at a time."""
+    update statistics per member id. The trainer gets the step's updates at once (``update_many``: a cluster runs
+    them in parallel; the Protocol's default one member at a time)."""
     jobs: list[tuple[Member, UpdateJob]] = []
     for member in list(population.members.values()):
         own = [r for r in rollouts if r.member_id == member.id]
@@ -208,10 +208,7 @@ def train(c: Components, population: Population, rollouts: list[Rollout]) -> dic
         parent = c.adapter_ref(member)
         member.version += 1
         jobs.append((member, UpdateJob(member.id, parent, own, c.run_dir.adapter_path(member.version_name))))
-    if c.trainer.update_many is not None:
-        results = c.trainer.update_many([job for _, job in jobs])
-    else:
-        results = [c.trainer.update(job.member_id, job.adapter, job.rollouts, job.out_dir) for _, job in jobs]
+    results = c.trainer.update_many([job for _, job in jobs])
     stats: dict[str, dict[str, Any]] = {}
     for (member, job), result in zip(jobs, results, strict=True):
         member.counters.rollouts += len(job.rollouts)

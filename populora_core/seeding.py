@@ -48,7 +48,7 @@ def make_seeds(
             break
         outputs = c.engine.generate(requests, c.sampling(round_, "sample/seed", n=1, max_tokens=cfg.propose_max_tokens))
         problems = c.parse_proposals(
-            [c[0].text for c in outputs],
+            [completions[0].text for completions in outputs],
             [name for name, _ in origin],
             [ctx for _, ctx in origin],
             ["base"] * len(origin),

@@ -242,7 +242,7 @@ class _StubHost:
         import torch
 
         self.base_model, self.peft = model, None
-        self._mode_lock, self._mode, self._mode_depth, self._undo = threading.Lock(), None, 0, []
+        self._mode_lock, self.mode, self._mode_depth, self._undo = threading.Lock(), None, 0, []
         self._linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         gen = torch.Generator().manual_seed(seed)
         self._versions = {
@@ -264,6 +264,7 @@ class _StubHost:
     serving = ModelHost.serving
     _enter = ModelHost._enter
     _leave = ModelHost._leave
+    _restore = ModelHost._restore
 
     def linear(self, path):
         return self._linears[path]

@@ -986,3 +986,21 @@ def test_the_host_owns_its_modes_and_refuses_overlap(base, adapters, tmp_path):
         t.join()
     assert host.mode is None and not any(linear._forward_hooks for linear in linears)
     assert not any(m.disable_adapters for m in lora_layers)
+
+    # a configuration that fails midway is undone as far as it got, and the host is free again
+    real, calls_left = linears[1].register_forward_hook, []
+
+    def failing(*args, **kwargs):
+        calls_left.append(1)
+        raise RuntimeError("hook refused")
+
+    linears[1].register_forward_hook = failing
+    try:
+        with pytest.raises(RuntimeError, match="hook refused"), host.serving(hook):
+            pass
+    finally:
+        linears[1].register_forward_hook = real
+    assert calls_left and host.mode is None and not any(linear._forward_hooks for linear in linears)
+    assert not any(m.disable_adapters for m in lora_layers)
+    with host.training() as model:
+        assert host.mode == "training"

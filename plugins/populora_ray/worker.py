@@ -86,7 +86,7 @@ class PopulationWorker:
 
         return {
             "needs_sampling_logprobs": bool(built.needs_sampling_logprobs),
-            "algorithm": str(getattr(built, "algorithm", name)),
+            "algorithm": str(getattr(built, "algorithm", "") or name),
             "member_states": isinstance(built, MemberStateTrainer),
             "plugin": component.plugin,
         }
