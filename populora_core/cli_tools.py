@@ -80,7 +80,9 @@ def plugins(manager: Any, as_json: bool) -> None:
 @click.command()
 @click.argument("recipe", type=click.Path())
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
-@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs; members are split over them.")
+@click.option(
+    "--gpus", type=int, help="GPUs; members are split over them (default: what the recipe's cluster reserves, else 1)."
+)
 @click.option("--gpu-memory", help="Memory per GPU, e.g. 80GiB, 141GiB, 80GB (default: the visible GPU, else 80GiB).")
 @click.option("--config", "config_path", type=click.Path(), help="The base model's config.json (no weights needed).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -89,7 +91,7 @@ def plan(
     manager: Any,
     recipe: str,
     overrides: tuple[str, ...],
-    gpus: int,
+    gpus: int | None,
     gpu_memory: str | None,
     config_path: str | None,
     as_json: bool,

@@ -128,7 +128,8 @@ def register_clusters(register: Any) -> None:
     ``factory(params, *, run_dir, plugin_files) -> components.Cluster``; ``run_dir`` is the run directory the
     workers must see (adapters and checkpoints are exchanged through it); ``plugin_files`` are the absolute
     paths of the ``--plugin`` files this process loaded, which the workers must load too, so that a component
-    from one of them can be built there.
+    from one of them can be built there. Optional ``gpus=fn(params: dict) -> int``: the GPUs the members are
+    spread over, what ``populora plan`` plans on unless ``--gpus`` says otherwise.
     """
 
 

@@ -182,14 +182,14 @@ def plan_file(
     overrides: Any,
     manager: Any,
     *,
-    gpus: int = 1,
+    gpus: int | None = None,
     gpu_memory: str | None = None,
     config: str | None = None,
 ) -> dict[str, Any]:
     """``populora plan``: check the flags, load and validate the recipe, find its model config, plan it."""
     from .recipe import load_recipe
 
-    if gpus < 1:
+    if gpus is not None and gpus < 1:
         raise UserError(f"--gpus: {gpus} is not a GPU count (1 or more)")
     gpu_bytes, gpu_from = gpu_budget(gpu_memory)
     if config is not None and not Path(config).is_file():
@@ -214,13 +214,30 @@ def plan_loaded(
     gpu_bytes: int,
     gpu_from: str,
     *,
-    gpus: int = 1,
+    gpus: int | None = None,
     config: str | None = None,
 ) -> dict[str, Any]:
-    """The plan of an already loaded recipe (``populora plan``, ``populora run --dry-run``)."""
+    """The plan of an already loaded recipe (``populora plan``, ``populora run --dry-run``). ``gpus`` None: the
+    GPUs the recipe's cluster reserves (its registered ``gpus=`` function), else 1."""
+    gpus_from = "--gpus"
+    if gpus is None:
+        gpus, gpus_from = cluster_gpus(registry, data.get("cluster") or {})
     result = plan_model(model, data, registry, recipe, gpu_bytes, gpus, config)
-    result["gpu_memory_from"] = gpu_from
+    result["gpu_memory_from"], result["gpus_from"] = gpu_from, gpus_from
     return result
+
+
+def cluster_gpus(registry: Any, ref: dict[str, Any]) -> tuple[int, str]:
+    """(GPUs the members are spread over, where that figure came from): the recipe's cluster's own count (a cluster
+    registers ``gpus=fn(params) -> int``), else the one GPU of a single process."""
+    name = ref.get("name") or "local"
+    try:
+        count = registry.get("cluster", name).meta.get("gpus") if name != "local" else None
+    except UserError:
+        count = None
+    if count is None:
+        return 1, "one process" if name == "local" else f"cluster {name!r} reports no GPU count"
+    return max(1, int(count(declared_params(registry, "cluster", ref)))), f"cluster {name!r}"
 
 
 def plan_model(
@@ -261,6 +278,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     assumed = (
         " (assumed: no GPU is visible here; --gpu-memory sets it)" if plan.get("gpu_memory_from") == "assumed" else ""
     )
+    if str(plan.get("gpus_from", "")).startswith("cluster"):
+        assumed += f" (GPUs: the recipe's {plan['gpus_from']}; --gpus sets them)"
     lines = [
         f"{plan['recipe']}: {members} on {plan['gpus']} x {plan['gpu_gib']:.1f} GiB{assumed} "
         f"({plan['members_per_gpu']} per GPU); model config {plan['model']}",

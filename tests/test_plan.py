@@ -393,3 +393,18 @@ def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
     assert bigger_plan["training_gib"] == pytest.approx(plan["training_gib"] + 30, abs=0.01)
     silent = plan_recipe(with_engine({"name": "silent"}), qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
     assert any("engine 'silent' reports no memory terms" in note for note in silent["notes"])
+
+
+def test_the_plan_spreads_members_over_the_gpus_the_recipes_cluster_reserves(manager):
+    """An 8-worker Ray recipe (one GPU each) is planned on 8 GPUs, not silently on one; --gpus still decides; a
+    single-process recipe is planned on one GPU."""
+    from populora_core.plan import plan_file
+
+    node = REPO / "recipes" / "azr_7b_ray_node.yaml"
+    plan = plan_file(str(node), [], manager, gpu_memory="80GiB")
+    assert (plan["gpus"], plan["members_per_gpu"], plan["gpus_from"]) == (8, 1, "cluster 'ray'")
+    halved = plan_file(str(node), ["cluster.params.gpus_per_worker=0.5"], manager, gpu_memory="80GiB")
+    assert halved["gpus"] == 4 and halved["members_per_gpu"] == 2
+    assert plan_file(str(node), [], manager, gpus=2, gpu_memory="80GiB")["gpus"] == 2
+    single = plan_file(str(REPO / "recipes" / "azr_7b.yaml"), [], manager, gpu_memory="80GiB")
+    assert (single["gpus"], single["gpus_from"]) == (1, "one process")

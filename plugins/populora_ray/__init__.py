@@ -11,6 +11,7 @@ the single process at equal thread counts (see README.md). No Ray import here: t
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -151,4 +152,10 @@ def register_clusters(register):
         RayCluster,
         params=RayClusterParams,
         description="worker actors in a Ray placement group: colocated engine + trainer, or disaggregated",
+        gpus=planned_gpus,
     )
+
+
+def planned_gpus(params: dict) -> int:
+    """The GPUs ``populora plan`` spreads the members over: the (trainer) workers' reserved GPUs, at least one."""
+    return max(1, math.ceil(params.get("workers", 2) * params.get("gpus_per_worker", 0.0)))
