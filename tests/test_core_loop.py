@@ -684,3 +684,35 @@ def test_a_display_hears_the_steps_are_over_before_on_run_end_observers_print(en
     execute(run, on_steps_done=lambda: rec.calls.append(("steps_done", {})))
     names = [name for name, _ in rec.calls]
     assert names[-2:] == ["steps_done", "on_run_end"] and names.count("steps_done") == 1
+
+
+def test_on_a_terminal_the_bar_ends_before_the_run_summary(env, tmp_path):
+    """Through the CLI on a pseudo-terminal: the live bar is drawn, stopped (cursor shown again) before the report
+    plugin's summary prints, and never redrawn below it."""
+    import os
+    import pty
+    import subprocess
+
+    from tests.cli_helpers import POPULORA
+
+    primary, secondary = pty.openpty()
+    args = [POPULORA, "--plugin", FAKE, "run", str(RECIPE), "steps=2", "--run-dir", str(tmp_path / "run")]
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+    proc = subprocess.Popen(args, stdin=secondary, stdout=secondary, stderr=secondary, env=full_env, close_fds=True)
+    os.close(secondary)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(primary)
+    assert proc.wait(timeout=300) == 0, out.decode(errors="replace")
+    text = out.decode(errors="replace")
+    summary = text.index("wall time")  # the report plugin's summary
+    assert "\x1b[2K" in text[:summary], "no live bar was drawn"
+    assert "\x1b[?25h" in text[:summary], "the bar was not stopped before the summary"
+    assert "\x1b[2K" not in text[summary:], "the bar was redrawn below the summary"

@@ -247,3 +247,9 @@ def test_the_recipe_keys_page_is_current_and_documents_every_key():
     assert "### `trr++` (plugin trl)" in expected and "`trainer.params.lr`" in expected
     undocumented = [key for key, _, _, text in model_keys(Recipe) if not text]
     assert not undocumented, f"recipe keys without a description: {undocumented}"
+    from tests.cli_helpers import run_cli
+
+    printed = run_cli("keys", "--markdown")  # the installed plugins' page: the built-ins' sections at least
+    assert printed.returncode == 0 and printed.stdout.startswith("# Recipe keys") and "### `trr++`" in printed.stdout
+    refused = run_cli("keys", "--markdown", "trainer")
+    assert refused.returncode == 2 and "--markdown prints the whole reference" in refused.stderr

@@ -408,3 +408,5 @@ def test_the_plan_spreads_members_over_the_gpus_the_recipes_cluster_reserves(man
     assert plan_file(str(node), [], manager, gpus=2, gpu_memory="80GiB")["gpus"] == 2
     single = plan_file(str(REPO / "recipes" / "azr_7b.yaml"), [], manager, gpu_memory="80GiB")
     assert (single["gpus"], single["gpus_from"]) == (1, "one process")
+    shown = run_cli("plan", str(node), "--gpu-memory", "80GiB")
+    assert shown.returncode == 0 and "8 members on 8 x 80.0 GiB (GPUs: the recipe's cluster 'ray'" in shown.stdout
