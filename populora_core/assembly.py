@@ -9,8 +9,9 @@ validation parsed (:meth:`ComponentRef.build_params`), so a recipe is parsed onc
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .components import (
     AdapterRef,
@@ -27,13 +28,15 @@ from .components import (
     Task,
     Trainer,
 )
-from .errors import PluginError, UserError
+from .errors import PluginError, UserError, run_all
 from .plugins import PluginManager
 from .population import Member
 from .recipe import LOCAL_CLUSTER, Recipe
 from .registry import Component, Params
 from .rng import Streams
 from .run import RunDir
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,17 +82,25 @@ class Components:
         self, texts: list[str], task_names: list[str], contexts: list[Any], proposers: list[str]
     ) -> list[Problem]:
         """Every task parses and validates its own proposals in one batch; problems come back in input order."""
-        problems: list[Problem] = [None] * len(texts)  # type: ignore[list-item]
+        return self.per_task(
+            task_names,
+            lambda task, idx: task.parse_proposals(
+                [texts[i] for i in idx], [contexts[i] for i in idx], [proposers[i] for i in idx]
+            ),
+        )
+
+    def per_task(self, task_names: Sequence[str | None], batch: Callable[[Task, list[int]], Sequence[T]]) -> list[T]:
+        """``batch(task, indices)`` once per task over the indices of its items (``None``: no task, left out),
+        tasks in the order first met; the results come back in input order (a left-out item's is None)."""
         by_task: dict[str, list[int]] = defaultdict(list)
         for i, task_name in enumerate(task_names):
-            by_task[task_name].append(i)
+            if task_name is not None:
+                by_task[task_name].append(i)
+        out: list[T] = [None] * len(task_names)  # type: ignore[list-item]
         for task_name, idx in by_task.items():
-            parsed = self.tasks[task_name].parse_proposals(
-                [texts[i] for i in idx], [contexts[i] for i in idx], [proposers[i] for i in idx]
-            )
-            for i, problem in zip(idx, parsed):
-                problems[i] = problem
-        return problems
+            for i, result in zip(idx, batch(self.tasks[task_name], idx), strict=True):
+                out[i] = result
+        return out
 
     def close(self) -> None:
         """Close what holds processes, files or workers; the cluster last (the engine and trainer live on it)."""
@@ -98,15 +109,11 @@ class Components:
 
 def close_all(parts: list[Any]) -> None:
     """``close()`` each part in order, every one even if another fails (the first failure is raised after)."""
-    errors = []
-    for part in parts:
-        try:
-            if part is not None:
-                part.close()
-        except Exception as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+
+    def closer(part: Any) -> Callable[[], object]:
+        return lambda: part.close()  # looked up when it runs: a part without close fails alone
+
+    run_all([closer(part) for part in parts if part is not None])
 
 
 def build_components(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 
 class PopuloraError(Exception):
     """Base class of every error the toolkit raises on purpose."""
@@ -39,3 +41,16 @@ class RecipeError(UserError):
 
 class PluginError(PopuloraError):
     """A plugin failed to load or register (strict mode) or two plugins claim one name."""
+
+
+def run_all(actions: Iterable[Callable[[], object]]) -> None:
+    """Run every action even if one fails (closing or restoring several things); the first failure is raised
+    after the last action has run."""
+    errors = []
+    for action in actions:
+        try:
+            action()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .adapters import SHAPE_KEYS, LoraWeights, config_difference, from_state_dict, load_lora, save_lora
 from .components import AdapterRef, BaseModel
-from .errors import UserError
+from .errors import UserError, run_all
 
 if TYPE_CHECKING:
     import torch
@@ -188,14 +188,7 @@ class ModelHost:
         """The queued restores, last first, every one even if another fails (the first failure is raised after)."""
         self.mode = None
         undo, self._undo = self._undo, []
-        errors = []
-        for restore in reversed(undo):
-            try:
-                restore()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        run_all(reversed(undo))
 
     # --- model access ---------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ student's solve rate) -> rating updates -> one policy update per member -> the s
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -115,17 +115,13 @@ def solve(
 def _grade_answers(
     c: Components, attempts: Sequence[tuple[str, Member, Problem]], kept: list[list[Completion]]
 ) -> list[list[Grade]]:
-    """Each attempt's grades; one ``grade_many`` call per task, so a task checks a step's answers in one batch."""
-    by_task: dict[str, list[int]] = defaultdict(list)
-    for k, (task_name, _, _) in enumerate(attempts):
-        if kept[k]:
-            by_task[task_name].append(k)
-    grades: list[list[Grade]] = [[] for _ in attempts]
-    for task_name, idx in by_task.items():
-        items = [(attempts[k][2], [x.text for x in kept[k]]) for k in idx]
-        for k, grades_of in zip(idx, c.tasks[task_name].grade_many(items), strict=True):
-            grades[k] = grades_of
-    return grades
+    """Each attempt's grades; one ``grade_many`` call per task, so a task checks a step's answers in one batch (an
+    attempt whose answers were all dropped has none)."""
+    grades = c.per_task(
+        [task_name if kept[k] else None for k, (task_name, _, _) in enumerate(attempts)],
+        lambda task, idx: task.grade_many([(attempts[k][2], [x.text for x in kept[k]]) for k in idx]),
+    )
+    return [grades_of or [] for grades_of in grades]
 
 
 def solve_proposals(

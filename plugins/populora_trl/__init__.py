@@ -8,6 +8,7 @@ torch/transformers/trl import here.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -143,7 +144,7 @@ class GRPOParams(_Common):
 @hookimpl
 def register_trainers(register):
     from .grpo import GRPOLoraTrainer
-    from .memory import grpo_memory, trr_memory
+    from .memory import trainer_memory
     from .trr import TRRTrainer
 
     register(
@@ -151,12 +152,12 @@ def register_trainers(register):
         TRRTrainer.factory,
         params=TRRParams,
         description="AZR Task-Relative REINFORCE++ (per task x role whitening, token-mean loss)",
-        memory=trr_memory,
+        memory=partial(trainer_memory, name="trr++"),
     )
     register(
         "grpo",
         GRPOLoraTrainer.factory,
         params=GRPOParams,
         description="TRL GRPO loss family on toolkit rollouts, one adapter per member",
-        memory=grpo_memory,
+        memory=partial(trainer_memory, name="grpo"),
     )

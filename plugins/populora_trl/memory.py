@@ -59,8 +59,9 @@ def activation_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> di
     return dict(off=off, on=on, logits=logits, rows=rows, tokens=tokens, budget=budget, chunk=shown)
 
 
-def trainer_memory(params: dict[str, Any], ctx: PlanContext, name: str) -> TrainerMemory:
-    """``trr++``'s and ``grpo``'s terms (``name``: which, for the notes on params it does not have)."""
+def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> TrainerMemory:
+    """``trr++``'s and ``grpo``'s terms (``name``: which, for the notes on params it does not have); registered as
+    ``partial(trainer_memory, name=...)``."""
     arch, b, per_gpu = ctx.arch, ctx.dtype_bytes, ctx.members_per_gpu
     notes = [f"trainer {name!r} has no {k}: planned as {v!r}" for k, v in ABSENT.items() if k not in params]
     has = set(params)
@@ -101,11 +102,3 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, name: str) -> Train
         notes=notes,
         candidates=candidates,
     )
-
-
-def trr_memory(params: dict[str, Any], ctx: PlanContext) -> TrainerMemory:
-    return trainer_memory(params, ctx, "trr++")
-
-
-def grpo_memory(params: dict[str, Any], ctx: PlanContext) -> TrainerMemory:
-    return trainer_memory(params, ctx, "grpo")
