@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from .components import (
@@ -164,10 +165,11 @@ def build_components(
             tasks[ref.name] = task
         ctx = {"base_model": base, "lora": settings, "seed": recipe.seed}
         engine_ctx = {**ctx, "max_prompt_tokens": recipe.rollout.max_prompt_tokens}
+        engine_params = planned_engine_params(recipe, reg, base, cluster, run_dir)
         if cluster is None:
-            engine = reg.get("engine", recipe.engine.name).build(recipe.engine.build_params(), **engine_ctx)
+            engine = reg.get("engine", recipe.engine.name).build(engine_params, **engine_ctx)
         else:
-            engine = cluster.engine(recipe.engine.name, recipe.engine.build_params(), engine_ctx)
+            engine = cluster.engine(recipe.engine.name, engine_params, engine_ctx)
         check(engine, RolloutEngine, "engine", recipe.engine.name)
         if cluster is None:
             trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.build_params(), **ctx)
@@ -208,6 +210,30 @@ def build_components(
     except BaseException:
         close_all([*reversed(built), cluster])
         raise
+
+
+def planned_engine_params(
+    recipe: Recipe, registry: Any, base: BaseModel, cluster: Cluster | None, run_dir: RunDir
+) -> Any:
+    """The engine's params with its ``auto`` settings (vLLM's sleep and GPU share) chosen by the plan for the GPU
+    it runs on, the choice written to run.log; unchanged on the CPU, where they mean nothing. The recipe keeps
+    ``auto``: a resume on another GPU chooses again."""
+    params = recipe.engine.build_params()
+    if "auto" not in params.model_dump().values():
+        return params
+    from .plan import cluster_gpus, resolve_engine_auto, visible_gpu_bytes
+
+    if cluster is None:
+        gpu_bytes, gpus = visible_gpu_bytes(), 1
+    else:
+        gpu_bytes, gpus = cluster.gpu_bytes() or 0, cluster_gpus(registry, recipe.cluster.model_dump(mode="json"))[0]
+    if not gpu_bytes:
+        return params
+    chosen, line = resolve_engine_auto(recipe, registry, Path(base.path) / "config.json", gpu_bytes, gpus)
+    if chosen:
+        run_dir.log_line(line)
+        params = registry.get("engine", recipe.engine.name).parse_params({**params.model_dump(), **chosen})
+    return params
 
 
 def refuse_idle_gpus(visible: int | None = None) -> None:

@@ -280,6 +280,11 @@ class Cluster(Protocol):
         """The recipe's trainer ``name`` with its ``params`` (as parsed), on the workers."""
         ...
 
+    def gpu_bytes(self) -> int | None:
+        """Memory of one of the GPUs the workers use (the smallest), for the plan that resolves an engine's
+        ``auto`` settings; None: no GPU, or not known (the default)."""
+        return None
+
     def close(self) -> None:
         """Release every worker and reservation (called once, when the run ends or fails)."""
         ...

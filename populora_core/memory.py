@@ -21,6 +21,10 @@ Row = tuple[str, float, str]
 #: per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
 CUDA_CONTEXT = 2**29
 
+#: share of the GPU an ``auto`` choice leaves free: torch's caching allocator reserves more than the plan's
+#: allocated figures (fragmentation, blocks rounded up), and vLLM refuses to start without the memory it was given
+AUTO_MARGIN = 0.05
+
 
 @dataclass(frozen=True)
 class PlanContext:
@@ -47,7 +51,10 @@ class EngineMemory:
     before the trainer's update rows, ``training_rows`` after them. ``kv_short``: a reason the recipe cannot run
     whatever the totals (a KV cache under one sequence). ``candidates``: ``key=value`` overrides of the engine's
     params the plan may try when the recipe does not fit, nearest first; ``roomier``: overrides that give the engine
-    more room, most first, of which the plan notes the first that still fits."""
+    more room, most first, of which the plan notes the first that still fits. ``auto``: for each of the engine's
+    params the recipe leaves ``auto``, the values to try, preferred first; the plan runs (and ``populora run`` on a
+    GPU builds the engine with) the first combination that fits with a margin (:data:`AUTO_MARGIN`), the first
+    key's values tried slowest."""
 
     rows: list[Row] = field(default_factory=list)
     training_rows: list[Row] = field(default_factory=list)
@@ -59,6 +66,7 @@ class EngineMemory:
     notes: list[str] = field(default_factory=list)
     candidates: list[str] = field(default_factory=list)
     roomier: list[str] = field(default_factory=list)
+    auto: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,6 +11,7 @@ nothing, with a note.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, params_text, parse_memory
 from .errors import UserError
-from .memory import EngineMemory, PlanContext, TrainerMemory
+from .memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory
 
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 
@@ -30,10 +31,15 @@ def declared_params(registry: Any, kind: str, ref: dict[str, Any]) -> dict[str, 
     raw = dict(ref.get("params") or {})
     try:
         comp = registry.get(kind, ref["name"])
-        fields = set(comp.params_model.model_fields)
-        return comp.parse_params({k: v for k, v in raw.items() if k in fields}).model_dump()
     except Exception:
         return raw
+    fields = set(comp.params_model.model_fields)
+    for candidate in (raw, {k: v for k, v in raw.items() if k in fields}):  # as written, then known keys only
+        try:
+            return comp.parse_params(candidate).model_dump()
+        except Exception:
+            continue
+    return raw
 
 
 def plan_recipe(
@@ -61,6 +67,8 @@ def plan_recipe(
     own, engine_notes = component_memory(registry, "engine", engine_ref.get("name", "hf"), engine, context)
     context = dataclasses.replace(context, seq=longest_row(own.max_len))
     side, trainer_notes = component_memory(registry, "trainer", trainer_ref.get("name", "trr++"), trainer, context)
+    if own.auto:
+        return _plan_auto(data, arch, gpu_bytes, gpus, registry, own.auto, side.candidates + own.candidates, suggest)
     notes = trainer_notes + side.notes + engine_notes + own.notes
     rows = side.rows + own.rows + side.update_rows + own.training_rows
     resident = side.resident + own.resident
@@ -107,6 +115,59 @@ def plan_recipe(
         tries = f"; try: {', '.join(result['suggestions'])}" if result["suggestions"] else ""
         result["verdict"] = f"does not fit: {'; '.join(over)}{tries}"
     return result
+
+
+def _plan_auto(
+    data: dict[str, Any],
+    arch: Arch,
+    gpu_bytes: int,
+    gpus: int,
+    registry: Any,
+    auto: dict[str, list[Any]],
+    candidates: list[str],
+    suggest: bool,
+) -> dict[str, Any]:
+    """The plan of the first combination of the engine's ``auto`` values (preferred first) whose peak leaves
+    :data:`AUTO_MARGIN` of the GPU free; else of the first that fits at all; else of the last, with the changes
+    that make the recipe as written fit (each planned with its own ``auto`` choice)."""
+    from .recipe_yaml import apply_overrides
+
+    keys = [f"engine.params.{key}" for key in auto]
+    combos = [dict(zip(keys, values)) for values in itertools.product(*auto.values())]
+
+    def planned(combo: dict[str, Any]) -> dict[str, Any]:
+        changes = [f"{k}={_value(v)}" for k, v in combo.items()]
+        trial = apply_overrides(data, changes)
+        return plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)
+
+    within = fitting = None
+    for combo in combos:
+        result = planned(combo)
+        if result["fits"] and result["peak_gib"] * GIB <= (1 - AUTO_MARGIN) * gpu_bytes:
+            within = (combo, result)
+            break
+        if result["fits"] and fitting is None:
+            fitting = (combo, result)
+    combo, result = within or fitting or (combos[-1], planned(combos[-1]))
+    if within:
+        why = f"the engine's first preference that leaves {AUTO_MARGIN:.0%} of the GPU free for reserved memory"
+    elif fitting:
+        why = f"none leaves {AUTO_MARGIN:.0%} of the GPU free for reserved memory: the first that fits at all"
+    else:
+        why = "no choice fits"
+    result["auto"] = combo
+    chosen = ", ".join(f"{k}: auto -> {_value(v)}" for k, v in combo.items())
+    result["notes"].insert(0, f"{chosen} ({why})")
+    if not result["fits"] and suggest:
+        per_gpu = int(result["members_per_gpu"])
+        result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates)
+        if result["suggestions"]:
+            result["verdict"] += f"; try: {', '.join(result['suggestions'])}"
+    return result
+
+
+def _value(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def _suggestions(
@@ -202,7 +263,7 @@ def gpu_budget(gpu_memory: str | None) -> tuple[int, str]:
     """(bytes per GPU, where that figure came from): ``--gpu-memory``, else the visible GPU, else the assumed one."""
     if gpu_memory is not None:
         return parse_memory(gpu_memory), "--gpu-memory"
-    visible = _visible_gpu()
+    visible = visible_gpu_bytes()
     return (visible, "this GPU") if visible else (ASSUMED_GPU_BYTES, "assumed")
 
 
@@ -257,7 +318,20 @@ def plan_model(
     return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry)
 
 
-def _visible_gpu() -> int:
+def resolve_engine_auto(
+    recipe: Any, registry: Any, config_file: str | Path, gpu_bytes: int, gpus: int
+) -> tuple[dict[str, Any], str]:
+    """The values the plan picks for the engine's ``auto`` params on GPUs of ``gpu_bytes`` (what ``populora run``
+    builds the engine with), and the plan's line saying so; ({}, "") when none is ``auto``."""
+    data = recipe.model_dump(mode="json")
+    arch = load_arch(config_file, list(recipe.lora.target_modules), "auto")
+    result = plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)
+    chosen = {key.removeprefix("engine.params."): value for key, value in result.get("auto", {}).items()}
+    return chosen, (f"plan: {result['notes'][0]}; {result['verdict']}" if chosen else "")
+
+
+def visible_gpu_bytes() -> int:
+    """Total memory of GPU 0 as torch sees it; 0 without CUDA."""
     import torch
 
     return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
@@ -303,7 +377,7 @@ def warn_if_not_fits(model: Any, data: dict[str, Any], registry: Any, recipe: st
     import warnings
 
     try:
-        gpu_bytes = _visible_gpu()
+        gpu_bytes = visible_gpu_bytes()
         result = plan_model(model, data, registry, recipe, gpu_bytes) if gpu_bytes else None
     except Exception:  # planning must never stop a run
         return

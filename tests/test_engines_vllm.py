@@ -59,7 +59,7 @@ def engines(base, adapters, copy_bytes, tmp_path_factory):
     # tmpfs room for one and a half adapter copies: in a mixed call one version is served from its copy,
     # the others (and the zero adapter of base rows) from their own directories
     shm = tmp_path_factory.mktemp("shm")
-    with pytest.warns(UserWarning, match="enable_sleep_mode needs a GPU"):
+    with pytest.warns(UserWarning, match="sleep: always needs a GPU"):
         v = make(
             "engine",
             "vllm",
@@ -68,7 +68,7 @@ def engines(base, adapters, copy_bytes, tmp_path_factory):
             max_loras=4,
             max_cpu_loras=8,
             max_model_len=256,
-            enable_sleep_mode=True,
+            sleep="always",
             tmpfs_dir=str(shm),
             tmpfs_max_bytes=copy_bytes * 3 // 2,
         )
@@ -242,7 +242,7 @@ def test_without_per_request_seeds_sampling_still_runs(engines, adapters, monkey
 
 def test_sleep_is_a_no_op_on_cpu(engines, adapters):
     v, _ = engines
-    assert v.params.enable_sleep_mode and not v.sleep_mode  # the fixture's engine was warned about it
+    assert v.params.sleep == "always" and not v.sleep_mode  # the fixture's engine was warned about it
     reqs = [GenerationRequest(PROMPTS[0], adapters[0])]
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     before = v.generate(reqs, greedy)

@@ -44,10 +44,15 @@ def qwen7b():
     return load_arch(QWEN7B, TARGETS)
 
 
-def _azr(manager, *overrides):
+#: the engine settings these tests plan with: explicit, as a recipe may set them (the recipes say auto: see the
+#: auto tests below)
+EXPLICIT = ("engine.params.gpu_memory_utilization=0.45", "engine.params.sleep=always")
+
+
+def _azr(manager, *overrides, explicit=EXPLICIT):
     from populora_core.recipe import load_recipe
 
-    return load_recipe(REPO / "recipes" / "azr_7b.yaml", list(overrides), manager.registry)[1]
+    return load_recipe(REPO / "recipes" / "azr_7b.yaml", [*explicit, *overrides], manager.registry)[1]
 
 
 def test_memory_sizes_parse_and_bad_ones_name_the_flag():

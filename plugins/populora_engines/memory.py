@@ -10,6 +10,8 @@ from populora_core.architecture import GIB, dtype_bytes
 from populora_core.memory import EngineMemory, PlanContext
 
 _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+#: gpu_memory_utilization values ``auto`` may choose, largest first
+UTILIZATIONS = [pct / 100 for pct in range(95, 9, -1)]
 VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
 
 
@@ -34,7 +36,9 @@ def hf_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
 
 def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     """vLLM's budget (gpu_memory_utilization x GPU) split into its own weights, LoRA slots, overhead and KV cache;
-    asleep (``enable_sleep_mode``) it keeps its fixed pools only while the trainer updates."""
+    asleep (``sleep: always``) it keeps its fixed pools only while the trainer updates. Its ``auto`` settings are
+    offered to the plan as values to try, preferred first: awake over asleep (sleeping costs seconds a step), the
+    largest share of the GPU over smaller ones (more KV cache)."""
     arch = ctx.arch
     vb, tp = dtype_bytes(params.get("dtype") or arch.dtype), int(params.get("tensor_parallel_size") or 1)
     extra, big = params.get("extra") or {}, ctx.gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
@@ -42,7 +46,12 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     batched = int(extra.get("max_num_batched_tokens") or (16384 if big else 8192))
     max_len = int(params.get("max_model_len") or arch.max_positions or ctx.seq)
     max_rank = int(params.get("max_lora_rank") or next((r for r in _VLLM_RANKS if r >= ctx.rank), ctx.rank))
-    util = float(params.get("gpu_memory_utilization", 0.85))
+    auto = {
+        key: values
+        for key, values in (("sleep", ["never", "always"]), ("gpu_memory_utilization", UTILIZATIONS))
+        if params.get(key, "auto") == "auto"
+    }
+    util = float(UTILIZATIONS[0] if "gpu_memory_utilization" in auto else params["gpu_memory_utilization"])
     budget = util * ctx.gpu_bytes
     weights, loras = arch.params * vb / tp, int(params.get("max_loras", 8))
     slots = loras * arch.lora_params(max_rank) * vb / tp
@@ -50,7 +59,7 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     kv = budget - weights - slots - overhead
     per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * vb / tp
     kv_tokens = max(0, int(kv // per_token))
-    sleeps = bool(params.get("enable_sleep_mode"))
+    sleeps = params.get("sleep", "auto") == "always"
     asleep = VLLM_FIXED if sleeps else budget
     notes = []
     if kv_tokens >= max_len and max_len * seqs * per_token > kv:
@@ -58,12 +67,13 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
             f"vLLM: max_model_len x max_num_seqs ({max_len} x {seqs}) would need {max_len * seqs * per_token / GIB:.0f}"
             f" GiB of KV cache; it holds {kv_tokens // max_len} full-length sequences at once (shorter ones share)"
         )
-    notes += _largest_call_note(ctx.recipe, kv_tokens, ctx.gpus)
+    notes += _largest_call_note(ctx.recipe, kv_tokens, ctx.gpus, sleeps)
     percent = round(util * 100)
-    candidates = [] if sleeps else ["engine.params.enable_sleep_mode=true"]
-    # nearest first, lower before higher
+    candidates = [] if sleeps or "sleep" in auto else ["engine.params.sleep=always"]
+    # nearest first, lower before higher (auto: the plan already chose the largest that fits)
     for pct in sorted(set(range(10, 96, 5)) - {percent}, key=lambda x: (abs(x - percent), x)):
-        candidates.append(f"engine.params.gpu_memory_utilization={pct / 100:.2f}")
+        if "gpu_memory_utilization" not in auto:
+            candidates.append(f"engine.params.gpu_memory_utilization={pct / 100:.2f}")
     candidates += [f"engine.params.max_loras={n}" for n in (4, 2) if n < loras]
     return EngineMemory(
         rows=[
@@ -83,12 +93,13 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
         candidates=candidates,
         # asleep, more of the GPU may go to the KV cache while generating
         roomier=[f"engine.params.gpu_memory_utilization={pct / 100:.2f}" for pct in range(95, percent, -5)]
-        if asleep < budget
+        if asleep < budget and not auto
         else [],
+        auto=auto,
     )
 
 
-def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int) -> list[str]:
+def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int, sleeps: bool) -> list[str]:
     """A step's largest generation call (the students' solve samples) against the KV cache, per GPU: one that does
     not fit at once is queued and preempted by vLLM (recomputed), so the step takes longer; say which settings."""
     rollout, pop = data.get("rollout") or {}, data.get("population") or {}
@@ -104,6 +115,6 @@ def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int) -> list[
         f"vLLM KV cache ({kv_tokens} tokens) holds {share:.0%} of a step's largest generation call at its longest "
         f"({sequences} solver samples x {'max_prompt_tokens + ' if prompt else ''}solve_max_tokens = {tokens} tokens"
         f"{' per GPU' if gpus > 1 else ''}): vLLM queues and preempts the rest (slower steps); "
-        "raise engine.params.gpu_memory_utilization, or lower rollout.solver_samples, rollout.solve_max_tokens or "
-        "rollout.proposals_per_teacher"
+        f"raise engine.params.gpu_memory_utilization{'' if sleeps else ' (sleep: always leaves it more room)'}, "
+        "or lower rollout.solver_samples, rollout.solve_max_tokens or rollout.proposals_per_teacher"
     ]

@@ -191,6 +191,18 @@ def default_tmpfs_bytes(root: Path) -> int:
     return min(2 * 2**30, shutil.disk_usage(root).free // 4)
 
 
+def _check_planned(params: Any) -> None:
+    """On a GPU the run resolves ``auto`` memory settings from its plan before it builds the engine (the core's
+    ``resolve_auto``); one still ``auto`` here means no plan could be made, and a guess could run out of memory
+    hours in, so it is an error naming the setting."""
+    unresolved = [k for k in ("sleep", "gpu_memory_utilization") if getattr(params, k) == "auto"]
+    if unresolved:
+        raise UserError(
+            f"engine.params.{unresolved[0]}: auto is decided by the run's plan (populora plan), which could not be "
+            f"made for this GPU; set {' and '.join(f'engine.params.{k}' for k in unresolved)} explicitly"
+        )
+
+
 def _check_prompt_cap(max_prompt_tokens: int, max_model_len: int, setting: str) -> None:
     """vLLM refuses a whole call over one prompt that leaves no room to generate: catch it up front."""
     if max_prompt_tokens > max_model_len - 1:
@@ -257,9 +269,11 @@ class VLLMEngine(RolloutEngine):
             raise UserError(f"base_model.path: {base_model.path!r} not found")
         self._vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(base_model.path)
-        self.sleep_mode = bool(params.enable_sleep_mode and gpu)
-        if params.enable_sleep_mode and not gpu:
-            warnings.warn("vllm engine: enable_sleep_mode needs a GPU; ignored on CPU", stacklevel=2)
+        if gpu:
+            _check_planned(params)
+        elif params.sleep == "always":
+            warnings.warn("vllm engine: sleep: always needs a GPU; ignored on CPU", stacklevel=2)
+        self.sleep_mode = gpu and params.sleep == "always"
         dtype = params.dtype or base_model.dtype
         if dtype == "auto":
             dtype = "bfloat16" if gpu else "float32"
@@ -463,7 +477,7 @@ class VLLMEngine(RolloutEngine):
     # --- phases and lifetime --------------------------------------------------------------------
 
     def sleep(self) -> None:
-        """The trainers need the GPU: with enable_sleep_mode, vLLM sleeps at ``sleep_level`` (1: weights
+        """The trainers need the GPU: with ``sleep: always``, vLLM sleeps at ``sleep_level`` (1: weights
         to CPU memory, KV cache dropped; 2: both dropped, the weights reloaded from the base at wake-up).
         The next ``generate`` wakes it. A no-op without sleep mode (always on CPU)."""
         if self.sleep_mode and not self._asleep and self.llm is not None:

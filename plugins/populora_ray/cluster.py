@@ -246,6 +246,11 @@ class RayCluster(Cluster):
 
     # --- components ---------------------------------------------------------------------------------
 
+    def gpu_bytes(self) -> int | None:
+        """The smallest GPU among the workers that hold one (what an engine's ``auto`` settings are planned on)."""
+        sizes = [int(w.info.get("gpu_bytes") or 0) for w in self.workers]
+        return min((b for b in sizes if b), default=None)
+
     def with_role(self, *roles: str) -> list[Worker]:
         return [w for w in self.workers if w.role in roles]
 

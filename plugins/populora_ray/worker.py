@@ -48,6 +48,7 @@ class PopulationWorker:
             "node": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "gpu_bytes": _gpu_bytes() if ray.get_gpu_ids() else 0,
         }
 
     def sees(self, path: str, token: str) -> bool:
@@ -150,3 +151,10 @@ class PopulationWorker:
             self.engine.close()
         if self.mirror is not None:
             shutil.rmtree(self.mirror, ignore_errors=True)
+
+
+def _gpu_bytes() -> int:
+    """Total memory of this worker's first GPU (0 when torch sees none)."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
