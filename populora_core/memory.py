@@ -67,6 +67,7 @@ class EngineMemory:
     candidates: list[str] = field(default_factory=list)
     roomier: list[str] = field(default_factory=list)
     auto: dict[str, list[Any]] = field(default_factory=dict)
+    host_rows: list[Row] = field(default_factory=list)  # host RAM per process (its peak is their sum)
 
 
 @dataclass
@@ -88,3 +89,5 @@ class TrainerMemory:
     gradient_checkpointing: str = "off"
     notes: list[str] = field(default_factory=list)
     candidates: list[str] = field(default_factory=list)
+    host_rows: list[Row] = field(default_factory=list)  # host RAM per process, beyond Python and the libraries
+    host: float = 0.0  # their peak (they need not coincide)

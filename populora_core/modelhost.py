@@ -60,6 +60,12 @@ def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return config_difference(a, b, _SLOT_KEYS) is None
 
 
+def load_kwargs(device: str, dtype: Any) -> dict[str, Any]:
+    """``from_pretrained`` arguments: on an accelerator the weights go straight to it (``device_map``), so a node
+    of 8 workers does not first hold 8 host copies of a 7B base (~120 GB); on the CPU the plain load."""
+    return {"dtype": dtype} if device == "cpu" else {"dtype": dtype, "device_map": device}
+
+
 class ModelHost:
     """The shared base model, its tokenizer and the PeftModel holding every loaded adapter.
 
@@ -78,7 +84,7 @@ class ModelHost:
         path = Path(base.path)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(base.path)
-            model: Any = AutoModelForCausalLM.from_pretrained(base.path, dtype=self.dtype)
+            model: Any = AutoModelForCausalLM.from_pretrained(base.path, **load_kwargs(self.device, self.dtype))
         except OSError as exc:
             where = "directory" if path.exists() else "path (not found)"
             raise UserError(f"base_model.path: cannot load model {base.path!r} from {where}: {exc}") from None

@@ -94,6 +94,8 @@ def plan_recipe(
         "generation_gib": round(generation / GIB, 2),
         "training_gib": round(training / GIB, 2),
         "peak_gib": round(peak / GIB, 2),
+        "host_rows": [{"what": w, "gib": round(v / GIB, 2), "detail": d} for w, v, d in side.host_rows + own.host_rows],
+        "host_gib": round((side.host + sum(v for _, v, _ in own.host_rows)) / GIB, 2),
         "trainer_side_bytes": side.side_bytes,
         "gradient_checkpointing": side.gradient_checkpointing,
         "disk": _disk(data, members, context.adapter_bytes, side.member_state_bytes),
@@ -363,6 +365,10 @@ def format_plan(plan: dict[str, Any]) -> str:
         *(f"{r['what']:<30}{r['gib']:>8.2f}  {r['detail']}" for r in plan["rows"]),
         f"{'peak while generating':<30}{plan['generation_gib']:>8.2f}",
         f"{'peak while training':<30}{plan['training_gib']:>8.2f}",
+        "",
+        f"host RAM per GPU's process (beyond Python and its libraries): up to {plan['host_gib']:.1f} GiB"
+        + (f", {plan['host_gib'] * plan['gpus']:.1f} GiB for all {plan['gpus']}" if plan["gpus"] > 1 else ""),
+        *(f"  {r['what']:<28}{r['gib']:>8.2f}  {r['detail']}" for r in plan.get("host_rows", []) if r["gib"]),
         "",
         f"disk: {d['adapter_mb']:.0f} MB per adapter version, {d['per_step_gb']:.2f} GB per step; kept: "
         f"{d['adapters_kept']} -> {d['run_gb']:.1f} GB per run; trainer checkpoints {d['checkpoints_gb']:.1f} GB",

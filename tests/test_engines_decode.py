@@ -452,3 +452,18 @@ def test_the_fused_step_falls_back_where_it_would_not_be_exact():
     assert not fused_supported(_random_model("llama", rope_parameters=dynamic))
     assert not fused_supported(_random_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0))
     assert not fused_supported(_random_model("mistral", sliding_window=8))
+
+
+def test_an_accelerator_loads_the_base_straight_onto_it(tiny_model_dir):
+    """On CUDA the weights are placed by ``device_map`` as they load (no host copy first); the same load, placed
+    on the CPU, gives the plain load's weights (the path is real in this transformers, not only on a GPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from populora_core.modelhost import load_kwargs
+
+    assert load_kwargs("cuda:0", torch.bfloat16) == {"dtype": torch.bfloat16, "device_map": "cuda:0"}
+    assert load_kwargs("cpu", torch.float32) == {"dtype": torch.float32}
+    placed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, device_map="cpu")
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, **load_kwargs("cpu", torch.float32))
+    assert all(torch.equal(a, b) for a, b in zip(placed.state_dict().values(), plain.state_dict().values()))

@@ -25,7 +25,7 @@ import pytest
 
 from populora_core.architecture import GIB, load_arch, parse_memory
 from populora_core.errors import UserError
-from populora_core.plan import plan_recipe
+from populora_core.plan import format_plan, plan_recipe
 from tests.cli_helpers import REPO, run_cli
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
@@ -121,12 +121,19 @@ def test_kv_cache_under_one_sequence_does_not_fit(manager, qwen7b):
 
 def test_trainer_without_the_memory_params_is_planned_without_them(manager, qwen7b):
     data = _azr(manager)
-    data["trainer"] = {"name": "grpo", "params": {"micro_batch_size": 4}}  # grpo has no logprob_chunk_tokens
+    # grpo has no logprob_chunk_tokens; long_row_tokens None: the longest rows are batched, padded
+    data["trainer"] = {"name": "grpo", "params": {"micro_batch_size": 4, "long_row_tokens": None}}
     plan = plan_recipe(data, qwen7b, gpu_bytes=141 * GIB, registry=manager.registry)
     assert any("logprob_chunk_tokens" in n for n in plan["notes"])
     rows = {r["what"].strip(): r for r in plan["rows"]}
     assert "4 x 14240 tokens" in rows["checkpointing off"]["detail"]
     assert rows["log-prob peak in both"]["detail"].startswith(f"{4 * 8096} tokens")  # in one piece
+    # auto (the GPU's 2048): the longest row alone, unmasked, or four rows just under 2048 tokens
+    data["trainer"]["params"].pop("long_row_tokens")
+    alone = plan_recipe(data, qwen7b, gpu_bytes=141 * GIB, registry=manager.registry)
+    detail = {r["what"].strip(): r for r in alone["rows"]}["checkpointing off"]["detail"]
+    assert "1 x 14240 tokens alone (long_row_tokens 2048), or 4 x 2047 tokens padded" in detail
+    assert alone["training_gib"] < plan["training_gib"]  # no (rows, L, L) mask at the longest rows
 
 
 def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
@@ -415,3 +422,21 @@ def test_the_plan_spreads_members_over_the_gpus_the_recipes_cluster_reserves(man
     assert (single["gpus"], single["gpus_from"]) == (1, "one process")
     shown = run_cli("plan", str(node), "--gpu-memory", "80GiB")
     assert shown.returncode == 0 and "8 members on 8 x 80.0 GiB (GPUs: the recipe's cluster 'ray'" in shown.stdout
+
+
+def test_host_ram_counts_the_sleep_backup_the_lora_cache_and_resumed_moments(manager, qwen7b):
+    def host(plan):
+        return {r["what"]: r["gib"] for r in plan["host_rows"]}
+
+    asleep = plan_recipe(_azr(manager), qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
+    awake = plan_recipe(
+        _azr(manager, "engine.params.sleep=never"), qwen7b, gpu_bytes=80 * GIB, registry=manager.registry
+    )
+    weights = {r["what"]: r["gib"] for r in asleep["rows"]}["vLLM weights"]
+    assert host(asleep)["vLLM: sleep backup"] == weights and host(awake)["vLLM: sleep backup"] == 0
+    assert asleep["host_gib"] == pytest.approx(awake["host_gib"] + weights, abs=0.02)
+    lora_gib = qwen7b.lora_params(32) * 2 / GIB  # max_cpu_loras = 4 x max_loras 8, bf16
+    assert host(asleep)["vLLM: CPU LoRA cache"] == pytest.approx(32 * lora_gib, abs=0.01)
+    split = plan_recipe(_azr(manager), qwen7b, gpu_bytes=80 * GIB, gpus=2, registry=manager.registry)
+    assert host(split)["trainer: resumed moments"] == pytest.approx(host(asleep)["trainer: resumed moments"] / 2, 0.01)
+    assert "host RAM per GPU's process" in format_plan(split) and "for all 2" in format_plan(split)

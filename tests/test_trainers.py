@@ -587,6 +587,53 @@ def test_micro_batches_by_a_token_budget_keep_the_order_and_count_padding():
     assert [[x for _, x in g] for g in same] == [[(2, 3)], [(4, 1)], [(1, 6)], [(30, 30)], [(2, 2), (2, 2)], [(3, 1)]]
 
 
+def test_a_long_row_gets_a_micro_batch_of_its_own_and_the_order_stays():
+    from populora_trl.batching import micro_batches
+
+    def row(p, c):
+        return (Rollout("m", "g", [1] * p, [2] * c, [], 0.0), (p, c))
+
+    rows = [row(2, 3), row(4, 1), row(30, 30), row(2, 2), row(40, 1), row(2, 2), row(3, 1)]
+    groups = micro_batches(rows, size=8, alone_from=41)
+    assert [[x for _, x in g] for g in groups] == [[(2, 3), (4, 1)], [(30, 30)], [(2, 2)], [(40, 1)], [(2, 2), (3, 1)]]
+    assert [len(g) for g in micro_batches(rows, size=8)] == [7]  # None: off
+    joined = micro_batches(rows, size=8, joined=True, alone_from=41)  # joined: prompt + completion, 40 + 1 = 41
+    assert [len(g) for g in joined] == [2, 1, 1, 1, 2]
+
+
+def test_long_rows_reach_sdpa_without_a_mask_and_train_as_the_padded_batch_does(base, adapters, tmp_path, monkeypatch):
+    """``long_row_tokens``: rows at or past it are trained one per micro-batch, so attention gets no mask (SDPA's
+    fused causal kernel on CUDA); the loss is normalised over the whole update, so the result is the padded
+    batch's up to fp32 rounding. ``auto`` leaves the CPU as it was."""
+    import torch
+    from populora_trl.forward import long_row_threshold
+
+    assert long_row_threshold("auto", "cpu") is None and long_row_threshold("auto", "cuda:0") == 2048
+    rollouts = _rollouts("m0", n=6, seed=4)
+    lengths = sorted(len(r.prompt_token_ids) + len(r.completion_token_ids) for r in rollouts)
+    cut = lengths[3]  # the longer half go alone
+    masks: list[bool] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask") is None and bool(kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    padded = make("trainer", "trr++", base, lr=1e-3, micro_batch_size=16, long_row_tokens=None)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    s1 = padded.update("m0", adapters[0], rollouts, tmp_path / "padded")
+    assert masks and not any(masks)  # one padded micro-batch: masked attention
+    masks.clear()
+    alone = make("trainer", "trr++", base, lr=1e-3, micro_batch_size=16, long_row_tokens=cut)
+    s2 = alone.update("m0", adapters[0], rollouts, tmp_path / "alone")
+    layers = alone.host.base_model.config.num_hidden_layers
+    long_rows = sum(n >= cut for n in lengths)
+    assert sum(masks) == long_rows * layers  # each long row's forward: every layer unmasked
+    assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-4)
+    a, b = _tensors(tmp_path / "padded"), _tensors(tmp_path / "alone")
+    assert all(torch.allclose(a[k][i], b[k][i], atol=1e-6) for k in a for i in (0, 1))
+
+
 def _logprob_setup(base, adapter):
     """The host's PeftModel with ``adapter`` in the trainable scratch slot, and one packed micro-batch."""
     from populora_trl.batching import pack

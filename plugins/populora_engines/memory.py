@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from populora_core.architecture import GIB, dtype_bytes
-from populora_core.memory import EngineMemory, PlanContext
+from populora_core.memory import EngineMemory, PlanContext, Row
 
 _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 #: gpu_memory_utilization values ``auto`` may choose, largest first
@@ -96,6 +96,7 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
         if asleep < budget and not auto
         else [],
         auto=auto,
+        host_rows=_vllm_host_rows(params, ctx, weights, vb),
     )
 
 
@@ -117,4 +118,20 @@ def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int, sleeps: 
         f"{' per GPU' if gpus > 1 else ''}): vLLM queues and preempts the rest (slower steps); "
         f"raise engine.params.gpu_memory_utilization{'' if sleeps else ' (sleep: always leaves it more room)'}, "
         "or lower rollout.solver_samples, rollout.solve_max_tokens or rollout.proposals_per_teacher"
+    ]
+
+
+def _vllm_host_rows(params: dict[str, Any], ctx: PlanContext, weights: float, vb: int) -> list[Row]:
+    """vLLM's host RAM beyond its process: level-1 sleep backs its weights up in pinned host memory; its CPU LoRA
+    cache holds ``max_cpu_loras`` adapters; the adapter copies it is handed sit in tmpfs (RAM too)."""
+    level = int(params.get("sleep_level") or 1)
+    sleeps = params.get("sleep", "auto") == "always"
+    backup = weights if sleeps and level == 1 else 0
+    cpu_loras = int(params.get("max_cpu_loras") or 4 * int(params.get("max_loras", 8)))
+    shm = params.get("tmpfs_max_bytes")
+    shm_bytes = (2 * GIB if shm is None else int(shm)) if params.get("use_tmpfs", True) else 0
+    return [
+        ("vLLM: sleep backup", backup, f"its weights, pinned (sleep {'always' if sleeps else 'never'}, level {level})"),
+        ("vLLM: CPU LoRA cache", cpu_loras * ctx.arch.lora_params(ctx.rank) * vb, f"max_cpu_loras {cpu_loras}"),
+        ("vLLM: adapter copies", shm_bytes, "in tmpfs (RAM): at most tmpfs_max_bytes (default <= 2 GiB)"),
     ]

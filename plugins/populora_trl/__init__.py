@@ -49,6 +49,14 @@ class _Common(Params):
         "sequence goes alone. The loss is normalised over the whole update either way, so the step does not "
         "depend on the split. None: micro_batch_size sequences per micro-batch",
     )
+    long_row_tokens: int | Literal["auto"] | None = Field(
+        "auto",
+        ge=1,
+        description="a sequence of at least this many tokens (prompt + completion) is trained in a micro-batch "
+        "of its own: no padding, so no attention mask, and SDPA keeps its fused causal kernel with grouped K/V "
+        "(a padded batch takes the masked path, which repeats K/V per query head). auto: 2048 on CUDA, None "
+        "(off) on the CPU, where the split would only change fp32 rounding",
+    )
     gradient_checkpointing: Literal["auto", "on", "off"] = Field(
         "auto",
         description="recompute the decoder layers' activations in backward (transformers' gradient "

@@ -14,6 +14,7 @@ def micro_batches(
     tokens: int | None = None,
     same: Callable[[Any], Any] | None = None,
     joined: bool = False,
+    alone_from: int | None = None,
 ) -> list[list[Any]]:
     """Consecutive runs of ``rows`` (tuples whose first item is a Rollout), in the given order.
 
@@ -21,16 +22,19 @@ def micro_batches(
     packed shape (rows x (longest prompt + longest completion), padding counted as :func:`pack` lays it out;
     ``joined``: rows x longest prompt + completion, as :func:`completion_hidden` lays it out) stays within
     ``tokens``; a row longer than that goes alone. ``same``: a key that every row of one micro-batch shares
-    (grpo: the prompt length).
+    (grpo: the prompt length). ``alone_from``: a row of at least this many tokens (prompt + completion) gets a
+    micro-batch of its own (unpadded: SDPA's unmasked kernel), the rows around it keep their order.
     """
     groups: list[list[Any]] = []
     pmax = lmax = 0
+    sealed = False  # the last micro-batch holds a long row: nothing joins it
     for row in rows:
         r = row[0]
         p, c = len(r.prompt_token_ids), max(1, len(r.completion_token_ids))
         if joined:  # one length: prompt + completion back to back
             p, c = p + c, 0
-        if groups and (same is None or same(groups[-1][0]) == same(row)):
+        alone = alone_from is not None and p + c >= alone_from
+        if groups and not alone and not sealed and (same is None or same(groups[-1][0]) == same(row)):
             g = groups[-1]
             wp, wl = max(pmax, p), max(lmax, c)
             if (len(g) < max(1, size)) if tokens is None else ((len(g) + 1) * (wp + wl) <= tokens):
@@ -38,7 +42,7 @@ def micro_batches(
                 pmax, lmax = wp, wl
                 continue
         groups.append([row])
-        pmax, lmax = p, c
+        pmax, lmax, sealed = p, c, alone
     return groups
 
 

@@ -84,3 +84,14 @@ def _fused_forward(module: Any, names: list[str]) -> Callable[..., Any]:
 def use_checkpointing(setting: str, device: str) -> bool:
     """``gradient_checkpointing``: ``on``, ``off``, or ``auto`` (on for a CUDA device, off on the CPU)."""
     return setting == "on" or (setting == "auto" and str(device).startswith("cuda"))
+
+
+#: ``long_row_tokens: auto`` on CUDA: from here on a row's attention dominates its micro-batch's cost
+LONG_ROW_TOKENS = 2048
+
+
+def long_row_threshold(setting: int | str | None, device: str) -> int | None:
+    """``long_row_tokens``: a number, None (off), or ``auto`` (:data:`LONG_ROW_TOKENS` on CUDA, off on the CPU)."""
+    if setting == "auto":
+        return LONG_ROW_TOKENS if str(device).startswith("cuda") else None
+    return None if setting is None else int(setting)

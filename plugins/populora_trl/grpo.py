@@ -25,6 +25,7 @@ from populora_core.components import AdapterRef, Rollout, UpdateStats
 from populora_core.errors import UserError
 
 from .batching import micro_batches, pack
+from .forward import long_row_threshold
 from .state import SCRATCH, LoraTrainerBase, check_update
 
 REF = "__ref__"
@@ -153,7 +154,11 @@ class GRPOLoraTrainer(LoraTrainerBase):
         # TRL's forward passes no position ids, so a micro-batch holds prompts of one length only
         rows.sort(key=lambda ra: len(ra[0].prompt_token_ids))
         groups: list[list[tuple[Rollout, float]]] = micro_batches(
-            rows, p.micro_batch_size, p.micro_batch_tokens, same=lambda ra: len(ra[0].prompt_token_ids)
+            rows,
+            p.micro_batch_size,
+            p.micro_batch_tokens,
+            same=lambda ra: len(ra[0].prompt_token_ids),
+            alone_from=long_row_threshold(p.long_row_tokens, self.host.device),
         )
         host = self.host
         with host.lock:

@@ -4,10 +4,13 @@ model's shape alone. tests/test_plan.py checks them against peaks measured on CP
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from populora_core.architecture import Arch, params_text
 from populora_core.memory import CUDA_CONTEXT, PlanContext, TrainerMemory
+
+from .forward import long_row_threshold
 
 BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive while autograd walks through it
 # bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
@@ -35,7 +38,7 @@ def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
 def activation_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> dict[str, Any]:
     """One micro-batch's activations with checkpointing off and on, and the log-prob peak in both."""
     b, rank, seq, roll = ctx.dtype_bytes, ctx.rank, ctx.seq, ctx.recipe.get("rollout", {})
-    completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
+    completion = min(seq, max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512))))
     budget = int(params.get("micro_batch_tokens") or 0)
     if budget:  # the worst packing: the budget filled; the largest padding mask is two rows of half of it
         rows, tokens = max(1, budget // seq), max(budget, seq)
@@ -59,6 +62,22 @@ def activation_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> di
     return dict(off=off, on=on, logits=logits, rows=rows, tokens=tokens, budget=budget, chunk=shown)
 
 
+def _micro_batch_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> tuple[dict[str, Any], str]:
+    """The largest micro-batch's terms and its shape. With ``long_row_tokens`` (auto: on the GPU the plan is for)
+    the longest rows train alone and unmasked, so the worst is the larger of one longest row and a full
+    micro-batch of rows just under the threshold."""
+    device = "cpu" if params.get("device", "auto") == "cpu" else "cuda"
+    threshold = long_row_threshold(params.get("long_row_tokens", "auto"), device)
+    if threshold is None or ctx.seq < threshold:
+        t = activation_terms(arch, params, ctx)
+        return t, (f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {ctx.seq} tokens")
+    alone = activation_terms(arch, {**params, "micro_batch_size": 1, "micro_batch_tokens": None}, ctx)
+    below = activation_terms(arch, params, dataclasses.replace(ctx, seq=threshold - 1))
+    t = {**below, **{k: max(alone[k], below[k]) for k in ("off", "on", "logits")}}
+    rows = f"{below['tokens']}" if below["budget"] else f"{below['rows']} x {threshold - 1}"
+    return t, f"1 x {ctx.seq} tokens alone (long_row_tokens {threshold}), or {rows} tokens padded"
+
+
 def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> TrainerMemory:
     """``trr++``'s and ``grpo``'s terms (``name``: which, for the notes on params it does not have); registered as
     ``partial(trainer_memory, name=...)``."""
@@ -68,12 +87,11 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> Tr
     params = {**ABSENT, **params}
     p = arch.lora_params(ctx.rank)
     moments, live, keep = 8 * p, 12 * p, 8 * p
-    t = activation_terms(arch, params, ctx)
+    t, shape = _micro_batch_terms(arch, params, ctx)
     setting = params["gradient_checkpointing"]
     mode = {True: "on", False: "off"}.get(setting, str(setting))
     on = mode == "on" or (mode == "auto" and params.get("device", "auto") != "cpu")  # auto: on with CUDA
     act = t["on"] if on else t["off"]
-    shape = f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {ctx.seq} tokens"
     base = arch.params * b
     candidates = [] if on else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true
     if t["rows"] > 1 and "micro_batch_tokens" in has:
@@ -101,4 +119,11 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> Tr
         gradient_checkpointing="on" if on else "off",
         notes=notes,
         candidates=candidates,
+        host_rows=[
+            ("trainer: base load", 0, "none: device_map puts the weights straight on the GPU (safetensors mmap)"),
+            ("trainer: resumed moments", per_gpu * moments, f"{per_gpu} members, on host until each one's update"),
+            ("trainer: checkpoint copy", moments, "one member's moments at a time, while written"),
+            ("trainer: version written", ctx.adapter_bytes, "one fp32 adapter, while saved"),
+        ],
+        host=max(per_gpu * moments, moments) + ctx.adapter_bytes,
     )

@@ -27,7 +27,7 @@ from populora_core.components import AdapterRef, Rollout, UpdateJob, UpdateStats
 from populora_core.errors import UserError
 
 from .batching import micro_batches, pack
-from .forward import fused_adapter
+from .forward import fused_adapter, long_row_threshold
 from .logprobs import token_logprobs
 from .state import SCRATCH, LoraTrainerBase, check_update
 
@@ -187,7 +187,8 @@ class TRRTrainer(LoraTrainerBase):
         p, host, total = self.params, self.host, plan.total
         pad = int(host.tokenizer.pad_token_id)
         joined = p.sequence_layout == "joined"
-        chunks = micro_batches(plan.rows, p.micro_batch_size, p.micro_batch_tokens, joined=joined)
+        alone = long_row_threshold(p.long_row_tokens, host.device)
+        chunks = micro_batches(plan.rows, p.micro_batch_size, p.micro_batch_tokens, joined=joined, alone_from=alone)
         old: list[Any] = [None] * len(chunks)  # first epoch's log-probs: the sampling policy's
         ref: list[Any] = [None] * len(chunks)  # the base model's log-probs (kl_coef > 0)
         for _ in range(p.epochs):
