@@ -10,7 +10,7 @@ import sys
 import pytest
 from populora_azr import prompts as P
 
-from populora_core.components import Problem, Task
+from populora_core.components import ExecJob, Problem, Task
 from tests.azr_support import build_task, build_tasks, shared_executor
 
 
@@ -146,14 +146,14 @@ def test_deduction_grading(ex):
 def test_grade_many_checks_a_steps_answers_in_one_executor_batch_with_the_grades_of_one_at_a_time(ex):
     """The loop grades a step's answers per task in one ``grade_many`` call: one executor batch, each problem's
     grades those of ``grade`` alone (an answer refused before running, ``f('abc')``, keeps the others aligned)."""
-    task = build_task("deduction", ex)
+    task = build_task("abduction", ex)
     first = propose(task, "def f(a):\n    return {'n': len(a), 'r': a[::-1]}", "'abc'")
     second = propose(task, "def f(a):\n    return a * 3", "2")
     assert first.valid and second.valid
     items = [
-        (first, [answer("deduction", "f('abc')"), answer("deduction", "{'r': 'cba', 'n': 3}"), "no format"]),
-        (second, [answer("deduction", "6"), answer("deduction", "7"), answer("deduction", "6")]),
-        (first, [answer("deduction", "{'n': 3, 'r': 'abc'}")]),
+        (first, [answer("abduction", "import os"), answer("abduction", "'abc'"), "no format"]),
+        (second, [answer("abduction", "2"), answer("abduction", "7"), answer("abduction", "2")]),
+        (first, [answer("abduction", "'cba'")]),
     ]
     alone = [task.grade(problem, answers) for problem, answers in items]
     batches = []
@@ -167,6 +167,55 @@ def test_grade_many_checks_a_steps_answers_in_one_executor_batch_with_the_grades
     assert task.grade_many(items) == alone
     assert len(batches) == 1
     assert [[g.correct for g in grades] for grades in alone] == [[False, True, False], [True, False, True], [False]]
+
+
+DEDUCTION_CASES = [  # (gold output repr, answer): literal data of every kind, and what is not literal data
+    ("{'n': 3, 'r': 'cba'}", "{'r': 'cba', 'n': 3}"),
+    ("[1, 1.0, {1, 2}]", "[1.0, True, {2, 1}]"),
+    ("[1, 1.0, {1, 2}]", "[1, 1, {1}]"),
+    ("(1,)", "[1]"),
+    ("b'ab'", "b'ab'"),
+    ("b'ab'", "'ab'"),
+    ("None", "None"),
+    ("0.5", "float('nan')"),
+    ("1e+300", "1e300"),
+    ("inf", "1e999"),  # not a gold a validated problem can have: the sandbox's literal_eval of it raises
+    ("-0.0", "0"),
+    ("(1+2j)", "1+2j"),
+    ("frozenset({1})", "{1}"),
+    ("set()", "set()"),
+    ("12", "1" * 5000),  # past the int string limit: literal_eval raises in both
+    ("'x'", "f('abc')"),
+    ("'x'", "__import__('os').getcwd()"),
+    ("'x'", "[1, 2"),
+    ("[[[[1]]]]", "[[[[1]]]]"),
+    ("[]", "[" * 60 + "]" * 60),  # deep: left to the sandbox
+    ("1", "1 if True else 2"),
+]
+
+
+def test_deduction_checks_literal_answers_without_the_sandbox_and_as_the_sandbox_does(ex):
+    """A deduction answer is literal data: parsing and comparing it runs no program, so the task decides it in
+    process (a fork saved per distinct answer). Each verdict equals the sandbox job's on the same pair; a literal
+    nested past LITERAL_DEPTH still goes to the sandbox."""
+    from populora_azr.tasks import FIXED_HELPERS, literal_verdict
+
+    jobs = []
+    for gold, text in DEDUCTION_CASES:
+        expr = f"_populora_eq({gold!r}, _populora_ast.literal_eval({text!r}))"
+        jobs.append(ExecJob(code=FIXED_HELPERS, expr=expr, timeout_s=10, memory_mb=1024))
+    sandboxed = [r.status == "ok" and r.value == "True" for r in ex.run_batch(jobs)]
+    here = [literal_verdict(gold, text) for gold, text in DEDUCTION_CASES]
+    assert [h for h, (_, text) in zip(here, DEDUCTION_CASES) if h is None] == [None]  # the deep one only
+    assert [h if h is not None else s for h, s in zip(here, sandboxed)] == sandboxed
+    assert sum(sandboxed) >= 8  # both outcomes are covered
+
+    task = build_task("deduction", ex)
+    prob = propose(task, "def f(a):\n    return {'n': len(a), 'r': a[::-1]}", "'abc'")
+    batches = []
+    task.executor = type("Counted", (), {"run_batch": staticmethod(lambda jobs: batches.append(jobs) or [])})()
+    got = task.grade(prob, [answer("deduction", "{'r': 'cba', 'n': 3}"), answer("deduction", "f('abc')")])
+    assert [g.correct for g in got] == [True, False] and batches == []
 
 
 def test_deduction_equality_is_plain_python_eq(ex):
@@ -547,9 +596,9 @@ def test_determinism_runs_use_distinct_hash_variants(ex, compat, variants):
 
 def test_identical_answers_are_checked_once_in_one_batch(ex):
     rec = RecordingExecutor(ex)
-    task = build_task("deduction", rec)
+    task = build_task("abduction", rec)
     prob = propose(task, "def f(a):\n    return a * 2", "21")
     rec.jobs.clear()
-    grades = task.grade(prob, [answer("deduction", "42")] * 5 + [answer("deduction", "41")] * 3)
+    grades = task.grade(prob, [answer("abduction", "21")] * 5 + [answer("abduction", "20")] * 3)
     assert [g.correct for g in grades] == [True] * 5 + [False] * 3
     assert len(rec.jobs) == 2

@@ -20,10 +20,11 @@ Two behaviours, chosen by ``compat``:
 from __future__ import annotations
 
 import ast
+import functools
 import tokenize
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from populora_core.components import ExecJob, ExecResult, Grade, Problem, Task
 
@@ -113,6 +114,43 @@ def safe_literal(text: str) -> tuple[bool, Any]:
         return True, ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return False, None
+
+
+#: deeper literals go to the sandbox: near the recursion limit its stack and ours could disagree
+LITERAL_DEPTH = 50
+
+
+def literal_verdict(gold: str, answer: str) -> bool | None:
+    """The sandbox's deduction check, ``_populora_eq(gold, literal_eval(answer))``, computed here: parsing and
+    comparing literal data runs no code. None where it could differ from the sandbox's (a deep literal, or
+    recursion or memory limits hit here): the caller runs the sandbox job."""
+    depth = deepest = 0
+    for char in answer:
+        depth += (char in "([{") - (char in ")]}")
+        deepest = max(deepest, depth)
+    if deepest > LITERAL_DEPTH:
+        return None
+    try:
+        value = ast.literal_eval(answer)
+    except (ValueError, TypeError, SyntaxError):  # the sandbox's literal_eval raises too: a wrong answer
+        return False
+    except (MemoryError, RecursionError):
+        return None
+    try:
+        return bool(_sandbox_equality()(gold, value))
+    except (ValueError, TypeError, SyntaxError):
+        return False
+    except (MemoryError, RecursionError):
+        return None
+
+
+@functools.cache
+def _sandbox_equality() -> Callable[[str, Any], bool]:
+    """``_populora_eq`` of :data:`FIXED_HELPERS`, defined here from the same text the sandbox runs: a deduction
+    answer is literal data, so its check runs no program (about a third of a step's sandbox jobs, a fork each)."""
+    helpers: dict[str, Any] = {}
+    exec(compile(FIXED_HELPERS, "<populora helpers>", "exec"), helpers)
+    return cast(Callable[[str, Any], bool], helpers["_populora_eq"])
 
 
 # --- the shared machinery -----------------------------------------------------------------------------------
@@ -516,12 +554,17 @@ class DeductionTask(CodeIOTask):
             return _Prepared(jobs=[fast, slow])
         if len(answer) > self.params.max_output_chars * 2:
             return _Prepared(error="answer too long")
+        verdict = literal_verdict(gold, answer)
+        if verdict is not None:
+            return _Prepared(payload=verdict)
         expr = f"_populora_eq({gold!r}, _populora_ast.literal_eval({answer!r}))"
         return _Prepared(jobs=[self._job(FIXED_HELPERS, expr)])
 
     def answer_correct(self, prepared: _Prepared, results: Sequence[ExecResult]) -> bool:
         if self.compat:
             return any(r.status == "ok" and r.value == "True" for r in results)
+        if not prepared.jobs:  # decided without the sandbox (literal_verdict)
+            return bool(prepared.payload)
         return super().answer_correct(prepared, results)
 
 
