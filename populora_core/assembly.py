@@ -9,7 +9,7 @@ validation parsed (:meth:`ComponentRef.build_params`), so a recipe is parsed onc
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,21 +91,28 @@ class Components:
         )
 
     def per_task(self, task_names: Sequence[str | None], batch: Callable[[Task, list[int]], Sequence[T]]) -> list[T]:
-        """``batch(task, indices)`` once per task over the indices of its items (``None``: no task, left out),
-        tasks in the order first met; the results come back in input order (a left-out item's is None)."""
-        by_task: dict[str, list[int]] = defaultdict(list)
-        for i, task_name in enumerate(task_names):
-            if task_name is not None:
-                by_task[task_name].append(i)
-        out: list[T] = [None] * len(task_names)  # type: ignore[list-item]
-        for task_name, idx in by_task.items():
-            for i, result in zip(idx, batch(self.tasks[task_name], idx), strict=True):
-                out[i] = result
-        return out
+        """:func:`per_task` over the run's tasks."""
+        return per_task(self.tasks, task_names, batch)
 
     def close(self) -> None:
         """Close what holds processes, files or workers; the cluster last (the engine and trainer live on it)."""
         close_all([self.engine, self.executor, *self.sinks, self.cluster])
+
+
+def per_task(
+    tasks: Mapping[str, Task], task_names: Sequence[str | None], batch: Callable[[Task, list[int]], Sequence[T]]
+) -> list[T]:
+    """``batch(task, indices)`` once per task over the indices of its items (``None``: no task, left out),
+    tasks in the order first met; the results come back in input order (a left-out item's is None)."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, task_name in enumerate(task_names):
+        if task_name is not None:
+            by_task[task_name].append(i)
+    out: list[T] = [None] * len(task_names)  # type: ignore[list-item]
+    for task_name, idx in by_task.items():
+        for i, result in zip(idx, batch(tasks[task_name], idx), strict=True):
+            out[i] = result
+    return out
 
 
 def close_all(parts: list[Any]) -> None:

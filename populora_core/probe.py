@@ -67,10 +67,21 @@ def greedy_grades(
                     requests.append(GenerationRequest(tasks[task_name].solver_prompt(problem), adapter))
                     origin.append((k, task_name, problem))
         answers = engine.generate(requests, SamplingParams(n=1, temperature=0.0, max_tokens=budget, seed=0))
-        for (k, task_name, problem), (completion,) in zip(origin, answers):
-            (grade,) = tasks[task_name].grade(problem, [completion.text])
+        answered = [(problem, completion.text) for (_, _, problem), (completion,) in zip(origin, answers)]
+        grades = _graded(tasks, [task_name for _, task_name, _ in origin], answered)
+        for (k, task_name, _), grade in zip(origin, grades):
             out[k].setdefault(task_name, []).append(grade)
     return out
+
+
+def _graded(tasks: Mapping[str, Task], task_names: list[str], answered: list[tuple[Problem, str]]) -> list[Grade]:
+    """Each answer's grade, every task's answers checked in one executor batch."""
+    from .assembly import per_task
+
+    def batch(task: Task, idx: list[int]) -> list[Grade]:
+        return [grade for (grade,) in task.grade_many([(answered[i][0], [answered[i][1]]) for i in idx])]
+
+    return per_task(tasks, task_names, batch)
 
 
 def probe_records(
