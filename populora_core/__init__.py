@@ -14,13 +14,14 @@ __version__ = "0.1.0"
 #: The version of what plugins rely on: hook specifications, ``register_*`` keywords and PUBLIC_MODULES. It
 #: changes when any of them changes; a renamed keyword keeps working, with a FutureWarning, for one version
 #: (CHANGELOG.md, "For plugin authors").
-PLUGIN_API_VERSION = 4
+PLUGIN_API_VERSION = 5
 
 #: The core modules a plugin may import, and what each is for. Everything else in the core is private.
 PUBLIC_MODULES = {
     "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components",
     "populora_core.components": "the Protocols each component kind implements and the data passed between them",
-    "populora_core.adapters": "LoRA factors <-> PEFT directories, compatibility checks, fresh adapters",
+    "populora_core.adapters": "LoRA factors <-> PEFT directories (and their served copies), compatibility checks, "
+    "fresh adapters",
     "populora_core.runview": "RunView, what every lifecycle hook receives as ``run``",
     "populora_core.population": "members, ratings, lineage, compute counters, selection_history of a lineage",
     "populora_core.problems": "files of Problem records",
