@@ -574,3 +574,67 @@ def test_an_engine_serving_in_bf16_is_shipped_only_each_versions_served_copy(tmp
     fp32 = RayEngine(cluster, workers, split=False, served_dtypes=[None, None])
     fp32.generate(both, SamplingParams(max_tokens=4))
     assert cluster.needs == [(0, [str(trained), str(fresh)])] and fp32.served_dtype is None
+
+
+# --- two nodes without a shared filesystem (keep last: it replaces the module's Ray with a two-node cluster) --------
+
+
+UNSHARED_PLUGIN = str(Path(__file__).parent / "ray_unshared_plugin.py")
+
+
+def test_two_nodes_without_a_shared_filesystem_give_the_single_process_run(reference, tmp_path):
+    """ray.cluster_utils.Cluster: a head and a second node, one CPU each, each with its own temporary root (the
+    workers' mirrors). The workers may not touch the driver's folder (tests/ray_unshared_plugin.py), so the shared
+    run-directory check fails there, and with transfer: object_store the quickstart's few steps on one worker per
+    node are the single process's run bit for bit. The Ray run also writes each trained version's bf16 copy
+    (trainer.params.served_dtype), which travels as a unit of its own and changes no fp32 file. Each version
+    goes into the object store once, by its writer (put by the driver: only what the driver wrote)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # the module's single-node Ray
+    roots = {name: tmp_path / name for name in ("node-a", "node-b", "driver")}
+    for root in roots.values():
+        root.mkdir()
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "env_vars": {"TMPDIR": str(roots["node-a"])}})
+    try:
+        nodes.add_node(num_cpus=1, env_vars={"TMPDIR": str(roots["node-b"])})
+        ray.init(address=nodes.address, include_dashboard=False, logging_level="warning")
+        unshared = {"env_vars": {"POPULORA_TEST_UNSHARED": str(roots["driver"])}}
+        one_per_node = ["cluster.params.placement_strategy=STRICT_SPREAD", *RAY_2]
+        with pytest.raises(UserError, match="cannot see a file the driver wrote"):
+            _cluster(
+                roots["driver"] / "shared",
+                (UNSHARED_PLUGIN,),
+                workers=2,
+                threads_per_worker=1,
+                placement_strategy="STRICT_SPREAD",
+                runtime_env=unshared,
+            )
+        manager = PluginManager()
+        manager.load_entry_points()
+        manager.load_file(UNSHARED_PLUGIN)
+        overrides = [
+            *one_per_node,
+            "cluster.params.transfer=object_store",
+            f"cluster.params.runtime_env={json.dumps(unshared)}",
+            "trainer.params.served_dtype=bfloat16",
+        ]
+        recipe, resolved = load_recipe(NANO_RAY, FEW_STEPS + overrides, manager.registry)
+        run_dir = roots["driver"] / "run"
+        run = start_run(recipe, resolved, RunDir(run_dir), manager)
+        cluster = run.components.cluster
+        mirrors = [Path(w.info["mirror"]) for w in cluster.workers]
+        per_step: list[dict[str, int]] = []
+        execute(run, on_step=lambda metrics: per_step.append(dict(cluster.transfer_bytes)))
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+    assert_same_run(reference, run_dir)
+    assert sorted(m.parent for m in mirrors) == [roots["node-a"], roots["node-b"]]  # one worker on each node
+    assert not any(m.exists() for m in mirrors)
+    trained = [p for p in (run_dir / "adapters").iterdir() if not p.name.endswith("@v0")]
+    assert len(trained) >= 8 and all((p / "served-bfloat16" / "adapter_model.safetensors").is_file() for p in trained)
+    print(f"object store bytes after each of steps 1-3: {per_step}")
+    assert per_step[0]["shipped"] == 2 * per_step[0]["put"]  # step 1: each fresh adapter put once, read by both
+    assert per_step[-1]["put"] < per_step[-1]["shipped"] / 2  # then the workers' own objects reach the other one
