@@ -1,6 +1,7 @@
 """Benchmark: step time of the nano recipe on 1 and 2 Ray workers against the single process, and Ray's overhead.
 
-    python -m benchmarks.scaling            # nano 2T-2S and a 4T-4S variant: local, 1 and 2 Ray workers, 4 steps
+    python -m benchmarks.scaling            # nano 2T-2S and a 4T-4S variant: local, 1 and 2 Ray workers (and 2
+                                            # through the object store), 4 steps
     python -m benchmarks.scaling --quick    # 3 steps of smaller rollouts
     python -m benchmarks.scaling --smoke    # 2 tiny steps, local and 2 workers of 2T-2S (CI: does it run)
 
@@ -52,6 +53,8 @@ def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> di
             overhead[metrics["step"]] = cast(Any, run.components.cluster).time.overhead_s
 
     execute(run, on_step=record_overhead)
+    # transfer: object_store: bytes the driver put into the store, shipped to workers and fetched back, per step
+    moved = dict(getattr(run.components.cluster, "transfer_bytes", {}))
     steps = [e for e in RunDir(workdir / label).read_log("events.jsonl") if e["event"] == "step"]
     timed = steps[1:] or steps
     step_s = statistics.fmean(s["time/step"] for s in timed)
@@ -72,6 +75,7 @@ def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> di
         "state_moves": dict(
             getattr(run.components.trainer, "state_moves", {})
         ),  # optimizer states moved between workers
+        "store_bytes_per_step": {k: v // len(steps) for k, v in moved.items()},
     }
 
 
@@ -114,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": ["cluster=local", "engine.params.parallel_batches=2", "trainer.params.parallel_updates=2"],
         "ray-1": ["cluster.params.workers=1", *ray_settings],
         "ray-2": ["cluster.params.workers=2", *ray_settings],
+        # nodes without a shared filesystem: adapters and checkpoint files through the object store
+        "ray-2-store": ["cluster.params.workers=2", "cluster.params.transfer=object_store", *ray_settings],
     }
     if args.smoke:
         configs = {k: v for k, v in configs.items() if k in ("local", "ray-2")}
@@ -133,11 +139,13 @@ def main(argv: list[str] | None = None) -> dict:
                         local_hashes = hashes
                     row["identical"] = hashes == local_hashes
                     rows.append(row)
+                    store = row["store_bytes_per_step"]
                     print(
                         f"{row['config']:>18}: step {row['step_s']:6.2f} s (generate {row['generate_s']:5.2f}, "
                         f"train {row['train_s']:5.2f}, ray overhead {row['ray_overhead_s']:5.3f}, "
                         f"state moves {sum(row['state_moves'].values())}); "
-                        f"start-up {row['startup_s']:5.1f} s; adapters identical to the single process: "
+                        + (f"object store bytes per step {store}; " if store else "")
+                        + f"start-up {row['startup_s']:5.1f} s; adapters identical to the single process: "
                         f"{row['identical']}",
                         flush=True,
                     )
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, Any] = {"benchmark": "scaling", "steps": steps, "rows": rows}
     for population in populations:
         local = step_of(population, "-local")
-        for label in ("threads", "ray-1", "ray-2"):
+        for label in ("threads", "ray-1", "ray-2", "ray-2-store"):
             other = step_of(population, f"-{label}")
             if local and other:
                 result[f"speedup_{population}_{label.replace('-', '_')}"] = local / other

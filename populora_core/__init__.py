@@ -20,7 +20,8 @@ PLUGIN_API_VERSION = 5
 PUBLIC_MODULES = {
     "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components",
     "populora_core.components": "the Protocols each component kind implements and the data passed between them",
-    "populora_core.adapters": "LoRA factors <-> PEFT directories, compatibility checks, fresh adapters",
+    "populora_core.adapters": "LoRA factors <-> PEFT directories (and their served copies), compatibility checks, "
+    "fresh adapters",
     "populora_core.runview": "RunView, what every lifecycle hook receives as ``run``",
     "populora_core.population": "members, ratings, lineage, compute counters, selection_history of a lineage",
     "populora_core.problems": "files of Problem records",

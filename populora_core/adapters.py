@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+#: A version's copy in an engine's serving dtype lives in a sub-folder of it, ``served-bfloat16``: written once by the
+#: trainer beside the fp32 version it trains from, read as it is by an engine that serves in that dtype (vLLM on a
+#: GPU) instead of a converted copy of its own.
+SERVED_PREFIX = "served-"
+#: the 16-bit dtypes a served copy may be in (torch's names)
+SERVED_DTYPES = ("bfloat16", "float16")
 _A_SUFFIX = ".lora_A.weight"
 _B_SUFFIX = ".lora_B.weight"
 
@@ -129,14 +135,38 @@ def from_state_dict(tensors: dict[str, torch.Tensor], config: dict[str, Any], wh
     return LoraWeights(modules, config)
 
 
-def save_lora(weights: LoraWeights, path: str | os.PathLike[str], *, dtype: Any = None) -> Path:
-    """Write a PEFT directory atomically (temp dir then rename); refuses to overwrite a version."""
+def save_lora(
+    weights: LoraWeights, path: str | os.PathLike[str], *, dtype: Any = None, served_dtype: str | None = None
+) -> Path:
+    """Write a PEFT directory atomically (temp dir then rename); refuses to overwrite a version. ``served_dtype``
+    (one of :data:`SERVED_DTYPES`): also its copy in that dtype, in the same rename (:func:`served_copy`)."""
     dest = Path(path)
     if dest.exists():
         raise FileExistsError(f"adapter versions are immutable; {dest} exists")
+    if served_dtype is not None and served_dtype not in SERVED_DTYPES:
+        raise ValueError(f"served_dtype {served_dtype!r}: not one of {SERVED_DTYPES}")
     with atomic_dir(dest) as tmp:
         write_peft_files(weights, tmp, dtype=dtype)
+        if served_dtype is not None:
+            import torch
+
+            served = served_path(tmp, served_dtype)
+            served.mkdir()
+            write_peft_files(weights, served, dtype=getattr(torch, served_dtype))
     return dest
+
+
+def served_path(path: str | os.PathLike[str], dtype: str) -> Path:
+    """Where version ``path`` keeps its copy in ``dtype``."""
+    return Path(path) / f"{SERVED_PREFIX}{dtype}"
+
+
+def served_copy(path: str | os.PathLike[str], dtype: str | None) -> Path | None:
+    """Version ``path``'s copy in ``dtype`` when it has one (None: it has not, or ``dtype`` is None)."""
+    if dtype is None:
+        return None
+    served = served_path(path, dtype)
+    return served if is_adapter_dir(served) else None
 
 
 def write_peft_files(weights: LoraWeights, directory: str | os.PathLike[str], *, dtype: Any = None) -> None:

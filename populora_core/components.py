@@ -70,7 +70,7 @@ __all__ = [
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Generates completions for mixed-adapter batches. An engine subclasses this class to inherit the defaults
-    of its optional capabilities (``row_seeded``, ``close``)."""
+    of its optional capabilities (``row_seeded``, ``served_dtype``, ``close``)."""
 
     @property
     def row_seeded(self) -> bool:
@@ -79,6 +79,13 @@ class RolloutEngine(Protocol):
         the other requests of the call. Only then may a cluster split one call across workers and still get
         exactly what the single process gets. False by default."""
         return False
+
+    @property
+    def served_dtype(self) -> str | None:
+        """The 16-bit dtype this engine serves adapters in when it reads a version's copy in it
+        (:func:`populora_core.adapters.served_copy`, which trainers write beside the fp32 version) instead of the
+        version itself; a Ray cluster then ships only that copy to it. None (the default): it reads the version."""
+        return None
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         """``sampling.n`` completions per request, in request order; mixed adapters in one batch.

@@ -371,13 +371,17 @@ class ModelHost:
 
         return get_peft_model_state_dict(self.peft, adapter_name=key)
 
-    def save(self, key: str, out_dir: str | Path, config: dict[str, Any] | None = None) -> Path:
-        """Write slot ``key`` as a new PEFT directory (atomic; refuses to overwrite a version)."""
+    def save(
+        self, key: str, out_dir: str | Path, config: dict[str, Any] | None = None, *, served_dtype: str | None = None
+    ) -> Path:
+        """Write slot ``key`` as a new PEFT directory (atomic; refuses to overwrite a version), in fp32, plus its
+        copy in ``served_dtype`` when given (populora_core.adapters.served_copy)."""
         with self.lock:
             config = dict(config if config is not None else self._configs[key])
             config["inference_mode"] = True
             tensors = {k: v.detach().to("cpu", self._torch.float32).clone() for k, v in self.state_dict(key).items()}
-            return save_lora(from_state_dict(tensors, config, where=f"adapter slot {key}"), out_dir)
+            weights = from_state_dict(tensors, config, where=f"adapter slot {key}")
+            return save_lora(weights, out_dir, served_dtype=served_dtype)
 
 
 _HOSTS: dict[tuple[str, str, str], ModelHost] = {}

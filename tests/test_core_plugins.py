@@ -342,4 +342,4 @@ def test_a_component_missing_a_protocol_member_is_an_error_naming_it_before_the_
 
         def sleep(self): ...
 
-    assert not Engine().row_seeded and Engine().close() is None
+    assert not Engine().row_seeded and Engine().served_dtype is None and Engine().close() is None

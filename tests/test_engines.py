@@ -330,3 +330,35 @@ def test_tmpfs_copies_are_bounded_by_bytes_and_fall_back_to_the_run_dir(adapters
     assert copies.used_bytes + big.used_bytes == on_disk() and list(big._copies) == ["y", "z", "x", "w"]
     assert AdapterCopies(None, 10 * one).place("a", srcs[0], {"a"}) == srcs[0]  # no tmpfs: run dirs
     assert AdapterCopies(root, 0).place("a", srcs[0], {"a"}) == srcs[0]
+
+
+def test_a_version_written_with_its_served_copy_is_handed_to_vllm_as_it_is(adapters, tmp_path):
+    """The copy a trainer writes beside the fp32 version (save_lora served_dtype) holds exactly the bytes the engine's
+    own copy would, so the engine serves that folder and makes no copy; the fp32 files do not change."""
+    from pathlib import Path
+
+    from populora_engines.vllm_engine import AdapterCopies, write_adapter_copy
+
+    from populora_core.adapters import load_lora, save_lora, served_copy
+
+    weights = load_lora(adapters[0].path)
+    version = save_lora(weights, tmp_path / "v1", served_dtype="bfloat16")
+    plain = save_lora(weights, tmp_path / "plain")
+    ours = tmp_path / "ours"
+    write_adapter_copy(version, ours, "bfloat16")
+    served = served_copy(version, "bfloat16")
+    assert served == version / "served-bfloat16"
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        assert (version / name).read_bytes() == (plain / name).read_bytes()
+        assert (served / name).read_bytes() == (ours / name).read_bytes()
+    assert served_copy(version, "float16") is None and served_copy(version, None) is None
+    assert served_copy(plain, "bfloat16") is None
+    root = tmp_path / "shm"
+    root.mkdir()
+    copies = AdapterCopies(root, max_bytes=10**9, dtype="bfloat16")
+    assert copies.place("v1", version, {"v1"}) == served and copies.used_bytes == 0 and not any(root.iterdir())
+    assert copies.place("plain", plain, {"plain"}).parent == root  # without one: a copy of ours, as before
+    assert AdapterCopies(root, 10**9, dtype=None).place("v1", version, {"v1"}).parent == root  # fp32 serving
+    with pytest.raises(ValueError, match="served_dtype"):
+        save_lora(weights, tmp_path / "bad", served_dtype="float32")
+    assert not Path(tmp_path / "bad").exists()

@@ -311,14 +311,14 @@ def test_a_mirroring_worker_reads_and_writes_only_its_mirror(tmp_path):
     worker = PopulationWorker(0, "colocated", 1)
     worker.engine = worker.trainer = Recorder()
     mirror = Path(worker.use_mirror())
-    worker.receive(transfer.pack([str(version)]), [])
+    worker.receive([], transfer.pack([str(version)]))
     assert (transfer.mirrored(mirror, version) / "adapter_model.safetensors").read_bytes() == b"weights"
     ref = AdapterRef("s0@v1", str(version))
     worker.generate([GenerationRequest("p", ref), GenerationRequest("q")], None)
     worker.update_many([UpdateJob("s0", ref, [], run_dir / "adapters" / "s0" / "v2")])
     worker.trainer_call("save_members", str(run_dir / "checkpoints" / "00000001" / "trainer"), [])
     assert len(seen) == 4 and all(Path(p).is_relative_to(mirror) for p in seen), seen
-    worker.receive({}, [str(version)])  # the run deleted that version: so does the mirror
+    worker.receive([str(version)])  # the run deleted that version: so does the mirror
     assert not transfer.mirrored(mirror, version).exists()
     worker.close()
     assert not mirror.exists()
@@ -513,3 +513,128 @@ def test_bad_executor_settings_are_errors_naming_the_setting(ray_cluster, manage
 def test_a_run_on_the_ray_executor_is_the_single_process_run(reference, manager, ray_cluster, tmp_path):
     assert_same_run(reference, _run(manager, tmp_path / "ray-executor", [*LOCAL, RAY_EXECUTOR]))
     assert _released(ray_cluster)
+
+
+def test_a_version_and_its_served_copies_travel_as_separate_units(tmp_path):
+    """An engine that serves in bf16 needs only a version's served copy, a trainer only its fp32 files: each is a
+    unit of its own, so neither drags the other along."""
+    from populora_ray import transfer
+
+    version = tmp_path / "run" / "adapters" / "s0@v1"
+    (version / "served-bfloat16").mkdir(parents=True)
+    for folder, weights in ((version, b"fp32"), (version / "served-bfloat16", b"bf16")):
+        (folder / "adapter_model.safetensors").write_bytes(weights)
+        (folder / "adapter_config.json").write_text("{}")
+    served = str(version / "served-bfloat16")
+    assert transfer.units([str(version)]) == [str(version), served]
+    bundle = transfer.pack(transfer.units([str(version)]))
+    assert bundle[str(version)] == {"adapter_config.json": b"{}", "adapter_model.safetensors": b"fp32"}
+    assert bundle[served] == {"adapter_config.json": b"{}", "adapter_model.safetensors": b"bf16"}
+    mirror = tmp_path / "mirror"
+    transfer.unpack({served: bundle[served]}, mirror)
+    assert transfer.units([str(version)], mirror) == [str(version), served]
+    assert not (transfer.mirrored(mirror, version) / "adapter_model.safetensors").exists()
+
+
+def test_an_engine_serving_in_bf16_is_shipped_only_each_versions_served_copy(tmp_path):
+    """What the driver asks the cluster to ship before a generation call: per engine worker, the copy in its
+    engine's dtype where the version has one, else the version (a fresh adapter, a child bred in the driver)."""
+    from types import SimpleNamespace
+
+    from populora_ray.cluster import Worker
+    from populora_ray.engine import RayEngine
+
+    from populora_core.components import AdapterRef, GenerationRequest, SamplingParams
+
+    trained, fresh = tmp_path / "s0@v1", tmp_path / "s1@v0"
+    for folder in (trained, trained / "served-bfloat16", fresh):
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"weights")
+        (folder / "adapter_config.json").write_text("{}")
+
+    class Cluster:
+        def __init__(self):
+            self.mirrored = {0: set(), 1: set()}
+
+        def ship(self, needs):
+            self.needs = [(w.index, list(paths)) for w, paths in needs]
+
+        def call(self, what, calls):
+            return [ref for _, ref in calls]
+
+    actor = SimpleNamespace(generate=SimpleNamespace(remote=lambda part, sampling: [[] for _ in part]))
+    workers = [Worker(0, "engine", actor), Worker(1, "engine", actor)]
+    cluster = Cluster()
+    engine = RayEngine(cluster, workers, split=True, served_dtypes=["bfloat16", "bfloat16"])
+    both = [GenerationRequest("p" * 400, AdapterRef("s0@v1", str(trained))), GenerationRequest("q" * 400)]
+    both.append(GenerationRequest("r" * 400, AdapterRef("s1@v0", str(fresh))))
+    engine.generate(both, SamplingParams(max_tokens=4))
+    assert cluster.needs == [(0, [str(trained / "served-bfloat16")]), (1, [str(fresh)])]
+    assert engine.served_dtype == "bfloat16"
+    fp32 = RayEngine(cluster, workers, split=False, served_dtypes=[None, None])
+    fp32.generate(both, SamplingParams(max_tokens=4))
+    assert cluster.needs == [(0, [str(trained), str(fresh)])] and fp32.served_dtype is None
+
+
+# --- two nodes without a shared filesystem (keep last: it replaces the module's Ray with a two-node cluster) --------
+
+
+UNSHARED_PLUGIN = str(Path(__file__).parent / "ray_unshared_plugin.py")
+
+
+def test_two_nodes_without_a_shared_filesystem_give_the_single_process_run(reference, tmp_path):
+    """ray.cluster_utils.Cluster: a head and a second node, one CPU each, each with its own temporary root (the
+    workers' mirrors). The workers may not touch the driver's folder (tests/ray_unshared_plugin.py), so the shared
+    run-directory check fails there, and with transfer: object_store the quickstart's few steps on one worker per
+    node are the single process's run bit for bit. The Ray run also writes each trained version's bf16 copy
+    (trainer.params.served_dtype), which travels as a unit of its own and changes no fp32 file. Each version
+    goes into the object store once, by its writer (put by the driver: only what the driver wrote)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # the module's single-node Ray
+    roots = {name: tmp_path / name for name in ("node-a", "node-b", "driver")}
+    for root in roots.values():
+        root.mkdir()
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "env_vars": {"TMPDIR": str(roots["node-a"])}})
+    try:
+        nodes.add_node(num_cpus=1, env_vars={"TMPDIR": str(roots["node-b"])})
+        ray.init(address=nodes.address, include_dashboard=False, logging_level="warning")
+        unshared = {"env_vars": {"POPULORA_TEST_UNSHARED": str(roots["driver"])}}
+        one_per_node = ["cluster.params.placement_strategy=STRICT_SPREAD", *RAY_2]
+        with pytest.raises(UserError, match="cannot see a file the driver wrote"):
+            _cluster(
+                roots["driver"] / "shared",
+                (UNSHARED_PLUGIN,),
+                workers=2,
+                threads_per_worker=1,
+                placement_strategy="STRICT_SPREAD",
+                runtime_env=unshared,
+            )
+        manager = PluginManager()
+        manager.load_entry_points()
+        manager.load_file(UNSHARED_PLUGIN)
+        overrides = [
+            *one_per_node,
+            "cluster.params.transfer=object_store",
+            f"cluster.params.runtime_env={json.dumps(unshared)}",
+            "trainer.params.served_dtype=bfloat16",
+        ]
+        recipe, resolved = load_recipe(NANO_RAY, FEW_STEPS + overrides, manager.registry)
+        run_dir = roots["driver"] / "run"
+        run = start_run(recipe, resolved, RunDir(run_dir), manager)
+        cluster = run.components.cluster
+        mirrors = [Path(w.info["mirror"]) for w in cluster.workers]
+        per_step: list[dict[str, int]] = []
+        execute(run, on_step=lambda metrics: per_step.append(dict(cluster.transfer_bytes)))
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+    assert_same_run(reference, run_dir)
+    assert sorted(m.parent for m in mirrors) == [roots["node-a"], roots["node-b"]]  # one worker on each node
+    assert not any(m.exists() for m in mirrors)
+    trained = [p for p in (run_dir / "adapters").iterdir() if not p.name.endswith("@v0")]
+    assert len(trained) >= 8 and all((p / "served-bfloat16" / "adapter_model.safetensors").is_file() for p in trained)
+    print(f"object store bytes after each of steps 1-3: {per_step}")
+    assert per_step[0]["shipped"] == 2 * per_step[0]["put"]  # step 1: each fresh adapter put once, read by both
+    assert per_step[-1]["put"] < per_step[-1]["shipped"] / 2  # then the workers' own objects reach the other one

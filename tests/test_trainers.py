@@ -1051,3 +1051,37 @@ def test_the_host_owns_its_modes_and_refuses_overlap(base, adapters, tmp_path):
     assert not any(m.disable_adapters for m in lora_layers)
     with host.training() as model:
         assert host.mode == "training"
+
+
+def test_the_served_copy_is_written_beside_the_fp32_version_and_changes_nothing_else(base, adapters, tmp_path):
+    """served_dtype: each new version also in bf16 (what vLLM on a GPU serves), in the same atomic write; its fp32
+    files are those of the same update without it; auto writes no copy in a float32 run (the CPU)."""
+    import torch
+    from populora_trl.state import served_dtype
+    from safetensors.torch import load_file
+
+    from populora_core.adapters import served_copy
+
+    assert served_dtype("auto", torch.bfloat16) == "bfloat16" and served_dtype("auto", torch.float16) == "float16"
+    assert served_dtype("auto", torch.float32) is None and served_dtype("none", torch.bfloat16) is None
+    assert served_dtype("bfloat16", torch.float32) == "bfloat16"
+    rollouts = _rollouts("m0")
+    plain = make("trainer", "trr++", base, lr=1e-2)
+    plain.update("m0", adapters[0], rollouts, tmp_path / "plain")
+    assert plain.served_dtype is None and all(p.is_file() for p in (tmp_path / "plain").iterdir())
+    served = make("trainer", "trr++", base, lr=1e-2, served_dtype="bfloat16")
+    served.update("m0", adapters[0], rollouts, tmp_path / "served")
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        assert (tmp_path / "served" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+    copy = served_copy(tmp_path / "served", "bfloat16")
+    assert (
+        copy is not None
+        and (copy / "adapter_config.json").read_text() == (tmp_path / "plain" / "adapter_config.json").read_text()
+    )
+    master, half = (
+        load_file(str(tmp_path / "plain" / "adapter_model.safetensors")),
+        load_file(str(copy / "adapter_model.safetensors")),
+    )
+    assert set(half) == set(master) and all(
+        half[k].dtype == torch.bfloat16 and torch.equal(half[k], master[k].to(torch.bfloat16)) for k in half
+    )

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from populora_core.adapters import served_copy
 from populora_core.components import (
     AdapterRef,
     BaseModel,
@@ -122,7 +123,8 @@ class AdapterCopies:
 
     A version that would not fit, even after evicting the least recently used copies outside the
     current call (``pinned``), is served from its own directory instead. Copies are written in
-    ``dtype`` (see :func:`served_dtype`); the run directory keeps the trainer's fp32 master copy.
+    ``dtype`` (see :func:`served_dtype`); the run directory keeps the trainer's fp32 master copy. A version
+    that holds its copy in ``dtype`` already (written by its trainer) is served from that one, with no copy here.
     """
 
     def __init__(self, root: Path | None, max_bytes: int, dtype: str | None = None) -> None:
@@ -137,7 +139,11 @@ class AdapterCopies:
         return self._fixed + sum(size for _, size in self._copies.values())
 
     def place(self, key: str, src: Path, pinned: set[str]) -> Path:
-        """Where vLLM reads ``key``'s adapter (at ``src``) from: its copy, made now if it fits, else ``src``."""
+        """Where vLLM reads ``key``'s adapter (at ``src``) from: the copy in ``dtype`` its trainer wrote beside it
+        (populora_core.adapters.served_copy), else a copy of ours, made now if it fits, else ``src``."""
+        served = served_copy(src, self.dtype)
+        if served is not None:
+            return served
         hit = self._copies.get(key)
         if hit is not None and hit[0].exists():
             self._copies.move_to_end(key)
@@ -327,6 +333,11 @@ class VLLMEngine(RolloutEngine):
         self._calls = 0
         self._asleep = False
 
+    @property
+    def served_dtype(self) -> str | None:
+        """vLLM casts adapters to its compute dtype: a version's copy in it (bf16 on a GPU) is read as it is."""
+        return self.copies.dtype
+
     # --- adapters -------------------------------------------------------------------------------
 
     def _lora_request(self, ref: AdapterRef, pinned: set[str]) -> Any:
@@ -336,7 +347,7 @@ class VLLMEngine(RolloutEngine):
 
         name = ref.served_key
         src = Path(ref.path)
-        if not (src / "adapter_config.json").is_file():
+        if not (src / "adapter_config.json").is_file() and served_copy(src, self.copies.dtype) is None:
             raise UserError(f"adapter {ref.name!r}: not a PEFT adapter directory: {src}")
         if name not in self._ids:
             self._ids[name] = len(self._ids) + 1  # a new version is a new name: never reuse an id

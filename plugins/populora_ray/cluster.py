@@ -15,6 +15,8 @@ import json
 import os
 import secrets
 import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,9 +115,12 @@ class RayCluster(Cluster):
         self.workers: list[Worker] = []
         self._placement_group: Any = None
         self._closed = False
-        # transfer: object_store: the driver paths each worker's mirror holds, and the bytes moved both ways
+        # transfer: object_store: the driver paths (transfer.units) each worker's mirror holds; the units in the
+        # object store for workers still to read them (ref, bytes); bytes put there by the driver, shipped to
+        # workers (one delivery each) and fetched from them
         self.mirrored: dict[int, set[str]] = {}
-        self.moved_bytes = 0
+        self.stored: dict[str, tuple[Any, int]] = {}
+        self.transfer_bytes: Counter[str] = Counter()
         self._started_ray = connect(
             self.ray,
             params.address,
@@ -262,7 +267,12 @@ class RayCluster(Cluster):
             "build", [(w, w.actor.build.remote("engine", name, params, context)) for w in workers], timed=False
         )
         row_seeded = all(t["row_seeded"] for t in traits)
-        return RayEngine(self, workers, split=row_seeded or self.params.generation_split == "always")
+        return RayEngine(
+            self,
+            workers,
+            split=row_seeded or self.params.generation_split == "always",
+            served_dtypes=[t["served_dtype"] for t in traits],
+        )
 
     def trainer(self, name: str, params: dict[str, Any], context: dict[str, Any]) -> Any:
         from .trainer import RayTrainer
@@ -289,10 +299,13 @@ class RayCluster(Cluster):
         ray = self.ray
         start = time.perf_counter()
         results = []
+        if calls:  # every result pulled here at once, then read in order
+            ray.wait([ref for _, ref in calls], num_returns=len(calls), fetch_local=True)
         for worker, ref in calls:
             try:
                 results.append(ray.get(ref))
-            except ray.exceptions.RayActorError as exc:
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                # ObjectLostError: a file a worker wrote into the object store went with that worker
                 raise WorkerLost(
                     f"{worker.where()} died during {what}: {first_line(exc)}. The run stopped; "
                     f"`populora resume {self.run_dir}` continues it from its last checkpoint"
@@ -311,38 +324,81 @@ class RayCluster(Cluster):
 
     # --- run-directory files (transfer: object_store; no-ops when the run directory is shared) ----------
 
-    def ship(self, worker: Worker, paths: list[str], *, again: bool = False) -> None:
-        """Before a call that reads these run-directory paths on ``worker``: copy the ones its mirror lacks
-        (``again``: all of them; a checkpoint folder may be rewritten, an adapter version never is), and drop
-        mirrored paths the run has deleted since."""
-        held = self.mirrored.get(worker.index)
-        if held is None:
-            return
-        wanted = [p for p in dict.fromkeys(paths) if again or p not in held]
-        gone = sorted(p for p in held if not os.path.exists(p))
-        if not wanted and not gone:
-            return
-        bundle = transfer.pack(wanted)
-        self.moved_bytes += transfer.size(bundle)
-        self.call("transfer", [(worker, worker.actor.receive.remote(bundle, gone))])
-        held.difference_update(gone)
-        held.update(wanted)
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes that crossed between the driver's run directory and the workers, both ways."""
+        return self.transfer_bytes["shipped"] + self.transfer_bytes["fetched"]
 
-    def fetch(self, worker: Worker, paths: list[str]) -> None:
-        """After a call that wrote these run-directory paths on ``worker``: write them into the run directory."""
-        held = self.mirrored.get(worker.index)
-        if held is None or not paths:
+    def ship(self, needs: Sequence[tuple[Worker, Sequence[str]]], *, again: bool = False) -> None:
+        """Before calls that read these run-directory paths (transfer.units) on these workers: the ones a worker's
+        mirror lacks (``again``: all of them; a checkpoint folder may be rewritten, an adapter version never is)
+        go from the object store, where each is put once, to every such worker at once; mirrored paths the run
+        has deleted since are dropped."""
+        if not self.mirrored:
             return
-        (bundle,) = self.call("transfer", [(worker, worker.actor.send.remote(paths))])
-        self.moved_bytes += transfer.size(bundle)
-        transfer.unpack(bundle)
-        held.update(paths)
+        for path in [p for p in self.stored if not os.path.exists(p)]:
+            del self.stored[path]
+        deliveries = []
+        for worker, paths in needs:
+            held = self.mirrored[worker.index]
+            wanted = [p for p in dict.fromkeys(paths) if again or p not in held]
+            gone = sorted(p for p in held if not os.path.exists(p))
+            if wanted or gone:
+                deliveries.append((worker, wanted, gone))
+        if not deliveries:
+            return
+        objects: dict[str, tuple[Any, int]] = {}
+        for path in dict.fromkeys(p for _, wanted, _ in deliveries for p in wanted):
+            stored = None if again else self.stored.get(path)
+            objects[path] = stored if stored is not None else self._put(path, keep=not again)
+        calls = [(w, w.actor.receive.remote(gone, *(objects[p][0] for p in wanted))) for w, wanted, gone in deliveries]
+        self.call("transfer", calls)
+        for worker, wanted, gone in deliveries:
+            held = self.mirrored[worker.index]
+            held.difference_update(gone)
+            held.update(wanted)
+            self.transfer_bytes["shipped"] += sum(objects[p][1] for p in wanted)
+
+    def _put(self, path: str, keep: bool) -> tuple[Any, int]:
+        """Driver path ``path`` into the object store (``keep``: there for later readers too)."""
+        bundle = transfer.pack([path])
+        stored = (self.ray.put(bundle), transfer.size(bundle))
+        self.transfer_bytes["put"] += stored[1]
+        if keep:
+            self.stored[path] = stored
+        return stored
+
+    def fetch(self, wrote: Sequence[tuple[Worker, Sequence[str]]], *, share: bool = False) -> None:
+        """After calls that wrote these run-directory paths on these workers: write them (each with its served
+        copies) into the run directory, from every worker at once. ``share`` (adapter versions): the objects the
+        workers put in the store stay there for the other workers that will read them (:meth:`release`)."""
+        wrote = [(w, list(paths)) for w, paths in wrote if paths and self.mirrored.get(w.index) is not None]
+        if not wrote:
+            return
+        sent = self.call("transfer", [(w, w.actor.send.remote(paths)) for w, paths in wrote])
+        parts = [(w, unit, ref) for (w, _), refs in zip(wrote, sent) for unit, ref in refs.items()]
+        bundles = self.call("transfer", [(w, ref) for w, _, ref in parts], timed=False)
+        for (worker, unit, ref), bundle in zip(parts, bundles):
+            transfer.unpack(bundle)
+            size = transfer.size(bundle)
+            self.transfer_bytes["fetched"] += size
+            self.mirrored[worker.index].add(unit)
+            if share:
+                self.stored[unit] = (ref, size)
+
+    def release(self, keep: Iterable[str]) -> None:
+        """Drop the stored objects of every path but ``keep``: no worker will read them from the store again (a
+        later reader gets a fresh copy from the run directory)."""
+        kept = set(keep)
+        for path in [p for p in self.stored if p not in kept]:
+            del self.stored[path]
 
     def close(self) -> None:
         """Kill the actors, remove the placement group, and stop Ray if this run started it."""
         if self._closed:
             return
         self._closed = True
+        self.stored.clear()
         ray = self.ray
         if self.mirrored:  # the workers' mirrors: removed by the workers, which the kill below would not let run
             try:

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from populora_core.adapters import served_copy
 from populora_core.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
 
 from .transfer import absolute
@@ -27,10 +28,21 @@ def token_budget(request: GenerationRequest, sampling: SamplingParams) -> int:
 
 
 class RayEngine(RolloutEngine):
-    def __init__(self, cluster: Any, workers: list[Any], *, split: bool) -> None:
+    def __init__(self, cluster: Any, workers: list[Any], *, split: bool, served_dtypes: list[str | None]) -> None:
         self.cluster = cluster
         self.workers = workers
         self.split = split  # row-seeded engine, or cluster.params.generation_split: always
+        self.served_dtypes = served_dtypes  # each worker's engine's (RolloutEngine.served_dtype)
+
+    @property
+    def served_dtype(self) -> str | None:
+        """The workers' engines': the same engine everywhere, so one dtype (None when they differ)."""
+        return self.served_dtypes[0] if len(set(self.served_dtypes)) == 1 else None
+
+    def _reads(self, worker: int, path: str) -> str:
+        """What an engine worker reads of version ``path``: its copy in the engine's dtype when it has one."""
+        served = served_copy(path, self.served_dtypes[worker])
+        return path if served is None else str(served)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         if not requests:
@@ -39,14 +51,20 @@ class RayEngine(RolloutEngine):
             ranges = split_by_cost([token_budget(r, sampling) for r in requests], len(self.workers))
         else:
             ranges = [(0, len(requests))]
-        calls = []
-        for worker, (start, end) in zip(self.workers, ranges):
-            part = [
+        parts = [
+            [
                 dataclasses.replace(r, adapter=absolute(r.adapter), index=r.index if r.index is not None else i)
                 for i, r in enumerate(requests[start:end], start=start)
             ]
-            self.cluster.ship(worker, [r.adapter.path for r in part if r.adapter is not None])
-            calls.append((worker, worker.actor.generate.remote(part, sampling)))
+            for start, end in ranges
+        ]
+        if self.cluster.mirrored:
+            needs = [
+                (self.workers[w], [self._reads(w, r.adapter.path) for r in part if r.adapter is not None])
+                for w, part in enumerate(parts)
+            ]
+            self.cluster.ship(needs)
+        calls = [(worker, worker.actor.generate.remote(part, sampling)) for worker, part in zip(self.workers, parts)]
         return [row for part in self.cluster.call("generate", calls) for row in part]
 
     def sleep(self) -> None:

@@ -68,6 +68,8 @@ class RayTrainer(Trainer):
         its own at once."""
         self._settle()
         jobs = [dataclasses.replace(j, adapter=absolute(j.adapter), out_dir=Path(j.out_dir).absolute()) for j in jobs]
+        # the versions this step supersedes leave the object store: every engine reads the new ones from now on
+        self.cluster.release(j.adapter.path for j in jobs)
         for move in self.placement.balance({job.member_id: work(job) for job in jobs}):
             self.state_moves["balance"] += 1
             state = self._call("move", move.source, "export_member", move.member)
@@ -76,8 +78,7 @@ class RayTrainer(Trainer):
         by_worker: dict[int, list[int]] = {}
         for i, job in enumerate(jobs):
             by_worker.setdefault(self.placement.owner[job.member_id], []).append(i)
-        for w, idx in by_worker.items():
-            self.cluster.ship(self.workers[w], [jobs[i].adapter.path for i in idx])
+        self.cluster.ship([(self.workers[w], [jobs[i].adapter.path for i in idx]) for w, idx in by_worker.items()])
         calls = [
             (self.workers[w], self.workers[w].actor.update_many.remote([jobs[i] for i in idx]))
             for w, idx in sorted(by_worker.items())
@@ -86,8 +87,8 @@ class RayTrainer(Trainer):
         for (_, idx), stats in zip(sorted(by_worker.items()), self.cluster.call("train", calls)):
             for i, s in zip(idx, stats):
                 results[i] = s
-        for w, idx in sorted(by_worker.items()):
-            self.cluster.fetch(self.workers[w], [str(jobs[i].out_dir) for i in idx])
+        wrote = [(self.workers[w], [str(jobs[i].out_dir) for i in idx]) for w, idx in sorted(by_worker.items())]
+        self.cluster.fetch(wrote, share=True)
         return [s for s in results if s is not None]
 
     # --- member state -------------------------------------------------------------------------------
@@ -136,8 +137,9 @@ class RayTrainer(Trainer):
         directory = Path(directory).absolute()
         directory.mkdir(parents=True, exist_ok=True)
         parts = self._on_all("checkpoint", "save_members", lambda i: (str(directory), self.placement.members_of(i)))
-        for worker, part in zip(self.workers, parts):
-            self.cluster.fetch(worker, [str(directory / rel) for rel in part.values()])
+        self.cluster.fetch(
+            [(w, [str(directory / rel) for rel in part.values()]) for w, part in zip(self.workers, parts)]
+        )
         files = {member: rel for part in parts for member, rel in part.items()}
         write_manifest(directory, self.algorithm, files)
 
@@ -151,9 +153,10 @@ class RayTrainer(Trainer):
         files = manifest["members"]
         for member in sorted(files):
             self.placement.place(member)
-        for i, worker in enumerate(self.workers):
-            mine = [str(directory / files[m]) for m in self.placement.members_of(i)]
-            self.cluster.ship(worker, mine, again=True)
+        mine = [
+            (w, [str(directory / files[m]) for m in self.placement.members_of(i)]) for i, w in enumerate(self.workers)
+        ]
+        self.cluster.ship(mine, again=True)
         self._on_all(
             "resume",
             "load_members",

@@ -5,7 +5,9 @@ With ``cluster.params.transfer: object_store`` each worker keeps a private mirro
 directory (``mirror / <driver path>``): the driver ships the adapter versions a call reads before the call
 (once per worker: versions are immutable) and fetches back what a worker wrote (new adapter versions, its
 members' checkpoint files). The run directory on the driver stays the one complete record, as it is with a
-shared filesystem. Pure file helpers here; the calls live in cluster.py and worker.py.
+shared filesystem. A version and each of its served copies (``served-bfloat16``, populora_core.adapters) travel
+as separate units: an engine that serves in that dtype needs only the copy, a trainer only the fp32 files.
+Pure file helpers here; the calls live in cluster.py and worker.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from populora_core.adapters import SERVED_PREFIX
 from populora_core.files import atomic_write_bytes
 
 #: driver path (a file or a directory) -> its files: relative name ("" for the path itself) -> bytes
@@ -30,16 +33,31 @@ def mirrored(mirror: Path | None, path: str | os.PathLike[str]) -> Path:
 
 
 def pack(paths: Iterable[str], mirror: Path | None = None) -> Bundle:
-    """The files at (or under) each driver path, read from ``mirror`` (None: from the path itself)."""
+    """The files at (or under) each driver path, read from ``mirror`` (None: from the path itself); a folder's
+    served copies are left out (units of their own, see :func:`units`)."""
     bundle: Bundle = {}
     for path in paths:
         here = mirrored(mirror, path)
         if here.is_file():
             bundle[path] = {"": here.read_bytes()}
         else:
-            files = sorted(f for f in here.rglob("*") if f.is_file())
-            bundle[path] = {str(f.relative_to(here)): f.read_bytes() for f in files}
+            names = sorted(f.relative_to(here) for f in here.rglob("*") if f.is_file())
+            kept = [n for n in names if len(n.parts) == 1 or not n.parts[0].startswith(SERVED_PREFIX)]
+            bundle[path] = {str(n): (here / n).read_bytes() for n in kept}
     return bundle
+
+
+def units(paths: Iterable[str], mirror: Path | None = None) -> list[str]:
+    """Each driver path followed by its served copies (an adapter version's ``served-<dtype>`` folders): what
+    travels, and is held by a mirror, on its own."""
+    out = []
+    for path in paths:
+        out.append(path)
+        here = mirrored(mirror, path)
+        if here.is_dir():
+            copies = sorted(c.name for c in here.iterdir() if c.is_dir() and c.name.startswith(SERVED_PREFIX))
+            out += [str(Path(path) / name) for name in copies]
+    return out
 
 
 def size(bundle: Bundle) -> int:

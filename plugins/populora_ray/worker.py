@@ -81,7 +81,10 @@ class PopulationWorker:
         built = component.build(params, **context)
         if kind == "engine":
             self.engine = built
-            return {"row_seeded": bool(getattr(built, "row_seeded", False))}
+            return {
+                "row_seeded": bool(getattr(built, "row_seeded", False)),
+                "served_dtype": getattr(built, "served_dtype", None),
+            }
         self.trainer = built
         from populora_core.components import MemberStateTrainer
 
@@ -99,16 +102,21 @@ class PopulationWorker:
         self.mirror = Path(tempfile.mkdtemp(prefix=f"populora-ray-worker{self.index}-"))
         return str(self.mirror)
 
-    def receive(self, bundle: transfer.Bundle, gone: Sequence[str]) -> tuple[None, float]:
-        """Files the driver shipped, and mirrored paths it deleted. All transfer, so no time inside is counted."""
+    def receive(self, gone: Sequence[str], *bundles: transfer.Bundle) -> tuple[None, float]:
+        """Mirrored paths the driver deleted, and the files it shipped (Ray fetched them from the object store
+        before the call). All transfer, so no time inside is counted."""
         assert self.mirror is not None, "receive needs use_mirror first"
-        transfer.unpack(bundle, self.mirror)
+        for bundle in bundles:
+            transfer.unpack(bundle, self.mirror)
         transfer.remove(gone, self.mirror)
         return None, 0.0
 
-    def send(self, paths: Sequence[str]) -> tuple[transfer.Bundle, float]:
-        """The mirrored files at these driver paths, for the driver to write into the run directory."""
-        return transfer.pack(paths, self.mirror), 0.0
+    def send(self, paths: Sequence[str]) -> tuple[dict[str, Any], float]:
+        """The mirrored files at these driver paths, one object in the store per unit (transfer.units): the driver
+        writes them into the run directory and hands the same objects to the other workers that read them."""
+        import ray
+
+        return {unit: ray.put(transfer.pack([unit], self.mirror)) for unit in transfer.units(paths, self.mirror)}, 0.0
 
     def _here(self, ref: AdapterRef | None) -> AdapterRef | None:
         if ref is None or self.mirror is None:

@@ -69,6 +69,13 @@ class _Common(Params):
         "(populora_trl.forward.fused_lora); peft: PEFT's LoRA layer forward. The same gradients up to fp32 rounding",
     )
     temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
+    served_dtype: Literal["auto", "none", "bfloat16", "float16"] = Field(
+        "auto",
+        description="each new version is also written in this dtype, in its served-<dtype> folder, for an engine "
+        "that serves in it (vllm on a GPU) to read as it is instead of converting a copy of its own, and for a Ray "
+        "cluster to ship to engine workers (half the bytes); auto: the base model's dtype on the trainer's device "
+        "when it is 16-bit (bf16 on CUDA), none in float32 (the CPU); none: only the fp32 version",
+    )
 
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from populora_core.adapters import SERVED_DTYPES
 from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollout, Trainer
 from populora_core.errors import UserError
 from populora_core.files import atomic_path
@@ -44,6 +45,17 @@ def scheduled_lr(lr: float, steps_done: int, decay_steps: int | None, min_ratio:
     return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def served_dtype(setting: str, host_dtype: Any) -> str | None:
+    """The dtype of each new version's served copy: ``auto`` follows the base model's dtype on the trainer's device
+    when it is 16-bit (what vLLM serves adapters in there), so a float32 run (the CPU) writes only its fp32 files."""
+    if setting == "none":
+        return None
+    if setting != "auto":
+        return setting
+    name = str(host_dtype).removeprefix("torch.")
+    return name if name in SERVED_DTYPES else None
+
+
 class LoraTrainerBase(Trainer):
     """Trains one member at a time in the host's scratch slot; keeps AdamW state per member.
 
@@ -65,6 +77,7 @@ class LoraTrainerBase(Trainer):
         self.lora = lora
         self.seed = int(seed)
         self.host = get_host(base_model, params.device)
+        self.served_dtype = served_dtype(params.served_dtype, self.host.dtype)
         self._states: dict[str, dict[str, Any]] = {}
         parallel = getattr(params, "parallel_updates", 1)
         if parallel > 1 and use_checkpointing(params.gradient_checkpointing, self.host.device):
@@ -159,7 +172,7 @@ class LoraTrainerBase(Trainer):
                 yield model
 
     def _finish(self, adapter: AdapterRef, config: dict[str, Any], out_dir: Path, slot: str = SCRATCH) -> Path:
-        out = self.host.save(slot, out_dir, config)
+        out = self.host.save(slot, out_dir, config, served_dtype=self.served_dtype)
         self.host.peft.eval()
         for p in self.host.params(slot).values():
             p.requires_grad_(False)
