@@ -53,7 +53,7 @@ def run_seed(
     from populora_core.probe import run_probe_set
     from populora_core.recipe import load_recipe
     from populora_core.rng import derived_rng
-    from populora_core.run import RunDir
+    from populora_core.run_dir import RunDir
 
     manager = get_manager()
     recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"], manager.registry)

@@ -313,7 +313,7 @@ def population_check(args: argparse.Namespace, engine: str, pop: int, model_dir:
 def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list, reasons: dict) -> list[dict]:
     """One run through ``start_run`` + ``execute``, recording every completion's step, length and finish reason."""
     from populora_core.loop import execute, start_run
-    from populora_core.run import RunDir
+    from populora_core.run_dir import RunDir
 
     run = start_run(recipe, resolved, RunDir(path), manager)
     generate = run.components.engine.generate

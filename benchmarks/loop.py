@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     from populora_core.architecture import load_arch
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
-    from populora_core.run import RunDir
+    from populora_core.run_dir import RunDir
 
     steps = 2 if args.smoke else 3 if args.quick else args.steps
     overrides = [f"steps={steps}", "probe.enabled=false"]

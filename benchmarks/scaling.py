@@ -39,7 +39,7 @@ RECIPE = REPO / "recipes" / "nano_ray.yaml"
 def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> dict:
     from populora_core.loop import execute, start_run
     from populora_core.recipe import load_recipe
-    from populora_core.run import RunDir
+    from populora_core.run_dir import RunDir
 
     recipe, resolved = load_recipe(RECIPE, overrides, manager.registry)
     started = time.perf_counter()

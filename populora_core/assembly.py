@@ -35,7 +35,7 @@ from .population import Member
 from .recipe import LOCAL_CLUSTER, Recipe
 from .registry import Component, Params
 from .rng import Streams
-from .run import RunDir
+from .run_dir import RunDir
 
 T = TypeVar("T")
 

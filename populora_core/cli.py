@@ -144,7 +144,7 @@ def run(
     from .loop import start_run
     from .modelhost import resolve_device
     from .plan import warn_if_not_fits
-    from .run import RunDir
+    from .run_dir import RunDir
 
     directory = RunDir(run_dir or f"runs/{model.name}")
     warn_if_not_fits(model, resolved, manager.registry, recipe)  # CUDA only: the plan says it will not fit
@@ -217,7 +217,7 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     _apply_runtime(model.runtime)
     from .assembly import build_components
     from .problems import write_problems
-    from .run import RunDir
+    from .run_dir import RunDir
     from .seeding import make_seeds
 
     def report(round_: int, counts: dict[str, int]) -> None:
@@ -253,7 +253,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     from .loop import check_resume_overrides, check_resume_steps
     from .recipe import parse_recipe
     from .recipe_yaml import apply_overrides
-    from .run import RunDir
+    from .run_dir import RunDir
 
     check_resume_overrides(overrides)
     directory = RunDir(run_dir)

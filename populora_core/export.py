@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import UserError
 from .files import atomic_dir
-from .run import RunDir
+from .run_dir import RunDir
 
 
 def resolve_version(run_dir: RunDir, member: str) -> tuple[str, dict[str, Any] | None]:

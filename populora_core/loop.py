@@ -25,7 +25,7 @@ from .plugins import PluginManager
 from .population import Population
 from .probe import evaluate as evaluate_probe
 from .recipe import Recipe
-from .run import RunDir
+from .run_dir import RunDir
 from .runview import RunView
 
 

@@ -14,7 +14,7 @@ from .problems import load_problems
 if TYPE_CHECKING:
     from .assembly import Components
     from .recipe import AdaptersSection
-    from .run import RunDir
+    from .run_dir import RunDir
 
 
 def seed_buffers(c: Components) -> dict[str, int] | None:

@@ -16,7 +16,7 @@ from populora_core import Params, RecipeError, UserError, hookimpl
 from populora_core.components import Cluster
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.recipe import load_recipe
-from populora_core.run import RunDir
+from populora_core.run_dir import RunDir
 from tests.test_core_loop import FAKE, RECIPE, _manager
 
 

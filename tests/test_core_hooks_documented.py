@@ -104,7 +104,7 @@ def fake_run(tiny_model_dir, monkeypatch, tmp_path):
     """A 3-step run of the fake stack with the recorder: (recorder, run directory)."""
     from populora_core.loop import execute, start_run
     from populora_core.recipe import load_recipe
-    from populora_core.run import RunDir
+    from populora_core.run_dir import RunDir
 
     monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
     pm = PluginManager()

@@ -18,7 +18,7 @@ from populora_core.loop import execute, start_run
 from populora_core.phases import solve
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
-from populora_core.run import RunDir
+from populora_core.run_dir import RunDir
 from populora_core.runview import RunView
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
 
@@ -542,7 +542,7 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     shutil.copytree(root / "done", root / "stopped")
     (root / "stopped" / "checkpoints" / "LATEST").write_text("00000001\n")
     shutil.copytree(root / "stopped", root / "busy")
-    hold = "from populora_core.run import RunDir; import sys, time; RunDir(sys.argv[1]).lock(); print('locked', flush=True); time.sleep(120)"  # noqa: E501
+    hold = "from populora_core.run_dir import RunDir; import sys, time; RunDir(sys.argv[1]).lock(); print('locked', flush=True); time.sleep(120)"  # noqa: E501
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root / "busy")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"

@@ -129,7 +129,7 @@ class _GPUCluster:
 
 @pytest.fixture
 def run_dir(tmp_path):
-    from populora_core.run import RunDir
+    from populora_core.run_dir import RunDir
 
     return RunDir(tmp_path / "run")
 

@@ -71,7 +71,7 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
             "from populora_core.components import Problem\n"
             "from populora_core.loop import Run\n"
             "import populora_core.registry\n"
-            "from populora_core import run\n"
+            "from populora_core import run_dir\n"
             "from populora_helper import thing\n"
         ),
         "populora_polite": "PLUGIN_REQUIRES = ('populora_helper',)\nfrom populora_helper import thing\n",
@@ -83,7 +83,7 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
     assert violations(plugins / "populora_rogue", plugins) == [
         "populora_rogue/__init__.py:3: populora_core.loop is not a public core module",
         "populora_rogue/__init__.py:4: populora_core.registry is not a public core module",
-        "populora_rogue/__init__.py:5: populora_core.run is not a public core module",
+        "populora_rogue/__init__.py:5: populora_core.run_dir is not a public core module",
         "populora_rogue/__init__.py:6: populora_helper belongs to plugin populora_helper, "
         "which populora_rogue.PLUGIN_REQUIRES does not declare",
     ]

@@ -29,7 +29,7 @@ from populora_core.components import ExecJob, split_by_cost
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
-from populora_core.run import RunDir
+from populora_core.run_dir import RunDir
 from tests.cli_helpers import POPULORA, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]

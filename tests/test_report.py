@@ -21,7 +21,7 @@ from populora_core import UserError
 from populora_core.loop import execute, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
-from populora_core.run import RunDir
+from populora_core.run_dir import RunDir
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
 
