@@ -107,14 +107,17 @@ class ModelHost:
         self.mode: str | None = None  # what the base is configured for: "serving", "training" or None
         self._mode_depth = 0  # open blocks of the mode (serving: one per thread that generates)
         self._undo: list[Callable[[], None]] = []  # what the outermost block restores, last first
+        self._setting: Any = None  # what the open mode was configured with (nested blocks must match)
 
     # --- modes: what the shared base is configured for ------------------------------------------
 
     @contextmanager
-    def serving(self, row_hook: Callable[..., Any]) -> Iterator[None]:
-        """Within the block (re-entrant, from any thread) the base serves generation: PEFT's slots are off and every
-        base linear carries the forward hook ``row_hook`` (an engine's per-row adapter deltas), configured by the
-        outermost block. Serving while a training block is open is an error, not a race on one model."""
+    def serving(self, row_hook: Callable[..., Any], *, attention: str | None = None) -> Iterator[None]:
+        """Within the block (re-entrant, from any thread) the base serves generation: PEFT's slots are off, every
+        base linear carries the forward hook ``row_hook`` (an engine's per-row adapter deltas) and, when given,
+        the attention layers use ``attention`` (a name registered with transformers' ``AttentionInterface``),
+        configured by the outermost block. Serving while a training block is open, or a nested block asking for
+        another hook or attention, is an error, not a race on one model."""
 
         def configure() -> None:
             disable = self.peft.disable_adapter() if self.peft is not None else nullcontext()
@@ -122,20 +125,29 @@ class ModelHost:
             self._undo.append(lambda: disable.__exit__(None, None, None))
             for linear in self.linears():
                 self._undo.append(linear.register_forward_hook(row_hook).remove)
+            if attention is not None:
+                config = self.base_model.config
+                before = config._attn_implementation
+                config._attn_implementation = attention
+                self._undo.append(lambda: setattr(config, "_attn_implementation", before))
 
         with self._mode_lock:
-            self._enter("serving", configure)
+            self._enter("serving", configure, setting=(row_hook, attention))
         try:
             yield
         finally:
             self._leave()
 
     @contextmanager
-    def training(self, *, checkpointing: bool = False) -> Iterator[Any]:
+    def training(
+        self, *, checkpointing: bool = False, layer_forward: Callable[[Any], Callable[..., Any] | None] | None = None
+    ) -> Iterator[Any]:
         """Within the block the yielded PeftModel trains, with gradient checkpointing (a flag transformers honours
         in train mode only) on when asked; at the end the model goes back to eval and checkpointing off again
-        (with the input-grad hook transformers adds), so generation never sees it. A training block while a
-        serving or another training block is open is an error."""
+        (with the input-grad hook transformers adds), so generation never sees it. ``layer_forward(layer)``: for
+        each PEFT LoRA layer, a forward to use instead of PEFT's within the block (None: PEFT's), e.g. a
+        trainer's fused LoRA product; the host installs and removes them. A training block while a serving or
+        another training block is open is an error."""
         if self.peft is None:
             raise RuntimeError("ModelHost.training: no adapter slot to train (create one with slot())")
         model, base = self.peft, self.base_model
@@ -157,6 +169,8 @@ class ModelHost:
                 self._undo.append(off)
             self._undo.append(model.eval)
             model.train()
+            if layer_forward is not None:
+                self._install_layer_forwards(model, layer_forward)
 
         with self._mode_lock:
             self._enter("training", configure, reentrant=False)
@@ -165,15 +179,33 @@ class ModelHost:
         finally:
             self._leave()
 
-    def _enter(self, mode: str, configure: Callable[[], None], reentrant: bool = True) -> None:
+    def _install_layer_forwards(self, model: Any, layer_forward: Callable[[Any], Callable[..., Any] | None]) -> None:
+        """Each LoRA layer's forward from ``layer_forward`` (None: PEFT's stays), removed when the block ends."""
+
+        def remove(layer: Any) -> Callable[[], None]:
+            return lambda: delattr(layer, "forward")  # the class's (PEFT's) forward again
+
+        for layer in [m for m in model.modules() if hasattr(m, "lora_A")]:
+            forward = layer_forward(layer)
+            if forward is not None:
+                layer.forward = forward
+                self._undo.append(remove(layer))
+
+    def _enter(self, mode: str, configure: Callable[[], None], reentrant: bool = True, setting: Any = None) -> None:
         """One more block of ``mode`` (under the mode lock); the outermost runs ``configure``, which queues its
-        restores in ``_undo``. A configuration that fails is undone as far as it got, and the block is not open."""
+        restores in ``_undo``; a nested one must ask for the outermost's ``setting``. A configuration that fails
+        is undone as far as it got, and the block is not open."""
         if self.mode is not None and (self.mode != mode or not reentrant):
             raise RuntimeError(
                 f"ModelHost: a {mode} block while a {self.mode} block is open on the same base model "
                 "(generation and training take turns; the engine's generate and the trainer's update never overlap)"
             )
-        self.mode = mode
+        if self.mode is not None and setting != self._setting:
+            raise RuntimeError(
+                f"ModelHost: a nested {mode} block asks for {setting!r}, the open one is configured for "
+                f"{self._setting!r}"
+            )
+        self.mode, self._setting = mode, setting
         self._mode_depth += 1
         if self._mode_depth > 1:
             return

@@ -900,12 +900,12 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     s2 = peft.update("m0", adapters[0], rollouts, tmp_path / "peft")
     assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-5)
     assert g1.keys() == g2.keys() and all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
-    from populora_trl.forward import fused_lora
+    from populora_trl.forward import fused_layer_forward
     from populora_trl.state import SCRATCH
 
     layers = [m for m in get_host(base).peft.modules() if hasattr(m, "lora_A")]
     assert layers and not any("forward" in vars(m) for m in layers)  # no instance forward left behind
-    with fused_lora(get_host(base).peft, SCRATCH):  # and the fused forward really replaces every layer's
+    with get_host(base).training(layer_forward=fused_layer_forward(SCRATCH)):  # it really replaces every layer's
         assert all("forward" in vars(m) for m in layers)
 
 
@@ -1051,6 +1051,30 @@ def test_the_host_owns_its_modes_and_refuses_overlap(base, adapters, tmp_path):
     assert not any(m.disable_adapters for m in lora_layers)
     with host.training() as model:
         assert host.mode == "training"
+
+    # the attention a serving block asks for is the host's to set and restore; a nested block asking for another
+    # (or another hook) is refused, not a race on the one config
+    from populora_engines.decode import decode_attention_name
+
+    config, before = host.base_model.config, host.base_model.config._attn_implementation
+    with host.serving(hook, attention=decode_attention_name()):
+        assert config._attn_implementation == decode_attention_name()
+        with host.serving(hook, attention=decode_attention_name()):  # the same: re-entrant
+            pass
+        with pytest.raises(RuntimeError, match="nested serving block asks for"), host.serving(hook):
+            pass
+        with pytest.raises(RuntimeError, match="nested serving block asks for"), host.serving(print):
+            pass
+        assert config._attn_implementation == decode_attention_name()
+    assert config._attn_implementation == before and host.mode is None
+
+    # a trainer's layer forward is installed by the host for the training block and removed after it
+    def doubled(layer):
+        return (lambda x: 2 * layer.get_base_layer()(x)) if layer is lora_layers[0] else None
+
+    with host.training(layer_forward=doubled):
+        assert "forward" in vars(lora_layers[0]) and not any("forward" in vars(m) for m in lora_layers[1:])
+    assert not any("forward" in vars(m) for m in lora_layers)
 
 
 def test_the_served_copy_is_written_beside_the_fp32_version_and_changes_nothing_else(base, adapters, tmp_path):

@@ -143,19 +143,22 @@ def _rows_independent_matmul(x: Any, w: Any) -> Any:
     return (padded @ w)[: flat.shape[0]].reshape(*lead, w.shape[-1])
 
 
-def serving(host: Any) -> Any:
+def serving(host: Any, attention: str | None = None) -> Any:
     """Within the block (re-entrant, from any thread), the base linears add the calling thread's row deltas and
-    PEFT's own adapters (the trainers' slots) are off: the host's serving mode with this module's hook. The
-    outermost block configures the base, so a caller that fans batches out to threads holds it around them."""
-    return host.serving(_row_delta)
+    PEFT's own adapters (the trainers' slots) are off: the host's serving mode with this module's hook (and
+    ``attention``, a registered attention name, when given). The outermost block configures the base, so a
+    caller that fans batches out to threads holds it around them."""
+    return host.serving(_row_delta, attention=attention)
 
 
 @contextmanager
-def batched_adapters(host: Any, keys: Sequence[str], mode: str = "bmm") -> Iterator[RowAdapters]:
+def batched_adapters(
+    host: Any, keys: Sequence[str], mode: str = "bmm", attention: str | None = None
+) -> Iterator[RowAdapters]:
     """Within the block, row i of every forward of ``host.model`` in this thread uses version ``keys[i]``."""
     rows = RowAdapters(host, keys, mode)
     previous = getattr(_THREAD, "rows", None)
-    with serving(host):
+    with serving(host, attention):
         _THREAD.rows = rows
         try:
             yield rows

@@ -131,15 +131,25 @@ def _decode_attention(
     return attend(query, key, value, masked_out, dim**-0.5 if scaling is None else scaling), None
 
 
-@contextmanager
-def decode_attention(model: Any) -> Iterator[None]:
-    """Within the block, ``model``'s attention layers use :func:`_decode_attention`."""
+def decode_attention_name() -> str:
+    """:data:`ATTENTION`, registered with transformers' ``AttentionInterface`` (what a serving block asks for)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, _decode_attention)
+    return ATTENTION
+
+
+@contextmanager
+def decode_attention(model: Any) -> Iterator[None]:
+    """Within the block, ``model``'s attention layers use :func:`_decode_attention`. The shared base is already
+    so configured by its host's serving block (``ModelHost.serving(attention=...)``, its owner); a model of the
+    caller's own is configured here for the block."""
     config = model.config
     before = config._attn_implementation
-    config._attn_implementation = ATTENTION
+    if before == ATTENTION:
+        yield
+        return
+    config._attn_implementation = decode_attention_name()
     try:
         yield
     finally:

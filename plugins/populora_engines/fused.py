@@ -194,7 +194,7 @@ def fused_step(model: Any) -> FusedStep | None:
     if any(linear is None for linear in bases):
         return None
     # every module the forward calls: no hooks besides the serving hooks on the base linears, and no
-    # forward patched onto the instance (as ``populora_trl.forward.fused_lora`` does to PEFT's layers)
+    # forward set on the instance (as a trainer's layer forward is, inside ModelHost.training)
     called = [model, inner, inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head]
     for layer, w in zip(layers, wrapped):
         called += [layer, layer.self_attn, layer.mlp, layer.mlp.act_fn, layer.input_layernorm]

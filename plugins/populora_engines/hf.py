@@ -32,7 +32,7 @@ from populora_core.rng import hashed_seed
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
 from .completions import check_sampling, cut_completion, encode_prompts, not_generated
-from .decode import decode, decode_attention, row_key
+from .decode import decode, decode_attention_name, row_key
 from .numerics import supported
 
 
@@ -171,7 +171,7 @@ class HFEngine(RolloutEngine):
             if len(runs) > 1:  # the runs decode at once, one thread each, through the one shared base
                 from concurrent.futures import ThreadPoolExecutor
 
-                with serving(host), decode_attention(host.base_model), ThreadPoolExecutor(len(runs)) as pool:
+                with serving(host, decode_attention_name()), ThreadPoolExecutor(len(runs)) as pool:
                     finished = [b for part in pool.map(run, runs) for b in part]
             else:
                 finished = run(runs[0]) if runs else []
@@ -208,7 +208,8 @@ class HFEngine(RolloutEngine):
         eos_ids = host.eos_token_ids()
         stopped = _stop_check(tok, sampling.stop) if sampling.stop else None
         host.model.eval()
-        with torch.no_grad(), batched_adapters(host, keys, self._mode(keys)) as row_adapters:
+        attention = decode_attention_name()
+        with torch.no_grad(), batched_adapters(host, keys, self._mode(keys), attention) as row_adapters:
             out = decode(
                 host.base_model,
                 prompts,

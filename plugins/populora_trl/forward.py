@@ -1,4 +1,4 @@
-"""The fused LoRA forward of a training step, and when gradient checkpointing is on."""
+"""The fused LoRA forward of a training step (installed by the host), and when gradient checkpointing is on."""
 
 from __future__ import annotations
 
@@ -21,39 +21,34 @@ def fused_adapter(name: str) -> Iterator[None]:
         _SELECTED.name = previous
 
 
-@contextmanager
-def fused_lora(model: Any, adapters: str | Sequence[str]) -> Iterator[None]:
-    """Within the block, the LoRA layers add ``((x A^T) s) B^T`` of an adapter to the base output in one ``addmm``.
+def fused_layer_forward(adapters: str | Sequence[str]) -> Callable[[Any], Callable[..., Any] | None]:
+    """For ``ModelHost.training(layer_forward=...)``: a LoRA layer's forward that adds ``((x A^T) s) B^T`` of an
+    adapter to the base output in one ``addmm``.
 
     PEFT's layer computes ``base(x) + lora_B(lora_A(x)) * s``: the rank-r product, the scaling and the sum are
     three passes over the (tokens, d_out) output, and the rank-8 matmul that writes it runs at a few
     GFLOP/s on the CPU; together about a third of a nano update. Here the scaling goes on the (tokens, r)
     factor and the product is accumulated into the base output. The same parameters get the gradients
     (the same values up to fp32 rounding). With several ``adapters`` (members trained at once, all of them
-    active), each thread names its own with :func:`fused_adapter`. A layer with dropout, DoRA, other active
-    adapters or the adapters disabled (the KL reference) runs PEFT's own forward, checked at every call.
+    active), each thread names its own with :func:`fused_adapter`. A layer with dropout, DoRA or a bias on the
+    adapters, or not over a ``Linear``, keeps PEFT's forward (None); one whose adapters are off (the KL
+    reference) or not these runs PEFT's, checked at every call.
     """
     import torch
 
     names = [adapters] if isinstance(adapters, str) else list(adapters)
-    patched = []
-    for module in model.modules():
-        lora_a = getattr(module, "lora_A", None)
-        if lora_a is None or any(
-            name not in lora_a or not isinstance(module.lora_dropout[name], torch.nn.Identity) for name in names
-        ):
-            continue
+
+    def layer_forward(module: Any) -> Callable[..., Any] | None:
+        lora_a = module.lora_A
+        if any(name not in lora_a or not isinstance(module.lora_dropout[name], torch.nn.Identity) for name in names):
+            return None
         if any(module.use_dora.get(n, False) or getattr(module, "lora_bias", {}).get(n, False) for n in names):
-            continue
+            return None
         if not isinstance(module.get_base_layer(), torch.nn.Linear):
-            continue
-        patched.append(module)
-        module.forward = _fused_forward(module, names)
-    try:
-        yield
-    finally:
-        for module in patched:
-            del module.forward  # the class's (PEFT's) forward again
+            return None
+        return _fused_forward(module, names)
+
+    return layer_forward
 
 
 def _fused_forward(module: Any, names: list[str]) -> Callable[..., Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollou
 from populora_core.errors import UserError
 from populora_core.files import atomic_path
 
-from .forward import fused_lora, use_checkpointing
+from .forward import fused_layer_forward, use_checkpointing
 
 SCRATCH = "__train__"
 
@@ -167,9 +167,9 @@ class LoraTrainerBase(Trainer):
         """The host's training mode (train mode, checkpointing when the params ask), with the fused LoRA forward
         of ``slots`` when ``lora_forward: fused``."""
         on = use_checkpointing(self.params.gradient_checkpointing, self.host.device)
-        with self.host.training(checkpointing=on) as model:
-            with fused_lora(model, slots) if self.params.lora_forward == "fused" else nullcontext():
-                yield model
+        fused = fused_layer_forward(slots) if self.params.lora_forward == "fused" else None
+        with self.host.training(checkpointing=on, layer_forward=fused) as model:
+            yield model
 
     def _finish(self, adapter: AdapterRef, config: dict[str, Any], out_dir: Path, slot: str = SCRATCH) -> Path:
         out = self.host.save(slot, out_dir, config, served_dtype=self.served_dtype)
