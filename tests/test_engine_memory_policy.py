@@ -14,26 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from populora_core.architecture import GIB, load_arch
+from populora_core.architecture import GIB
 from populora_core.errors import UserError
 from populora_core.memory import AUTO_MARGIN
 from populora_core.plan import plan_recipe
 from tests.cli_helpers import REPO
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @pytest.fixture(scope="module")
-def manager():
-    from populora_core.plugins import get_manager
-
-    return get_manager()
-
-
-@pytest.fixture(scope="module")
-def qwen7b():
-    return load_arch(QWEN7B, TARGETS)
+def manager(plugins):
+    return plugins
 
 
 def _azr(manager, *overrides):

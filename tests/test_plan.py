@@ -33,15 +33,8 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 @pytest.fixture(scope="module")
-def manager():
-    from populora_core.plugins import get_manager
-
-    return get_manager()
-
-
-@pytest.fixture(scope="module")
-def qwen7b():
-    return load_arch(QWEN7B, TARGETS)
+def manager(plugins):
+    return plugins
 
 
 #: the engine settings these tests plan with: explicit, as a recipe may set them (the recipes say auto: see the
