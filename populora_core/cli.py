@@ -218,7 +218,7 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     from .assembly import build_components
     from .problems import write_problems
     from .run_dir import RunDir
-    from .seeding import make_seeds
+    from .seeding import make_seed_problems
 
     def report(round_: int, counts: dict[str, int]) -> None:
         done = ", ".join(f"{name} {count}/{per_type}" for name, count in counts.items())
@@ -227,7 +227,7 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     with tempfile.TemporaryDirectory(prefix="populora-seed-") as tmp:
         components = build_components(model, RunDir(tmp), manager)
         try:
-            problems = make_seeds(components, per_type, max_rounds=max_rounds, on_round=report)
+            problems = make_seed_problems(components, per_type, max_rounds=max_rounds, on_round=report)
         finally:
             components.close()
     click.echo(f"{len(problems)} seed problems written to {write_problems(problems, out)}")

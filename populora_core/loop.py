@@ -70,7 +70,7 @@ class Run:
     def initialise(self) -> None:
         """Fresh adapters (version 0) for every member, then the seed buffers."""
         evolution.initialise(self.components, self.population)
-        counts = state.seed_buffers(self.components)
+        counts = state.load_seed_problems(self.components)
         if counts is not None:
             self.emit([{"event": "seeds", "step": 0, "file": self.recipe.seeds.file, **counts}])
 

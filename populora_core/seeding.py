@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .assembly import Components
 
 
-def make_seeds(
+def make_seed_problems(
     c: Components,
     per_type: int,
     *,

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .run_dir import RunDir
 
 
-def seed_buffers(c: Components) -> dict[str, int] | None:
+def load_seed_problems(c: Components) -> dict[str, int] | None:
     """Fill each task's buffer with the seed problems of its type (recipe ``seeds``), before step 1; returns
     the counts per task type (``seeds/<type>``), None when the recipe loads no seeds."""
     cfg = c.recipe.seeds

@@ -181,12 +181,13 @@ class _AZRTask(Task):
         else:
             self.banned = checks.AZR_BANNED if self.compat else checks.AZR_BANNED + checks.EXTRA_BANNED
         eviction = params.eviction or ("reject_new" if self.compat else "oldest")
-        self.buffer = ProblemBuffer(self.seeds(), cap=params.buffer_cap, eviction=eviction)
+        self.buffer = ProblemBuffer(self.zero_problems(), cap=params.buffer_cap, eviction=eviction)
         self.allow_none = params.allow_none_output if params.allow_none_output is not None else self.compat
         self.f_replace_location = params.f_replace_location or ("not_first" if self.compat else "any_first")
 
     # subclasses
-    def seeds(self) -> list[Problem]:
+    def zero_problems(self) -> list[Problem]:
+        """What the buffer holds before any proposal (AZR's zero triplet; seed problems come on top)."""
         raise NotImplementedError
 
     # --- execution helpers -------------------------------------------------------------------------------
@@ -451,7 +452,7 @@ IDENTITY = "def f(a):\n    return a"
 class CodeIOTask(_AZRTask):
     """Deduction and abduction: a program plus one input, proposed with K references."""
 
-    def seeds(self) -> list[Problem]:
+    def zero_problems(self) -> list[Problem]:
         """AZR's zero triplet: the identity function on ``'Hello world'``."""
         return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")]
 
@@ -632,7 +633,7 @@ class InductionTask(_AZRTask):
             eviction=self.buffer.eviction,
         )
 
-    def seeds(self) -> list[Problem]:
+    def zero_problems(self) -> list[Problem]:
         return [
             Problem(
                 self.name,

@@ -3,7 +3,7 @@
 API (what the loop calls; only core contracts are used, so any engine/task implementation works)::
 
     problems = load_probe()                                   # list[Problem] from probe.jsonl
-    seed_buffers(tasks, problems)                             # optional: references for proposals
+    use_as_references(tasks, problems)                        # optional: references for proposals
     result = evaluate_probe(engine, {"base": None, "s0@v3": AdapterRef(...)}, tasks, problems)
     result["base"]["solver_accuracy"]["deduction"]            # fraction correct, greedy decoding
 
@@ -11,8 +11,8 @@ API (what the loop calls; only core contracts are used, so any engine/task imple
 model was trained on); solver prompts come from ``task.solver_prompt`` and answers are graded by
 ``task.grade`` (in the task's executor). Proposal validity samples ``proposals`` proposer prompts per
 task from ``task.proposer_prompts`` (the task's own buffer) and counts proposals that
-``task.parse_proposals`` accepts. To compare with the model card, pass fresh tasks seeded with
-:func:`seed_buffers`; a run's live tasks give prompts with that run's references instead.
+``task.parse_proposals`` accepts. To compare with the model card, pass fresh tasks given the probe's programs as
+references (:func:`use_as_references`); a run's live tasks give prompts with that run's references instead.
 
 CLI (engine ``hf``, tasks and ``sandbox`` executor from the registry)::
 
@@ -53,7 +53,7 @@ def load_probe(path: str | Path | None = None) -> list[Problem]:
     return problems
 
 
-def seed_buffers(tasks: Mapping[str, Any], problems: Sequence[Problem]) -> None:
+def use_as_references(tasks: Mapping[str, Any], problems: Sequence[Problem]) -> None:
     """Give each task the probe's problems as buffer entries (the references its proposer prompts show)."""
     for task in tasks.values():
         task.add_to_buffer([p for p in problems if p.task_type in ("deduction", "abduction")])
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tasks[name] = reg.get("task", name).build(
                 {"style": "compact"}, executor=executor, rng=args.seed, tasks=tasks
             )
-        seed_buffers(tasks, problems)
+        use_as_references(tasks, problems)
         engine = reg.get("engine", "hf").build(base_model=base, lora=LoraSettings(), seed=args.seed)
         adapters: dict[str, AdapterRef | None] = {"base": None}
         for path in args.adapter:
