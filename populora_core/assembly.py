@@ -236,7 +236,11 @@ def planned_engine_params(
         gpu_bytes, gpus = cluster.gpu_bytes() or 0, cluster_gpus(registry, recipe.cluster.model_dump(mode="json"))[0]
     if not gpu_bytes:
         return params
-    chosen, line = resolve_engine_auto(recipe, registry, Path(base.path) / "config.json", gpu_bytes, gpus)
+    try:
+        chosen, line = resolve_engine_auto(recipe, registry, Path(base.path) / "config.json", gpu_bytes, gpus)
+    except UserError as exc:  # no plan here (e.g. a config the meta build refuses): an engine that needs one says so
+        run_dir.log_line(f"plan: not made ({exc}); the engine gets its params as written")
+        return params
     if chosen:
         run_dir.log_line(line)
         params = registry.get("engine", recipe.engine.name).parse_params({**params.model_dump(), **chosen})

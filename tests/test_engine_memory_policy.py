@@ -151,6 +151,14 @@ def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b
         warnings.simplefilter("error")
         kept = planned_engine_params(model, manager.registry, _base(tmp_path / "b"), _GPUCluster(None), run_dir)
     assert (kept.sleep, kept.gpu_memory_utilization) == ("auto", "auto")
+    # no plan can be made (no config.json): the params as written, and the vLLM engine on a GPU then refuses auto
+    bare = tmp_path / "no-config"
+    bare.mkdir()
+    from populora_core.components import BaseModel
+
+    unplanned = planned_engine_params(model, manager.registry, BaseModel(str(bare)), _GPUCluster(80 * GIB), run_dir)
+    assert (unplanned.sleep, unplanned.gpu_memory_utilization) == ("auto", "auto")
+    assert "plan: not made" in (run_dir.path / "run.log").read_text()
     # explicit settings are used as written, without a plan
     fixed, _ = _azr(manager, "engine.params.sleep=always", "engine.params.gpu_memory_utilization=0.45")
     same = planned_engine_params(fixed, manager.registry, _base(tmp_path / "c"), _GPUCluster(80 * GIB), run_dir)
