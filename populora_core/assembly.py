@@ -222,14 +222,15 @@ def build_components(
 def planned_engine_params(
     recipe: Recipe, registry: Any, base: BaseModel, cluster: Cluster | None, run_dir: RunDir
 ) -> Any:
-    """The engine's params with its ``auto`` settings (vLLM's sleep and GPU share) chosen by the plan for the GPU
-    it runs on, the choice written to run.log; unchanged on the CPU, where they mean nothing. The recipe keeps
-    ``auto``: a resume on another GPU chooses again."""
-    params = recipe.engine.build_params()
-    if "auto" not in params.model_dump().values():
-        return params
-    from .plan import cluster_gpus, resolve_engine_auto, visible_gpu_bytes
+    """The engine's params for the GPU it runs on, from the run's one plan of the recipe there: its ``auto``
+    settings (vLLM's sleep and GPU share) as the plan chose them, the choice written to run.log, and a warning
+    when the plan says the recipe will not fit. Unchanged on the CPU, where they mean nothing; the recipe keeps
+    ``auto``, so a resume on another GPU chooses again."""
+    import warnings
 
+    from .plan import cluster_gpus, plan_model, visible_gpu_bytes
+
+    params = recipe.engine.build_params()
     if cluster is None:
         gpu_bytes, gpus = visible_gpu_bytes(), 1
     else:
@@ -237,12 +238,16 @@ def planned_engine_params(
     if not gpu_bytes:
         return params
     try:
-        chosen, line = resolve_engine_auto(recipe, registry, Path(base.path) / "config.json", gpu_bytes, gpus)
-    except UserError as exc:  # no plan here (e.g. a config the meta build refuses): an engine that needs one says so
+        config = Path(base.path) / "config.json"
+        plan = plan_model(recipe, recipe.model_dump(mode="json"), registry, None, gpu_bytes, gpus, config)
+    except Exception as exc:  # planning never stops a run: an engine that needs the plan's choice says so
         run_dir.log_line(f"plan: not made ({exc}); the engine gets its params as written")
         return params
+    if not plan["fits"]:
+        warnings.warn(f"populora plan: {plan['verdict']}", stacklevel=2)
+    chosen = {key.removeprefix("engine.params."): value for key, value in plan.get("auto", {}).items()}
     if chosen:
-        run_dir.log_line(line)
+        run_dir.log_line(f"plan: {plan['notes'][0]}; {plan['verdict']}")
         params = registry.get("engine", recipe.engine.name).parse_params({**params.model_dump(), **chosen})
     return params
 

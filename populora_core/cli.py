@@ -143,11 +143,9 @@ def run(
     _apply_runtime(model.runtime)
     from .loop import start_run
     from .modelhost import resolve_device
-    from .plan import warn_if_not_fits
     from .run_dir import RunDir
 
     directory = RunDir(run_dir or f"runs/{model.name}")
-    warn_if_not_fits(model, resolved, manager.registry, recipe)  # CUDA only: the plan says it will not fit
     startup = (
         f"populora run {recipe} -> {directory.path} ({model.name}, seed {model.seed}, {model.steps} steps, "
         f"{resolve_device()})"

@@ -320,18 +320,6 @@ def plan_model(
     return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry)
 
 
-def resolve_engine_auto(
-    recipe: Any, registry: Any, config_file: str | Path, gpu_bytes: int, gpus: int
-) -> tuple[dict[str, Any], str]:
-    """The values the plan picks for the engine's ``auto`` params on GPUs of ``gpu_bytes`` (what ``populora run``
-    builds the engine with), and the plan's line saying so; ({}, "") when none is ``auto``."""
-    data = recipe.model_dump(mode="json")
-    arch = load_arch(config_file, list(recipe.lora.target_modules), "auto")
-    result = plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)
-    chosen = {key.removeprefix("engine.params."): value for key, value in result.get("auto", {}).items()}
-    return chosen, (f"plan: {result['notes'][0]}; {result['verdict']}" if chosen else "")
-
-
 def visible_gpu_bytes() -> int:
     """Total memory of GPU 0 as torch sees it; 0 without CUDA."""
     import torch
@@ -376,16 +364,3 @@ def format_plan(plan: dict[str, Any]) -> str:
         plan["verdict"],
     ]
     return "\n".join(lines)
-
-
-def warn_if_not_fits(model: Any, data: dict[str, Any], registry: Any, recipe: str | None = None) -> None:
-    """``populora run``: one warning when the plan says the recipe will not fit on the visible GPU (CUDA only)."""
-    import warnings
-
-    try:
-        gpu_bytes = visible_gpu_bytes()
-        result = plan_model(model, data, registry, recipe, gpu_bytes) if gpu_bytes else None
-    except Exception:  # planning must never stop a run
-        return
-    if result is not None and not result["fits"]:
-        warnings.warn(f"populora plan: {result['verdict']}", stacklevel=2)

@@ -151,6 +151,9 @@ def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b
         warnings.simplefilter("error")
         kept = planned_engine_params(model, manager.registry, _base(tmp_path / "b"), _GPUCluster(None), run_dir)
     assert (kept.sleep, kept.gpu_memory_utilization) == ("auto", "auto")
+    # a GPU the recipe does not fit: the run's plan says so, once, as a warning
+    with pytest.warns(UserWarning, match="populora plan: does not fit"):
+        planned_engine_params(model, manager.registry, _base(tmp_path / "d"), _GPUCluster(24 * GIB), run_dir)
     # no plan can be made (no config.json): the params as written, and the vLLM engine on a GPU then refuses auto
     bare = tmp_path / "no-config"
     bare.mkdir()

@@ -186,14 +186,17 @@ def test_cli_plan_user_errors_are_one_line():
     assert "--config" in plan("base_model=someorg/not-a-model", "--gpu-memory", "80GiB")
 
 
-def test_run_warning_is_silent_without_cuda(manager, recwarn):
+def test_run_warning_is_silent_without_cuda(manager, recwarn, tmp_path):
     import torch
 
-    from populora_core.plan import warn_if_not_fits
+    from populora_core.assembly import planned_engine_params
+    from populora_core.components import BaseModel
     from populora_core.recipe import load_recipe
+    from populora_core.run_dir import RunDir
 
-    model, data = load_recipe(REPO / "recipes" / "azr_7b.yaml", [], manager.registry)
-    warn_if_not_fits(model, data, manager.registry, str(REPO / "recipes" / "azr_7b.yaml"))
+    model, _ = load_recipe(REPO / "recipes" / "azr_7b.yaml", [], manager.registry)
+    (tmp_path / "run").mkdir()
+    planned_engine_params(model, manager.registry, BaseModel(str(QWEN7B.parent)), None, RunDir(tmp_path / "run"))
     if not torch.cuda.is_available():
         assert not [w for w in recwarn if "populora plan" in str(w.message)]
 
