@@ -36,7 +36,8 @@ PUBLIC_MODULES = {
     "child ratings and select, the checked way to call a selector",
     "populora_core.trainer_state": "a checkpoint's trainer state: one file per member plus a manifest",
     "populora_core.architecture": "a base model's shape from its config alone (Arch, dtype_bytes, GIB)",
-    "populora_core.memory": "what an engine's or trainer's register(..., memory=fn) reports to populora plan",
+    "populora_core.memory": "what an engine's or trainer's register(..., memory=fn) reports to populora plan; "
+    "the visible GPU's memory",
 }
 
 __all__ = [

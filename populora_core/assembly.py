@@ -228,7 +228,8 @@ def planned_engine_params(
     ``auto``, so a resume on another GPU chooses again."""
     import warnings
 
-    from .plan import cluster_gpus, plan_model, visible_gpu_bytes
+    from .memory import visible_gpu_bytes
+    from .plan import cluster_gpus, plan_model
 
     params = recipe.engine.build_params()
     if cluster is None:

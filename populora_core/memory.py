@@ -91,3 +91,10 @@ class TrainerMemory:
     candidates: list[str] = field(default_factory=list)
     host_rows: list[Row] = field(default_factory=list)  # host RAM per process, beyond Python and the libraries
     host: float = 0.0  # their peak (they need not coincide)
+
+
+def visible_gpu_bytes() -> int:
+    """Total memory of this process's first GPU as torch sees it (0 without CUDA): what a plan is made for."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0

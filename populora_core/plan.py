@@ -19,7 +19,7 @@ from typing import Any
 
 from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, params_text, parse_memory
 from .errors import UserError
-from .memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory
+from .memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory, visible_gpu_bytes
 
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 
@@ -318,13 +318,6 @@ def plan_model(
     dtype = registry.base_model(ref.name, ref.params).dtype if registered else "auto"
     arch = load_arch(source, list(model.lora.target_modules), dtype)
     return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry)
-
-
-def visible_gpu_bytes() -> int:
-    """Total memory of GPU 0 as torch sees it; 0 without CUDA."""
-    import torch
-
-    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
 
 
 #: the GPU a plan is made for when none is visible and --gpu-memory is not given (an A100/H100 80 GB)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.components import AdapterRef, GenerationRequest, SamplingParams, UpdateJob
+from populora_core.memory import visible_gpu_bytes
 
 from . import transfer
 
@@ -48,7 +49,7 @@ class PopulationWorker:
             "node": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "gpu_bytes": _gpu_bytes() if ray.get_gpu_ids() else 0,
+            "gpu_bytes": visible_gpu_bytes() if ray.get_gpu_ids() else 0,
         }
 
     def sees(self, path: str, token: str) -> bool:
@@ -159,10 +160,3 @@ class PopulationWorker:
             self.engine.close()
         if self.mirror is not None:
             shutil.rmtree(self.mirror, ignore_errors=True)
-
-
-def _gpu_bytes() -> int:
-    """Total memory of this worker's first GPU (0 when torch sees none)."""
-    import torch
-
-    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
