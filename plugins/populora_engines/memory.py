@@ -70,10 +70,9 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     notes += _largest_call_note(ctx.recipe, kv_tokens, ctx.gpus, sleeps)
     percent = round(util * 100)
     candidates = [] if sleeps or "sleep" in auto else ["engine.params.sleep=always"]
-    # nearest first, lower before higher (auto: the plan already chose the largest that fits)
-    for pct in sorted(set(range(10, 96, 5)) - {percent}, key=lambda x: (abs(x - percent), x)):
-        if "gpu_memory_utilization" not in auto:
-            candidates.append(f"engine.params.gpu_memory_utilization={pct / 100:.2f}")
+    if "gpu_memory_utilization" not in auto:  # auto: the plan already chose the largest that fits
+        nearest = sorted(set(range(10, 96, 5)) - {percent}, key=lambda x: (abs(x - percent), x))  # lower first
+        candidates += [f"engine.params.gpu_memory_utilization={pct / 100:.2f}" for pct in nearest]
     candidates += [f"engine.params.max_loras={n}" for n in (4, 2) if n < loras]
     return EngineMemory(
         rows=[
@@ -96,7 +95,7 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
         if asleep < budget and not auto
         else [],
         auto=auto,
-        host_rows=_vllm_host_rows(params, ctx, weights, vb),
+        host_rows=_vllm_host_rows(params, ctx, weights, vb, sleeps),
     )
 
 
@@ -121,11 +120,10 @@ def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int, sleeps: 
     ]
 
 
-def _vllm_host_rows(params: dict[str, Any], ctx: PlanContext, weights: float, vb: int) -> list[Row]:
+def _vllm_host_rows(params: dict[str, Any], ctx: PlanContext, weights: float, vb: int, sleeps: bool) -> list[Row]:
     """vLLM's host RAM beyond its process: level-1 sleep backs its weights up in pinned host memory; its CPU LoRA
     cache holds ``max_cpu_loras`` adapters; the adapter copies it is handed sit in tmpfs (RAM too)."""
     level = int(params.get("sleep_level") or 1)
-    sleeps = params.get("sleep", "auto") == "always"
     backup = weights if sleeps and level == 1 else 0
     cpu_loras = int(params.get("max_cpu_loras") or 4 * int(params.get("max_loras", 8)))
     shm = params.get("tmpfs_max_bytes")

@@ -198,9 +198,9 @@ def default_tmpfs_bytes(root: Path) -> int:
 
 
 def _check_planned(params: Any) -> None:
-    """On a GPU the run resolves ``auto`` memory settings from its plan before it builds the engine (the core's
-    ``resolve_auto``); one still ``auto`` here means no plan could be made, and a guess could run out of memory
-    hours in, so it is an error naming the setting."""
+    """On a GPU the run resolves ``auto`` memory settings from its plan before it builds the engine
+    (``populora_core.assembly.planned_engine_params``); one still ``auto`` here means no plan could be made, and
+    a guess could run out of memory hours in, so it is an error naming the setting."""
     unresolved = [k for k in ("sleep", "gpu_memory_utilization") if getattr(params, k) == "auto"]
     if unresolved:
         raise UserError(

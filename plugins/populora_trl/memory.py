@@ -10,7 +10,7 @@ from typing import Any
 from populora_core.architecture import Arch, params_text
 from populora_core.memory import CUDA_CONTEXT, PlanContext, TrainerMemory
 
-from .forward import long_row_threshold
+from .forward import long_row_threshold, use_checkpointing
 
 BACKWARD_FACTOR = 1.5  # one layer's saved tensors plus the gradients alive while autograd walks through it
 # bytes per vocab logit besides the logits: in one piece autograd keeps the fp32 log-softmax and probs (entropy)
@@ -62,11 +62,10 @@ def activation_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> di
     return dict(off=off, on=on, logits=logits, rows=rows, tokens=tokens, budget=budget, chunk=shown)
 
 
-def _micro_batch_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> tuple[dict[str, Any], str]:
+def _micro_batch_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext, device: str) -> tuple[dict[str, Any], str]:
     """The largest micro-batch's terms and its shape. With ``long_row_tokens`` (auto: on the GPU the plan is for)
     the longest rows train alone and unmasked, so the worst is the larger of one longest row and a full
     micro-batch of rows just under the threshold."""
-    device = "cpu" if params.get("device", "auto") == "cpu" else "cuda"
     threshold = long_row_threshold(params.get("long_row_tokens", "auto"), device)
     if threshold is None or ctx.seq < threshold:
         t = activation_terms(arch, params, ctx)
@@ -87,10 +86,11 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> Tr
     params = {**ABSENT, **params}
     p = arch.lora_params(ctx.rank)
     moments, live, keep = 8 * p, 12 * p, 8 * p
-    t, shape = _micro_batch_terms(arch, params, ctx)
+    device = "cpu" if params.get("device", "auto") == "cpu" else "cuda"  # a plan is for a GPU unless told
+    t, shape = _micro_batch_terms(arch, params, ctx, device)
     setting = params["gradient_checkpointing"]
     mode = {True: "on", False: "off"}.get(setting, str(setting))
-    on = mode == "on" or (mode == "auto" and params.get("device", "auto") != "cpu")  # auto: on with CUDA
+    on = use_checkpointing(mode, device)
     act = t["on"] if on else t["off"]
     base = arch.params * b
     candidates = [] if on else ['trainer.params.gradient_checkpointing="on"']  # quoted: YAML reads on as true
