@@ -142,15 +142,16 @@ def _plan_auto(
         trial = apply_overrides(data, changes)
         return plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)
 
-    within = fitting = None
+    within = fitting = last = None
     for combo in combos:
-        result = planned(combo)
-        if result["fits"] and result["peak_gib"] * GIB <= (1 - AUTO_MARGIN) * gpu_bytes:
-            within = (combo, result)
+        last = (combo, planned(combo))
+        if last[1]["fits"] and last[1]["peak_gib"] * GIB <= (1 - AUTO_MARGIN) * gpu_bytes:
+            within = last
             break
-        if result["fits"] and fitting is None:
-            fitting = (combo, result)
-    combo, result = within or fitting or (combos[-1], planned(combos[-1]))
+        if last[1]["fits"] and fitting is None:
+            fitting = last
+    assert last is not None  # an engine offers at least one value per auto param
+    combo, result = within or fitting or last
     if within:
         why = f"the engine's first preference that leaves {AUTO_MARGIN:.0%} of the GPU free for reserved memory"
     elif fitting:

@@ -131,14 +131,8 @@ def literal_verdict(gold: str, answer: str) -> bool | None:
     if deepest > LITERAL_DEPTH:
         return None
     try:
-        value = ast.literal_eval(answer)
+        return bool(_sandbox_equality()(gold, ast.literal_eval(answer)))
     except (ValueError, TypeError, SyntaxError):  # the sandbox's literal_eval raises too: a wrong answer
-        return False
-    except (MemoryError, RecursionError):
-        return None
-    try:
-        return bool(_sandbox_equality()(gold, value))
-    except (ValueError, TypeError, SyntaxError):
         return False
     except (MemoryError, RecursionError):
         return None
