@@ -251,15 +251,22 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     from .loop import check_resume_overrides, check_resume_steps
     from .recipe import parse_recipe
     from .recipe_yaml import apply_overrides
+    from .recovery import recipe_for_resume
     from .run_dir import RunDir
 
     check_resume_overrides(overrides)
     directory = RunDir(run_dir)
     recipe_file = str(directory.path / "recipe.yaml")
+    if not directory.path.is_dir():
+        raise UserError(f"{run_dir} is not a run directory (no such folder); `populora runs` lists the runs")
+    directory.check_writable()
+    point = directory.resume_point()
+    if point.checkpoint is None and point.ever_checkpointed:
+        raise UserError(point.refusal())
     recorded = parse_recipe(
-        apply_overrides(directory.read_recipe(), list(overrides), recipe=recipe_file), None, recipe=recipe_file
+        apply_overrides(recipe_for_resume(directory), list(overrides), recipe=recipe_file), None, recipe=recipe_file
     )
-    done = directory.checkpointed_step()
+    done = point.step
     check_resume_steps(recorded.steps, done)
     if done == recorded.steps:  # resuming would only rewrite its summary (wall time 0 s): the record stays as it is
         click.echo(f"{run_dir} already finished at step {done} (its summary.json is its record); nothing to do")
@@ -268,6 +275,9 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     from .loop import resume_run
 
     run_obj = resume_run(directory, manager, overrides)
+    for note in directory.notes:  # damage found and what was done about it
+        click.echo(f"warning: {note}", err=True)
+        directory.log_line(f"warning: {note}")
     resuming = f"resuming {run_dir} at step {run_obj.step}"
     click.echo(resuming, err=True)
     directory.log_line(resuming + (f" ({' '.join(overrides)})" if overrides else ""))

@@ -164,13 +164,18 @@ class Run:
 def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
     run_dir.create(resolved)
+    run: Run | None = None
     try:
         run_dir.lock()
         run = Run(recipe, run_dir, manager, base_model=base)
+        run.initialise()
     except BaseException:
-        run_dir.discard_new()  # a run that never started (no cluster, bad component) leaves no run directory
+        try:
+            if run is not None:
+                run.components.close()
+        finally:  # a run that never started (no cluster, a bad component or --init-from) leaves nothing
+            run_dir.discard_new()
         raise
-    run.initialise()
     return run
 
 
@@ -190,7 +195,8 @@ def check_resume_steps(steps: int, done: int) -> None:
 
 
 def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ...] = ()) -> Run:
-    """The run from its last complete checkpoint; one killed before its first starts over from step 0.
+    """The run from its newest intact checkpoint; one that provably never completed one starts over from step 0,
+    a damaged one without an intact checkpoint is refused with nothing changed.
 
     ``overrides`` may move the run to other hardware (``cluster.name=ray``, ``cluster.params.workers=1``): where
     the components run never changes what a run computes. ``steps=N`` extends the run to N steps: the steps
@@ -200,12 +206,17 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     """
     from .recipe import parse_recipe
     from .recipe_yaml import apply_overrides
+    from .recovery import recipe_for_resume
 
     recipe_file = str(run_dir.path / "recipe.yaml")
     check_resume_overrides(overrides)
-    data = apply_overrides(run_dir.read_recipe(), overrides, recipe=recipe_file)
+    run_dir.check_writable()
+    point = run_dir.resume_point()
+    if point.checkpoint is None and point.ever_checkpointed:
+        raise UserError(point.refusal())
+    data = apply_overrides(recipe_for_resume(run_dir), overrides, recipe=recipe_file)
     recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
-    done = run_dir.checkpointed_step()
+    done = point.step
     check_resume_steps(recipe.steps, done)
     run_dir.lock()
     try:
@@ -215,7 +226,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
         raise
     if overrides:
         run_dir.write_recipe(recipe.model_dump(mode="json"))
-    if done == 0:  # no checkpoint
+    if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
         run_dir.clear()
         run.initialise()
     else:

@@ -9,9 +9,11 @@ Layout::
 
 A checkpoint is written into a temporary folder and renamed into place, then LATEST is replaced
 atomically, so a kill at any instant leaves the previous complete checkpoint readable. It records
-the byte length of every append-only log; resuming truncates the logs back to those lengths and
-deletes adapter versions written after it, so nothing logged before the checkpoint is lost and
-nothing after it is duplicated.
+the byte length of every append-only log, a copy of the recipe and a manifest (size, sha256) of its files
+and of the adapter files it restores; resuming from the newest intact checkpoint (:mod:`.checkpoints`)
+truncates the logs back to those lengths and deletes adapter versions written after it, so nothing logged
+before the checkpoint is lost and nothing after it is duplicated. When a newer checkpoint is damaged, it and
+everything only it needed are moved to ``RUN/damaged/<time>/`` instead (:meth:`RunDir.set_aside`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from .checkpoints import RECIPE_COPY, ResumePoint, find_resume_point, manifest
 from .errors import UserError
 from .files import atomic_dir, atomic_write_text
 
@@ -34,6 +37,10 @@ class RunDir:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock_fd: int | None = None  # RUN/.lock while this process runs the run
+        self._resume_point: ResumePoint | None = None
+        self.notes: list[str] = []  # what a resume found and did about damage, for the terminal and run.log
+        self._damaged: Path | None = None  # RUN/damaged/<time>/ once a resume set something aside
+        self._made_folder = False  # create() made the folder itself (a failed start removes it again)
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -61,9 +68,16 @@ class RunDir:
                 f"--run-dir {self.path} holds other files and no run (no recipe.yaml): a run writes and deletes "
                 "files there, so choose a new or empty directory"
             )
-        for sub in ("adapters", "checkpoints", "tasks"):
-            (self.path / sub).mkdir(parents=True, exist_ok=True)
-        self.write_recipe(resolved_recipe)
+        self._made_folder = not self.path.exists()
+        try:
+            for sub in ("adapters", "checkpoints", "tasks"):
+                (self.path / sub).mkdir(parents=True, exist_ok=True)
+            self.write_recipe(resolved_recipe)
+        except OSError as exc:  # read-only, not ours, a full disk
+            self.discard_new()
+            raise UserError(
+                f"--run-dir {self.path}: cannot write there ({exc.strerror}: {exc.filename}); choose a writable place"
+            ) from None
 
     def lock(self) -> None:
         """Hold ``RUN/.lock`` while this process runs the run: a second ``run``/``resume`` of the same directory
@@ -119,22 +133,26 @@ class RunDir:
         atomic_write_text(self.path / "recipe.yaml", yaml.safe_dump(resolved_recipe, sort_keys=False))
 
     def discard_new(self) -> None:
-        """Remove what :meth:`create` wrote, while nothing else is there (a run that failed to start)."""
-        for sub in ("adapters", "checkpoints", "tasks"):
-            folder = self.path / sub
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+        """Remove everything a run that failed to start wrote: :meth:`create` found the folder new or empty, so
+        all in it is the failed start's; a folder the user made empty is left, empty."""
         self.unlock()
-        (self.path / ".lock").unlink(missing_ok=True)
-        (self.path / "recipe.yaml").unlink(missing_ok=True)
-        if self.path.is_dir() and not any(self.path.iterdir()):
-            self.path.rmdir()
+        if self.path.is_dir():
+            for entry in self.path.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            if self._made_folder:
+                self.path.rmdir()
 
     def read_recipe(self) -> dict[str, Any]:
         file = self.path / "recipe.yaml"
         if not file.is_file():
             raise UserError(f"{self.path} is not a run directory (no recipe.yaml)")
-        data = yaml.safe_load(file.read_text())
+        try:
+            data = yaml.safe_load(file.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise UserError(f"{file} is unreadable ({type(exc).__name__})") from None
         if not isinstance(data, dict):
             raise UserError(f"{file} is not a recipe mapping")
         return data
@@ -164,20 +182,29 @@ class RunDir:
     # --- checkpoints --------------------------------------------------------------------------
 
     def write_checkpoint(
-        self, step: int, state: dict[str, Any], extra_dirs: dict[str, Any] | None = None, keep: int = 2
+        self,
+        step: int,
+        state: dict[str, Any],
+        extra_dirs: dict[str, Any] | None = None,
+        keep: int = 2,
+        restores: list[str] | tuple[str, ...] = (),
     ) -> Path:
-        """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks."""
+        """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks, a copy
+        of the recipe and the manifest of it all and of the adapter versions it ``restores``."""
         final = self.checkpoints / f"{step:08d}"
         with atomic_dir(final, replace=True) as tmp:
             for name, writer in (extra_dirs or {}).items():
                 sub = tmp / name
                 sub.mkdir()
                 writer(sub)
+            if (self.path / "recipe.yaml").is_file():
+                shutil.copyfile(self.path / "recipe.yaml", tmp / RECIPE_COPY)
             full = dict(
                 state,
                 step=step,
                 log_sizes=self.log_sizes(),
                 adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")),
+                manifest=manifest(tmp, self.adapters, list(restores)),
             )
             (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
         atomic_write_text(self.checkpoints / "LATEST", final.name + "\n")
@@ -186,8 +213,15 @@ class RunDir:
         return final
 
     def complete_checkpoints(self) -> list[Path]:
-        """Every complete checkpoint on disk, oldest first."""
-        return sorted(p for p in self.checkpoints.iterdir() if p.name.isdigit() and (p / "state.json").is_file())
+        """Every checkpoint on disk whose state reads, oldest first."""
+        readable = []
+        for path in sorted(p for p in self.checkpoints.iterdir() if p.name.isdigit()):
+            try:
+                self.read_checkpoint(path)
+            except (OSError, ValueError):
+                continue
+            readable.append(path)
+        return readable
 
     def _prune(self, keep: int) -> None:
         complete = sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
@@ -200,22 +234,38 @@ class RunDir:
                 stale.unlink(missing_ok=True)
 
     def checkpointed_step(self) -> int:
-        """The step of the latest complete checkpoint, 0 when there is none (a run resumes from it)."""
-        latest = self.latest_checkpoint()
-        return int(self.read_checkpoint(latest).get("step", 0)) if latest is not None else 0
+        """The step of the newest intact checkpoint (sizes checked, not hashes), 0 when there is none."""
+        return find_resume_point(self.path, hashes=False).step
 
     def latest_checkpoint(self) -> Path | None:
-        marker = self.checkpoints / "LATEST"
-        if not marker.is_file():
-            return None
-        path = self.checkpoints / marker.read_text().strip()
-        return path if (path / "state.json").is_file() else None
+        """The newest intact checkpoint (sizes checked, not hashes), None when there is none."""
+        found = find_resume_point(self.path, hashes=False).checkpoint
+        return found.path if found is not None else None
+
+    def resume_point(self) -> ResumePoint:
+        """Where a resume goes on from, every recorded hash checked (once per RunDir: it reads every file)."""
+        if self._resume_point is None:
+            self._resume_point = find_resume_point(self.path, hashes=True)
+        return self._resume_point
+
+    def check_writable(self) -> None:
+        """A run writes into its folder, its subfolders and its logs: refuse a read-only one before anything."""
+        places = [self.path, *(self.path / sub for sub in ("adapters", "checkpoints", "tasks"))]
+        places += [self.path / name for name in (*LOGS, "members.json", "recipe.yaml", "run.log")]
+        for place in places:
+            if place.exists() and not os.access(place, os.W_OK):
+                raise UserError(
+                    f"{place} is not writable: a run writes there; make the run directory writable "
+                    f"(`chmod -R u+w {self.path}`) or copy it to a writable place and resume the copy"
+                )
 
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
         return json.loads((path / "state.json").read_text())
 
     def clear(self) -> None:
         """Undo everything a run wrote after its recipe (a run killed before its first checkpoint starts over)."""
+        for sub in (self.adapters, self.checkpoints):
+            sub.mkdir(exist_ok=True)
         self.rollback_to({"log_sizes": dict.fromkeys(LOGS, 0), "adapters": []})
         for entry in self.checkpoints.iterdir():
             if entry.is_dir():
@@ -224,16 +274,45 @@ class RunDir:
                 entry.unlink()
 
     def rollback_to(self, state: dict[str, Any]) -> None:
-        """Undo everything written after a checkpoint: truncate logs, delete newer adapter versions."""
+        """Undo everything written after a checkpoint: truncate logs, delete newer adapter versions. A log shorter
+        than the checkpoint recorded lost lines already: it is kept, cut after its last whole line, and noted."""
         for log, size in state["log_sizes"].items():
             file = self.path / log
-            if file.exists() and file.stat().st_size > size:
+            length = file.stat().st_size if file.exists() else 0
+            if length > size:
                 with open(file, "r+") as fh:
                     fh.truncate(size)
+            elif length < size:
+                self._keep_damaged_log(log, length, size)
         keep = set(state["adapters"])
         for entry in self.adapters.iterdir():
             if entry.name not in keep:
                 shutil.rmtree(entry, ignore_errors=True)
+
+    def _keep_damaged_log(self, log: str, length: int, recorded: int) -> None:
+        file = self.path / log
+        torn = ""
+        if length:
+            data = file.read_bytes()
+            whole = data.rfind(b"\n") + 1
+            if whole < length:  # a torn last line would break every reader of the log
+                kept = self.damaged_folder() / f"{log}.torn-line"
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_bytes(data[whole:])
+                with open(file, "r+b") as fh:
+                    fh.truncate(whole)
+                torn = f"; its torn last line is kept in {kept}"
+        self.notes.append(
+            f"{log} has {length} bytes where the checkpoint recorded {recorded}: lines written before it were lost "
+            f"(the run goes on and appends; its figures miss those records){torn}"
+        )
+
+    def damaged_folder(self) -> Path:
+        if self._damaged is None:
+            import time
+
+            self._damaged = self.path / "damaged" / time.strftime("%Y%m%dT%H%M%S")
+        return self._damaged
 
 
 def _json_default(obj: Any) -> Any:
@@ -248,7 +327,8 @@ def _json_default(obj: Any) -> Any:
 
 def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, Any]]:
     """Every run directory under ``root`` (``recipe.yaml`` up to ``depth`` levels down): what ``populora runs``
-    shows. ``status``: running (another process holds its lock), finished, stopped (``populora resume`` goes on)."""
+    shows. ``status``: running (another process holds its lock), finished, stopped (``populora resume`` goes on),
+    damaged (a checkpoint is damaged: from which step a resume goes on, or that none can)."""
     found = []
     base = Path(root)
     for recipe_file in sorted(base.glob("recipe.yaml")) + sorted(
@@ -260,9 +340,15 @@ def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, An
         except (OSError, yaml.YAMLError):
             continue
         planned = int(recipe.get("steps", 0) or 0)
-        done = run_dir.checkpointed_step()
+        point = find_resume_point(run_dir.path, hashes=False)
+        done = point.step
         pid = run_dir.running_pid()
-        status = f"running (pid {pid})" if pid is not None else "finished" if planned and done >= planned else "stopped"
+        if pid is not None:
+            status = f"running (pid {pid})"
+        elif point.damaged:
+            status = f"damaged (resumes from step {done})" if point.checkpoint else "damaged (no intact checkpoint)"
+        else:
+            status = "finished" if planned and done >= planned else "stopped"
         summary: dict[str, Any] = {}
         if (run_dir.path / "summary.json").is_file():
             try:

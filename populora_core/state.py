@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .errors import UserError
 from .population import Population
 from .problems import load_problems
+from .recovery import set_aside
 
 if TYPE_CHECKING:
     from .assembly import Components
@@ -36,11 +37,12 @@ def load_seed_problems(c: Components) -> dict[str, int] | None:
 
 
 def restore(c: Components) -> tuple[int, Population, dict[str, set[str]], int | None]:
-    """Roll the run directory and every component back to the latest complete checkpoint; returns its step,
-    population, coverage and deferred evolution step."""
-    path = c.run_dir.latest_checkpoint()
-    assert path is not None, "resume_run starts over a run that has no checkpoint"
-    state = c.run_dir.read_checkpoint(path)
+    """Roll the run directory and every component back to the newest intact checkpoint (damaged newer ones set
+    aside); returns its step, population, coverage and deferred evolution step."""
+    point = c.run_dir.resume_point()
+    assert point.checkpoint is not None and point.checkpoint.state is not None, "resume_run checks there is one"
+    path, state = point.checkpoint.path, point.checkpoint.state
+    set_aside(c.run_dir, point)
     c.run_dir.rollback_to(state)
     for name, task in c.tasks.items():
         task.load_state_dict(pickle.loads((path / "tasks" / f"{name}.pkl").read_bytes()))
@@ -67,7 +69,8 @@ def checkpoint(
         "evolution_deferred": evolution_deferred,
     }
     extra = {"tasks": write_tasks, "trainer": c.trainer.save_state}
-    return c.run_dir.write_checkpoint(step, state, extra, keep=c.recipe.checkpoint.keep)
+    restores = [m.version_name for m in population.members.values()]
+    return c.run_dir.write_checkpoint(step, state, extra, keep=c.recipe.checkpoint.keep, restores=restores)
 
 
 def prune_adapters(run_dir: RunDir, population: Population, policy: AdaptersSection) -> list[str]:

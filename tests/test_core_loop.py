@@ -540,7 +540,8 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     root = tmp_path / "runs"
     _run(_manager(), root / "done", ["steps=2"])
     shutil.copytree(root / "done", root / "stopped")
-    (root / "stopped" / "checkpoints" / "LATEST").write_text("00000001\n")
+    recipe = root / "stopped" / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("steps: 2\n", "steps: 3\n"))  # as `resume ... steps=3` leaves it
     shutil.copytree(root / "stopped", root / "busy")
     hold = "from populora_core.run_dir import RunDir; import sys, time; RunDir(sys.argv[1]).lock(); print('locked', flush=True); time.sleep(120)"  # noqa: E501
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root / "busy")], stdout=subprocess.PIPE, text=True)
@@ -550,7 +551,7 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
         assert listed.returncode == 0, listed.stderr
         rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)}
         assert (rows["done"]["status"], rows["done"]["steps_done"], rows["done"]["steps"]) == ("finished", 2, 2)
-        assert (rows["stopped"]["status"], rows["stopped"]["steps_done"]) == ("stopped", 1)
+        assert (rows["stopped"]["status"], rows["stopped"]["steps_done"], rows["stopped"]["steps"]) == ("stopped", 2, 3)
         assert rows["busy"]["status"] == f"running (pid {holder.pid})"
         second = run_cli("--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env)
         assert second.returncode == 2 and f"in use by another populora process (pid {holder.pid})" in second.stderr
@@ -666,8 +667,14 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
     assert from_folder.returncode == 0, from_folder.stderr
     wrong = run_cli(*args[:-1], str(tmp_path / "warm3"), "lora.rank=2", "--init-from", str(source), env=env)
     assert wrong.returncode == 2 and "population.init_from" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert not (tmp_path / "warm3").exists()  # a failed start leaves no stub that blocks the path
     nowhere = run_cli(*args[:-1], str(tmp_path / "warm4"), "--init-from", str(tmp_path / "nope"), env=env)
     assert nowhere.returncode == 2 and "neither a run directory nor a folder" in nowhere.stderr
+    assert not (tmp_path / "warm4").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made empty stays, empty
+    again = run_cli(*args[:-1], str(tmp_path / "mine"), "lora.rank=2", "--init-from", str(source), env=env)
+    assert again.returncode == 2 and sorted((tmp_path / "mine").iterdir()) == []
+    assert run_cli(*args[:-1], str(tmp_path / "warm3"), "--init-from", str(source), env=env).returncode == 0
 
 
 def torch_equal(a, b) -> bool:
