@@ -232,8 +232,9 @@ def min_detectable_effect(sd: float, n: int, *, alpha: float = 0.05, power: floa
 
 def cluster_mde(clusters: Sequence[Sequence[float]], *, alpha: float = 0.05, power: float = 0.8) -> float | None:
     """:func:`min_detectable_effect` of a paired design over problems, ``sd`` estimated from the clusters'
-    mean differences (None with fewer than two clusters)."""
+    mean differences; None with fewer than two clusters or none that differ (no spread to estimate it from:
+    two identical models say nothing about the noise of two that differ)."""
     means = [statistics.fmean(c) for c in clusters if len(c)]
-    if len(means) < 2:
+    if len(means) < 2 or len(set(means)) == 1:
         return None
     return min_detectable_effect(statistics.stdev(means), len(means), alpha=alpha, power=power)

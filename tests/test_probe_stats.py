@@ -39,4 +39,4 @@ def test_min_detectable_effect_normal_formula():
     mean = 1 / 150
     sd = ((13 - 150 * mean**2) / 149) ** 0.5
     assert cluster_mde(diffs) == pytest.approx(min_detectable_effect(sd, 150))
-    assert cluster_mde([[0.5, 0.5]]) is None
+    assert cluster_mde([[0.5, 0.5]]) is None and cluster_mde([[0.0], [0.0]]) is None

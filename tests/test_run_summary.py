@@ -121,7 +121,7 @@ def test_summary_gives_each_change_with_its_paired_interval(tmp_path):
     mde = min_detectable_effect((3.75 / 19) ** 0.5, 20)
     assert summary["student_changes"] == {
         "s0@v12": {"change": 0.25, "interval": [0.1, 0.4], "within_noise": False, "mde": pytest.approx(mde)},
-        "s1@v12": {"change": 0.0, "interval": [0.0, 0.0], "within_noise": True, "mde": 0.0},
+        "s1@v12": {"change": 0.0, "interval": [0.0, 0.0], "within_noise": True, "mde": None},
     }
     assert summary["best_minus_base_mde"] == pytest.approx(mde)
     assert summary["probe_problems"] == 20 and summary["base_probe_step"] == 0
