@@ -260,7 +260,7 @@ def _nested_table(nested: dict[str, dict[str, Any]], seeds: int) -> str:
     if not nested:
         return ""
     lines = [
-        f"\n## Pooled with the probe problem as the unit ({seeds} seeds nested in each problem)\n",
+        f"\n## Pooled with the probe problem as the unit (each problem's {seeds} seed(s) nested in it)\n",
         "| accuracy | difference | mean | 95 % interval (problems resampled) | detectable (80 % power) | problems |",
         "|---|---|---|---|---|---|",
     ]
