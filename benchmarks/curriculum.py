@@ -11,7 +11,9 @@ trainer, tasks, rollout sizes and seed) solves fresh problems drawn from nano's 
 distribution: ``rollout.proposals_per_teacher`` programs per task type from the corpus generator
 (`populora_nano.corpus`, the probe's programs excluded), ``rollout.solver_samples`` samples each, graded
 and trained exactly as in the loop. The probe (the run's own probe evaluation, greedy) is read every
-``--probe-every`` steps; the gain is against the same adapter at step 0, which equals the base.
+``--probe-every`` steps; the gain is against the same adapter at step 0, which equals the base, with a
+95 % interval that resamples probe problems (each seed's own, and pooled with the seeds nested in each
+problem) and the smallest gain each design can detect (80 % power, two-sided 5 %).
 Last line: one JSON object.
 """
 
@@ -26,6 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from populora_report.summary import paired_gain_interval, paired_gain_mde
+
+from populora_core.probe import cluster_bootstrap, cluster_mde
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,9 +73,11 @@ def run_seed(
 
         def probe(step: int) -> dict[str, float]:
             rows = [r for r in run.probe(step, include_base=False) if r["member"] == student.id]
+            outcomes[step] = {r["task_type"]: r["correct"] for r in rows}
             acc = {r["task_type"]: r["accuracy"] for r in rows}
             return {**acc, "mean": statistics.fmean(acc.values())}
 
+        outcomes: dict[int, dict[str, list[float]]] = {}
         checkpoints = {0: probe(0)}
         solve_rates: list[dict[str, float]] = []
         for step in range(1, steps + 1):
@@ -99,7 +107,19 @@ def run_seed(
                 )
     finally:
         run.close()
-    return {"seed": seed, "probe": checkpoints, "solve_rate": solve_rates}
+    first, last = outcomes[0], outcomes[max(outcomes)]
+    return {
+        "seed": seed,
+        "probe": checkpoints,
+        "solve_rate": solve_rates,
+        "interval": paired_gain_interval(last, first),
+        "mde": paired_gain_mde(last, first),
+        "gains": [b - a for t in first for a, b in zip(first[t], last[t])],  # per probe problem, final - step 0
+    }
+
+
+def _pts(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -135,12 +155,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in seeds:
             results.append(run_seed(args.recipe, overrides, seed, steps, probe_every, pool, Path(tmp)))
     print(f"\nprobe accuracy (%, greedy) of one student trained on the ideal curriculum; {args.recipe}")
-    print("| seed | " + " | ".join(f"step {s}" for s in results[0]["probe"]) + " | final - step 0 |")
-    print("|---" * (len(results[0]["probe"]) + 2) + "|")
+    head = " | ".join(f"step {s}" for s in results[0]["probe"])
+    print(f"| seed | {head} | final - step 0 [95 % interval, problems resampled] | detectable (80 % power) |")
+    print("|---" * (len(results[0]["probe"]) + 3) + "|")
     for r in results:
         cells = " | ".join(f"{100 * p['mean']:.1f}" for p in r["probe"].values())
         final = list(r["probe"].values())[-1]["mean"] - r["probe"][0]["mean"]
-        print(f"| {r['seed']} | {cells} | {100 * final:+.1f} |")
+        low, high = r["interval"] or (float("nan"), float("nan"))
+        print(
+            f"| {r['seed']} | {cells} | {100 * final:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] | {_pts(r['mde'])} |"
+        )
+    clusters = [list(col) for col in zip(*(r.pop("gains") for r in results))]  # problem -> its gain per seed
+    mean = sum(map(sum, clusters)) / sum(map(len, clusters))
+    low, high = cluster_bootstrap(clusters)
+    mde = cluster_mde(clusters)
+    pooled = {"mean": mean, "interval": [low, high], "mde": mde, "problems": len(clusters)}
+    blank = " |" * len(results[0]["probe"])
+    print(
+        f"| pooled, seeds nested in problems |{blank} {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] "
+        f"| {_pts(mde)} |"
+    )
     summary = {
         "benchmark": "curriculum",
         "recipe": args.recipe,
@@ -148,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": steps,
         "seconds": round(time.time() - start, 1),
         "seeds": results,
+        "pooled": pooled,
     }
     print(json.dumps(summary))
     return summary

@@ -14,7 +14,10 @@ run directories and writes ``study.md``, ``study.json`` and the report page (``r
 arms side by side) under ``--out``: per seed and pooled over seeds with a 95 % t-interval, probe accuracy of
 the population's students (mean, best, weakest) vs the base and the single agent, the best student's gain
 over the base with a 95 % paired-bootstrap interval over the probe problems (the run summary's
-``populora_report.summary.paired_gain_interval``), and the dynamics of
+``populora_report.summary.paired_gain_interval``); pooled over seeds, the same differences with the probe
+problem as the unit and the seeds nested in it (``populora_core.probe.cluster_bootstrap``), each with the
+smallest difference its design can detect at 80 % power (``cluster_mde``), for greedy and, when the probe
+samples, per-sample accuracy; and the dynamics of
 ``populora_report.dynamics``: the trend of teacher program complexity (slope per step of AST depth,
 cyclomatic complexity, lines of code of valid proposals), solve-rate swings around the trend, and coverage
 growth (new task signatures per step in the last third). Whatever comes out is reported as measured.
@@ -37,7 +40,9 @@ from typing import Any
 
 from populora_report import dynamics
 from populora_report.render import render_report
-from populora_report.summary import paired_gain_interval
+from populora_report.summary import paired_gain_interval, paired_gain_mde
+
+from populora_core.probe import cluster_bootstrap, cluster_mde
 
 REPO = Path(__file__).resolve().parents[1]
 POPULORA = str(Path(sys.executable).parent / "populora")
@@ -62,15 +67,29 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             by_member.setdefault(r["member"], []).append(r["accuracy"])
         return {m: statistics.fmean(v) for m, v in by_member.items()}
 
-    def outcomes(member: str, step: int | None) -> dict[str, list[int]]:
+    def outcomes(member: str, step: int | None) -> dict[str, list[float]]:
         return {r["task_type"]: r.get("correct", []) for r in probe if r["member"] == member and r["step"] == step}
+
+    def problems(member: str, step: int | None) -> dict[str, list[float]]:
+        """Per probe problem (task types in probe order): greedy 1/0, and the share of right samples."""
+        recs = [r for r in probe if r["member"] == member and r["step"] == step]
+        out = {"greedy": [float(c) for r in recs for c in r.get("correct", [])]}
+        if recs and all("sample_correct" in r for r in recs):
+            out["sampled"] = [c / r["samples"] for r in recs for c in r["sample_correct"]]
+        return out
 
     students = accuracy([r for r in probe if r["step"] == final_step and r["member"] != "base"])
     base = accuracy([r for r in probe if r["member"] == "base"]).get("base")
     best_member = max(students, key=lambda m: students[m], default=None)
     base_step = next((r["step"] for r in probe if r["member"] == "base"), None)
+    base_records = [r for r in probe if r["member"] == "base" and r["step"] == base_step]
     interval = (
         paired_gain_interval(outcomes(best_member, final_step), outcomes("base", base_step))
+        if best_member is not None and base_step is not None
+        else None
+    )
+    mde = (
+        paired_gain_mde(outcomes(best_member, final_step), outcomes("base", base_step))
         if best_member is not None and base_step is not None
         else None
     )
@@ -84,6 +103,13 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "best": max(students.values(), default=None),
         "weakest": min(students.values(), default=None),
         "best_gain_interval": interval,
+        "best_gain_mde": mde,
+        # per probe problem, in probe order: what the pooled, problem-level intervals resample
+        "problems": {
+            "base": problems("base", base_step),
+            "strata": [r["task_type"] for r in base_records for _ in r.get("correct", [])],
+            **{m: problems(m, final_step) for m in sorted(students)},
+        },
         "dynamics": dynamics.measure_run(steps, _jsonl(run_dir / "tasks" / "problems.jsonl"), probe),
         "validity_mean": statistics.fmean(s["validity"] for s in steps if s.get("validity") is not None)
         if steps
@@ -190,6 +216,65 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+def _mean_student(problems: dict[str, Any], kind: str) -> list[float] | None:
+    """Per probe problem, the mean outcome of a run's final students."""
+    lists = [v[kind] for m, v in problems.items() if m not in ("base", "strata") and kind in v]
+    return [sum(col) / len(lists) for col in zip(*lists)] if lists else None
+
+
+def problem_level(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pooled over seeds with the probe problem as the unit: for greedy and (when sampled) per-sample
+    accuracy, best - base and population mean - single agent, each problem's cluster holding one difference
+    per seed (seeds nested in problems), with a 95 % cluster-bootstrap interval and the design's minimum
+    detectable effect (80 % power, two-sided 5 %). The interval is conditional on these seeds; the
+    t-interval over seeds beside it counts the spread between runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind in ("greedy", "sampled"):
+        diffs: dict[str, list[list[float]]] = {"best_minus_base": [], "mean_minus_single": []}
+        for r in rows:
+            pop, single = r["population"]["problems"], r["baseline"]["problems"]
+            scored = [v[kind] for m, v in pop.items() if m not in ("base", "strata") and v.get(kind)]
+            best = max(scored, key=sum, default=None)  # the best student by this accuracy
+            base, mean, other = pop["base"].get(kind), _mean_student(pop, kind), _mean_student(single, kind)
+            if best is not None and base is not None:
+                diffs["best_minus_base"].append([b - a for b, a in zip(best, base)])
+            if mean is not None and other is not None:
+                diffs["mean_minus_single"].append([b - a for b, a in zip(mean, other)])
+        strata = rows[0]["population"]["problems"]["strata"]
+        for name, per_seed in diffs.items():
+            if len(per_seed) != len(rows) or not per_seed[0] or len({len(d) for d in per_seed}) > 1:
+                continue
+            clusters = [list(col) for col in zip(*per_seed)]  # problem -> its difference in every seed
+            low, high = cluster_bootstrap(clusters, strata=strata if len(strata) == len(clusters) else None)
+            out[f"{kind}/{name}"] = {
+                "mean": sum(map(sum, clusters)) / sum(map(len, clusters)),
+                "low": low,
+                "high": high,
+                "mde": cluster_mde(clusters),
+                "problems": len(clusters),
+            }
+    return out
+
+
+def _nested_table(nested: dict[str, dict[str, Any]], seeds: int) -> str:
+    if not nested:
+        return ""
+    lines = [
+        f"\n## Pooled with the probe problem as the unit (each problem's {seeds} seed(s) nested in it)\n",
+        "| accuracy | difference | mean | 95 % interval (problems resampled) | detectable (80 % power) | problems |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, v in nested.items():
+        kind, name = key.split("/")
+        label = "per sample" if kind == "sampled" else "greedy"
+        lines.append(
+            f"| {label} | {name.replace('_', ' ')} | {100 * v['mean']:+.1f} | "
+            f"[{100 * v['low']:+.1f}, {100 * v['high']:+.1f}] | "
+            f"{'-' if v['mde'] is None else format(100 * v['mde'], '.1f')} | {v['problems']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     seeds = [0] if args.smoke else args.seeds
@@ -244,6 +329,7 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             for key in measures
         },
     }
+    nested = problem_level(rows)
     lines = [
         "| seed | base | pop mean | pop best | pop weakest | single agent | best - base [95 % CI] | mean - single |",
         "|---|---|---|---|---|---|---|---|",
@@ -285,6 +371,7 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "single_agent": pb["mean"]["mean"],
         "base": pp["base_accuracy"]["mean"],
         "mean_minus_single": paired["mean_minus_single"],
+        "problem_level": nested,
         "depth_slope_population": pp["complexity_slope/ast_depth"],
         "depth_slope_single_agent": pb["complexity_slope/ast_depth"],
         "swings_population": pp["oscillation/swings"],
@@ -298,14 +385,18 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         f"Recipes `{Path(args.population).name}` and `{Path(args.baseline).name}`, seeds {', '.join(map(str, seeds))}. "
     )
     text += "Probe accuracy in percent (greedy, held-out probe set); pooled: mean over seeds [95 % t-interval].\n\n"
-    text += "\n".join(lines) + "\n\n## Dynamics (mean over seeds [95 % t-interval])\n\n" + "\n".join(dyn) + "\n"
+    text += "\n".join(lines) + "\n"
+    text += _nested_table(nested, len(seeds))
+    text += "\n## Dynamics (mean over seeds [95 % t-interval])\n\n" + "\n".join(dyn) + "\n"
     text += "\n## Dynamics per seed\n\n" + "\n".join(per_seed) + "\n"
     selection = [f"seed {r['seed']}: {_selection(r['population']['selection'])}" for r in rows]
     text += "\n## Selection (population arm)\n\n" + "\n".join(f"- {line}" for line in selection) + "\n"
     text += f"\nFigures: `{report}`\n"
     (out / "study.md").write_text(text)
     (out / "study.json").write_text(
-        json.dumps({"rows": rows, "pooled": pooled, "paired": paired, "summary": summary}, indent=1)
+        json.dumps(
+            {"rows": rows, "pooled": pooled, "paired": paired, "problem_level": nested, "summary": summary}, indent=1
+        )
     )
     print(text)
     print(json.dumps(summary))

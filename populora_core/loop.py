@@ -23,6 +23,7 @@ from .errors import UserError
 from .metrics import PhaseTimer, step_metrics
 from .plugins import PluginManager
 from .population import Population
+from .probe import OUTCOMES
 from .probe import evaluate as evaluate_probe
 from .recipe import Recipe
 from .run_dir import RunDir
@@ -147,11 +148,11 @@ class Run:
         state.prune_adapters(self.dir, self.population, self.recipe.adapters)
 
     def probe(self, step: int, *, include_base: bool) -> list[dict[str, Any]]:
-        """Greedy solver accuracy per task type of every student (and the base), appended to probe.jsonl."""
+        """Solver accuracy per task type of every student (and the base), appended to probe.jsonl."""
         records = evaluate_probe(self.components, self.population.students, step, include_base=include_base)
         self.dir.append("probe.jsonl", records)
         # observers get the accuracies; the per-problem outcomes stay in probe.jsonl only
-        self.emit([{"event": "probe", **{k: v for k, v in r.items() if k != "correct"}} for r in records])
+        self.emit([{"event": "probe", **{k: v for k, v in r.items() if k not in OUTCOMES}} for r in records])
         return records
 
     def close(self) -> None:

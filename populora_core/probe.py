@@ -1,16 +1,21 @@
-"""Held-out probe evaluation: greedy solver accuracy per task type, of every student and of the base.
+"""Held-out probe evaluation: solver accuracy per task type, of every student and of the base.
 
-The loop calls :func:`evaluate` before the first step and after the last (``probe`` in a recipe);
+The loop calls :func:`evaluate` before the first step and after the last (``probe`` in a recipe): greedy
+accuracy, and with ``probe.samples: k`` per-sample accuracy of k answers at ``probe.temperature`` beside it.
 ``populora_nano.probe`` uses :func:`greedy_grades` for the model card. Records carry each problem's outcome
-in probe order, so two members can be compared problem by problem (paired statistics).
+in probe order, so two members can be compared problem by problem (paired statistics): a probe problem is
+the unit of every interval (:func:`cluster_bootstrap`), the runs and samples on it are nested in it, and
+:func:`min_detectable_effect` says how large a difference a design can see.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task
@@ -20,6 +25,10 @@ from .problems import load_problems
 
 if TYPE_CHECKING:
     from .assembly import Components
+
+
+#: A probe record's per-problem lists (greedy outcome; count of correct samples): probe.jsonl keeps them, events do not.
+OUTCOMES = ("correct", "sample_correct")
 
 
 @dataclass(frozen=True)
@@ -32,13 +41,25 @@ class ProbeTarget:
     role: str
 
 
-def probe_set(path: str, task_names: Sequence[str], per_type: int) -> dict[str, list[Problem]]:
-    """The first ``per_type`` problems of each of ``task_names`` in the probe file, in file order."""
+def probe_set(path: str, task_names: Sequence[str], per_type: int | None) -> dict[str, list[Problem]]:
+    """The first ``per_type`` distinct problems of each of ``task_names`` in the probe file, in file order
+    (``None``: all of them). Asking more than the file holds of a type is a :class:`UserError` naming
+    ``probe.problems_per_type``: a smaller probe than asked would narrow nothing and say nothing."""
     problems: dict[str, list[Problem]] = {name: [] for name in task_names}
+    seen: set[tuple[Any, ...]] = set()
     for record in load_problems(path):
         bucket = problems.get(record.task_type)
-        if bucket is not None and len(bucket) < per_type:
+        key = (record.task_type, record.program, tuple(record.inputs), tuple(record.outputs), record.message)
+        if bucket is not None and key not in seen and (per_type is None or len(bucket) < per_type):
+            seen.add(key)
             bucket.append(record)
+    short = {name: len(items) for name, items in problems.items() if per_type is not None and len(items) < per_type}
+    if short:
+        held = ", ".join(f"{n} {name}" for name, n in short.items())
+        raise UserError(
+            f"probe.problems_per_type: {per_type} asked, but {path} holds {held} distinct problems; "
+            "lower it, leave it unset (every problem of the file) or point probe.file at a larger probe set"
+        )
     return problems
 
 
@@ -49,16 +70,31 @@ def greedy_grades(
     adapters: Sequence[AdapterRef | None],
     max_tokens: int | Mapping[str, int],
 ) -> list[dict[str, list[Grade]]]:
-    """Per adapter (in order), each task type's grades of one greedy answer per problem.
+    """Per adapter (in order), each task type's grades of one greedy answer per problem."""
+    sampling = SamplingParams(n=1, temperature=0.0, seed=0)
+    graded = sampled_grades(engine, tasks, problems, adapters, max_tokens, sampling)
+    return [{name: [g for (g,) in per_problem] for name, per_problem in per_task.items()} for per_task in graded]
+
+
+def sampled_grades(
+    engine: Any,
+    tasks: Mapping[str, Task],
+    problems: Mapping[str, Sequence[Problem]],
+    adapters: Sequence[AdapterRef | None],
+    max_tokens: int | Mapping[str, int],
+    sampling: SamplingParams,
+) -> list[dict[str, list[list[Grade]]]]:
+    """Per adapter (in order), each task type's grades of ``sampling.n`` answers per problem.
 
     One ``engine.generate`` call per distinct answer budget (``max_tokens``, one for all or per task type)
-    serves every adapter, so a mixed-adapter batch is what the engine sees.
+    serves every adapter, so a mixed-adapter batch is what the engine sees; ``sampling``'s own
+    ``max_tokens`` is replaced by that budget. Its fixed seed gives every adapter the same draws.
     """
     budgets: dict[int, list[str]] = defaultdict(list)
     for task_name, items in problems.items():
         if items:
             budgets[max_tokens if isinstance(max_tokens, int) else max_tokens[task_name]].append(task_name)
-    out: list[dict[str, list[Grade]]] = [{} for _ in adapters]
+    out: list[dict[str, list[list[Grade]]]] = [{} for _ in adapters]
     for budget, task_names in budgets.items():
         requests, origin = [], []
         for k, adapter in enumerate(adapters):
@@ -66,20 +102,22 @@ def greedy_grades(
                 for problem in problems[task_name]:
                     requests.append(GenerationRequest(tasks[task_name].solver_prompt(problem), adapter))
                     origin.append((k, task_name, problem))
-        answers = engine.generate(requests, SamplingParams(n=1, temperature=0.0, max_tokens=budget, seed=0))
-        answered = [(problem, completion.text) for (_, _, problem), (completion,) in zip(origin, answers)]
+        answers = engine.generate(requests, replace(sampling, max_tokens=budget))
+        answered = [(problem, [c.text for c in completions]) for (_, _, problem), completions in zip(origin, answers)]
         grades = _graded(tasks, [task_name for _, task_name, _ in origin], answered)
         for (k, task_name, _), grade in zip(origin, grades):
             out[k].setdefault(task_name, []).append(grade)
     return out
 
 
-def _graded(tasks: Mapping[str, Task], task_names: list[str], answered: list[tuple[Problem, str]]) -> list[Grade]:
-    """Each answer's grade, every task's answers checked in one executor batch."""
+def _graded(
+    tasks: Mapping[str, Task], task_names: list[str], answered: list[tuple[Problem, list[str]]]
+) -> list[list[Grade]]:
+    """Each problem's answers' grades, every task's answers checked in one executor batch."""
     from .assembly import per_task
 
-    def batch(task: Task, idx: list[int]) -> list[Grade]:
-        return [grade for (grade,) in task.grade_many([(answered[i][0], [answered[i][1]]) for i in idx])]
+    def batch(task: Task, idx: list[int]) -> list[list[Grade]]:
+        return task.grade_many([answered[i] for i in idx])
 
     return per_task(tasks, task_names, batch)
 
@@ -91,24 +129,39 @@ def probe_records(
     problems: Mapping[str, Sequence[Problem]],
     targets: Sequence[ProbeTarget],
     max_tokens: int,
+    sampling: SamplingParams | None = None,
 ) -> list[dict[str, Any]]:
-    """One ``probe.jsonl`` record per (target, task type): accuracy, count and each problem's outcome."""
+    """One ``probe.jsonl`` record per (target, task type): greedy accuracy, count and each problem's outcome,
+    and with ``sampling`` the per-sample accuracy of its ``n`` answers and each problem's count of correct ones."""
     grades = greedy_grades(engine, tasks, problems, [t.adapter for t in targets], max_tokens)
-    return [
-        {
-            "step": step,
-            "member": target.member,
-            "version": target.version,
-            "role": target.role,
-            "task_type": task_name,
-            "accuracy": statistics.fmean(g.correct for g in per_task[task_name]),
-            "n": len(per_task[task_name]),
-            "correct": [int(g.correct) for g in per_task[task_name]],
-        }
-        for target, per_task in zip(targets, grades)
-        for task_name in problems
-        if per_task.get(task_name)
-    ]
+    sampled = (
+        sampled_grades(engine, tasks, problems, [t.adapter for t in targets], max_tokens, sampling)
+        if sampling is not None
+        else None
+    )
+    records = []
+    for k, (target, per_task) in enumerate(zip(targets, grades)):
+        for task_name in problems:
+            if not per_task.get(task_name):
+                continue
+            record = {
+                "step": step,
+                "member": target.member,
+                "version": target.version,
+                "role": target.role,
+                "task_type": task_name,
+                "accuracy": statistics.fmean(g.correct for g in per_task[task_name]),
+                "n": len(per_task[task_name]),
+                "correct": [int(g.correct) for g in per_task[task_name]],
+            }
+            if sampled is not None and sampling is not None:
+                counts = [sum(g.correct for g in answers) for answers in sampled[k][task_name]]
+                record["samples"] = sampling.n
+                record["temperature"] = sampling.temperature
+                record["sample_accuracy"] = sum(counts) / (sampling.n * len(counts))
+                record["sample_correct"] = counts
+            records.append(record)
+    return records
 
 
 def run_probe_set(c: Components) -> dict[str, list[Problem]]:
@@ -122,7 +175,66 @@ def run_probe_set(c: Components) -> dict[str, list[Problem]]:
 
 def evaluate(c: Components, students: Sequence[Member], step: int, *, include_base: bool) -> list[dict[str, Any]]:
     """The probe records of a run's students' current versions (and the base first, with ``include_base``)."""
+    cfg = c.recipe.probe
     targets = [ProbeTarget(m.id, c.adapter_ref(m), m.version_name, m.role) for m in students]
     if include_base:
         targets.insert(0, ProbeTarget("base", None, "base", "base"))
-    return probe_records(step, c.engine, c.tasks, run_probe_set(c), targets, c.recipe.probe.max_tokens)
+    sampling = SamplingParams(n=cfg.samples, temperature=cfg.temperature, seed=0) if cfg.samples else None
+    return probe_records(step, c.engine, c.tasks, run_probe_set(c), targets, cfg.max_tokens, sampling)
+
+
+def cluster_bootstrap(
+    clusters: Sequence[Sequence[float]],
+    *,
+    strata: Sequence[Hashable] | None = None,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval (``level``) of the mean of all observations, resampling whole clusters.
+
+    A cluster is one probe problem; its observations are what every run on it got (a paired difference per
+    run or seed, or per sample). All of a problem's runs share its difficulty, so they are drawn together:
+    resampling (run, problem) pairs as if independent narrows the interval by up to sqrt(runs per problem)
+    when the runs agree. With ``strata`` (one label per cluster, e.g. the task type) clusters are drawn within
+    their stratum, each keeping its count. The statistic pools the drawn observations (the mean of cluster
+    means when every cluster has as many). Seeded: the same data give the same interval.
+    """
+    if not clusters or any(len(c) == 0 for c in clusters):
+        raise ValueError("cluster_bootstrap needs at least one cluster and an observation in each")
+    groups: dict[Hashable, list[tuple[float, int]]] = defaultdict(list)
+    for c, label in zip(clusters, strata if strata is not None else [None] * len(clusters), strict=True):
+        groups[label].append((sum(c), len(c)))
+    rng = random.Random(seed)
+    means = []
+    for _ in range(resamples):
+        total, count = 0.0, 0
+        for members in groups.values():
+            for s, n in rng.choices(members, k=len(members)):
+                total, count = total + s, count + n
+        means.append(total / count)
+    means.sort()
+    tail = (1 - level) / 2
+    return means[int(tail * resamples)], means[int((1 - tail) * resamples) - 1]
+
+
+def min_detectable_effect(sd: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean difference a two-sided level-``alpha`` test detects with probability ``power``
+    in a paired design of ``n`` independent units (probe problems) whose differences have standard deviation
+    ``sd``: ``(z_{1-alpha/2} + z_power) * sd / sqrt(n)``, about 2.80 sd / sqrt(n) at 5 % and 80 % (normal
+    approximation). For paired 1/0 outcomes ``sd**2`` is the share of discordant problems minus the squared
+    mean difference; with runs nested in a problem, ``sd`` is that of the per-problem mean differences."""
+    if n < 1:
+        raise ValueError("min_detectable_effect needs n >= 1")
+    z = statistics.NormalDist()
+    return (z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * sd / math.sqrt(n)
+
+
+def cluster_mde(clusters: Sequence[Sequence[float]], *, alpha: float = 0.05, power: float = 0.8) -> float | None:
+    """:func:`min_detectable_effect` of a paired design over problems, ``sd`` estimated from the clusters'
+    mean differences; None with fewer than two clusters or none that differ (no spread to estimate it from:
+    two identical models say nothing about the noise of two that differ)."""
+    means = [statistics.fmean(c) for c in clusters if len(c)]
+    if len(means) < 2 or len(set(means)) == 1:
+        return None
+    return min_detectable_effect(statistics.stdev(means), len(means), alpha=alpha, power=power)

@@ -160,12 +160,25 @@ class AdaptersSection(_Strict):
 
 
 class ProbeSection(_Strict):
-    """Held-out probe evaluation: greedy solver accuracy of every student (and the base) per task type."""
+    """Held-out probe evaluation: greedy solver accuracy of every student (and the base) per task type, and with
+    ``samples`` the per-sample accuracy of k answers at ``temperature`` beside it (every answer counts, so a
+    problem gives k looks at a model instead of one)."""
 
     enabled: bool = Field(False, description="evaluate the probe set (probe.jsonl in the run directory)")
     every: int = Field(0, ge=0, description="also every N steps; 0: only before the first and after the last step")
     file: str = Field("", description="JSONL of Problem records; empty: the probe set shipped with the base model")
-    problems_per_type: int = Field(50, ge=1, description="first N problems of each task type")
+    problems_per_type: int | None = Field(
+        None,
+        ge=1,
+        description="first N distinct problems of each task type (more than the file holds: an error); "
+        "unset: all of them",
+    )
+    samples: int | None = Field(
+        None,
+        ge=1,
+        description="also sample k answers per problem at temperature (per-sample accuracy); unset: greedy only",
+    )
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature of the probe's k answers")
     max_tokens: int = Field(256, ge=1, description="longest greedy answer per probe problem")
 
 

@@ -243,7 +243,7 @@ def test_probe_file_loads_into_problems_the_tasks_grade(tasks):
 
     problems = load_probe()
     counts = {t: sum(p.task_type == t for p in problems) for t in tasks}
-    assert counts == {"deduction": 50, "abduction": 50, "induction": 50}
+    assert counts == {"deduction": 200, "abduction": 200, "induction": 200}
     gold_field = {
         "deduction": lambda p: p.outputs[0],
         "abduction": lambda p: p.inputs[0],

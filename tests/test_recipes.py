@@ -161,10 +161,13 @@ def test_ray_recipes_are_their_base_recipe_on_a_ray_cluster(ray_recipe, base, re
 
 @pytest.mark.parametrize(("long", "base"), [("nano_long", "nano"), ("nano_long_single_agent", "nano_single_agent")])
 def test_long_study_recipes_are_the_nano_recipes_run_longer(long, base):
-    """The long study changes only how many steps a run takes, so its arms compare as the short study's do."""
+    """The long study changes how many steps a run takes and how it is measured (the probe with power:
+    600 problems, 8 samples each, which the quickstart cannot afford), so its arms compare as the short study's do."""
     longer = yaml.safe_load((RECIPE_DIR / f"{long}.yaml").read_text())
     reference = yaml.safe_load((RECIPE_DIR / f"{base}.yaml").read_text())
-    assert {k for k in set(longer) | set(reference) if longer.get(k) != reference.get(k)} == {"name", "steps"}
+    differ = {k for k in set(longer) | set(reference) if longer.get(k) != reference.get(k)}
+    assert differ == {"name", "steps", "probe"}
+    assert longer["probe"] == {**reference["probe"], "problems_per_type": 200, "samples": 8, "temperature": 1.0}
     assert longer["steps"] == 120 > reference["steps"]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from populora_report.summary import format_summary, paired_gain_interval, run_summary, write_summary
 
+from populora_core.probe import min_detectable_effect
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
 
@@ -48,7 +49,9 @@ def test_summary_of_a_recorded_run(tmp_path):
         "change": pytest.approx(0.1),
         "interval": None,
         "within_noise": None,
+        "mde": None,
     }
+    assert summary["per_sample"] is None and summary["best_minus_base_mde"] is None
 
 
 def _outcomes(ones: int, n: int = 10, first: int = 0) -> list[int]:
@@ -114,10 +117,13 @@ def test_summary_gives_each_change_with_its_paired_interval(tmp_path):
     assert summary["students"] == {"s0@v12": 0.75, "s1@v12": 0.5} and summary["base_accuracy"] == 0.5
     assert summary["best"] == "s0@v12" and summary["best_minus_base"] == 0.25
     assert summary["best_minus_base_interval"] == [0.1, 0.4] and summary["best_within_noise"] is False
+    # detectable change: 2.80 x the sd of the 20 per-problem differences (5 ones, 15 zeros) / sqrt(20)
+    mde = min_detectable_effect((3.75 / 19) ** 0.5, 20)
     assert summary["student_changes"] == {
-        "s0@v12": {"change": 0.25, "interval": [0.1, 0.4], "within_noise": False},
-        "s1@v12": {"change": 0.0, "interval": [0.0, 0.0], "within_noise": True},
+        "s0@v12": {"change": 0.25, "interval": [0.1, 0.4], "within_noise": False, "mde": pytest.approx(mde)},
+        "s1@v12": {"change": 0.0, "interval": [0.0, 0.0], "within_noise": True, "mde": None},
     }
+    assert summary["best_minus_base_mde"] == pytest.approx(mde)
     assert summary["probe_problems"] == 20 and summary["base_probe_step"] == 0
     assert summary["interval"]["level"] == 0.95 and summary["interval"]["best_selected_after_the_fact"] is True
     table = format_summary(summary).splitlines()
@@ -125,7 +131,8 @@ def test_summary_gives_each_change_with_its_paired_interval(tmp_path):
         "probe: base    50.0 %",
         "probe: s0@v12  75.0 % (step 12)  +25.0 points [+10.0, +40.0]",
         "probe: s1@v12  50.0 % (step 12)  +0.0 points [+0.0, +0.0] within noise",
-        "best - base    +25.0 points [+10.0, +40.0] 95 % paired bootstrap over 20 probe problems",
+        "best - base    +25.0 points [+10.0, +40.0] 95 % paired bootstrap over 20 probe problems; "
+        f"detectable: {100 * mde:.1f} points",
     ):
         assert f"  {line}" in table, line
 
@@ -160,8 +167,8 @@ def test_populora_run_ends_with_the_summary(env, tmp_path):
     problems = ({"task_type": "count", "program": str(d), "inputs": [str(d)], "outputs": [str(d)]} for d in range(6))
     probe.write_text("".join(json.dumps(p) + "\n" for p in problems))
     run_dir = tmp_path / "run"
-    args = ["steps=3", "probe.enabled=true", f"probe.file={probe}", "--run-dir", str(run_dir), "--no-progress"]
-    result = run_cli("--plugin", FAKE, "run", RECIPE, *args, env=env)
+    args = ["steps=3", "probe.enabled=true", f"probe.file={probe}", "probe.samples=3", "--run-dir", str(run_dir)]
+    result = run_cli("--plugin", FAKE, "run", RECIPE, *args, "--no-progress", env=env)
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
@@ -179,6 +186,14 @@ def test_populora_run_ends_with_the_summary(env, tmp_path):
         assert low <= change["change"] <= high and change["within_noise"] == (low <= 0 <= high)
     assert summary["best_minus_base_interval"] == summary["student_changes"][summary["best"]]["interval"]
     assert "95 % paired bootstrap over 6 probe problems" in result.stdout
+    # probe.samples: per-sample accuracy beside the greedy one, from each problem's count of right answers
+    records = [json.loads(x) for x in (run_dir / "probe.jsonl").read_text().splitlines()]
+    assert all(r["samples"] == 3 and len(r["sample_correct"]) == 6 for r in records)
+    assert all(r["sample_accuracy"] == pytest.approx(sum(r["sample_correct"]) / 18) for r in records)
+    sampled = summary["per_sample"]
+    assert sampled["samples"] == 3 and set(sampled["students"]) == set(summary["students"])
+    assert sampled["best_minus_base"] == pytest.approx(sampled["students"][sampled["best"]] - sampled["base_accuracy"])
+    assert "per sample (k=3)" in result.stdout
     assert result.stdout.splitlines()[:-1] == format_summary(summary).splitlines()
     assert result.stdout.splitlines()[-1] == f"run complete: {run_dir}"
 
@@ -190,6 +205,20 @@ def test_a_user_error_mid_run_exits_2_without_a_summary(env, tmp_path):
     assert "probe.enabled is true but probe.file is empty" in result.stderr and "Traceback" not in result.stderr
     assert (run_dir / "recipe.yaml").is_file() and not (run_dir / "summary.json").exists()
     assert "populora report" not in result.stdout
+
+
+def test_a_probe_that_cannot_be_drawn_is_a_recipe_error(env, tmp_path):
+    """k < 1 samples, or more problems per type than the probe file holds distinct ones: exit 2, naming the key."""
+    probe = tmp_path / "probe.jsonl"
+    problems = [
+        {"task_type": "count", "program": str(d % 4), "inputs": [str(d % 4)], "outputs": ["1"]} for d in range(6)
+    ]
+    probe.write_text("".join(json.dumps(p) + "\n" for p in problems))  # 4 distinct problems, two repeated
+    for override, says in (("probe.samples=0", "probe.samples"), ("probe.problems_per_type=5", "4 count distinct")):
+        args = ["probe.enabled=true", f"probe.file={probe}", override, "--run-dir", str(tmp_path / override)]
+        result = run_cli("--plugin", FAKE, "run", RECIPE, *args, env=env)
+        assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "probe.problems_per_type" in result.stderr or override == "probe.samples=0"
 
 
 def test_summary_says_whether_selection_compared_members(tmp_path):

@@ -142,3 +142,22 @@ def test_compare_pairs_an_ablation_with_its_reference_by_seed(tmp_path):
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "study.json").write_text(json.dumps({"rows": [{"seed": 7}]}))
         main(["--compare", str(tmp_path / "reference"), str(tmp_path / "other")])
+
+
+def test_pooled_differences_resample_problems_with_the_seeds_nested():
+    """Two seeds, two problems: in both seeds the best student wins problem 0 and ties problem 1, and the
+    population's mean student beats the single agent the same way. Problems are the unit: the resamples
+    are {0, 0}, {0, 1}, {1, 1}, so the 95 % interval is [0, +1], not the pooled four (seed, problem) pairs'."""
+    from benchmarks.study import problem_level
+
+    def arm(students):
+        return {"problems": {"base": {"greedy": [0.0, 0.0]}, "strata": ["a", "a"], **students}}
+
+    pop = arm({"s0": {"greedy": [1.0, 0.0]}, "s1": {"greedy": [0.0, 0.0]}})
+    single = arm({"a0": {"greedy": [0.0, 0.0]}})
+    nested = problem_level([{"population": pop, "baseline": single}] * 2)
+    best = nested["greedy/best_minus_base"]
+    assert (best["mean"], best["low"], best["high"], best["problems"]) == (0.5, 0.0, 1.0, 2)
+    assert nested["greedy/mean_minus_single"]["mean"] == 0.25 and "sampled/best_minus_base" not in nested
+    # the design's detectable difference: 2.80 x sd of the two problems' mean differences (1 and 0) / sqrt(2)
+    assert best["mde"] == pytest.approx(2.8016 * 0.5**0.5 / 2**0.5, abs=1e-3)

@@ -116,14 +116,42 @@ def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
     centred = [0.5, 0.5, -1.0, 0.0, 0.0, 0.7, 1.0]
     assert prompt_centred_rewards(rs) == pytest.approx(centred)
     assert trr_advantages(rs, "none", baseline="prompt") == pytest.approx(centred)
-    # then whitened per group exactly as if those had been the rewards
-    shifted = [
-        Rollout(r.member_id, r.group, r.prompt_token_ids, r.completion_token_ids, [], c) for r, c in zip(rs, centred)
-    ]
-    assert trr_advantages(rs, "token", baseline="prompt") == pytest.approx(trr_advantages(shifted, "token"))
-    assert trr_advantages(rs, "token") != pytest.approx(trr_advantages(shifted, "token"))
+    # whitened by the scale only: solve's tokens 2x.5, 1x.5, 3x-1, 1x0, 2x0 -> unbiased second moment 3.75/8
+    s = math.sqrt(3.75 / 8 + 1e-8)
+    adv = trr_advantages(rs, "token", baseline="prompt")
+    assert adv == pytest.approx([0.5 / s, 0.5 / s, -1.0 / s, 0.0, 0.0, 0.0, 0.0], rel=1e-12)
+    assert adv[3:5] == [0.0, 0.0]  # exactly: an all-failed problem reinforces none of its answers
     with pytest.raises(UserError, match=r"trainer\.baseline"):
         trr_advantages(rs, baseline="problem")
+
+
+def test_prompt_baseline_gives_all_same_problems_exactly_zero():
+    """Token weighting and lone rollouts made the old second centring shift every all-same sample (+0.04 on
+    nano's deduction solves): here all-solved and all-failed problems get exactly 0, informative ones keep
+    their sign and order, and a lone rollout is measured against its group's mean raw reward (AZR's)."""
+    from populora_trl.trr import trr_advantages
+
+    g = "deduction/solve"
+    rs = [
+        Rollout("m", g, [1], [5] * 9, [], 1.0),
+        Rollout("m", g, [1], [5], [], 0.0),
+        Rollout("m", g, [1], [5, 5], [], 0.0),  # informative: one of three solved
+        Rollout("m", g, [2], [5] * 4, [], 0.1),
+        Rollout("m", g, [2], [5], [], 0.1),
+        Rollout("m", g, [2], [5] * 7, [], 0.1),  # all the same (0.1 x 3 / 3 is not 0.1 in floats)
+        Rollout("m", g, [3], [5, 5, 5], [], 1.0),
+        Rollout("m", g, [3], [5], [], 1.0),  # all solved
+        Rollout("m", g, [4], [5, 5], [], 0.0),  # alone with its prompt
+    ]
+    for normalize in ("token", "sequence"):
+        adv = trr_advantages(rs, normalize, baseline="prompt")
+        assert adv[3:8] == [0.0] * 5
+        assert adv[0] > 0 > adv[1] and adv[1] == adv[2]
+    w = [9, 1, 2, 4, 1, 7, 3, 1, 2]
+    mean = sum(wi * r.reward for wi, r in zip(w, rs)) / sum(w)  # the lone rollout's baseline
+    diffs = [2 / 3, -1 / 3, -1 / 3, 0, 0, 0, 0, 0, -mean]
+    s = math.sqrt(sum(wi * d * d for wi, d in zip(w, diffs)) / (sum(w) - 1) + 1e-8)
+    assert trr_advantages(rs, "token", baseline="prompt") == pytest.approx([d / s for d in diffs], rel=1e-12)
 
 
 def test_trainer_baseline_param_reaches_the_update(base, adapters, tmp_path):

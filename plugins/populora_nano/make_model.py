@@ -6,6 +6,13 @@ Writes ``DIR/model/`` (LlamaForCausalLM safetensors + tokenizer), ``DIR/probe.js
 probe problems, drawn from ``--probe-seed`` and excluded from the corpus) and ``DIR/make_model.json``
 (settings, corpus counts, parameter count, steps, timings, final loss).
 
+    python -m populora_nano.make_model --out DIR --extend-probe 200   # a larger probe for the shipped model
+
+``--extend-probe N`` trains nothing: it writes ``DIR/probe.jsonl`` with ``N`` problems per task type, the
+shipped probe's problems first (redrawn and checked equal), then more from the same probe generator whose
+programs are not in the model's corpus (the corpus redrawn from ``--seed``/``--programs``), so a recipe's
+``probe.problems_per_type: 50`` still reads exactly the old probe.
+
 Reproducibility: everything random is drawn from ``--seed`` (corpus, tokenizer input order, init,
 batch order), so corpus, tokenizer, probe set and initial weights are identical on every run.
 ``--minutes`` caps training time and the learning-rate decay follows the clock, so the trained
@@ -42,6 +49,40 @@ def _executor(workers: int) -> Any:
     from populora_core import get_registry
 
     return get_registry().get("executor", "sandbox").build({"workers": workers})
+
+
+def extend_probe(args: argparse.Namespace, per_type: int) -> list[dict[str, Any]]:
+    """``per_type`` held-out probe problems per task type: the ``--probe-per-type`` ones make_model drew
+    first, then problems of further programs of the probe generator that the corpus does not hold."""
+    from . import PROBE_FILE
+    from . import corpus as C
+
+    old = args.probe_per_type
+    need = 3 * (per_type - old)
+    executor = _executor(2)
+    try:
+        first_programs = C.generate_programs(3 * old, random.Random(args.probe_seed), executor, chunk=200)
+        first = C.probe_records(first_programs, old, random.Random(args.probe_seed + 1))
+        shipped = [json.loads(line) for line in PROBE_FILE.read_text().splitlines() if line.strip()]
+        shipped = [r for t in ("deduction", "abduction", "induction") for r in shipped if r["task_type"] == t]
+        shipped = [r for i, r in enumerate(shipped) if i % (len(shipped) // 3) < old]  # each type's first `old`
+        if old == 50 and args.probe_seed == 20261130 and first != shipped:
+            raise RuntimeError("the probe generator no longer redraws the shipped probe.jsonl")
+        corpus = C.generate_programs(
+            args.programs, random.Random(args.seed), executor, exclude={p.code for p in first_programs}
+        )
+        in_corpus = {c.code for c in corpus}
+        count, held_out = 3 * old + need, cast(list[Any], [])
+        while len(held_out) < need:  # the same stream drawn further: its first programs stay the same
+            programs = C.generate_programs(count, random.Random(args.probe_seed), executor, chunk=200)
+            held_out = [p for p in programs[3 * old :] if p.code not in in_corpus]
+            count += 2 * (need - len(held_out))
+        log(f"{len(programs) - 3 * old - len(held_out)} of {len(programs) - 3 * old} further programs in the corpus")
+        more = C.probe_records(held_out[:need], per_type - old, random.Random(args.probe_seed + 2))
+        check_probe(more, executor)
+    finally:
+        executor.close()
+    return [r for t in ("deduction", "abduction", "induction") for r in first + more if r["task_type"] == t]
 
 
 def check_probe(records: list[dict[str, Any]], executor: Any) -> None:
@@ -237,6 +278,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--programs", type=int, default=3000)
     ap.add_argument("--probe-per-type", type=int, default=50)
     ap.add_argument(
+        "--extend-probe", type=int, default=None, metavar="N", help="only write DIR/probe.jsonl, N problems per type"
+    )
+    ap.add_argument(
         "--induction-proposals",
         type=_fraction,
         default=0.3,
@@ -269,6 +313,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     set_torch_threads(args.threads)
     t0 = time.time()
+    if args.extend_probe is not None:
+        if args.extend_probe < args.probe_per_type:
+            ap.error(f"--extend-probe {args.extend_probe} is below --probe-per-type {args.probe_per_type}")
+        records = extend_probe(args, args.extend_probe)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        log(f"{len(records)} probe problems in {time.time() - t0:.0f}s")
+        return {"probe_problems": len(records), "seconds": round(time.time() - t0, 1)}
     from . import corpus as C
 
     executor = _executor(2)

@@ -265,17 +265,23 @@ class RunData:
         bases = [s for s in self.probe_summaries() if s.member == "base" or s.role == "base"]
         return max(bases, key=lambda s: s.step) if bases else None
 
-    def probe_outcomes(self, member: str, step: int) -> dict[str, list[int]]:
-        """Task type -> each probe problem's outcome (1 correct, 0 not) of ``member`` at ``step``, in probe
-        order; a task type whose record has no valid ``correct`` list (runs recorded before it was) is left out."""
-        out: dict[str, list[int]] = {}
+    def probe_outcomes(self, member: str, step: int, *, sampled: bool = False) -> dict[str, list[float]]:
+        """Task type -> each probe problem's outcome of ``member`` at ``step``, in probe order: greedy 1 correct,
+        0 not; ``sampled``: the share of its k sampled answers that were right. A task type whose record has no
+        valid list (runs recorded before it was, or probed greedily only) is left out."""
+        out: dict[str, list[float]] = {}
         for rec in self.probe or []:
-            correct = rec.get("correct")
-            if rec.get("member") != member or rec.get("step") != step or not isinstance(correct, list):
+            values = rec.get("sample_correct" if sampled else "correct")
+            k = rec.get("samples") if sampled else 1
+            if rec.get("member") != member or rec.get("step") != step or not isinstance(values, list):
                 continue
-            if all(c in (0, 1) for c in correct):
-                out[str(rec.get("task_type", "?"))] = [int(c) for c in correct]
+            if isinstance(k, int) and k > 0 and all(isinstance(c, int) and 0 <= c <= k for c in values):
+                out[str(rec.get("task_type", "?"))] = [c / k if sampled else int(c) for c in values]
         return out
+
+    def probe_samples(self) -> int | None:
+        """The probe's k sampled answers per problem (None: greedy only)."""
+        return next((r["samples"] for r in self.probe or [] if isinstance(r.get("samples"), int)), None)
 
     def probe_task_types(self) -> list[str]:
         types: list[str] = []

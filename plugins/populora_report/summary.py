@@ -2,18 +2,20 @@
 
 Read from the run's logs like the report, so the summary of a recorded run is the one its run printed. Every
 change against the base comes with a 95 % paired-bootstrap interval over the probe problems
-(:func:`paired_gain_interval`, also what ``benchmarks.study`` reports), so a user sees when a gain is noise.
+(:func:`paired_gain_interval`, also what ``benchmarks.study`` reports), so a user sees when a gain is noise,
+and the best one with the smallest change this probe could detect (:func:`paired_gain_mde`). A probe with
+``samples`` adds the same for per-sample accuracy.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import shlex
 from pathlib import Path
 from typing import Any
 
 from populora_core.population import selection_history
+from populora_core.probe import cluster_bootstrap, cluster_mde
 
 from .data import load_run
 
@@ -22,9 +24,18 @@ RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 
 
+def _paired(member: dict[str, list[float]], base: dict[str, list[float]]) -> tuple[list[list[float]], list[str]]:
+    """Per probe problem, [member - base], with its task type; empty when the outcomes do not pair up."""
+    types = [t for t in base if t in member and len(member[t]) == len(base[t]) > 0]
+    if not types or len(types) != len(base):
+        return [], []
+    diffs = [[m - b] for t in types for m, b in zip(member[t], base[t])]
+    return diffs, [t for t in types for _ in base[t]]
+
+
 def paired_gain_interval(
-    member: dict[str, list[int]],
-    base: dict[str, list[int]],
+    member: dict[str, list[float]],
+    base: dict[str, list[float]],
     *,
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
@@ -32,23 +43,25 @@ def paired_gain_interval(
 ) -> tuple[float, float] | None:
     """Bootstrap interval (``level``, percentile) of accuracy(member) - accuracy(base) over the probe problems.
 
-    ``member`` and ``base`` map task type -> per-problem outcomes (1/0) in probe order. Problems are
-    resampled in pairs (the same problem for both, so how hard the drawn problems are cancels) and within
-    each task type (the probe's strata, so every resample keeps the probe's mix). The statistic is the
+    ``member`` and ``base`` map task type -> per-problem outcomes in probe order (1/0 greedy, or a share of
+    correct samples). Problems are resampled in pairs (the same problem for both, so how hard the drawn
+    problems are cancels) and within each task type (the probe's strata, so every resample keeps the probe's
+    mix): :func:`populora_core.probe.cluster_bootstrap` with one run per problem. The statistic is the
     accuracy over all problems, which is the mean over task types when each has as many problems (the
     probe's case). Seeded: the same outcomes give the same interval. None when outcomes are missing or do
     not pair up (probe records written before they were recorded). For the best of several students the
     interval is optimistic: it does not account for picking the best after the fact.
     """
-    types = [t for t in base if t in member and len(member[t]) == len(base[t]) > 0]
-    if not types or len(types) != len(base):
+    diffs, strata = _paired(member, base)
+    if not diffs:
         return None
-    diffs = [[m - b for m, b in zip(member[t], base[t])] for t in types]
-    total = sum(len(d) for d in diffs)
-    rng = random.Random(seed)
-    gains = sorted(sum(sum(rng.choices(d, k=len(d))) for d in diffs) / total for _ in range(resamples))
-    tail = (1 - level) / 2
-    return gains[int(tail * resamples)], gains[int((1 - tail) * resamples) - 1]
+    return cluster_bootstrap(diffs, strata=strata, resamples=resamples, seed=seed, level=level)
+
+
+def paired_gain_mde(member: dict[str, list[float]], base: dict[str, list[float]]) -> float | None:
+    """The smallest change (80 % power, two-sided 5 %) this paired comparison over the probe problems can
+    detect, from the spread of its per-problem differences (:func:`populora_core.probe.cluster_mde`)."""
+    return cluster_mde(_paired(member, base)[0])
 
 
 def _includes_zero(interval: tuple[float, float] | list[float] | None) -> bool | None:
@@ -71,11 +84,13 @@ def run_summary(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str
     base_outcomes = run.probe_outcomes(base.member, base.step) if base else {}
     changes: dict[str, dict[str, Any]] = {}
     for student in final if base is not None else []:
-        interval = paired_gain_interval(run.probe_outcomes(student.member, student.step), base_outcomes)
+        outcomes = run.probe_outcomes(student.member, student.step)
+        interval = paired_gain_interval(outcomes, base_outcomes)
         changes[student.version] = {
             "change": student.overall - base_accuracy,
             "interval": None if interval is None else list(interval),
             "within_noise": _includes_zero(interval),
+            "mde": paired_gain_mde(outcomes, base_outcomes),
         }
     best_change = changes.get(final[0].version) if final else None
     best_interval = best_change["interval"] if best_change else None
@@ -98,15 +113,45 @@ def run_summary(run_dir: str | Path, *, wall_s: float | None = None) -> dict[str
         "best": final[0].version if final else None,
         "best_minus_base_interval": best_interval,
         "best_within_noise": _includes_zero(best_interval),
+        "best_minus_base_mde": best_change["mde"] if best_change else None,
         "student_changes": changes,
         "probe_problems": sum(len(c) for c in base_outcomes.values()) if base_outcomes else None,
+        "per_sample": _per_sample(run, final, base),
         "interval": {
             "level": LEVEL,
             "method": "paired bootstrap over the probe problems, resampled within task types (percentile)",
             "resamples": RESAMPLES,
             "seed": BOOTSTRAP_SEED,
             "best_selected_after_the_fact": True,
+            "mde": "smallest change detectable at 80 % power, two-sided 5 %, paired over the probe problems",
         },
+    }
+
+
+def _per_sample(run: Any, final: list[Any], base: Any) -> dict[str, Any] | None:
+    """Per-sample accuracy (the probe's k answers per problem) of the base and each final student, the best
+    student's change with its interval and detectable change; None without sampled probe records."""
+    base_shares = run.probe_outcomes(base.member, base.step, sampled=True) if base else {}
+    if not base_shares:
+        return None
+    students = {s.version: run.probe_outcomes(s.member, s.step, sampled=True) for s in final}
+    students = {v: o for v, o in students.items() if o}
+
+    def accuracy(outcomes: dict[str, list[float]]) -> float:
+        return sum(map(sum, outcomes.values())) / sum(map(len, outcomes.values()))
+
+    accuracies = {v: accuracy(o) for v, o in sorted(students.items(), key=lambda kv: -accuracy(kv[1]))}
+    best = next(iter(accuracies), None)
+    interval = paired_gain_interval(students[best], base_shares) if best else None
+    return {
+        "samples": run.probe_samples(),
+        "base_accuracy": accuracy(base_shares),
+        "students": accuracies,
+        "best": best,
+        "best_minus_base": accuracies[best] - accuracy(base_shares) if best else None,
+        "best_minus_base_interval": None if interval is None else list(interval),
+        "best_within_noise": _includes_zero(interval),
+        "best_minus_base_mde": paired_gain_mde(students[best], base_shares) if best else None,
     }
 
 
@@ -123,6 +168,10 @@ def _pct(value: float | None) -> str:
 def _points(gain: float, interval: list[float] | None) -> str:
     text = f"{100 * gain:+.1f} points"
     return text if interval is None else f"{text} [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
+
+
+def _mde(mde: float | None) -> str:
+    return "" if mde is None else f"; detectable: {100 * mde:.1f} points"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -166,7 +215,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         level = round(100 * summary["interval"]["level"])
         best = f"{_points(gain, interval)} {level} % paired bootstrap over {summary['probe_problems']} probe problems"
         best += ", within noise" if summary["best_within_noise"] else ""
+        best += _mde(summary.get("best_minus_base_mde"))
     rows.append(("best - base", best))
+    sampled = summary.get("per_sample")
+    if sampled and sampled["best"] is not None:
+        text = f"base {_pct(sampled['base_accuracy'])}, {sampled['best']} {_pct(sampled['students'][sampled['best']])}"
+        text += f": {_points(sampled['best_minus_base'], sampled['best_minus_base_interval'])}"
+        text += " within noise" if sampled["best_within_noise"] else ""
+        rows.append((f"per sample (k={sampled['samples']})", text + _mde(sampled["best_minus_base_mde"])))
     rows.append(("figures", summary["report_command"]))
     width = max(len(k) for k, _ in rows)
     head = f"{summary['recipe']} ({summary['mode']}) in {summary['run_dir']}"

@@ -94,7 +94,8 @@ class TRRParams(_Common):
         "task",
         description="[choice] task: the per task x role whitening is the only baseline (AZR); prompt: "
         "first subtract the mean reward of the samples that share a prompt (a student's n answers to one problem), "
-        "so problems all samples solve or all fail carry no gradient; single rollouts keep their reward",
+        "so problems all samples solve or all fail carry exactly no gradient; a rollout alone with its prompt is "
+        "measured against its task x role group's mean reward (AZR's); then scaled per group without centring again",
     )
     adv_eps: float = 1e-8
     sequence_layout: Literal["joined", "split"] = Field(

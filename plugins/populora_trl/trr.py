@@ -36,19 +36,24 @@ def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
     """Each reward minus the mean reward of the rollouts of its group that share its prompt.
 
     Several samples of one prompt (a student's n answers to one problem) get a GRPO-style per-problem
-    baseline, so problems that every sample solves, or every sample fails, carry no gradient. A rollout
-    alone with its prompt (a proposal, a one-sample buffer solve) keeps its reward.
+    baseline, so problems that every sample solves, or every sample fails, get exactly 0 (not a rounding
+    residue of the mean). A rollout alone with its prompt (a proposal, a one-sample buffer solve) keeps its reward.
     """
+    out = [float(r.reward) for r in rollouts]
+    for members in _shared_prompts(rollouts):
+        values = [out[i] for i in members]
+        mean = values[0] if len(set(values)) == 1 else sum(values) / len(values)
+        for i in members:
+            out[i] -= mean
+    return out
+
+
+def _shared_prompts(rollouts: Sequence[Rollout]) -> list[list[int]]:
+    """Indices of the rollouts that share a (group, prompt) with at least one other rollout, per prompt."""
     shared: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         shared[(r.group, tuple(r.prompt_token_ids))].append(i)
-    out = [float(r.reward) for r in rollouts]
-    for members in shared.values():
-        if len(members) > 1:
-            mean = sum(float(rollouts[i].reward) for i in members) / len(members)
-            for i in members:
-                out[i] -= mean
-    return out
+    return [m for m in shared.values() if len(m) > 1]
 
 
 def trr_advantages(
@@ -59,8 +64,15 @@ def trr_advantages(
     ``token``: every response token counts once (veRL's masked whitening, AZR); ``sequence``: every
     rollout counts once; ``none``: the raw reward. Rollouts without tokens get 0 and count nowhere.
     With a single token in a group the unbiased variance is undefined; it is taken as 0, so the
-    advantage is 0 (veRL would divide by zero). ``baseline="prompt"`` first centres rewards per prompt
-    (:func:`prompt_centred_rewards`); ``"task"`` leaves the group whitening as the only baseline (AZR).
+    advantage is 0 (veRL would divide by zero).
+
+    ``"task"`` leaves the group whitening as the only baseline (AZR). ``"prompt"`` gives each rollout
+    the most specific baseline there is: its prompt's mean reward where several samples share the prompt
+    (:func:`prompt_centred_rewards`), else the group's token-weighted mean of the raw rewards (AZR's task
+    baseline); the group then divides by the token-weighted root mean square of those differences and
+    does not centre again. Re-centring after per-prompt centring would subtract a second, prompt-less mean
+    (non-zero as soon as long and short answers or lone rollouts weigh in) and give every sample of a
+    problem all solved or all failed the same non-zero advantage: reinforcing, say, wrong answers.
     """
     if normalize not in ("token", "sequence", "none"):
         raise UserError(f"trainer.normalize: unknown mode {normalize!r} (token, sequence, none)")
@@ -69,6 +81,7 @@ def trr_advantages(
     rewards = prompt_centred_rewards(rollouts) if baseline == "prompt" else [float(r.reward) for r in rollouts]
     if normalize == "none":
         return [v if r.completion_token_ids else 0.0 for r, v in zip(rollouts, rewards)]
+    centred = {i for m in _shared_prompts(rollouts) for i in m} if baseline == "prompt" else set()
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         if r.completion_token_ids:
@@ -76,13 +89,14 @@ def trr_advantages(
     adv = [0.0] * len(rollouts)
     for members in groups.values():
         weights = [float(len(rollouts[i].completion_token_ids)) if normalize == "token" else 1.0 for i in members]
-        values = [rewards[i] for i in members]
         n = sum(weights)
-        mean = sum(w * v for w, v in zip(weights, values)) / n
-        var = sum(w * (v - mean) ** 2 for w, v in zip(weights, values)) / (n - 1) if n > 1 else 0.0
+        raw = [float(rollouts[i].reward) for i in members]
+        mean = sum(w * v for w, v in zip(weights, raw)) / n
+        diffs = [rewards[i] if i in centred else v - mean for i, v in zip(members, raw)]
+        var = sum(w * d**2 for w, d in zip(weights, diffs)) / (n - 1) if n > 1 else 0.0
         inv = 1.0 / math.sqrt(var + eps)
-        for i, v in zip(members, values):
-            adv[i] = (v - mean) * inv
+        for i, d in zip(members, diffs):
+            adv[i] = d * inv
     return adv
 
 
