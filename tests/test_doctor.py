@@ -193,7 +193,9 @@ def test_vllm_outside_the_checked_range_warns(monkeypatch: pytest.MonkeyPatch) -
     fake(monkeypatch, {**GPU_STACK, "vllm": "0.35.0"}, {}, cuda="13.0", driver="580.95", gpus=H200)
     report = doctor.diagnose()
     assert report.ok
-    assert report.warnings == ["vllm 0.35.0 is outside the range this code was checked against (>=0.32,<0.35)"]
+    (warning,) = report.warnings
+    assert warning.startswith("vllm 0.35.0 is outside the range this code was checked against (>=0.32,<0.35,")
+    assert 'pip install -e ".[vllm]"' in warning
 
 
 def test_no_torch_is_broken_and_the_cli_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
