@@ -170,6 +170,8 @@ def test_a_cuda_torch_that_sees_no_gpu_is_broken(monkeypatch: pytest.MonkeyPatch
     fake(monkeypatch, GPU_STACK, GPU_REQUIRES, cuda="13.0", driver="580.95", gpus=H200 * 2, torch_sees=0)
     broken = doctor.diagnose().broken
     assert len(broken) == 1 and "nvidia-smi lists 2 GPU(s) but torch 2.13.0 (CUDA 13.0) sees none" in broken[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # the usual cause, named
+    assert doctor.diagnose().broken[0].endswith("CUDA_VISIBLE_DEVICES=7 names none of them")
 
 
 def test_triton_other_than_torchs_pin_is_broken_and_absent_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
