@@ -250,6 +250,8 @@ def planned_engine_params(
             run_dir.log_line(gpu_memory_line(free, gpu_bytes, held))
     else:
         gpu_bytes, gpus = cluster.gpu_bytes() or 0, cluster_gpus(registry, recipe.cluster.model_dump(mode="json"))[0]
+        if gpu_bytes:
+            run_dir.log_line(f"GPU memory: {gpu_bytes / 2**30:.1f} GiB total per worker GPU: planned on total memory")
     if not gpu_bytes:
         return params, None
     try:

@@ -42,9 +42,13 @@ ALLOCATOR_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
 def default_allocator() -> dict[str, str]:
-    """:data:`ALLOCATOR_ENV` into ``os.environ`` unless the user set an allocator configuration, or CUDA is already
-    initialised here (torch reads it then); returns what it set. Processes the run starts inherit it."""
-    if any(os.environ.get(var) for var in ALLOCATOR_VARS):
+    """:data:`ALLOCATOR_ENV` into ``os.environ`` where torch is a CUDA build, unless the user set an allocator
+    configuration or CUDA is already initialised here (torch reads it then); returns what it set. Processes the run
+    starts inherit it."""
+    from .doctor import torch_cuda_version
+
+    cuda = torch_cuda_version()  # from torch/version.py as text: torch itself is not imported yet
+    if cuda is None or cuda.startswith("ROCm") or any(os.environ.get(var) for var in ALLOCATOR_VARS):
         return {}
     torch = sys.modules.get("torch")
     if torch is not None and getattr(getattr(torch, "cuda", None), "is_initialized", lambda: False)():

@@ -210,13 +210,18 @@ def test_a_vllm_outside_the_checked_range_warns_where_the_engine_is_built(monkey
 
 
 def test_the_trainer_gets_expandable_segments_unless_the_user_chose(monkeypatch):
-    from populora_core.runtime import ALLOCATOR_ENV, default_allocator
-
-    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert default_allocator() == ALLOCATOR_ENV == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     import os
 
+    import populora_core.doctor as doctor
+    from populora_core.runtime import ALLOCATOR_ENV, default_allocator
+
+    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.setenv(var, "")  # restored after the test, whatever default_allocator sets
+        monkeypatch.delenv(var)
+    assert default_allocator() == {}  # this CPU torch: nothing to set
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    monkeypatch.setattr(doctor, "torch_cuda_version", lambda: "13.0")  # a CUDA build of torch
+    assert default_allocator() == ALLOCATOR_ENV == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     assert default_allocator() == {}
