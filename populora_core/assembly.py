@@ -338,6 +338,9 @@ def refuse_idle_gpus(visible: int | None = None) -> None:
     if visible is None:
         import torch
 
+        from .memory import check_visible_devices
+
+        check_visible_devices()  # CUDA_VISIBLE_DEVICES hiding every GPU: an error before anything is built
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if visible > 1:
         raise UserError(

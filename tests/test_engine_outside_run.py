@@ -187,6 +187,10 @@ def test_cuda_visible_devices_naming_no_gpu_is_an_error_naming_it(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=7 names no GPU .*`nvidia-smi -L`"):
         visible_gpu_bytes()
+    from populora_core.assembly import refuse_idle_gpus
+
+    with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES=7"):  # a run stops before building anything
+        refuse_idle_gpus()
     for cpu_on_purpose in ("", "-1"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cpu_on_purpose)
         assert visible_gpu_bytes() == 0
