@@ -60,7 +60,7 @@ def run(
 ) -> dict[str, Any]:
     import torch
 
-    from populora_core import get_registry
+    from populora_core import build_engine, get_registry
     from populora_core.components import BaseModel, GenerationRequest, LoraSettings, SamplingParams
     from populora_core.modelhost import get_host
     from tests.tiny_model import build_tiny_model, fresh_adapter
@@ -114,8 +114,13 @@ def run(
             result["vllm_skipped"] = f"{type(exc).__name__}: {exc}"
         else:
             t0 = time.perf_counter()
-            v = registry.get("engine", "vllm").build(
-                {"max_loras": n_adapters, "max_model_len": 512}, base_model=base, lora=lora, seed=0
+            v = build_engine(  # on a GPU its auto settings planned for it alone
+                "vllm",
+                {"max_loras": n_adapters, "max_model_len": 512},
+                who="benchmarks.generation",
+                base_model=base,
+                lora=lora,
+                seed=0,
             )
             result["vllm_start_s"] = round(time.perf_counter() - t0, 2)
             t_v, out_v = _timed(lambda: v.generate(reqs, greedy), repeats)

@@ -17,7 +17,9 @@ rollout with a 4,096-token completion on a random 2-layer Llama with hidden size
 of 152,064, so the log-prob path dominates and it runs on a CPU. Each variant runs in its own interpreter:
 ``full`` (``logprob_chunk_tokens: null``, the one-piece computation) and ``chunked`` (``--chunk`` tokens,
 default 1024). Peak = the process's high-water RSS after the update (``ru_maxrss``) minus its RSS just
-before it, on CUDA ``torch.cuda.max_memory_allocated`` minus the allocation before. Reported:
+before it, on CUDA ``torch.cuda.max_memory_allocated`` minus the allocation before (and the reserved peak,
+``torch.cuda.max_memory_reserved`` minus the reserved before: allocated plus the allocator's fragmentation, as
+``*_reserved_mib``). Reported:
 ``logprob_peak_ratio`` (full / chunked peak) and ``logprob_max_abs_diff`` (largest |full - chunked|
 per-token log-prob of the update), plus the entropy, loss and gradient (before the step) differences.
 With ``--quick`` it runs a tiny vocabulary in this process (differences only, no peaks); plain
@@ -177,7 +179,7 @@ def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: s
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+        before, reserved_before = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     else:
         before, maxrss_before = _rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
@@ -186,9 +188,11 @@ def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: s
     if cuda:
         torch.cuda.synchronize()
         peak, method = torch.cuda.max_memory_allocated() - before, "torch.cuda.max_memory_allocated"
+        reserved = torch.cuda.max_memory_reserved() - reserved_before  # the allocator's segments: fragmentation too
     else:
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         peak, method = maxrss - before, "ru_maxrss after - RSS before (own process)"
+        reserved = None  # no caching allocator on the CPU
         if maxrss <= maxrss_before:
             method += "; not above the earlier high-water mark, so an upper bound"
     trr_module.token_logprobs = token_logprobs
@@ -198,6 +202,7 @@ def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: s
         "variant": variant,
         "peak_bytes": int(peak),
         "peak_method": method,
+        "peak_reserved_bytes": None if reserved is None else int(reserved),
         "loss": stats.loss,
         "entropy": stats.entropy,
         "grad_norm": stats.grad_norm,
@@ -250,6 +255,9 @@ def logprob_memory(quick: bool, device: str, chunk: int) -> dict[str, Any]:
         out["full"], out["chunked"] = runs["full"], runs["chunked"]
         out["full_peak_mib"] = round(runs["full"]["peak_bytes"] / 2**20, 1)
         out["chunked_peak_mib"] = round(runs["chunked"]["peak_bytes"] / 2**20, 1)
+        for variant in ("full", "chunked"):  # on CUDA: the allocator's segments too (what fragmentation costs)
+            if runs[variant]["peak_reserved_bytes"] is not None:
+                out[f"{variant}_reserved_mib"] = round(runs[variant]["peak_reserved_bytes"] / 2**20, 1)
         out["logprob_peak_ratio"] = round(runs["full"]["peak_bytes"] / max(1, runs["chunked"]["peak_bytes"]), 2)
     return out
 

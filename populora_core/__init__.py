@@ -4,6 +4,8 @@ What plugins may import (``tests/test_import_rules.py`` enforces it): this packa
 modules in :data:`PUBLIC_MODULES`. Nothing here imports torch.
 """
 
+from typing import Any
+
 from .errors import PluginError, PopuloraError, RecipeError, UserError
 from .hookspecs import hookimpl
 from .plugins import get_registry
@@ -18,7 +20,8 @@ PLUGIN_API_VERSION = 6
 
 #: The core modules a plugin may import, and what each is for. Everything else in the core is private.
 PUBLIC_MODULES = {
-    "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components",
+    "populora_core": "hookimpl, Params, errors, get_registry(): look up and build components; build_engine(): an "
+    "engine outside a run, its auto settings planned for it alone on this GPU",
     "populora_core.components": "the Protocols each component kind implements and the data passed between them",
     "populora_core.adapters": "LoRA factors <-> PEFT directories (and their served copies), compatibility checks, "
     "fresh adapters",
@@ -52,7 +55,17 @@ __all__ = [
     "Registry",
     "UserError",
     "__version__",
+    "build_engine",
     "format_validation_error",
     "get_registry",
     "hookimpl",
 ]
+
+
+def build_engine(name: str, params: Any, **context: Any) -> Any:
+    """Engine ``name`` built outside a run (``populora eval``, a benchmark): on a GPU its ``auto`` settings chosen by
+    a plan of the engine alone there. Keywords: ``who`` (the builder, named in its log line and errors),
+    ``base_model``, ``lora``, ``seed``, ``log`` (a callable for the choice), and the engine's own context."""
+    from .assembly import build_engine as build
+
+    return build(name, params, **context)

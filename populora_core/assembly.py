@@ -172,11 +172,17 @@ def build_components(
             tasks[ref.name] = task
         ctx = {"base_model": base, "lora": settings, "seed": recipe.seed}
         engine_ctx = {**ctx, "max_prompt_tokens": recipe.rollout.max_prompt_tokens}
-        engine_params = planned_engine_params(recipe, reg, base, cluster, run_dir)
-        if cluster is None:
-            engine = reg.get("engine", recipe.engine.name).build(engine_params, **engine_ctx)
-        else:
-            engine = cluster.engine(recipe.engine.name, engine_params, engine_ctx)
+        engine_params, unplanned = planned_engine_params(recipe, reg, base, cluster, run_dir)
+        warn_unchecked_vllm(recipe.engine.name)
+        try:
+            if cluster is None:
+                engine = reg.get("engine", recipe.engine.name).build(engine_params, **engine_ctx)
+            else:
+                engine = cluster.engine(recipe.engine.name, engine_params, engine_ctx)
+        except UserError as exc:
+            if unplanned is None:
+                raise
+            raise UserError(f"{exc} (populora run could not plan the recipe on this GPU: {unplanned})") from None
         check(engine, RolloutEngine, "engine", recipe.engine.name)
         if cluster is None:
             trainer = reg.get("trainer", recipe.trainer.name).build(recipe.trainer.build_params(), **ctx)
@@ -221,36 +227,106 @@ def build_components(
 
 def planned_engine_params(
     recipe: Recipe, registry: Any, base: BaseModel, cluster: Cluster | None, run_dir: RunDir
-) -> Any:
+) -> tuple[Any, str | None]:
     """The engine's params for the GPU it runs on, from the run's one plan of the recipe there: its ``auto``
     settings (vLLM's sleep and GPU share) as the plan chose them, the choice written to run.log, and a warning
-    when the plan says the recipe will not fit. Unchanged on the CPU, where they mean nothing; the recipe keeps
-    ``auto``, so a resume on another GPU chooses again."""
+    when the plan says the recipe will not fit; with why no plan could be made, if none could. Unchanged on the CPU,
+    where they mean nothing; the recipe keeps ``auto``, so a resume on another GPU chooses again.
+
+    On its own GPU the run plans on the total memory, with a row for what other processes hold there at start
+    (the free memory, less this process's CUDA context, which the trainer's terms count); run.log says which."""
     import warnings
 
-    from .memory import visible_gpu_bytes
+    from .memory import CUDA_CONTEXT, gpu_held_by_others, gpu_memory_line, visible_gpu_memory
     from .plan import cluster_gpus, plan_model
 
     params = recipe.engine.build_params()
+    held = 0
     if cluster is None:
-        gpu_bytes, gpus = visible_gpu_bytes(), 1
+        free, gpu_bytes = visible_gpu_memory()
+        gpus = 1
+        if gpu_bytes:
+            held = gpu_held_by_others(free, gpu_bytes, CUDA_CONTEXT)
+            run_dir.log_line(gpu_memory_line(free, gpu_bytes, held))
     else:
         gpu_bytes, gpus = cluster.gpu_bytes() or 0, cluster_gpus(registry, recipe.cluster.model_dump(mode="json"))[0]
+        if gpu_bytes:
+            run_dir.log_line(f"GPU memory: {gpu_bytes / 2**30:.1f} GiB total per worker GPU: planned on total memory")
     if not gpu_bytes:
-        return params
+        return params, None
     try:
         config = Path(base.path) / "config.json"
-        plan = plan_model(recipe, recipe.model_dump(mode="json"), registry, None, gpu_bytes, gpus, config)
+        plan = plan_model(recipe, recipe.model_dump(mode="json"), registry, None, gpu_bytes, gpus, config, held=held)
     except Exception as exc:  # planning never stops a run: an engine that needs the plan's choice says so
         run_dir.log_line(f"plan: not made ({exc}); the engine gets its params as written")
-        return params
+        return params, str(exc)
     if not plan["fits"]:
         warnings.warn(f"populora plan: {plan['verdict']}", stacklevel=2)
     chosen = {key.removeprefix("engine.params."): value for key, value in plan.get("auto", {}).items()}
     if chosen:
         run_dir.log_line(f"plan: {plan['notes'][0]}; {plan['verdict']}")
         params = registry.get("engine", recipe.engine.name).parse_params({**params.model_dump(), **chosen})
-    return params
+    return params, None
+
+
+def build_engine(
+    name: str,
+    params: Mapping[str, Any],
+    *,
+    who: str,
+    base_model: BaseModel,
+    lora: LoraSettings,
+    seed: int,
+    log: Callable[[str], object] | None = None,
+    **context: Any,
+) -> Any:
+    """Engine ``name`` built outside a run (``populora eval``, a benchmark): on a GPU its ``auto`` settings are
+    chosen by a plan of the engine alone there (nothing trains beside it; what other processes hold, this one's
+    CUDA context included, is a row), the choice given to ``log``; on the CPU as written. ``who`` names the builder
+    in that line and, when no plan could be made and the engine refuses ``auto``, in the error."""
+    import warnings
+
+    from .memory import gpu_held_by_others, visible_gpu_memory
+    from .plan import plan_engine_alone
+    from .plugins import get_registry
+
+    registry = get_registry()
+    warn_unchecked_vllm(name)
+    raw, failure = dict(params), None
+    free, total = visible_gpu_memory()
+    if total:
+        try:
+            held = gpu_held_by_others(free, total, 0)
+            plan = plan_engine_alone(name, raw, base_model, lora, registry, total, held)
+        except Exception as exc:  # the engine says whether it needed the plan
+            failure = f"{type(exc).__name__}: {exc}" if not isinstance(exc, UserError) else str(exc)
+        else:
+            chosen = {key.removeprefix("engine.params."): value for key, value in plan.get("auto", {}).items()}
+            raw.update(chosen)
+            if chosen and log is not None:
+                log(f"{who}: engine {name!r} alone on this GPU: {plan['notes'][0]}; {plan['verdict']}")
+            if not plan["fits"]:
+                warnings.warn(f"{who}: engine {name!r} alone on this GPU: {plan['verdict']}", stacklevel=2)
+    try:
+        return registry.get("engine", name).build(raw, base_model=base_model, lora=lora, seed=seed, **context)
+    except UserError as exc:
+        if failure is None:
+            raise
+        raise UserError(f"{exc} ({who} could not plan engine {name!r} alone on this GPU: {failure})") from None
+
+
+def warn_unchecked_vllm(engine: str) -> None:
+    """Building the vllm engine with a GPU vLLM outside the range its calls were read against: a warning (it may
+    work), the one ``populora doctor`` gives."""
+    if engine != "vllm":
+        return
+    import warnings
+
+    from .doctor import unchecked_vllm, version
+
+    outside = unchecked_vllm(version("vllm"))
+    if outside:
+        warnings.warn(outside, stacklevel=3)
 
 
 def refuse_idle_gpus(visible: int | None = None) -> None:
@@ -262,6 +338,9 @@ def refuse_idle_gpus(visible: int | None = None) -> None:
     if visible is None:
         import torch
 
+        from .memory import check_visible_devices
+
+        check_visible_devices()  # CUDA_VISIBLE_DEVICES hiding every GPU: an error before anything is built
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if visible > 1:
         raise UserError(

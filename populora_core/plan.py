@@ -43,11 +43,23 @@ def declared_params(registry: Any, kind: str, ref: dict[str, Any]) -> dict[str, 
 
 
 def plan_recipe(
-    data: dict[str, Any], arch: Arch, *, gpu_bytes: int, gpus: int = 1, registry: Any = None, suggest: bool = True
+    data: dict[str, Any],
+    arch: Arch,
+    *,
+    gpu_bytes: int,
+    gpus: int = 1,
+    registry: Any = None,
+    suggest: bool = True,
+    held: int = 0,
+    with_trainer: bool = True,
 ) -> dict[str, Any]:
-    """The plan of a resolved recipe dict: rows per GPU, both phases' peaks, disk, verdict and suggestions."""
+    """The plan of a resolved recipe dict: rows per GPU, both phases' peaks, disk, verdict and suggestions.
+
+    ``held``: bytes of the GPU other processes held when it was measured (a row of their own, in both phases);
+    ``with_trainer`` False: the engine alone (``populora eval``: nothing trains on its GPU)."""
     from .recipe_yaml import apply_overrides
 
+    scope: dict[str, Any] = {"held": held, "with_trainer": with_trainer}
     engine_ref, trainer_ref = data.get("engine") or {"name": "hf"}, data.get("trainer") or {"name": "trr++"}
     engine = declared_params(registry, "engine", engine_ref)
     trainer = declared_params(registry, "trainer", trainer_ref)
@@ -66,12 +78,17 @@ def plan_recipe(
     )
     own, engine_notes = component_memory(registry, "engine", engine_ref.get("name", "hf"), engine, context)
     context = dataclasses.replace(context, seq=longest_row(own.max_len))
-    side, trainer_notes = component_memory(registry, "trainer", trainer_ref.get("name", "trr++"), trainer, context)
+    if with_trainer:
+        side, trainer_notes = component_memory(registry, "trainer", trainer_ref.get("name", "trr++"), trainer, context)
+    else:
+        side, trainer_notes = TrainerMemory(), ["the engine alone: no trainer shares its GPU"]
+    candidates = side.candidates + own.candidates
     if own.auto:
-        return _plan_auto(data, arch, gpu_bytes, gpus, registry, own.auto, side.candidates + own.candidates, suggest)
+        return _plan_auto(data, arch, gpu_bytes, gpus, registry, own.auto, candidates, suggest, scope)
     notes = trainer_notes + side.notes + engine_notes + own.notes
-    rows = side.rows + own.rows + side.update_rows + own.training_rows
-    resident = side.resident + own.resident
+    others = [("other processes", float(held), "held on this GPU when it was measured")] if held else []
+    rows = others + side.rows + own.rows + side.update_rows + own.training_rows
+    resident = held + side.resident + own.resident
     generation = resident + own.generating
     training = resident + side.update + own.training
     phases = {"generation": generation, "training": training}
@@ -107,13 +124,13 @@ def plan_recipe(
     if suggest and not over:  # room the engine could use that still fits (vLLM asleep: more KV cache)
         for change in own.roomier:
             trial = apply_overrides(data, [change])
-            if plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)["fits"]:
+            roomy = plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False, **scope)
+            if roomy["fits"]:
                 notes.append(f"{change.replace('=', ' up to ', 1)} also fits (more room for the engine)")
                 break
     if over:
         if suggest:
-            candidates = side.candidates + own.candidates
-            result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates)
+            result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates, scope)
         tries = f"; try: {', '.join(result['suggestions'])}" if result["suggestions"] else ""
         result["verdict"] = f"does not fit: {'; '.join(over)}{tries}"
     return result
@@ -128,6 +145,7 @@ def _plan_auto(
     auto: dict[str, list[Any]],
     candidates: list[str],
     suggest: bool,
+    scope: dict[str, Any],
 ) -> dict[str, Any]:
     """The plan of the first combination of the engine's ``auto`` values (preferred first) whose peak leaves
     :data:`AUTO_MARGIN` of the GPU free; else of the first that fits at all; else of the last, with the changes
@@ -140,7 +158,7 @@ def _plan_auto(
     def planned(combo: dict[str, Any]) -> dict[str, Any]:
         changes = [f"{k}={_value(v)}" for k, v in combo.items()]
         trial = apply_overrides(data, changes)
-        return plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False)
+        return plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False, **scope)
 
     within = fitting = last = None
     for combo in combos:
@@ -163,7 +181,7 @@ def _plan_auto(
     result["notes"].insert(0, f"{chosen} ({why})")
     if not result["fits"] and suggest:
         per_gpu = int(result["members_per_gpu"])
-        result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates)
+        result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates, scope)
         if result["suggestions"]:
             result["verdict"] += f"; try: {', '.join(result['suggestions'])}"
     return result
@@ -174,7 +192,14 @@ def _value(value: Any) -> str:
 
 
 def _suggestions(
-    data: dict[str, Any], arch: Arch, gpu_bytes: int, gpus: int, registry: Any, per_gpu: int, candidates: list[str]
+    data: dict[str, Any],
+    arch: Arch,
+    gpu_bytes: int,
+    gpus: int,
+    registry: Any,
+    per_gpu: int,
+    candidates: list[str],
+    scope: dict[str, Any],
 ) -> list[str]:
     """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination. The
     candidates are the trainer's, then the engine's (each nearest first); of a key offered with several values,
@@ -188,7 +213,8 @@ def _suggestions(
 
     def fits(changes: list[str], n: int = gpus) -> bool:
         trial = apply_overrides(data, changes)
-        return bool(plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=n, registry=registry, suggest=False)["fits"])
+        planned = plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=n, registry=registry, suggest=False, **scope)
+        return bool(planned["fits"])
 
     found: list[str] = []
     for change in candidates:
@@ -312,13 +338,30 @@ def plan_model(
     gpu_bytes: int,
     gpus: int = 1,
     config: Any = None,
+    held: int = 0,
 ) -> dict[str, Any]:
     ref = model.base_model
     source = Path(config) if config else config_source(ref.name, registry, recipe, ref.params)
     registered = ref.name in registry.names("base_model")
     dtype = registry.base_model(ref.name, ref.params).dtype if registered else "auto"
     arch = load_arch(source, list(model.lora.target_modules), dtype)
-    return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry)
+    return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, held=held)
+
+
+def plan_engine_alone(
+    name: str, params: dict[str, Any], base_model: Any, lora: Any, registry: Any, gpu_bytes: int, held: int = 0
+) -> dict[str, Any]:
+    """The plan of engine ``name`` alone on one GPU (``populora eval``: nothing trains beside it), from its base
+    model's config.json; ``held``: what other processes hold there."""
+    arch = load_arch(Path(base_model.path) / "config.json", list(lora.target_modules), base_model.dtype)
+    data = {
+        "name": f"engine {name} alone",
+        "steps": 1,
+        "engine": {"name": name, "params": dict(params)},
+        "lora": {"rank": lora.rank},
+        "population": {"mode": "single_agent", "teachers": 1},
+    }
+    return plan_recipe(data, arch, gpu_bytes=gpu_bytes, registry=registry, held=held, with_trainer=False)
 
 
 #: the GPU a plan is made for when none is visible and --gpu-memory is not given (an A100/H100 80 GB)

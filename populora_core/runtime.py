@@ -32,6 +32,31 @@ CPU_ISA_ENV: dict[str, dict[str, str]] = {
 }
 
 
+#: The trainer's CUDA caching allocator: rows of every length leave fixed-size segments fragmented (memory reserved
+#: beyond what the plan counts as allocated); expandable segments grow one mapping instead. vLLM 0.32-0.34's sleep
+#: pools (``CuMemAllocator.use_memory_pool``, vllm/device_allocator/cumem.py) turn it off around their own
+#: allocations and back on after, so it is safe beside sleep mode there (older vLLMs asserted on it instead).
+ALLOCATOR_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+#: any of these in the environment is the user's allocator setting, kept as it is (torch reads the first it finds)
+ALLOCATOR_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def default_allocator() -> dict[str, str]:
+    """:data:`ALLOCATOR_ENV` into ``os.environ`` where torch is a CUDA build, unless the user set an allocator
+    configuration or CUDA is already initialised here (torch reads it then); returns what it set. Processes the run
+    starts inherit it."""
+    from .doctor import torch_cuda_version
+
+    cuda = torch_cuda_version()  # from torch/version.py as text: torch itself is not imported yet
+    if cuda is None or cuda.startswith("ROCm") or any(os.environ.get(var) for var in ALLOCATOR_VARS):
+        return {}
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(getattr(torch, "cuda", None), "is_initialized", lambda: False)():
+        return {}
+    os.environ.update(ALLOCATOR_ENV)
+    return dict(ALLOCATOR_ENV)
+
+
 def runtime_env(section: Any) -> dict[str, str]:
     """The environment variables a ``runtime`` section sets."""
     env = dict(CPU_ISA_ENV[section.cpu_isa])

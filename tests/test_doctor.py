@@ -170,6 +170,8 @@ def test_a_cuda_torch_that_sees_no_gpu_is_broken(monkeypatch: pytest.MonkeyPatch
     fake(monkeypatch, GPU_STACK, GPU_REQUIRES, cuda="13.0", driver="580.95", gpus=H200 * 2, torch_sees=0)
     broken = doctor.diagnose().broken
     assert len(broken) == 1 and "nvidia-smi lists 2 GPU(s) but torch 2.13.0 (CUDA 13.0) sees none" in broken[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # the usual cause, named
+    assert doctor.diagnose().broken[0].endswith("CUDA_VISIBLE_DEVICES=7 names none of them")
 
 
 def test_triton_other_than_torchs_pin_is_broken_and_absent_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,7 +195,9 @@ def test_vllm_outside_the_checked_range_warns(monkeypatch: pytest.MonkeyPatch) -
     fake(monkeypatch, {**GPU_STACK, "vllm": "0.35.0"}, {}, cuda="13.0", driver="580.95", gpus=H200)
     report = doctor.diagnose()
     assert report.ok
-    assert report.warnings == ["vllm 0.35.0 is outside the range this code was checked against (>=0.32,<0.35)"]
+    (warning,) = report.warnings
+    assert warning.startswith("vllm 0.35.0 is outside the range this code was checked against (>=0.32,<0.35,")
+    assert 'pip install -e ".[vllm]"' in warning
 
 
 def test_no_torch_is_broken_and_the_cli_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,7 +107,7 @@ def test_a_gpu_engine_given_auto_refuses_to_guess(manager):
 
     component = manager.registry.get("engine", "vllm")
     _check_planned(component.parse_params({"sleep": "never", "gpu_memory_utilization": 0.5}))
-    with pytest.raises(UserError, match=r"engine.params.sleep: auto .* set engine.params.sleep and engine.params"):
+    with pytest.raises(UserError, match=r"engine.params.sleep: auto .* none reached it; set engine.params.sleep and"):
         _check_planned(component.parse_params({}))
 
 
@@ -140,7 +140,7 @@ def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b
 
     run_dir.path.mkdir(parents=True)
     model, _ = _azr(manager)
-    params = planned_engine_params(model, manager.registry, _base(tmp_path), _GPUCluster(80 * GIB), run_dir)
+    params, _ = planned_engine_params(model, manager.registry, _base(tmp_path), _GPUCluster(80 * GIB), run_dir)
     planned = _plan(manager, qwen7b, 80)["auto"]
     assert params.sleep == planned["engine.params.sleep"]
     assert params.gpu_memory_utilization == planned["engine.params.gpu_memory_utilization"]
@@ -149,7 +149,7 @@ def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b
     # no GPU (this machine, or a cluster of CPU workers): auto stays, the CPU engine ignores it
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        kept = planned_engine_params(model, manager.registry, _base(tmp_path / "b"), _GPUCluster(None), run_dir)
+        kept, _ = planned_engine_params(model, manager.registry, _base(tmp_path / "b"), _GPUCluster(None), run_dir)
     assert (kept.sleep, kept.gpu_memory_utilization) == ("auto", "auto")
     # a GPU the recipe does not fit: the run's plan says so, once, as a warning
     with pytest.warns(UserWarning, match="populora plan: does not fit"):
@@ -159,10 +159,13 @@ def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b
     bare.mkdir()
     from populora_core.components import BaseModel
 
-    unplanned = planned_engine_params(model, manager.registry, BaseModel(str(bare)), _GPUCluster(80 * GIB), run_dir)
+    unplanned, why = planned_engine_params(
+        model, manager.registry, BaseModel(str(bare)), _GPUCluster(80 * GIB), run_dir
+    )
     assert (unplanned.sleep, unplanned.gpu_memory_utilization) == ("auto", "auto")
+    assert why is not None and "config.json" in why
     assert "plan: not made" in (run_dir.path / "run.log").read_text()
     # explicit settings are used as written, without a plan
     fixed, _ = _azr(manager, "engine.params.sleep=always", "engine.params.gpu_memory_utilization=0.45")
-    same = planned_engine_params(fixed, manager.registry, _base(tmp_path / "c"), _GPUCluster(80 * GIB), run_dir)
+    same, _ = planned_engine_params(fixed, manager.registry, _base(tmp_path / "c"), _GPUCluster(80 * GIB), run_dir)
     assert (same.sleep, same.gpu_memory_utilization) == ("always", 0.45)

@@ -13,6 +13,11 @@ _VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values
 #: gpu_memory_utilization values ``auto`` may choose, largest first
 UTILIZATIONS = [pct / 100 for pct in range(95, 9, -1)]
 VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
+#: vLLM's engine-core process (multiprocessing, vLLM's default on a GPU) holds its own CUDA context, cuBLAS handles
+#: and NCCL buffers, created before it measures the GPU, so outside gpu_memory_utilization (vllm/v1/worker/
+#: gpu_worker.py init_device, 0.32-0.34). A CUDA context alone is 287 MB with lazy module loading, 667 MB without
+#: (pytorch/pytorch#86509, measured on one op); vLLM loads attention, sampling and GEMM kernels on top: 1 GiB
+VLLM_PROCESS_CONTEXT = GIB
 
 
 def hf_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
@@ -61,6 +66,7 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     kv_tokens = max(0, int(kv // per_token))
     sleeps = params.get("sleep", "auto") == "always"
     asleep = VLLM_FIXED if sleeps else budget
+    own_process = params.get("multiprocessing") is not False  # in-process it shares the trainer's context
     notes = []
     if kv_tokens >= max_len and max_len * seqs * per_token > kv:
         notes.append(
@@ -76,12 +82,20 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     candidates += [f"engine.params.max_loras={n}" for n in (4, 2) if n < loras]
     return EngineMemory(
         rows=[
+            (
+                "vLLM process CUDA context",
+                VLLM_PROCESS_CONTEXT if own_process else 0.0,
+                "its engine-core process's own, outside gpu_memory_utilization"
+                if own_process
+                else "none: multiprocessing false, it shares this process's",
+            ),
             ("vLLM weights", weights, f"its own copy, {vb} bytes/param, tensor_parallel_size {tp}"),
             ("vLLM LoRA slots", slots, f"max_loras {loras} x rank {max_rank}, {vb} bytes"),
             ("vLLM activations, graphs", overhead, f"max_num_batched_tokens {batched}, max_num_seqs {seqs}"),
             ("vLLM KV cache", kv, f"{kv_tokens} tokens = {kv_tokens // max_len} x max_model_len {max_len}"),
         ],
         training_rows=[("vLLM while training", asleep, "asleep (sleep mode)" if asleep < budget else "awake")],
+        resident=VLLM_PROCESS_CONTEXT if own_process else 0.0,
         generating=budget,
         training=asleep,
         kv_short=None

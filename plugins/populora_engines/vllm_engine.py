@@ -198,14 +198,16 @@ def default_tmpfs_bytes(root: Path) -> int:
 
 
 def _check_planned(params: Any) -> None:
-    """On a GPU the run resolves ``auto`` memory settings from its plan before it builds the engine
-    (``populora_core.assembly.planned_engine_params``); one still ``auto`` here means no plan could be made, and
-    a guess could run out of memory hours in, so it is an error naming the setting."""
+    """On a GPU whoever builds the engine resolves ``auto`` memory settings from a plan of that GPU first
+    (``populora run`` the run's, ``populora eval`` the engine's alone: ``populora_core.build_engine``); one still
+    ``auto`` here means no plan reached it, and a guess could run out of memory hours in, so it is an error naming
+    the setting (the builder adds why it could not plan)."""
     unresolved = [k for k in ("sleep", "gpu_memory_utilization") if getattr(params, k) == "auto"]
     if unresolved:
         raise UserError(
-            f"engine.params.{unresolved[0]}: auto is decided by the run's plan (populora plan), which could not be "
-            f"made for this GPU; set {' and '.join(f'engine.params.{k}' for k in unresolved)} explicitly"
+            f"engine.params.{unresolved[0]}: auto is decided by a plan of this GPU made by whoever builds the engine "
+            f"(populora run, populora eval), and none reached it; set "
+            f"{' and '.join(f'engine.params.{k}' for k in unresolved)} explicitly"
         )
 
 

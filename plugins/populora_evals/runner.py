@@ -109,17 +109,17 @@ class Evaluation:
     # --- components from the registry ------------------------------------------------------------
 
     def _registry_engine(self) -> Any:
-        from populora_core import get_registry
+        """The engine, its ``auto`` settings planned for it alone on this GPU (nothing trains during an eval)."""
+        from populora_core import build_engine
 
-        return (
-            get_registry()
-            .get("engine", self.settings.engine)
-            .build(
-                self.settings.engine_params,
-                base_model=self.target.base_model,
-                lora=self.target.lora_settings(),
-                seed=self.settings.seed,
-            )
+        return build_engine(
+            self.settings.engine,
+            self.settings.engine_params,
+            who="populora eval",
+            base_model=self.target.base_model,
+            lora=self.target.lora_settings(),
+            seed=self.settings.seed,
+            log=_log,
         )
 
     def _registry_executor(self) -> Any:

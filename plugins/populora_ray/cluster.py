@@ -201,7 +201,8 @@ class RayCluster(Cluster):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         # the recipe's runtime.cpu_isa (set by the populora command) reaches workers on a remote cluster too
         cpu_paths = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
-        for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH", *cpu_paths):
+        allocator = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the trainers' (populora_core.runtime)
+        for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH", *cpu_paths, *allocator):
             if var in os.environ:
                 env[var] = os.environ[var]
         runtime_env = dict(p.runtime_env)
