@@ -249,7 +249,7 @@ def _json_default(obj: Any) -> Any:
 def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, Any]]:
     """Every run directory under ``root`` (``recipe.yaml`` up to ``depth`` levels down): what ``populora runs``
     shows. ``status``: running (another process holds its lock), finished, stopped (``populora resume`` goes on)."""
-    found = []
+    found: list[dict[str, Any]] = []
     base = Path(root)
     for recipe_file in sorted(base.glob("recipe.yaml")) + sorted(
         p for level in range(1, depth + 1) for p in base.glob("/".join(["*"] * level) + "/recipe.yaml")
@@ -257,7 +257,22 @@ def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, An
         run_dir = RunDir(recipe_file.parent)
         try:
             recipe = yaml.safe_load(recipe_file.read_text()) or {}
-        except (OSError, yaml.YAMLError):
+        except (OSError, yaml.YAMLError) as exc:  # listed, not hidden: the user may have edited it by hand
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or type(exc).__name__
+            found.append(
+                {
+                    "path": str(run_dir.path),
+                    "recipe": "?",
+                    "seed": None,
+                    "steps_done": None,
+                    "steps": None,
+                    "status": f"unreadable: recipe.yaml{where}: {why} (fix it, or remove the run)",
+                    "best_minus_base": None,
+                    "best_minus_base_interval": None,
+                }
+            )
             continue
         planned = int(recipe.get("steps", 0) or 0)
         done = run_dir.checkpointed_step()
