@@ -573,3 +573,14 @@ def test_the_bases_own_default_set_and_prompts_longer_than_its_context_skipped_c
         f"problems ({too_long} more longer than the model's context: skipped)"
         in (tmp_path / "out" / "results.md").read_text()
     )
+
+
+def test_a_bar_counts_the_answers_and_shows_the_time_left(tmp_path, evals_only, capsys):
+    from populora_evals.runner import Evaluation, Settings
+    from populora_evals.target import resolve_target
+
+    target = resolve_target(str(fake_base(tmp_path)))
+    settings = Settings(limit=4, engine=ORACLE_ENGINE, progress=True)
+    Evaluation(target, [bench("aime24")], settings, tmp_path / "out").run()
+    shown = capsys.readouterr().err
+    assert "4/4 answers" in shown and "eta" in shown and "aime24: grading" in shown
