@@ -282,13 +282,14 @@ class Evaluation:
             )
             asked = [(j, i) for j in range(len(todo)) for i in rows]
             requests = [GenerationRequest(prompts[i], todo[j][0].adapter, index=k) for k, (j, i) in enumerate(asked)]
-            for start in range(0, len(requests), GENERATE_PART):
-                part = requests[start : start + GENERATE_PART]
+            size = max(GENERATE_PART, -(-len(requests) // BAR_STEPS))  # a GPU engine still gets large batches
+            for start in range(0, len(requests), size):
+                part = requests[start : start + size]
                 bar.describe(f"{bench.name}: generating")
                 got = self.engine().generate(part, sampling)
                 if len(got) != len(part):
                     raise RuntimeError(f"engine returned {len(got)} outputs for {len(part)} requests")
-                outputs.update(zip(asked[start : start + GENERATE_PART], got))
+                outputs.update(zip(asked[start : start + size], got))
                 bar.advance(len(part))
         timing["generate_s"] += time.perf_counter() - t
         graded_items = [items[i] for i in kept]
@@ -324,8 +325,9 @@ class Evaluation:
         return results
 
 
-#: Requests per ``generate`` call: small enough that the bar moves every few seconds on a CPU, large enough to batch.
-GENERATE_PART = 96
+#: Requests per ``generate`` call at least (the bar moves every few seconds on a CPU), and at most ``BAR_STEPS``
+#: calls per answer budget (a large evaluation on a GPU keeps vLLM's batches large).
+GENERATE_PART, BAR_STEPS = 96, 20
 
 
 class _Bar:
