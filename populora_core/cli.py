@@ -47,6 +47,33 @@ class PopuloraGroup(click.Group):
             _fail(exc)
 
 
+class RecipeCommand(click.Command):
+    """A command that takes recipe overrides: ``--steps 2`` (an option it does not have, named like a recipe key) is
+    answered with the override to write instead of click's "Did you mean '--help'?"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given_args = list(args)  # the parser consumes its list
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            from .recipe import Recipe
+
+            key = exc.option_name.lstrip("-").split("=", 1)[0].replace("-", "_")
+            if key.split(".")[0] not in Recipe.model_fields:
+                raise
+            given = next((a for a in given_args if a.split("=", 1)[0] == exc.option_name), exc.option_name)
+            if "=" in given:
+                value = given.split("=", 1)[1]
+            else:
+                following = given_args[given_args.index(given) + 1 :] if given in given_args else []
+                value = following[0] if following and not following[0].startswith("-") else "VALUE"
+            first = (self.params[0].name or "recipe").upper()
+            raise UserError(
+                f"populora {ctx.info_name} has no option {exc.option_name}: recipe keys are overrides, "
+                f"write `{key}={value}` (populora {ctx.info_name} {first} {key}={value})"
+            ) from None
+
+
 def _fail(exc: Exception) -> None:
     click.echo(f"Error: {exc}", err=True)
     sys.exit(getattr(exc, "exit_code", 2))
@@ -105,7 +132,7 @@ def _apply_runtime(section: Any) -> None:
     default_allocator()
 
 
-@cli.command()
+@cli.command(cls=RecipeCommand)
 @click.argument("recipe", type=click.Path())
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
@@ -166,10 +193,22 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
 
     click.echo(f"# populora run {recipe} -> {run_dir or f'runs/{model.name}'} (dry run: nothing runs or is written)")
     click.echo(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False).rstrip())
+    from .modelhost import resolve_device
+
+    engine_device = str(model.engine.params.get("device", "auto"))
     try:
         planned = format_plan(plan_loaded(model, resolved, manager.registry, recipe, *gpu_budget(None)))
     except UserError as exc:  # no model config at hand (an uncached hub model): the recipe is still valid
         planned = f"no plan: {exc}"
+    if resolve_device(engine_device) == "cpu":  # GPU memory terms would describe a machine this run does not use
+        disk = [line for line in planned.splitlines() if line.startswith("disk:")]
+        planned = "\n".join(
+            [
+                "runs on the CPU here (no GPU is visible, or the engine's device is cpu): no GPU memory to plan; "
+                f"`populora plan {recipe} --gpu-memory 80GiB` plans it for a GPU",
+                *disk,
+            ]
+        )
     click.echo("\n# plan (populora plan)\n" + "\n".join(f"# {line}" if line else "#" for line in planned.splitlines()))
 
 
@@ -181,10 +220,16 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
     try:
         execute_with_progress(run_obj, progress=progress)
     except KeyboardInterrupt:
-        stopped = (
-            f"interrupted after step {run_obj.step}: `populora resume {directory.path}` continues from its last "
-            "checkpoint"
-        )
+        if directory.checkpointed_step() > 0:
+            stopped = (
+                f"interrupted after step {run_obj.step}: `populora resume {directory.path}` continues from its last "
+                "checkpoint"
+            )
+        else:  # no checkpoint yet: there is nothing to continue from, say so rather than promise one
+            stopped = (
+                f"interrupted after step {run_obj.step}, before the first checkpoint: nothing to continue from; "
+                f"`populora resume {directory.path}` starts the run over"
+            )
         directory.log_line(stopped)
         click.echo(f"\n{stopped}", err=True)
         sys.exit(130)
@@ -195,7 +240,7 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
     click.echo(f"run complete: {directory.path}")
 
 
-@cli.command()
+@cli.command(cls=RecipeCommand)
 @click.argument("recipe", type=click.Path())
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--out", type=click.Path(), required=True, help="JSONL file to write (Problem records).")
@@ -233,7 +278,7 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     click.echo(f"{len(problems)} seed problems written to {write_problems(problems, out)}")
 
 
-@cli.command()
+@cli.command(cls=RecipeCommand)
 @click.argument("run_dir", type=click.Path())
 @click.argument("overrides", nargs=-1)
 @click.option("--progress/--no-progress", default=None)
@@ -246,8 +291,8 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     steps, computing what a run planned for N steps does after its last step. Nothing else may change.
 
     \b
-      populora resume runs/nano-2t2s
-      populora resume runs/nano-2t2s steps=64        # 32 more steps
+      populora resume runs/nano
+      populora resume runs/nano steps=64             # 32 more steps
       populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
     """
     from .loop import check_resume_overrides, check_resume_steps
@@ -286,7 +331,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     _execute(run_obj, directory, progress)
 
 
-@cli.command()
+@cli.command(cls=RecipeCommand)
 @click.argument("recipe", type=click.Path())
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.pass_obj

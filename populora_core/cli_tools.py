@@ -124,8 +124,8 @@ def export(manager: Any, run_dir: str, member: str, out: str, merge: bool) -> No
     MEMBER is a member id (its current version) or a version (s0@v3).
 
     \b
-      populora export runs/nano-2t2s s0 --out exports/s0
-      populora export runs/nano-2t2s s1@v8 --out exports/s1-merged --merge
+      populora export runs/nano s0 --out exports/s0
+      populora export runs/nano s1@v8 --out exports/s1-merged --merge
     """
     from .export import export as export_member
 
@@ -141,7 +141,8 @@ def runs(directory: str, as_json: bool) -> None:
     \b
       populora runs
       populora runs /scratch/study --json
-    Status: running (its process holds the run's lock), finished, or stopped (`populora resume` continues it).
+    Status: running (its process holds the run's lock), finished, stopped (`populora resume` continues it), or
+    unreadable (its recipe.yaml does not parse; the reason is shown).
     """
     from pathlib import Path
 
@@ -165,12 +166,16 @@ def runs(directory: str, as_json: bool) -> None:
         return text + (f" [{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "")
 
     table = [("run", "recipe", "seed", "steps", "status", "best - base (points)")] + [
-        (r["path"], str(r["recipe"]), str(r["seed"]), f"{r['steps_done']}/{r['steps']}", r["status"], gain(r))
-        for r in rows
+        (r["path"], str(r["recipe"]), str(r["seed"]), _steps(r), r["status"], gain(r)) for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def _steps(row: dict[str, Any]) -> str:
+    """``done/planned``; ``-`` for a run whose recipe cannot be read."""
+    return "-" if row["steps"] is None else f"{row['steps_done']}/{row['steps']}"
 
 
 @click.command()

@@ -28,6 +28,7 @@ class RecipeError(UserError):
         plugin: str | None = None,
     ) -> None:
         self.recipe, self.path, self.component, self.plugin = recipe, path, component, plugin
+        self.detail = message
         parts = []
         if recipe:
             parts.append(recipe)

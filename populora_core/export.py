@@ -62,8 +62,15 @@ def probe_accuracy(run_dir: RunDir, version_name: str) -> dict[str, float]:
 
 
 def card(
-    run_dir: RunDir, version_name: str, record: dict[str, Any] | None, recipe: dict[str, Any], merged: bool
+    run_dir: RunDir,
+    version_name: str,
+    record: dict[str, Any] | None,
+    recipe: dict[str, Any],
+    folder: Path,
+    base_path: str,
+    merged: bool,
 ) -> str:
+    """The folder's README.md; ``folder`` is where it will be found, ``base_path`` where the base was found."""
     base = recipe.get("base_model", {}).get("name", "?")
     lines = [
         f"# {version_name} from the PopuLoRA run `{run_dir.path.name}`",
@@ -89,14 +96,24 @@ def card(
         for birth in chain:
             parents = ", ".join(birth.get("parents") or []) or "-"
             lines.append(f"| {birth['step']} | {birth['child']} | {parents} | {birth['operator']} |")
+    # the snippet names this folder and the base where this process found it (never a registered short name
+    # such as "nano", which the hub does not know), so it runs as written on this machine
+    here = folder.resolve()
     if merged:
-        load = 'model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")'
-        serve = "vLLM: `vllm serve THIS_FOLDER`"
+        imports = "from transformers import AutoModelForCausalLM, AutoTokenizer"
+        load = [
+            f'model = AutoModelForCausalLM.from_pretrained("{here}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{here}")',
+        ]
+        serve = f"vLLM: `vllm serve {here}`"
     else:
-        load = f'model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "THIS_FOLDER")'
-        serve = f"vLLM: `vllm serve {base} --enable-lora --lora-modules {version_name.replace('@', '-')}=THIS_FOLDER`"
-    imports = ["from transformers import AutoModelForCausalLM"] + ([] if merged else ["from peft import PeftModel"])
-    usage = ["", "## Use", "", "```python", *imports, "", load, "```", "", serve]
+        imports = "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer"
+        load = [
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{here}")  # the base named in adapter_config.json',
+            f'tokenizer = AutoTokenizer.from_pretrained("{base_path}")',
+        ]
+        serve = f"vLLM: `vllm serve {base_path} --enable-lora --lora-modules {version_name.replace('@', '-')}={here}`"
+    usage = ["", "## Use", "", "```python", imports, "", *load, "```", "", serve]
     return "\n".join(lines + usage) + "\n"
 
 
@@ -122,7 +139,7 @@ def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any) 
             config = json.loads((tmp / "adapter_config.json").read_text())
             config["base_model_name_or_path"] = base.path  # where this process found the base
             (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
-        (tmp / "README.md").write_text(card(run_dir, version_name, record, recipe, merge))
+        (tmp / "README.md").write_text(card(run_dir, version_name, record, recipe, target, base.path, merge))
     return target
 
 

@@ -1,7 +1,9 @@
 """Atomic writes: a reader sees a file or folder's old content or its new content, never part of either.
 
 Each writes a temporary sibling (a dot name in the same folder, so one file system) and renames it over the
-target with ``os.replace``; on any error the temporary is removed and the target is left as it was.
+target with ``os.replace``; on any error the temporary is removed and the target is left as it was. What they
+publish has the mode a plain ``open()`` gives under the process's umask, whatever wrote it: safetensors writes
+0600 files, which would leave a shared results folder unreadable to colleagues.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +32,7 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = True) -> Iterator
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        _follow_umask(tmp, _umask())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -58,9 +62,37 @@ def atomic_dir(path: str | os.PathLike[str], *, replace: bool = False) -> Iterat
     tmp.mkdir()
     try:
         yield tmp
+        mask = _umask()
+        for folder, _, names in os.walk(tmp):
+            for name in names:
+                _follow_umask(Path(folder, name), mask)
         if replace and dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, racing other threads' writes)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): read it by setting it back at once
+    os.umask(mask)
+    return mask
+
+
+def _follow_umask(path: Path, mask: int) -> None:
+    """Give a regular file the mode ``open()`` would have given it (0666, or 0777 if executable, less ``mask``)."""
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):
+        return
+    wanted = (0o777 if mode & 0o111 else 0o666) & ~mask
+    if stat.S_IMODE(mode) != wanted:
+        os.chmod(path, wanted)

@@ -400,5 +400,27 @@ def load_recipe(
 ) -> tuple[Recipe, dict[str, Any]]:
     """Read, override and validate a recipe file; returns the model and the resolved raw dict."""
     data = apply_overrides(load_yaml(path), overrides, recipe=str(path))
-    model = parse_recipe(data, registry, recipe=str(path))
+    try:
+        model = parse_recipe(data, registry, recipe=str(path))
+    except RecipeError as exc:
+        blamed = _override_at(exc, overrides)
+        if blamed is None:
+            raise
+        where = f"override {blamed} (on {path})"
+        raise RecipeError(exc.detail, recipe=where, path=exc.path, component=exc.component, plugin=exc.plugin) from None
     return model, model.model_dump(mode="json")
+
+
+def _override_at(exc: RecipeError, overrides: list[str] | tuple[str, ...]) -> str | None:
+    """The override that set the key a recipe error is about (the most specific one), if any: the error then names
+    it, not the recipe file, which may hold a good value there."""
+    head = exc.detail.split(":", 1)[0]
+    where = head if head and " " not in head else (exc.path or "")
+    if not where:
+        return None
+    hits = [
+        o
+        for o in overrides
+        if (key := o.partition("=")[0]) == where or where.startswith(key + ".") or key.startswith(where + ".")
+    ]
+    return max(hits, key=lambda o: len(o.partition("=")[0]), default=None)

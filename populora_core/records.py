@@ -23,6 +23,10 @@ class BaseModel:
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on GPU
     chat_template: bool = False  # AZR feeds raw text; True wraps prompts in the tokenizer's template
     probe_path: str = ""  # a held-out probe set (JSONL of Problem records) shipped with the model, if any
+    #: What ``populora eval`` runs on this base when ``--benchmarks`` is not given: evaluator names, ``name:N`` for
+    #: the first N problems. Empty: the evaluator plugin's own default. A model too small to score on the paper's
+    #: benchmarks names a set it can be measured on (nano: its held-out problems and a few code problems).
+    eval_benchmarks: tuple[str, ...] = ()
 
 
 #: Every attention and MLP projection of a Llama/Qwen-style decoder: the recipe's ``lora.target_modules`` default.

@@ -211,7 +211,7 @@ def hub_snapshot(repo_id: str) -> str:
         return str(snapshot_download(repo_id, local_files_only=offline))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
         where = f"the Hugging Face cache {constants.HF_HUB_CACHE}"
-        how = "offline (HF_HUB_OFFLINE=1): fetch it once with `huggingface-cli download " + repo_id + "` or"
+        how = "offline (HF_HUB_OFFLINE=1): fetch it once with `hf download " + repo_id + "` (huggingface_hub's CLI) or"
         raise UserError(
             f"base model {repo_id!r} not found in {where}"
             + (f" {how} name a local directory" if offline else f" and not downloadable ({type(exc).__name__})")

@@ -328,8 +328,9 @@ def _json_default(obj: Any) -> Any:
 def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, Any]]:
     """Every run directory under ``root`` (``recipe.yaml`` up to ``depth`` levels down): what ``populora runs``
     shows. ``status``: running (another process holds its lock), finished, stopped (``populora resume`` goes on),
-    damaged (a checkpoint is damaged: from which step a resume goes on, or that none can)."""
-    found = []
+    unreadable (its recipe.yaml does not parse), damaged (a checkpoint is damaged: from which step a resume goes
+    on, or that none can)."""
+    found: list[dict[str, Any]] = []
     base = Path(root)
     for recipe_file in sorted(base.glob("recipe.yaml")) + sorted(
         p for level in range(1, depth + 1) for p in base.glob("/".join(["*"] * level) + "/recipe.yaml")
@@ -337,7 +338,22 @@ def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, An
         run_dir = RunDir(recipe_file.parent)
         try:
             recipe = yaml.safe_load(recipe_file.read_text()) or {}
-        except (OSError, yaml.YAMLError):
+            problem = None if isinstance(recipe, dict) else "recipe.yaml: not a mapping"
+        except (OSError, yaml.YAMLError) as exc:  # listed, not hidden: the user may have edited it by hand
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or type(exc).__name__
+            problem = f"recipe.yaml{where}: {why}"
+        if problem is not None:
+            found.append(
+                {
+                    "path": str(run_dir.path),
+                    "recipe": "?",
+                    **dict.fromkeys(("seed", "steps_done", "steps", "best_minus_base"), None),
+                    "best_minus_base_interval": None,
+                    "status": f"unreadable: {problem} (fix it, or remove the run)",
+                }
+            )
             continue
         planned = int(recipe.get("steps", 0) or 0)
         point = find_resume_point(run_dir.path, hashes=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,10 @@ def test_an_uncached_hub_id_offline_names_the_id_and_the_cache(offline_cache):
     message = str(err.value)
     assert "'Qwen/Qwen2.5-7B' not found in the Hugging Face cache" in message and str(offline_cache) in message
     assert "HF_HUB_OFFLINE=1" in message
+    # the command it names is one the environment installs (huggingface_hub's `hf`; `huggingface-cli` is not)
+    command = message.split("fetch it once with `", 1)[1].split("`", 1)[0]
+    assert command == "hf download Qwen/Qwen2.5-7B"
+    assert (Path(sys.executable).parent / command.split()[0]).is_file()
 
 
 def test_local_directories_and_bad_names(tmp_path, tiny_model_dir):

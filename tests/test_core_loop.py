@@ -598,6 +598,13 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
         full = AutoModelForCausalLM.from_pretrained(str(merged_out), dtype=torch.float32)(ids).logits
     assert not torch.equal(with_adapter, plain)  # a trained adapter changes the model
     torch.testing.assert_close(full, with_adapter, rtol=1e-4, atol=1e-4)
+    for folder in (adapter_out, merged_out):  # each card's snippet runs as written (offline: no hub) ...
+        snippet = (folder / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+        scope: dict[str, Any] = {}
+        exec(snippet, scope)
+        with torch.no_grad():  # ... and loads this member: the logits of base + adapter
+            torch.testing.assert_close(scope["model"](ids).logits, with_adapter, rtol=1e-4, atol=1e-4)
+        assert scope["tokenizer"]("def f(x):")["input_ids"]
 
     again = run_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
     assert again.returncode == 2 and "not an empty folder" in again.stderr
@@ -605,6 +612,32 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
     assert nobody.returncode == 2 and "member 's99' is not in" in nobody.stderr and "Traceback" not in nobody.stderr
     pruned = run_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"), env=env)
     assert pruned.returncode == 2 and "kept versions of s0" in pruned.stderr
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_every_file_a_run_or_an_export_writes_follows_the_umask(env, tmp_path, umask):
+    """safetensors writes its files 0600; what a run or an export publishes gets the mode open() gives (0644 under
+    umask 022), so colleagues can read a shared results folder, and 0600 under 077."""
+    import stat
+
+    run_dir, adapter_out, merged_out = tmp_path / "run", tmp_path / "adapter", tmp_path / "merged"
+    old = os.umask(umask)
+    try:
+        _run(_manager(), run_dir, ["steps=2"])
+        for out, more in ((adapter_out, []), (merged_out, ["--merge"])):  # the CLI's process inherits the umask
+            done = run_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), *more, env=env)
+            assert done.returncode == 0, done.stderr
+    finally:
+        os.umask(old)
+    paths = [p for top in (run_dir, adapter_out, merged_out) for p in [top, *top.rglob("*")]]
+    modes = {oct(stat.S_IMODE(p.stat().st_mode)) for p in paths if p.is_file()}
+    assert modes == {oct(0o666 & ~umask)}, sorted(
+        (oct(stat.S_IMODE(p.stat().st_mode)), str(p)) for p in paths if p.is_file()
+    )[:5]
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in paths if p.is_dir()} == {oct(0o777 & ~umask)}
+    assert any(p.name == "adapter_model.safetensors" for p in paths) and any(
+        p.name == "model.safetensors" for p in paths
+    )
 
 
 def test_resume_steps_extends_a_finished_run_to_what_a_longer_run_computes(env, tmp_path):

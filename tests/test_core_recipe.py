@@ -200,10 +200,25 @@ def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_
     assert resolved["steps"] == 3 and resolved["trainer"]["params"]["lr"] == 2.0e-4
     assert resolved["runtime"] == {"cpu_isa": "avx2", "threads": 1}  # defaults appear too
     assert resolved["rollout"]["solver_samples"] == load_recipe(recipe)[0].rollout.solver_samples
-    assert "# fits: peak" in plan and "trainer AdamW moments" in plan
     assert not run_dir.exists()
+    # no GPU here, so no GPU terms: the run would use the CPU; the disk it needs and the command to plan a GPU stay
+    assert "runs on the CPU here" in plan and f"populora plan {recipe} --gpu-memory 80GiB" in plan
+    assert "# disk:" in plan and "GiB  detail" not in plan and "AdamW" not in plan
+    gpu = run_cli("run", str(recipe), "engine.params.device=cuda", "--dry-run")  # a GPU recipe: its plan
+    assert gpu.returncode == 0 and "# fits: peak" in gpu.stdout and "trainer AdamW moments" in gpu.stdout, gpu.stderr
+    # the quickstart, the README and a bare `populora run recipes/nano.yaml` use one directory: runs/nano
+    assert (
+        "populora run recipes/nano.yaml -> runs/nano (dry run"
+        in run_cli("run", "recipes/nano.yaml", "--dry-run").stdout
+    )
     bad = run_cli("run", str(recipe), "trainer.params.lr=-1", "--dry-run")
-    assert bad.returncode == 2 and "trainer.params.lr" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    # the override set the bad value, so the error names it, not the recipe file that holds a good one
+    assert (
+        bad.stderr.startswith(f"Error: override trainer.params.lr=-1 (on {recipe})")
+        and "trainer.params.lr:" in bad.stderr
+    )
+    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_shell_completion_script_and_recipe_keys_complete(tmp_path):

@@ -535,3 +535,52 @@ def test_eval_run_dir_uses_the_runs_engine_and_engine_overrides(tmp_path, evals_
     assert settings["engine"] == ORACLE_ENGINE and settings["engine_origin"] == "run recipe"
     result = CliRunner().invoke(cli, ["eval", str(run), "--benchmarks", "aime24", "--limit", "4", "--engine", "nope"])
     assert result.exit_code == 2 and "unknown engine 'nope'" in result.output  # --engine replaced the run's
+
+
+def test_the_bases_own_default_set_and_prompts_longer_than_its_context_skipped_counted_never_generated(
+    tmp_path, evals_only, tiny_model_dir, monkeypatch
+):
+    """Without --benchmarks a base's ``eval_benchmarks`` is what runs (``NAME:N``: its first N problems); a prompt
+    that fills the model's context is not generated, not scored, and counted (results, table footnote, a note);
+    the others get only the new tokens the context leaves."""
+    import shutil
+    from dataclasses import replace
+
+    from populora_evals import target as T
+    from populora_evals.cli import run_eval
+
+    from populora_core.components import BaseModel
+
+    base = tmp_path / "short-context"
+    shutil.copytree(tiny_model_dir, base)
+    prompts = [bench("aime24").prompt(item) for item in bench("aime24").items(10)]
+    lengths = T.Target("base", BaseModel(str(base)), "", []).prompt_lengths(prompts)
+    context = sorted(lengths)[6]  # 3 or 4 prompts reach it
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    declared = replace(T.resolve_base_model(str(base)), eval_benchmarks=("aime24:10",))
+    monkeypatch.setattr(T, "resolve_base_model", lambda *a, **k: declared)
+    F.REQUESTS.clear()
+    res = run_eval(target=str(base), engine=ORACLE_ENGINE, quiet=True, out=str(tmp_path / "out"))
+    too_long = sum(n >= context for n in lengths)
+    assert 0 < too_long < 10 and list(res["benchmarks"]) == ["aime24"] and res["settings"]["limits"] == {"aime24": 10}
+    assert res["benchmarks"]["aime24"]["too_long"] == too_long
+    assert res["benchmarks"]["aime24"]["n_items"] == res["subjects"][0]["details"]["aime24"]["n_items"] == 10 - too_long
+    asked = [prompt for _, prompt, _ in F.REQUESTS]
+    assert sorted(asked) == sorted(p for p, n in zip(prompts, lengths) if n < context)
+    assert any(f"{too_long} of 10 prompts are longer than it: skipped, not scored" in note for note in res["notes"])
+    assert (
+        f"problems ({too_long} more longer than the model's context: skipped)"
+        in (tmp_path / "out" / "results.md").read_text()
+    )
+
+
+def test_a_bar_counts_the_answers_and_shows_the_time_left(tmp_path, evals_only, capsys):
+    from populora_evals.runner import Evaluation, Settings
+    from populora_evals.target import resolve_target
+
+    target = resolve_target(str(fake_base(tmp_path)))
+    settings = Settings(limit=4, engine=ORACLE_ENGINE, progress=True)
+    Evaluation(target, [bench("aime24")], settings, tmp_path / "out").run()
+    shown = capsys.readouterr().err
+    assert "4/4 answers" in shown and "eta" in shown and "aime24: grading" in shown

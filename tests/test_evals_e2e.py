@@ -31,11 +31,14 @@ def plugins(monkeypatch):
 
 
 @pytest.mark.slow
-def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tiny_model_dir, plugins, monkeypatch):
+def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tmp_path_factory, plugins, monkeypatch):
     from click.testing import CliRunner
 
     from populora_core.cli import cli
+    from tests.tiny_model import build_tiny_model
 
+    # prompts with the R1 preamble need > 512 positions: with the session's tiny model (512) some would be skipped
+    tiny_model_dir = build_tiny_model(tmp_path_factory.mktemp("eval_model"), max_positions=2048)
     monkeypatch.chdir(tmp_path)
     run = F.write_run(
         tmp_path / "run",

@@ -310,3 +310,35 @@ def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, t
         assert set(row["proposal_validity"]) == {"deduction", "abduction", "induction"}
     base = result["base"]["solver_accuracy"]
     assert base["mean"] == pytest.approx(sum(base[t] for t in ("deduction", "abduction", "induction")) / 3)
+
+
+# --- the held-out evaluation set (``populora eval``'s default on nano) -----------------------------------------
+
+
+def test_heldout_set_is_unseen_balanced_and_its_gold_grades_right_through_the_evaluator(executor):
+    """``nano_heldout``: 50 problems per task type, none of them a probe program (the corpus's are excluded when it is
+    drawn: python -m populora_nano.heldout), types alternating so a limit stays balanced, gold answers graded right
+    by the AZR tasks and wrong ones wrong; nano names it first in its default eval set."""
+    from populora_azr import prompts as P
+    from populora_nano.heldout import NanoHeldout
+    from populora_nano.probe import load_probe
+
+    registry = _registry()
+    assert registry.base_model("nano").eval_benchmarks[0] == "nano_heldout"
+    bench = registry.get("evaluator", "nano_heldout").build()
+    assert isinstance(bench, NanoHeldout)
+    items = bench.items()
+    kinds = [item["problem"].task_type for item in items]
+    assert {k: kinds.count(k) for k in set(kinds)} == {"deduction": 50, "abduction": 50, "induction": 50}
+    assert kinds[:6] == ["deduction", "abduction", "induction"] * 2 and len(bench.items(9)) == 9
+    heldout = {item["problem"].program for item in items}
+    assert len(heldout) == 150 and not heldout & {p.program for p in load_probe()}
+    gold = {"deduction": lambda p: p.outputs[0], "abduction": lambda p: p.inputs[0], "induction": lambda p: p.program}
+    sample = [items[i] for i in range(0, 150, 5)]
+    answers = [
+        [P.format_solver_answer(it["problem"].task_type, gold[it["problem"].task_type](it["problem"])), ""]
+        for it in sample
+    ]
+    assert all(bench.prompt(it).startswith(f"[{it['problem'].task_type}:solve]") for it in sample)
+    assert bench.grade(sample, answers, executor) == [[True, False]] * len(sample)
+    assert bench.dataset()["n_problems"] == 150 and bench.dataset()["source"] == "shipped"

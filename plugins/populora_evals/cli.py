@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +28,44 @@ def _kv(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
     return out
 
 
-def parse_benchmarks(spec: str) -> list[str]:
-    from .evaluators import BENCHMARKS, PAPER_BENCHMARKS, SHIPPED_BENCHMARKS
+def parse_benchmarks(spec: str) -> dict[str, int | None]:
+    """``a,b:20,all`` -> each benchmark and how many of its first problems to use (None: all), in order.
 
-    names: list[str] = []
+    Groups: ``all``/``paper`` (the paper's ten), ``shipped`` (data in installed packages). A name no plugin
+    registered is an error that suggests the nearest one.
+    """
+    import difflib
+
+    from populora_core import get_registry
+
+    from .evaluators import PAPER_BENCHMARKS, SHIPPED_BENCHMARKS
+
+    known = get_registry().names("evaluator")
+    groups = {"all": PAPER_BENCHMARKS, "paper": PAPER_BENCHMARKS, "shipped": SHIPPED_BENCHMARKS}
+    chosen: dict[str, int | None] = {}
     for part in (p.strip() for p in spec.split(",") if p.strip()):
-        group = {"all": PAPER_BENCHMARKS, "paper": PAPER_BENCHMARKS, "shipped": SHIPPED_BENCHMARKS}.get(part)
-        for name in group or (part,):
-            if name not in names:
-                names.append(name)
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown or not names:
-        raise UserError(
-            f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)} (groups: all, shipped)"
-        )
-    return names
+        name, colon, count = part.partition(":")
+        limit = None
+        if colon:
+            if not count.strip().isdigit() or int(count) < 1:
+                raise UserError(f"--benchmarks {part!r}: after ':' comes how many problems, e.g. {name}:20")
+            limit = int(count)
+        for member in groups.get(name.strip(), (name.strip(),)):
+            if member not in known:
+                near = difflib.get_close_matches(member, [*known, *groups], n=1)
+                hint = f"did you mean {near[0]!r}? " if near else ""
+                raise UserError(
+                    f"--benchmarks: unknown benchmark {member!r}; {hint}known: {', '.join(known)} "
+                    "(groups: all, shipped; `populora plugins` lists every evaluator)"
+                )
+            chosen.setdefault(member, limit)
+    if not chosen:
+        raise UserError(f"--benchmarks {spec!r} names no benchmark; e.g. --benchmarks all")
+    return chosen
 
 
 def build_evaluators(
-    names: list[str],
+    names: Collection[str],
     data_paths: dict[str, str],
     *,
     math_template: str | None,
@@ -81,6 +101,8 @@ def build_evaluators(
             raw["max_tokens"] = max_tokens
         if timeout_s is not None and category == "code":
             raw["timeout_s"] = timeout_s
+        taken = comp.params_model.model_fields
+        raw = {k: v for k, v in raw.items() if k in taken}  # a flag for all benchmarks, to those that have it
         raw.update(per_bench.get(name, {}))
         evaluator = comp.build(raw)
         try:
@@ -182,9 +204,11 @@ def register(cli: Any) -> None:
     @click.option(
         "--benchmarks",
         "-b",
-        default="shipped",
+        default="default",
         show_default=True,
-        help="Comma list of benchmarks, or 'all' (the paper's ten) / 'shipped' (data offline).",
+        help="Comma list of benchmarks (NAME:N: its first N problems), or 'all' (the paper's ten) / 'shipped' "
+        "(data offline); default: the base model's own set if it names one (nano: its held-out problems and 20 "
+        "code problems, minutes on a CPU), else 'shipped'.",
     )
     @click.option(
         "--prefetch",
@@ -288,7 +312,7 @@ def register(cli: Any) -> None:
         """Evaluate TARGET (run dir, adapter dir or base model) on the paper's benchmarks.
 
         \b
-          populora eval runs/nano-2t2s --benchmarks humaneval_plus,mbpp_plus --baseline runs/nano-single
+          populora eval runs/nano --benchmarks humaneval_plus,mbpp_plus --baseline runs/nano-single
           populora eval --prefetch humaneval_plus,gsm8k      # fetch and cache the data once, then offline
         """
         if prefetch:
@@ -346,7 +370,7 @@ def register(cli: Any) -> None:
 def run_eval(
     *,
     target: str,
-    benchmarks: str = "shipped",
+    benchmarks: str = "default",
     engine: str | None = None,
     engine_params: dict[str, Any] | None = None,
     executor: str = "sandbox",
@@ -391,6 +415,10 @@ def run_eval(
     resolved = resolve_target(
         target, base_model=base_model, roles=roles, baseline=baseline, dtype=dtype, include_base=not no_base
     )
+    if benchmarks == "default":
+        benchmarks = ",".join(resolved.base_model.eval_benchmarks) or "shipped"
+        if not quiet:
+            click.echo(f"benchmarks: {benchmarks} (this base's default; --benchmarks all: the paper's ten)", err=True)
     names = parse_benchmarks(benchmarks)
     data_paths = dict(((resolved.recipe.get("eval") or {}).get("data") or {}) if resolved.run_dir else {})
     data_paths = {
@@ -434,6 +462,7 @@ def run_eval(
     engine_name, engine_settings, engine_origin = engine_choice(resolved.recipe, engine, engine_params)
     settings = Settings(
         limit=limit,
+        limits={name: count for name, count in names.items() if count is not None},
         n=n,
         temperature=temperature,
         top_p=top_p,

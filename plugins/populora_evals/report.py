@@ -75,9 +75,11 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("best_member"):
         foot.append(f"Best member: {results['best_member']}; weakest: {results['weakest_member']}.")
     for name, info in results["benchmarks"].items():
+        too_long = info.get("too_long")
+        too_long = f" ({too_long} more longer than the model's context: skipped)" if too_long else ""
         foot.append(
-            f"{name}: {info['n_items']} of {info['dataset']['n_problems']} problems, template {info['template']}, "
-            f"max_tokens {info['max_tokens']}; data: {describe_dataset(info['dataset'])}"
+            f"{name}: {info['n_items']} of {info['dataset']['n_problems']} problems{too_long}, template "
+            f"{info['template']}, max_tokens {info['max_tokens']}; data: {describe_dataset(info['dataset'])}"
         )
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {f}" for f in foot) + "\n"
 

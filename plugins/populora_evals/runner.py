@@ -29,7 +29,8 @@ EVAL_VERSION = 3  # 3: EvalPlus special cases and input types, LiveCodeBench pre
 
 @dataclass
 class Settings:
-    limit: int | None = None
+    limit: int | None = None  # --limit: the first N problems of every benchmark
+    limits: dict[str, int] = field(default_factory=dict)  # NAME:N in --benchmarks (or the base's default set)
     n: int = 1
     temperature: float = 0.0
     top_p: float = 1.0
@@ -41,6 +42,12 @@ class Settings:
     executor: str = "sandbox"
     executor_params: dict[str, Any] = field(default_factory=dict)
     use_cache: bool = True
+    progress: bool | None = None  # the bar: None = on a terminal
+
+    def limit_for(self, name: str) -> int | None:
+        """How many of a benchmark's first problems are used: the smaller of --limit and its NAME:N."""
+        counts = [c for c in (self.limit, self.limits.get(name)) if c is not None]
+        return min(counts) if counts else None
 
 
 def _log(msg: str) -> None:
@@ -74,7 +81,7 @@ def cache_key(subject: Subject, target: Target, bench: Benchmark, settings: Sett
         "template": bench.template,
         "max_tokens": bench.max_tokens,
         "params": bench.params.model_dump(exclude={"path", "source", "revision"}),  # the data: "dataset"
-        "limit": settings.limit,
+        "limit": settings.limit_for(bench.name),
         "n": settings.n,
         "temperature": settings.temperature,
         "top_p": settings.top_p,
@@ -105,6 +112,7 @@ class Evaluation:
         self._engine: Any = None
         self._executor: Any = None
         self.timings: dict[str, dict[str, float]] = {}
+        self.notes: list[str] = []  # what the results say beside the scores (prompts skipped as too long)
 
     # --- components from the registry ------------------------------------------------------------
 
@@ -148,9 +156,10 @@ class Evaluation:
     def run(self) -> dict[str, Any]:
         scores: dict[str, dict[str, dict[str, Any]]] = {s.label: {} for s in self.target.subjects}
         bench_info: dict[str, Any] = {}
+        planned = []
         try:
             for bench in self.benches:
-                items = bench.items(self.settings.limit)
+                items = bench.items(self.settings.limit_for(bench.name))
                 bench_info[bench.name] = {
                     **bench.describe(),
                     "n_items": len(items),
@@ -162,11 +171,22 @@ class Evaluation:
                 }
                 if bench.name in self.base_benches:
                     bench_info[bench.name]["base_model_template"] = self.base_benches[bench.name].template
-                for label, entry in self._bench(bench, items).items():
-                    scores[label][bench.name] = entry
+                planned.append((bench, items, *self._cached(bench)))
+            total = sum(len(items) * sum(len(todo) for _, todo in groups.values()) for _, items, _, groups in planned)
+            with _Bar(total, self.settings.progress) as bar:
+                for bench, items, cached, groups in planned:
+                    entries = self._bench(bench, items, cached, groups, bar)
+                    for label, entry in entries.items():
+                        scores[label][bench.name] = entry
+                    too_long = max((e.get("too_long", 0) for e in entries.values()), default=0)
+                    if too_long:
+                        bench_info[bench.name]["too_long"] = too_long
+                        bench_info[bench.name]["n_items"] = len(items) - too_long
         finally:
             self.close()
-        return aggregate(self.target, self.benches, scores, bench_info, self.settings, self.timings)
+        results = aggregate(self.target, self.benches, scores, bench_info, self.settings, self.timings)
+        results["notes"] = [*results["notes"], *self.notes]
+        return results
 
     def _evaluator_for(self, subject: Subject, bench: Benchmark) -> Benchmark:
         """The base model may be prompted differently (AZR: ``qwen-boxed`` for non-AZR base models)."""
@@ -174,7 +194,10 @@ class Evaluation:
             return self.base_benches.get(bench.name, bench)
         return bench
 
-    def _bench(self, bench: Benchmark, items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def _cached(
+        self, bench: Benchmark
+    ) -> tuple[dict[str, dict[str, Any]], dict[int, tuple[Benchmark, list[tuple[Subject, Path]]]]]:
+        """The subjects' results found in the cache, and the rest grouped by the evaluator that prompts them."""
         cache_dir = self.out / "cache"
         results: dict[str, dict[str, Any]] = {}
         groups: dict[int, tuple[Benchmark, list[tuple[Subject, Path]]]] = {}
@@ -185,6 +208,16 @@ class Evaluation:
                 results[subject.label] = json.loads(path.read_text())
             else:
                 groups.setdefault(id(ev), (ev, []))[1].append((subject, path))
+        return results, groups
+
+    def _bench(
+        self,
+        bench: Benchmark,
+        items: list[dict[str, Any]],
+        results: dict[str, dict[str, Any]],
+        groups: dict[int, tuple[Benchmark, list[tuple[Subject, Path]]]],
+        bar: _Bar,
+    ) -> dict[str, dict[str, Any]]:
         timing = self.timings.setdefault(bench.name, {"generate_s": 0.0, "grade_s": 0.0})
         todo_count = sum(len(todo) for _, todo in groups.values())
         if todo_count:
@@ -193,56 +226,142 @@ class Evaluation:
                 f"({len(self.target.subjects) - todo_count} cached)"
             )
         for ev, todo in groups.values():
-            results.update(self._generate_and_grade(ev, items, todo, timing))
+            results.update(self._generate_and_grade(ev, items, todo, timing, bar))
         for subject in self.target.subjects:
             _write_samples(self.out / "samples" / _safe(subject.label) / f"{bench.name}.jsonl", results[subject.label])
         return {label: {k: v for k, v in e.items() if k != "samples"} for label, e in results.items()}
 
+    def _budgets(self, bench: Benchmark, prompts: list[str]) -> list[int | None]:
+        """Each prompt's budget of new tokens: the benchmark's, or what the model's context leaves (rounded down to
+        32 so that few budgets batch together); None where the prompt alone fills the context (not generated)."""
+        context = self.target.context
+        if context is None:
+            return [bench.max_tokens] * len(prompts)
+        out: list[int | None] = []
+        for length in self.target.prompt_lengths(prompts):
+            room = min(bench.max_tokens, context - length)
+            out.append(None if room < 1 else room if room == bench.max_tokens or room < 32 else room - room % 32)
+        return out
+
     def _generate_and_grade(
-        self, bench: Benchmark, items: list[dict[str, Any]], todo: list[tuple[Subject, Path]], timing: dict[str, float]
+        self,
+        bench: Benchmark,
+        items: list[dict[str, Any]],
+        todo: list[tuple[Subject, Path]],
+        timing: dict[str, float],
+        bar: _Bar,
     ) -> dict[str, dict[str, Any]]:
-        """One generate call for every subject in ``todo`` (mixed adapters), then one grading batch."""
-        sampling = SamplingParams(
-            n=self.settings.n,
-            temperature=self.settings.temperature,
-            top_p=self.settings.top_p,
-            max_tokens=bench.max_tokens,
-            stop=bench.stop(),
-            seed=self.settings.seed,
-        )
+        """Every subject in ``todo`` on every problem whose prompt fits the model's context (mixed adapters in each
+        ``generate`` call, one per answer budget, in parts that move the bar), then one grading batch."""
         prompts = [bench.prompt(item) for item in items]
-        requests = [GenerationRequest(prompt=p, adapter=s.adapter) for s, _ in todo for p in prompts]
+        budgets = self._budgets(bench, prompts)
+        kept = [i for i, b in enumerate(budgets) if b is not None]
+        too_long, shortened = len(items) - len(kept), sum(1 for b in budgets if b is not None and b < bench.max_tokens)
+        if too_long or shortened:
+            parts = [f"{too_long} of {len(items)} prompts are longer than it: skipped, not scored"] if too_long else []
+            if shortened:
+                parts.append(f"{shortened} get fewer than {bench.max_tokens} new tokens (what the context leaves)")
+            note = f"{bench.name}: the model's context is {self.target.context} tokens; {'; '.join(parts)}"
+            if note not in self.notes:
+                self.notes.append(note)
+                _log(f"warning: {note}")
+        bar.advance(too_long * len(todo))
+        by_budget: dict[int, list[int]] = {}
+        for i in kept:
+            by_budget.setdefault(int(budgets[i] or 0), []).append(i)
+        outputs: dict[tuple[int, int], list[Any]] = {}  # (subject j, item i) -> its completions
         t = time.perf_counter()
-        outputs = self.engine().generate(requests, sampling) if requests else []
+        for budget, rows in sorted(by_budget.items()):
+            sampling = SamplingParams(
+                n=self.settings.n,
+                temperature=self.settings.temperature,
+                top_p=self.settings.top_p,
+                max_tokens=budget,
+                stop=bench.stop(),
+                seed=self.settings.seed,
+            )
+            asked = [(j, i) for j in range(len(todo)) for i in rows]
+            requests = [GenerationRequest(prompts[i], todo[j][0].adapter, index=k) for k, (j, i) in enumerate(asked)]
+            size = max(GENERATE_PART, -(-len(requests) // BAR_STEPS))  # a GPU engine still gets large batches
+            for start in range(0, len(requests), size):
+                part = requests[start : start + size]
+                bar.describe(f"{bench.name}: generating")
+                got = self.engine().generate(part, sampling)
+                if len(got) != len(part):
+                    raise RuntimeError(f"engine returned {len(got)} outputs for {len(part)} requests")
+                outputs.update(zip(asked[start : start + size], got))
+                bar.advance(len(part))
         timing["generate_s"] += time.perf_counter() - t
-        if len(outputs) != len(requests):
-            raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
-        texts = [[c.text for c in out] for out in outputs]
+        graded_items = [items[i] for i in kept]
+        texts = [[c.text for c in outputs[j, i]] for j in range(len(todo)) for i in kept]
         t = time.perf_counter()
-        executor = self.executor() if bench.category == "code" else None
+        bar.describe(f"{bench.name}: grading")
+        executor = self.executor() if bench.category == "code" and texts else None
         detailed = getattr(bench, "grade_detailed", None)
-        if detailed is not None:
-            base_ok, correct = detailed(items * len(todo), texts, executor)
+        if not texts:
+            correct, base_ok = [], None
+        elif detailed is not None:
+            base_ok, correct = detailed(graded_items * len(todo), texts, executor)
         else:
-            correct = bench.grade(items * len(todo), texts, executor)
+            correct = bench.grade(graded_items * len(todo), texts, executor)
             base_ok = None
         timing["grade_s"] += time.perf_counter() - t
         results = {}
         for j, (subject, path) in enumerate(todo):
-            rows = slice(j * len(items), (j + 1) * len(items))
+            mine = slice(j * len(kept), (j + 1) * len(kept))
             entry = _entry(
                 bench,
-                items,
-                texts[rows],
-                correct[rows],
-                base_ok[rows] if base_ok is not None else None,
+                graded_items,
+                texts[mine],
+                correct[mine],
+                base_ok[mine] if base_ok is not None else None,
                 self.settings.ks,
             )
-            entry["tokens"] = sum(len(c.token_ids) for out in outputs[rows] for c in out)
+            entry["tokens"] = sum(len(c.token_ids) for i in kept for c in outputs[j, i])
             entry["template"] = bench.template
+            entry["too_long"] = too_long
             atomic_write_text(path, json.dumps(entry, indent=1, default=str))
             results[subject.label] = entry
         return results
+
+
+#: Requests per ``generate`` call at least (the bar moves every few seconds on a CPU), and at most ``BAR_STEPS``
+#: calls per answer budget (a large evaluation on a GPU keeps vLLM's batches large).
+GENERATE_PART, BAR_STEPS = 96, 20
+
+
+class _Bar:
+    """``populora eval``'s progress: problems x models generated, with the time left (rich, on stderr)."""
+
+    def __init__(self, total: int, show: bool | None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} answers"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not (console.is_terminal if show is None else show),
+        )
+        self.task = self.progress.add_task("evaluating", total=total)
+
+    def __enter__(self) -> _Bar:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.task, n)
+
+    def describe(self, text: str) -> None:
+        self.progress.update(self.task, description=text)
 
 
 def _safe(label: str) -> str:
@@ -252,7 +371,7 @@ def _safe(label: str) -> str:
 def _entry(bench: Benchmark, items, texts, correct, base_ok, ks) -> dict[str, Any]:
     summary = summarize(correct, ks)
     entry: dict[str, Any] = {
-        "score": 100.0 * summary.get("pass@1", summary["accuracy"]),
+        "score": 100.0 * summary.get("pass@1", summary["accuracy"]) if items else None,  # None: no problem fitted
         "n_items": len(items),
         **summary,
     }
@@ -275,19 +394,20 @@ def _write_samples(path: Path, entry: dict[str, Any]) -> None:
 # --- aggregation -----------------------------------------------------------------------------------
 
 
-def averages(bench_scores: dict[str, float]) -> dict[str, float | None]:
+def averages(bench_scores: dict[str, float | None]) -> dict[str, float | None]:
     """AZR's CAvg (3 code benchmarks), MAvg (6 math; GSM8K excluded), AVG = (CAvg + MAvg) / 2.
 
     Over the benchmarks evaluated; HumanEval/MBPP stand in for their plus versions when only the
     base version was run. AVG is whichever of the two exists when only one does.
     """
+    scored = {name: value for name, value in bench_scores.items() if value is not None}
     code = []
     for name in AZR_CODE:
-        if name in bench_scores:
-            code.append(bench_scores[name])
-        elif CODE_STAND_INS.get(name) in bench_scores:
-            code.append(bench_scores[CODE_STAND_INS[name]])
-    math = [bench_scores[n] for n in AZR_MATH if n in bench_scores]
+        if name in scored:
+            code.append(scored[name])
+        elif CODE_STAND_INS.get(name) in scored:
+            code.append(scored[CODE_STAND_INS[name]])
+    math = [scored[n] for n in AZR_MATH if n in scored]
     cavg = sum(code) / len(code) if code else None
     mavg = sum(math) / len(math) if math else None
     both = [v for v in (cavg, mavg) if v is not None]
@@ -304,7 +424,7 @@ def average_members(benches: list[str]) -> dict[str, list[str]]:
 COLUMNS_AVG = ("code_avg", "math_avg", "overall")
 
 
-def _row(scores: dict[str, float]) -> dict[str, float | None]:
+def _row(scores: dict[str, float | None]) -> dict[str, float | None]:
     return {**scores, **averages(scores)}
 
 
@@ -384,6 +504,7 @@ def aggregate(
             },
             "settings": {
                 "limit": settings.limit,
+                "limits": settings.limits,
                 "n": settings.n,
                 "temperature": settings.temperature,
                 "top_p": settings.top_p,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ class Target:
     recipe: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def context(self) -> int | None:
+        """The base model's context in tokens (``max_position_embeddings`` of its config.json); None: not stated."""
+        return context_length(self.base_model.path)
+
+    def prompt_lengths(self, prompts: list[str]) -> list[int]:
+        """Each prompt's tokens as the engines feed them (``populora_engines.completions.encode_prompts``: the base's
+        tokenizer, through its chat template when the base uses one)."""
+        tokenizer = _tokenizer(self.base_model.path)
+        if not self.base_model.chat_template:
+            return [len(ids) for ids in tokenizer(prompts, verbose=False)["input_ids"]]  # too long: counted by us
+        out = []
+        for prompt in prompts:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            out.append(len(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        return out
+
     def lora_settings(self) -> LoraSettings:
         """Largest rank and all target modules over the adapters (what an engine must accept)."""
         configs = [json.loads((Path(s.adapter.path) / CONFIG_FILE).read_text()) for s in self.subjects if s.adapter]
@@ -52,6 +70,27 @@ class Target:
                 if m not in modules:
                     modules.append(m)
         return LoraSettings(rank=rank, alpha=alpha, target_modules=tuple(sorted(modules)))
+
+
+@functools.cache
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def context_length(path: str) -> int | None:
+    """``max_position_embeddings`` of a local model's config.json (or of its ``text_config``); None if absent."""
+    config = Path(path) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (data, data.get("text_config") or {}):
+        value = section.get("max_position_embeddings")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def model_fingerprint(path: str) -> str:

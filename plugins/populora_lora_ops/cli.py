@@ -100,7 +100,7 @@ def add_evolve_command(cli: Any) -> None:
         """Make one child adapter from parent PEFT dirs with a LoRA weight-space operator.
 
         \b
-          populora evolve gaussian --parent runs/nano-2t2s/adapters/s0@v8 --out child --seed 1 --set eps=0.1
+          populora evolve gaussian --parent runs/nano/adapters/s0@v8 --out child --seed 1 --set eps=0.1
           populora evolve svd --parent A --parent B --out child --seed 2
         """
         record = evolve(manager.registry, operator, parents, out, sets, seed)
