@@ -26,10 +26,9 @@ def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
     h, i, f = arch.hidden, arch.intermediate, 4
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inputs = {k: d_in for k, (_, d_in, _) in arch.targets.items()}
-    if b == f:  # no cast to the adapters' dtype: modules that read one tensor share it
-        for group in _SHARED_INPUT:
-            for k in sorted(group & set(inputs))[1:]:
-                inputs.pop(k)
+    for group in _SHARED_INPUT:  # modules that read one tensor share it, and on a 16-bit base its one fp32 cast
+        for k in sorted(group & set(inputs))[1:]:
+            inputs.pop(k)
     lora = (sum(inputs.values()) + len(arch.targets) * rank) * f  # LoRA inputs and A outputs, fp32
     attention = (2 * q + 2 * (q if masked else kv)) * b  # q, k, v (repeated for GQA under a mask), output
     return lora + 2 * h * 4 + attention + 3 * i * b  # + RMSNorms' fp32 inputs + gate, silu(gate), up
