@@ -176,4 +176,10 @@ def register_trainers(register):
         params=GRPOParams,
         description="TRL GRPO loss family on toolkit rollouts, one adapter per member",
         memory=partial(trainer_memory, name="grpo"),
+        sampling_logprobs=reads_rollout_logprobs,
     )
+
+
+def reads_rollout_logprobs(params: GRPOParams) -> bool:
+    """``use_rollout_logprobs``: the engine's log-probs are the old policy, so they must be the sampling policy's."""
+    return bool(params.use_rollout_logprobs)
