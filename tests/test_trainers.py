@@ -564,6 +564,9 @@ def test_param_validation_of_the_memory_settings(base):
     p = make("trainer", "trr++", base).params
     assert (p.micro_batch_tokens, p.gradient_checkpointing, p.logprob_chunk_tokens) == (None, "auto", 8192)
     assert make("trainer", "trr++", base, logprob_chunk_tokens=None).params.logprob_chunk_tokens is None
+    assert make("trainer", "trr++", base, long_row_tokens="auto").params.long_row_tokens == "auto"  # as written
+    with pytest.raises(UserError, match="long_row_tokens"):
+        make("trainer", "trr++", base, long_row_tokens=0)
     assert use_checkpointing("auto", "cuda") and use_checkpointing("auto", "cuda:1") and use_checkpointing("on", "cpu")
     assert not use_checkpointing("auto", "cpu") and not use_checkpointing("off", "cuda")
 
