@@ -389,7 +389,7 @@ def component_checks(
         adapters.append(AdapterRef(f"a{len(adapters)}@v0", str(work / f"a{seed}_{len(adapters)}")))
     checks: dict[str, dict[str, Any]] = {}
 
-    def timed(name: str, fn: Any, *fn_args: Any) -> Any:
+    def timed(name: str, fn: Any, *fn_args: Any) -> None:
         start = time.perf_counter()
         for key, check in checked(name, fn, *fn_args).items():
             checks[key] = {**check, "seconds": round(time.perf_counter() - start, 1)}
@@ -404,7 +404,7 @@ def component_checks(
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, dtype)
     gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
     plan = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=registry)
-    activations = next(r["gib"] for r in plan["rows"] if r["what"] == "update: activations") * 2**30
+    activations = next((r["gib"] for r in plan["rows"] if r["what"] == "update: activations"), 0.0) * 2**30
     planned = {
         "side": plan["trainer_side_bytes"],
         "activations": int(activations),
@@ -420,7 +420,9 @@ def component_checks(
     timed("trainer", trainer_check, trainer, base, lora, prompt, completion, planned, work)
     timed("gradients", gradient_checks, trainer_with, adapters[0], dtype, 1 if args.quick else 10, work)
     version = AdapterRef("served@v1", str(work / "served_v1"))  # a version the trainer writes, served copy and all
-    trainer.update("served", adapters[0], _rows_for(trainer), work / "served_v1")
+    written = checked("served_version", write_version, trainer, adapters[0], work / "served_v1")
+    if not written["served_version"]["passed"]:  # served_vllm then fails on the missing version too
+        checks.update(written)
     del trainer
     modelhost._HOSTS.clear()
     _release(device)
@@ -458,11 +460,12 @@ def checked(name: str, fn: Any, *fn_args: Any) -> dict[str, dict[str, Any]]:
     return result if "passed" not in result else {name: result}
 
 
-def _rows_for(trainer: Any) -> list[Any]:
-    """Two rows for the update that writes the served check's version."""
+def write_version(trainer: Any, adapter: Any, out: Path) -> dict[str, Any]:
+    """One update of ``adapter`` on two rows: a version as the trainer writes it (with its served copy)."""
     from ._gpu_checks import _rollouts
 
-    return _rollouts("served", int(trainer.host.base_model.config.vocab_size), [(24, 16), (16, 24)], seed=3)
+    rows = _rollouts("served", int(trainer.host.base_model.config.vocab_size), [(24, 16), (16, 24)], seed=3)
+    return {"passed": trainer.update("served", adapter, rows, out).tokens == 40}
 
 
 def _live_hosts() -> int:
@@ -577,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def vllm_installed() -> bool:
+    """Whether vLLM could be imported (not importing it: --trainer-only never does)."""
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
