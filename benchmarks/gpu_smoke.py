@@ -26,7 +26,7 @@ names, else the one with the most free memory), as a run in one process uses one
   tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.plan) for that update,
   which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU); the peak less
   the plan's other update terms beside the plan's activation term, held to the same band at --full-shape (the 7B
-  terms themselves; on CUDA the reserved peak is reported too);
+  terms themselves);
 - ``gradients_fused`` / ``padded_path``: one update on four rows of different lengths, by the gradients it steps
   with: the fused LoRA forward against PEFT's (on CUDA its bf16 branch), and one padded, masked micro-batch against
   each row alone (unmasked), within 1e-4 (fp32) or 5% (bf16) over all factors, with the same loss;
