@@ -979,6 +979,9 @@ def test_one_cast_per_input_is_the_same_tensor_until_the_input_changes_or_the_ca
     del changed, again, first
     gc.collect()
     assert probe() is None  # the cache keeps no cast alive
+    with torch.inference_mode():  # inference tensors have no version counter: cast, not cached
+        y = torch.randn(3, 8, dtype=torch.bfloat16)
+        assert torch.equal(_cast(y, torch.float32), y.float())
 
 
 def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, adapters, tmp_path):
