@@ -428,7 +428,7 @@ def component_checks(
     _release(device)
     if not vllm:
         return checks
-    alive = _live_hosts()
+    alive = _live_hosts(model_dir)
     if alive:  # vLLM would load its weights beside a base model nothing uses any more
         print(f"FAIL released: {alive} model host(s) still alive before vLLM loads", flush=True)
         checks["released"] = {"passed": False, "hosts_alive": alive}
@@ -468,12 +468,13 @@ def write_version(trainer: Any, adapter: Any, out: Path) -> dict[str, Any]:
     return {"passed": trainer.update("served", adapter, rows, out).tokens == 40}
 
 
-def _live_hosts() -> int:
-    """Model hosts (a base model each) still referenced after the hf engine and the trainer are gone."""
+def _live_hosts(model_dir: Path) -> int:
+    """Model hosts of the smoke's base (each holds a copy) still referenced after the hf engine and the trainer
+    are gone."""
     from populora_core.modelhost import ModelHost
 
     gc.collect()
-    return sum(type(o) is ModelHost for o in gc.get_objects())
+    return sum(type(o) is ModelHost and Path(o.base.path) == model_dir for o in gc.get_objects())
 
 
 def one_gpu(environ: Any, gpus: list[Any]) -> str | None:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +96,7 @@ def test_a_raising_run_is_a_fail_line_and_vllm_loads_once_the_base_is_released(m
             pass
 
     def factory(params, **context):
-        hosts_when_vllm_loads.append(smoke._live_hosts())
+        hosts_when_vllm_loads.append(smoke._live_hosts(Path(context["base_model"].path)))
         return FakeVLLM()
 
     real_get = registry.get
