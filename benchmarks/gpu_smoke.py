@@ -14,16 +14,27 @@ recipes/configs/Qwen__Qwen2.5-7B.json's real vocab (152,064, with an offline byt
 the LM head, the log-prob chunks and the engine's sampling have their real cost) and by default a quarter of its
 width in every dimension over 4 layers (hidden 896, 7 heads of 128, one KV head, MLP 4736: ~330 M parameters), so
 the whole smoke is sized for under 10 minutes on one GPU; --full-shape keeps the config as it is. Named checks,
-each passed or failed with its measured figures in the last line's ``checks``; the exit code is 1 if any fails:
+each passed or failed with its measured figures in the last line's ``checks`` (a check or run that raises is a
+failed one, with its ``error``); the exit code is 1 if any fails, 2 when CUDA_VISIBLE_DEVICES names no GPU torch can
+use. With several GPUs visible the smoke picks one itself before CUDA starts (the first that CUDA_VISIBLE_DEVICES
+names, else the one with the most free memory), as a run in one process uses one:
 
 - ``doctor``: driver, torch, CUDA, vLLM and the rest (``populora doctor``), nothing broken;
 - ``adapters_hf`` / ``adapters_vllm``: two adapter versions give different greedy tokens, and swapping back gives
   the first one's again;
 - ``trainer``: one TRR++ update of the recipe's trainer at the longest configured row (azr_7b.yaml: 6144 + 8096
   tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.plan) for that update,
-  which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU);
+  which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU); the peak less
+  the plan's other update terms beside the plan's activation term, held to the same band at --full-shape (the 7B
+  terms themselves);
+- ``gradients_fused`` / ``padded_path``: one update on four rows of different lengths, by the gradients it steps
+  with: the fused LoRA forward against PEFT's (on CUDA its bf16 branch), and one padded, masked micro-batch against
+  each row alone (unmasked), within 1e-4 (fp32) or 5% (bf16) over all factors, with the same loss;
 - ``logprobs_vllm``: vLLM's log-probs of its greedy tokens against a transformers + PEFT forward (bf16: within
   0.1 nat; fp32: 1e-3), where the adapter's own effect must exceed that tolerance;
+- ``served_vllm``: as ``logprobs_vllm`` for a version the trainer wrote (after one update), which on a GPU vLLM
+  must read from the trainer's ``served-bfloat16`` copy; vLLM loads only once the hf engine and the trainer are
+  gone (a model host still alive then is a failed ``released`` check);
 - ``sleep_vllm``: sleep -> allocate what it freed -> wake gives identical greedy tokens (on CPU sleep is a no-op);
 - ``population_<engine>``: a 3-step run of recipes/azr_7b.yaml through ``start_run`` + ``execute`` at 4T-4S (quick:
   2T-2S) and the same with one adapter (single_agent 1T-1S), both completing every step and the population
@@ -345,7 +356,14 @@ def component_checks(
     from populora_core.plugins import get_manager
     from populora_core.recipe import load_recipe
 
-    from ._gpu_checks import adapter_check, logprob_check, sleep_check, trainer_check
+    from ._gpu_checks import (
+        adapter_check,
+        gradient_checks,
+        logprob_check,
+        served_check,
+        sleep_check,
+        trainer_check,
+    )
 
     registry = get_manager().registry
     cuda = device.startswith("cuda")
@@ -373,39 +391,109 @@ def component_checks(
 
     def timed(name: str, fn: Any, *fn_args: Any) -> None:
         start = time.perf_counter()
-        checks[name] = {**fn(*fn_args), "seconds": 0.0}
-        checks[name]["seconds"] = round(time.perf_counter() - start, 1)
-        print(f"{'PASS' if checks[name]['passed'] else 'FAIL'} {name} ({checks[name]['seconds']} s)", flush=True)
+        for key, check in checked(name, fn, *fn_args).items():
+            checks[key] = {**check, "seconds": round(time.perf_counter() - start, 1)}
+            print(f"{'PASS' if checks[key]['passed'] else 'FAIL'} {key} ({checks[key]['seconds']} s)", flush=True)
 
     hf = registry.get("engine", "hf").build({"device": device}, base_model=base, lora=lora, seed=recipe.seed)
     timed("adapters_hf", adapter_check, hf, *adapters, tokens)
     hf.close()
+    del hf  # it holds the shared base: gone with the trainer's below, before vLLM loads its own
     roll = recipe.rollout
     prompt, completion = roll.max_prompt_tokens or 0, max(roll.propose_max_tokens, roll.solve_max_tokens)
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, dtype)
     gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
-    planned = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=registry)["trainer_side_bytes"]
-    trainer = registry.get("trainer", recipe.trainer.name).build(
-        recipe.trainer.build_params(), base_model=base, lora=lora, seed=recipe.seed
-    )
+    plan = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=registry)
+    activations = next((r["gib"] for r in plan["rows"] if r["what"] == "update: activations"), 0.0) * 2**30
+    planned = {
+        "side": plan["trainer_side_bytes"],
+        "activations": int(activations),
+        "check_activations": args.full_shape,
+    }
+    params = recipe.trainer.build_params().model_dump()
+    component = registry.get("trainer", recipe.trainer.name)
+
+    def trainer_with(**changes: Any) -> Any:
+        return component.build({**params, **changes}, base_model=base, lora=lora, seed=recipe.seed)
+
+    trainer = trainer_with()
     timed("trainer", trainer_check, trainer, base, lora, prompt, completion, planned, work)
+    timed("gradients", gradient_checks, trainer_with, adapters[0], dtype, 1 if args.quick else 10, work)
+    version = AdapterRef("served@v1", str(work / "served_v1"))  # a version the trainer writes, served copy and all
+    written = checked("served_version", write_version, trainer, adapters[0], work / "served_v1")
+    if not written["served_version"]["passed"]:  # served_vllm then fails on the missing version too
+        checks.update(written)
     del trainer
     modelhost._HOSTS.clear()
     _release(device)
     if not vllm:
         return checks
+    alive = _live_hosts(model_dir)
+    if alive:  # vLLM would load its weights beside a base model nothing uses any more
+        print(f"FAIL released: {alive} model host(s) still alive before vLLM loads", flush=True)
+        checks["released"] = {"passed": False, "hosts_alive": alive}
     engine = registry.get("engine", "vllm").build(
         recipe.engine.build_params(), base_model=base, lora=lora, seed=recipe.seed, max_prompt_tokens=prompt
     )
     try:
         timed("adapters_vllm", adapter_check, engine, *adapters, tokens)
         timed("logprobs_vllm", logprob_check, engine, model_dir, adapters[0], tokens, device, dtype)
+        timed("served_vllm", served_check, engine, model_dir, version, tokens, device, dtype)
         utilization = float(recipe.engine.build_params().gpu_memory_utilization)
         timed("sleep_vllm", sleep_check, engine, adapters[0], tokens, utilization)
     finally:
         engine.close()
         _release(device)
     return checks
+
+
+def checked(name: str, fn: Any, *fn_args: Any) -> dict[str, dict[str, Any]]:
+    """``{name: fn(*fn_args)}`` (or the several checks ``fn`` returns, keyed by name), or one failed check saying
+    what ``fn`` raised: a check that raises is a FAIL line and the smoke goes on."""
+    import traceback
+
+    try:
+        result = fn(*fn_args)
+    except Exception as exc:
+        traceback.print_exc()
+        return {name: {"passed": False, "error": f"{type(exc).__name__}: {exc}"[:500]}}
+    return result if "passed" not in result else {name: result}
+
+
+def write_version(trainer: Any, adapter: Any, out: Path) -> dict[str, Any]:
+    """One update of ``adapter`` on two rows: a version as the trainer writes it (with its served copy)."""
+    from ._gpu_checks import _rollouts
+
+    rows = _rollouts("served", int(trainer.host.base_model.config.vocab_size), [(24, 16), (16, 24)], seed=3)
+    return {"passed": trainer.update("served", adapter, rows, out).tokens == 40}
+
+
+def _live_hosts(model_dir: Path) -> int:
+    """Model hosts of the smoke's base (each holds a copy) still referenced after the hf engine and the trainer
+    are gone."""
+    from populora_core.modelhost import ModelHost
+
+    gc.collect()
+    return sum(type(o) is ModelHost and Path(o.base.path) == model_dir for o in gc.get_objects())
+
+
+def one_gpu(environ: Any, gpus: list[Any]) -> str | None:
+    """Before CUDA starts: with several GPUs visible (``gpus``: nvidia-smi's list, or those CUDA_VISIBLE_DEVICES
+    names) the smoke runs on one, as a run in one process does (populora_core.assembly.refuse_idle_gpus): the
+    first that CUDA_VISIBLE_DEVICES names, else the one with the most free memory (by PCI bus order, nvidia-smi's).
+    Returns what it did, for the log."""
+    named = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        if len(named) <= 1:
+            return None
+        environ["CUDA_VISIBLE_DEVICES"] = named[0]
+        return f"CUDA_VISIBLE_DEVICES named {len(named)} devices; the smoke uses the first: {named[0]}"
+    if len(gpus) <= 1:
+        return None
+    best = max(range(len(gpus)), key=lambda i: gpus[i].free_mib or 0)
+    environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices as nvidia-smi's
+    environ["CUDA_VISIBLE_DEVICES"] = str(best)
+    return f"{len(gpus)} GPUs visible; the smoke uses GPU {best} ({gpus[best].name}, {gpus[best].free_mib} MiB free)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,17 +511,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", default="", help="keep the random model here (written once, reused)")
     args = ap.parse_args(argv)
     args.quick = args.quick or args.smoke
-    import importlib.util
+    from populora_core.doctor import nvidia_smi
 
+    gpus = [] if args.smoke or args.device == "cpu" else nvidia_smi()[1]
+    chosen = one_gpu(os.environ, gpus)  # before torch starts CUDA
+    if chosen:
+        print(f"gpu_smoke: {chosen}", flush=True)
     import torch
 
     cuda_ok = torch.cuda.is_available()
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not args.smoke and args.device != "cpu" and not cuda_ok and (args.device == "cuda" or (gpus and named)):
+        why = f"CUDA_VISIBLE_DEVICES={named!r} names no GPU torch can use" if named is not None else "no GPU visible"
+        listed = f" (nvidia-smi lists {len(gpus)})" if gpus else ""
+        print(f"gpu_smoke: {why}{listed}: unset it or name one of them, or run with --device cpu", file=sys.stderr)
+        return 2
     device = "cpu" if args.smoke or (args.device == "auto" and not cuda_ok) else args.device
     device = "cuda" if device == "auto" else device
-    if device == "cuda" and not cuda_ok:
-        sys.exit("gpu_smoke: --device cuda but no CUDA device is visible")
     vllm = not args.trainer_only and (device == "cuda" or args.vllm)
-    if vllm and importlib.util.find_spec("vllm") is None:
+    if vllm and not vllm_installed():
         sys.exit("gpu_smoke: vLLM is not installed: pip install -e '.[vllm]', or run with --trainer-only")
     engines = [] if args.trainer_only else [e for e in args.engines.split(",") if e] or ["vllm" if vllm else "hf"]
     config = json.loads(Path(args.config).read_text())
@@ -455,12 +551,19 @@ def main(argv: list[str] | None = None) -> int:
         result["checks"].update(component_checks(args, model_dir, device, vllm, Path(tmp)))
         for engine in engines:
             start = time.perf_counter()
-            check = population_check(args, engine, pop, model_dir, device)
-            result["checks"][f"population_{engine}"] = {**check, "seconds": round(time.perf_counter() - start, 1)}
+            name = f"population_{engine}"
+            check = checked(name, population_check, args, engine, pop, model_dir, device)[name]
+            result["checks"][name] = {**check, "seconds": round(time.perf_counter() - start, 1)}
+            print(f"{'PASS' if check['passed'] else 'FAIL'} {name} ({result['checks'][name]['seconds']} s)", flush=True)
+            if "error" in check:  # what the raising run left loaded
+                from populora_core import modelhost
+
+                modelhost._HOSTS.clear()
+                _release(device)
     failed = [name for name, check in result["checks"].items() if not check["passed"]]
     result.update(passed=not failed, failed=failed, vllm_imported="vllm" in sys.modules)
     _print_table(result)
-    runs = [result["checks"][f"population_{e}"] for e in engines]
+    runs = [c for e in engines if "error" not in (c := result["checks"][f"population_{e}"])]
     if runs:  # the last engine's (vllm when it ran: the engine the 7B recipes use) at the top level
         population = runs[-1][f"{pop}t{pop}s"]
         memory_key = "peak_gpu_mb" if device == "cuda" else "peak_mb"
@@ -477,13 +580,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["passed"] else 1
 
 
+def vllm_installed() -> bool:
+    """Whether vLLM could be imported (not importing it: --trainer-only never does)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
 def _print_table(result: dict[str, Any]) -> None:
     memory_key = "peak_gpu_mb" if result["device"] == "cuda" else "peak_mb"
     for name, check in result["checks"].items():
         figures = {k: v for k, v in check.items() if k != "passed" and not isinstance(v, dict)}
         print(f"{'PASS' if check['passed'] else 'FAIL'} {name}: {figures}")
     for name, runs in result["checks"].items():
-        if not name.startswith("population_"):
+        if not name.startswith("population_") or "error" in runs:
             continue
         overhead = runs["population_overhead"]
         print(f"{name} on {result['device']}: population overhead {overhead:.2f}x over one adapter (paper 1.31x)")

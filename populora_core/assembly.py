@@ -171,7 +171,11 @@ def build_components(
             check_implements(task, Task, f"tasks.{i}", ref.name)
             tasks[ref.name] = task
         ctx = {"base_model": base, "lora": settings, "seed": recipe.seed}
-        engine_ctx = {**ctx, "max_prompt_tokens": recipe.rollout.max_prompt_tokens}
+        engine_ctx = {
+            **ctx,
+            "max_prompt_tokens": recipe.rollout.max_prompt_tokens,
+            "sampling_logprobs": reads_sampling_logprobs(reg, recipe),
+        }
         engine_params, unplanned = planned_engine_params(recipe, reg, base, cluster, run_dir)
         warn_unchecked_vllm(recipe.engine.name)
         try:
@@ -223,6 +227,14 @@ def build_components(
     except BaseException:
         close_all([*reversed(built), cluster])
         raise
+
+
+def reads_sampling_logprobs(registry: Any, recipe: Recipe) -> bool:
+    """What the recipe's trainer's ``needs_sampling_logprobs`` will say, known before the engine is built (from
+    its registered ``sampling_logprobs=fn(params)``; False without one), so the engine can report the sampling
+    policy's log-probs (after temperature and top-p) rather than the raw distribution's."""
+    fn = registry.get("trainer", recipe.trainer.name).meta.get("sampling_logprobs")
+    return bool(fn(recipe.trainer.build_params())) if fn is not None else False
 
 
 def planned_engine_params(

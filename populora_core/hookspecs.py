@@ -55,7 +55,8 @@ def register_trainers(register: Any) -> None:
 
     ``factory(params, *, base_model, lora, seed) -> components.Trainer``. Optional ``memory=fn``,
     ``fn(params: dict, context: memory.PlanContext) -> memory.TrainerMemory``: the trainer's GPU memory terms for
-    ``populora plan``.
+    ``populora plan``. Optional ``sampling_logprobs=fn(params) -> bool``: what the built trainer's
+    ``needs_sampling_logprobs`` will be, read before the engine is built (engines get it as ``sampling_logprobs``).
     """
 
 
@@ -63,7 +64,9 @@ def register_trainers(register: Any) -> None:
 def register_engines(register: Any) -> None:
     """Register rollout engines (hf, vllm).
 
-    ``factory(params, *, base_model, lora, seed) -> components.RolloutEngine``. Optional ``memory=fn``,
+    ``factory(params, *, base_model, lora, seed) -> components.RolloutEngine``; a factory may also take
+    ``max_prompt_tokens`` and ``sampling_logprobs`` (the trainer reads ``Completion.logprobs`` as the sampling
+    policy's: after temperature and top-p). Optional ``memory=fn``,
     ``fn(params: dict, context: memory.PlanContext) -> memory.EngineMemory``: the engine's GPU memory terms for
     ``populora plan``.
     """

@@ -79,6 +79,7 @@ class TrainerMemory:
     (live optimizer and gradients, the larger of activations and what is kept meanwhile). ``rows`` are shown first,
     ``update_rows`` after the engine's rows. ``member_state_bytes``: one member's optimizer state (checkpoints);
     ``side_bytes``: what the trainer adds beside a shared base (a measured peak is compared with it);
+    ``served_copy_bytes``: the copy of each version it writes beside the fp32 one for the engine (disk);
     ``gradient_checkpointing``: "on" or "off" as planned. ``candidates``: overrides of the trainer's params the plan
     may try when the recipe does not fit."""
 
@@ -88,6 +89,7 @@ class TrainerMemory:
     update: float = 0.0
     member_state_bytes: int = 0
     side_bytes: int = 0
+    served_copy_bytes: int = 0
     gradient_checkpointing: str = "off"
     notes: list[str] = field(default_factory=list)
     candidates: list[str] = field(default_factory=list)

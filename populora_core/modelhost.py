@@ -62,8 +62,16 @@ def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def load_kwargs(device: str, dtype: Any) -> dict[str, Any]:
     """``from_pretrained`` arguments: on an accelerator the weights go straight to it (``device_map``), so a node
-    of 8 workers does not first hold 8 host copies of a 7B base (~120 GB); on the CPU the plain load."""
-    return {"dtype": dtype} if device == "cpu" else {"dtype": dtype, "device_map": device}
+    of 8 workers does not first hold 8 host copies of a 7B base (~120 GB); on the CPU the plain load. A bare
+    ``cuda`` is the current CUDA device, where the rest of the host's tensors go: transformers reads it as
+    ``cuda:$LOCAL_RANK``, another GPU under launchers that set LOCAL_RANK without narrowing the visible ones."""
+    if device == "cpu":
+        return {"dtype": dtype}
+    if device == "cuda":
+        import torch
+
+        device = f"cuda:{torch.cuda.current_device()}"
+    return {"dtype": dtype, "device_map": device}
 
 
 class ModelHost:

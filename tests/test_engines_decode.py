@@ -454,6 +454,19 @@ def test_the_fused_step_falls_back_where_it_would_not_be_exact():
     assert not fused_supported(_random_model("mistral", sliding_window=8))
 
 
+def test_a_bare_cuda_device_loads_onto_the_current_device_not_local_rank(monkeypatch):
+    """``cuda`` is torch's current device (where the host's other tensors go), whatever LOCAL_RANK says:
+    transformers would read a bare ``cuda`` device_map as ``cuda:$LOCAL_RANK``. Fake CUDA: current device 2."""
+    import torch
+
+    from populora_core.modelhost import load_kwargs
+
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert load_kwargs("cuda", torch.bfloat16) == {"dtype": torch.bfloat16, "device_map": "cuda:2"}
+    assert load_kwargs("cuda:1", torch.bfloat16)["device_map"] == "cuda:1"  # a named device stays
+
+
 def test_an_accelerator_loads_the_base_straight_onto_it(tiny_model_dir):
     """On CUDA the weights are placed by ``device_map`` as they load (no host copy first); the same load, placed
     on the CPU, gives the plain load's weights (the path is real in this transformers, not only on a GPU)."""

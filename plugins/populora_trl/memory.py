@@ -26,10 +26,9 @@ def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
     h, i, f = arch.hidden, arch.intermediate, 4
     q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     inputs = {k: d_in for k, (_, d_in, _) in arch.targets.items()}
-    if b == f:  # no cast to the adapters' dtype: modules that read one tensor share it
-        for group in _SHARED_INPUT:
-            for k in sorted(group & set(inputs))[1:]:
-                inputs.pop(k)
+    for group in _SHARED_INPUT:  # modules that read one tensor share it, and on a 16-bit base its one fp32 cast
+        for k in sorted(group & set(inputs))[1:]:
+            inputs.pop(k)
     lora = (sum(inputs.values()) + len(arch.targets) * rank) * f  # LoRA inputs and A outputs, fp32
     attention = (2 * q + 2 * (q if masked else kv)) * b  # q, k, v (repeated for GQA under a mask), output
     return lora + 2 * h * 4 + attention + 3 * i * b  # + RMSNorms' fp32 inputs + gate, silu(gate), up
@@ -88,6 +87,8 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> Tr
     moments, live, keep = 8 * p, 12 * p, 8 * p
     device = "cpu" if params.get("device", "auto") == "cpu" else "cuda"  # a plan is for a GPU unless told
     t, shape = _micro_batch_terms(arch, params, ctx, device)
+    served = params.get("served_dtype", "auto")  # auto: a copy when the base is 16-bit (state.served_dtype)
+    copy = 0 if served == "none" or (served == "auto" and b == 4) else 2 * p
     setting = params["gradient_checkpointing"]
     mode = {True: "on", False: "off"}.get(setting, str(setting))
     on = use_checkpointing(mode, device)
@@ -116,6 +117,7 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> Tr
         update=live + max(act, keep),
         member_state_bytes=moments,
         side_bytes=int(per_gpu * moments + ctx.adapter_bytes + live + max(act, keep)),
+        served_copy_bytes=copy,
         gradient_checkpointing="on" if on else "off",
         notes=notes,
         candidates=candidates,
@@ -123,7 +125,13 @@ def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> Tr
             ("trainer: base load", 0, "none: device_map puts the weights straight on the GPU (safetensors mmap)"),
             ("trainer: resumed moments", per_gpu * moments, f"{per_gpu} members, on host until each one's update"),
             ("trainer: checkpoint copy", moments, "one member's moments at a time, while written"),
-            ("trainer: version written", ctx.adapter_bytes, "one fp32 adapter, while saved"),
+            (
+                "trainer: version written",
+                ctx.adapter_bytes + copy,
+                "one fp32 adapter"
+                + (f" and its {served if served != 'auto' else '16-bit'} copy" if copy else "")
+                + ", while saved",
+            ),
         ],
-        host=max(per_gpu * moments, moments) + ctx.adapter_bytes,
+        host=max(per_gpu * moments, moments) + ctx.adapter_bytes + copy,
     )
