@@ -19,6 +19,7 @@ import yaml
 from populora_report.data import load_run, load_runs
 from populora_report.figures import _lanes
 from populora_report.render import render_report
+from populora_report.summary import run_summary
 
 from populora_core import UserError
 from populora_core.loop import execute, start_run
@@ -172,6 +173,10 @@ def test_summary_numbers_match_the_logs(runs, multi):
     assert pop["base_accuracy"] == pytest.approx(base)
     assert pop["best_minus_base"] == pytest.approx(acc_a - base)
     assert pop["probe_best_member"] == f"{s_a}@v1"
+    head = run_summary(runs["pop"])  # the changes and intervals of the run's terminal summary
+    for key in ("student_changes", "best_minus_base_interval", "best_within_noise", "probe_problems"):
+        assert pop[key] == head[key], key
+    assert pop["probe_problems"] == 40 and pop["best_minus_base_interval"][0] > 0
     assert pop["baseline_accuracy"] == pytest.approx((0.3 * 10 + 0.1 * 30) / 40)
     assert single["probe_best"] == pytest.approx((0.3 * 10 + 0.1 * 30) / 40) and "baseline_accuracy" not in single
     # structure and compute counters agree with the run directory
@@ -380,11 +385,17 @@ def drawn(monkeypatch):
     return saved
 
 
-def test_the_page_answers_in_the_terminal_summary_units(runs, tmp_path):
-    """Accuracies in %, changes in points with their 95 % intervals: the numbers `populora run` prints."""
-    from populora_report.summary import _pct, _points, run_summary
+@pytest.fixture(scope="module")
+def pair(runs, tmp_path_factory):
+    """The report of the population run beside its single-agent baseline (report.html's path)."""
+    return render_report([runs["pop"], runs["single"]], tmp_path_factory.mktemp("pair"))
 
-    page = render_report([runs["pop"], runs["single"]], tmp_path / "out").read_text()
+
+def test_the_page_answers_in_the_terminal_summary_units(runs, pair):
+    """Accuracies in %, changes in points with their 95 % intervals: the numbers `populora run` prints."""
+    from populora_report.summary import _pct, _points
+
+    page = pair.read_text()
     head = run_summary(runs["pop"])
     assert head["best_minus_base"] == pytest.approx(0.2) and head["best_minus_base_interval"] is not None
     headline = page[page.index("<section id='headline'>") : page.index("<section id='summary'>")]
@@ -400,7 +411,7 @@ def test_the_page_answers_in_the_terminal_summary_units(runs, tmp_path):
     assert re.search(r"\bissue\b|target quantity|\bTODO\b", text, flags=re.I) is None
 
 
-def test_population_vs_single_agent_shows_the_compute_ratio_and_warns_when_unfair(runs, tmp_path, drawn):
+def test_population_vs_single_agent_shows_the_compute_ratio_and_warns_when_unfair(runs, pair, tmp_path, drawn):
     from populora_report.compare import compare
 
     def trained(run_dir):
@@ -412,7 +423,7 @@ def test_population_vs_single_agent_shows_the_compute_ratio_and_warns_when_unfai
     assert found.per_slot_ratio == pytest.approx(ratio) and found.steps == (4, 4)
     assert found.best_minus_agent == pytest.approx(0.45 - 0.15)  # the same probe problems: paired
     assert found.best_minus_agent_interval is not None
-    page = render_report([runs["pop"], runs["single"]], tmp_path / "out").read_text()
+    page = pair.read_text()
     table = page[page.index("id='comparison-table'") :]
     assert f"<td>4 vs 4</td><td>{ratio:.2f}×</td>" in table
     assert ("not compute-matched" in page) == (abs(ratio - 1) > 0.1) and "different lengths" not in page
@@ -421,8 +432,7 @@ def test_population_vs_single_agent_shows_the_compute_ratio_and_warns_when_unfai
     shutil.copytree(runs["single"], short)
     events = [json.loads(x) for x in (short / "events.jsonl").read_text().splitlines()]
     (short / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events if r.get("step", 0) <= 2))
-    drawn.clear()
-    page = render_report([runs["pop"], short], tmp_path / "out2").read_text()
+    page = render_report([runs["pop"], short], tmp_path / "out").read_text()
     warning = "pop (fake-2t2s) vs short (fake-2t2s): different lengths: pop (fake-2t2s) ran 4 steps, short"
     assert "id='comparison-warnings'" in page and warning in page
     for name in ("headline.png", "probe.png", "arms.png"):
@@ -514,12 +524,12 @@ def _browser(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(BROWSER is None, reason="no chromium to look at the page with (apt-get install chromium)")
-def test_the_report_in_a_real_browser(runs, tmp_path):
+def test_the_report_in_a_real_browser(pair, tmp_path):
     """The page of a population and its single-agent baseline, opened in headless Chromium: it renders (a
     screenshot with content), logs nothing to the console, decodes every figure and fits the window's width."""
     from matplotlib.image import imread
 
-    page = render_report([runs["pop"], runs["single"]], tmp_path / "out")
+    page = pair
     shot = tmp_path / "report.png"
     res = _browser("--window-size=1400,2400", f"--screenshot={shot}", page.as_uri())
     assert res.returncode == 0, res.stderr[-2000:]

@@ -122,12 +122,14 @@ def _spread(ys: list[float], gap: float, top: float) -> list[float]:
 
 
 def member_colors(run: RunData) -> dict[str, Any]:
-    """A stable colour per member of a run, shared by every figure."""
+    """A stable colour per member of a run, shared by every figure; never grey, which marks the base model and
+    the single-agent baseline."""
     from matplotlib import colormaps
 
     members = run.member_ids()
-    cmap = colormaps["tab10" if len(members) <= 10 else "tab20"]
-    return {m: cmap(i % cmap.N) for i, m in enumerate(members)}
+    cmap = colormaps["tab10" if len(members) <= 9 else "tab20"]
+    palette = [c for c in (cmap(i) for i in range(cmap.N)) if max(c[:3]) - min(c[:3]) > 0.05]
+    return {m: palette[i % len(palette)] for i, m in enumerate(members)}
 
 
 def _empty(ax: Any, message: str) -> None:
@@ -700,7 +702,8 @@ def headline(runs: list[RunData], out_dir: Path) -> FigureOut:
         values = [0.0]
         for y, (_, change, interval, color, _) in enumerate(rows):
             values += [100 * change] + ([100 * v for v in interval] if interval else [])
-            style = {"marker": "D" if color == "black" else "o", "ms": 6, "color": color, "ls": ""}
+            marker = {"black": "D", AGENT: "s"}.get(color, "o")  # best − base, the single agent, a student
+            style = {"marker": marker, "ms": 6, "color": color, "mfc": "white" if color == AGENT else color, "ls": ""}
             error = [[100 * (change - interval[0])], [100 * (interval[1] - change)]] if interval else None
             ax.errorbar([100 * change], [y], xerr=error, capsize=4, lw=1.6, **style)
         ax.axvline(0, color="0.3", lw=1)
@@ -739,7 +742,7 @@ def headline(runs: list[RunData], out_dir: Path) -> FigureOut:
         "(1 point = 1 % of the probe problems), with the 95 % paired-bootstrap interval over the probe problems "
         "(the terminal summary's numbers); best − base (diamond) is the best student's change, chosen after the "
         "fact, so it is biased upwards and its interval too narrow; an interval that includes 0 is within "
-        "noise. Grey: the single-agent baseline's adapter against its own base, with the runs' steps and the "
+        "noise. Open square: the single-agent baseline's adapter against its own base, with the runs' steps and the "
         "compute ratio above the panel, and a warning in red where the runs differ in steps, compute or base "
         "model.",
         "Dot plot: change in probe accuracy against the base model per final student with 95 % intervals",
@@ -749,6 +752,7 @@ def headline(runs: list[RunData], out_dir: Path) -> FigureOut:
 
 
 WARNING_COLOR = "#b00020"
+AGENT = "0.2"  # the single-agent baseline: dark grey, an open square as in probe.png
 
 
 def _headline_rows(
@@ -770,7 +774,7 @@ def _headline_rows(
             change = other["student_changes"].get(version)
             if change is not None:
                 label = f"single agent {version}  {_pct(acc)}\n({b.label})"
-                rows.append((label, change["change"], change["interval"], "0.45", change["within_noise"]))
+                rows.append((label, change["change"], change["interval"], AGENT, change["within_noise"]))
     return rows
 
 
