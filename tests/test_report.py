@@ -7,15 +7,19 @@ is written here with known numbers so the summary's probe statistics can be chec
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from populora_report.data import load_run, load_runs
 from populora_report.figures import _lanes
 from populora_report.render import render_report
+from populora_report.summary import run_summary
 
 from populora_core import UserError
 from populora_core.loop import execute, start_run
@@ -28,6 +32,7 @@ from tests.synthetic_runs import write_run
 TESTS = Path(__file__).parent
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 FIGURE_IDS = (
+    "fig-headline",
     "fig-arms",
     "fig-solve-rates",
     "fig-complexity",
@@ -39,6 +44,7 @@ FIGURE_IDS = (
     "fig-probe",
 )
 PNGS = (
+    "headline.png",
     "arms.png",
     "solve_rates.png",
     "complexity.png",
@@ -58,10 +64,12 @@ def _record(pm: PluginManager, run_dir: Path, overrides: list[str]) -> Path:
 
 
 def _write_probe(run_dir: Path, rows: list[tuple[int, str, str, str, str, float, int]]) -> None:
+    """Probe records with their per-problem outcomes (the first accuracy x n problems solved), as the probe writes."""
     with open(run_dir / "probe.jsonl", "w") as fh:
         for step, member, version, role, task_type, accuracy, n in rows:
-            record = {"step": step, "member": member, "version": version, "role": role}
-            fh.write(json.dumps({**record, "task_type": task_type, "accuracy": accuracy, "n": n}) + "\n")
+            record = {"step": step, "member": member, "version": version, "role": role, "task_type": task_type}
+            correct = [1] * round(accuracy * n) + [0] * (n - round(accuracy * n))
+            fh.write(json.dumps({**record, "accuracy": accuracy, "n": n, "correct": correct}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +106,7 @@ def runs(tiny_model_dir, tmp_path_factory):
         single,
         [
             (0, "base", "base", "base", "deduction", 0.40, 10),
+            (0, "base", "base", "base", "induction", 0.20, 30),
             (4, "a0", "a0@v4", "both", "deduction", 0.30, 10),
             (4, "a0", "a0@v4", "both", "induction", 0.10, 30),
         ],
@@ -137,6 +146,7 @@ def test_single_run_report_default_out_dir(runs):
     for fig_id in FIGURE_IDS:
         assert f'<section id="{fig_id}">' in page and f'id="{fig_id}-img" alt="' in page, fig_id
     for title in (
+        "Change against the base model",
         "Arms side by side: the four dynamics",
         "Student solve rates over time",
         "Teacher program complexity over time",
@@ -145,7 +155,7 @@ def test_single_run_report_default_out_dir(runs):
         "Cumulative problem-space coverage",
         "Rating curves per member",
         "Lineage tree with operators",
-        "Probe accuracy per member vs base and baseline",
+        "Probe accuracy per student vs base and baseline",
     ):
         assert f"<h2>{title}</h2>" in page
     assert 'id="summary-table"' in page and "test_noise" in page  # evolution events table names the operator
@@ -163,6 +173,10 @@ def test_summary_numbers_match_the_logs(runs, multi):
     assert pop["base_accuracy"] == pytest.approx(base)
     assert pop["best_minus_base"] == pytest.approx(acc_a - base)
     assert pop["probe_best_member"] == f"{s_a}@v1"
+    head = run_summary(runs["pop"])  # the changes and intervals of the run's terminal summary
+    for key in ("student_changes", "best_minus_base_interval", "best_within_noise", "probe_problems"):
+        assert pop[key] == head[key], key
+    assert pop["probe_problems"] == 40 and pop["best_minus_base_interval"][0] > 0
     assert pop["baseline_accuracy"] == pytest.approx((0.3 * 10 + 0.1 * 30) / 40)
     assert single["probe_best"] == pytest.approx((0.3 * 10 + 0.1 * 30) / 40) and "baseline_accuracy" not in single
     # structure and compute counters agree with the run directory
@@ -353,3 +367,182 @@ def test_two_arms_side_by_side_pool_their_seeds(tmp_path):
         "pop-0 (synthetic-2t2s)",
         "pop-short (synthetic-2t2s)",
     ]
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure the report saves, by file name: the matplotlib Figure, to read its axes and texts."""
+    from populora_report import figures
+
+    saved = {}
+    save = figures._save
+
+    def keep(fig, out_dir, name):
+        save(fig, out_dir, name)
+        saved[name] = fig
+
+    monkeypatch.setattr(figures, "_save", keep)
+    return saved
+
+
+@pytest.fixture(scope="module")
+def pair(runs, tmp_path_factory):
+    """The report of the population run beside its single-agent baseline (report.html's path)."""
+    return render_report([runs["pop"], runs["single"]], tmp_path_factory.mktemp("pair"))
+
+
+def test_the_page_answers_in_the_terminal_summary_units(runs, pair):
+    """Accuracies in %, changes in points with their 95 % intervals: the numbers `populora run` prints."""
+    from populora_report.summary import _pct, _points
+
+    page = pair.read_text()
+    head = run_summary(runs["pop"])
+    assert head["best_minus_base"] == pytest.approx(0.2) and head["best_minus_base_interval"] is not None
+    headline = page[page.index("<section id='headline'>") : page.index("<section id='summary'>")]
+    for version, change in head["student_changes"].items():
+        assert change["interval"] is not None
+        row = f"<td class='l'>{version}</td><td>{_pct(head['students'][version])}</td>"
+        assert f"{row}<td>{_points(change['change'], change['interval'])}</td>" in headline
+    best = _points(head["best_minus_base"], head["best_minus_base_interval"])
+    assert f"<td class='l'>best − base</td><td></td><td>{best}</td><td class='l'>beyond noise</td>" in headline
+    assert best in page[page.index('id="summary-table"') :]  # the summary table in points too
+    assert "+20.0 points [" in best and "0.200" not in page and "0.450" not in page
+    text = re.sub(r'src="data:[^"]*"', "", page)  # the words, not the embedded figures' bytes
+    assert re.search(r"\bissue\b|target quantity|\bTODO\b", text, flags=re.I) is None
+
+
+def test_population_vs_single_agent_shows_the_compute_ratio_and_warns_when_unfair(runs, pair, tmp_path, drawn):
+    from populora_report.compare import compare
+
+    def trained(run_dir):
+        return sum(c["trained_tokens"] for c in load_run(run_dir).counters().values())
+
+    pop, single = load_runs([runs["pop"], runs["single"]])
+    found = compare(pop, single)
+    ratio = trained(runs["pop"]) / 4 / trained(runs["single"])  # four slots, one adapter
+    assert found.per_slot_ratio == pytest.approx(ratio) and found.steps == (4, 4)
+    assert found.best_minus_agent == pytest.approx(0.45 - 0.15)  # the same probe problems: paired
+    assert found.best_minus_agent_interval is not None
+    page = pair.read_text()
+    table = page[page.index("id='comparison-table'") :]
+    assert f"<td>4 vs 4</td><td>{ratio:.2f}×</td>" in table
+    assert ("not compute-matched" in page) == (abs(ratio - 1) > 0.1) and "different lengths" not in page
+    # a baseline of 2 steps beside the 4-step population: a warning on the page and on each comparing figure
+    short = tmp_path / "short"
+    shutil.copytree(runs["single"], short)
+    events = [json.loads(x) for x in (short / "events.jsonl").read_text().splitlines()]
+    (short / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events if r.get("step", 0) <= 2))
+    page = render_report([runs["pop"], short], tmp_path / "out").read_text()
+    warning = "pop (fake-2t2s) vs short (fake-2t2s): different lengths: pop (fake-2t2s) ran 4 steps, short"
+    assert "id='comparison-warnings'" in page and warning in page
+    for name in ("headline.png", "probe.png", "arms.png"):
+        assert warning in drawn[name]._supxlabel.get_text().replace("\n", " "), name
+
+
+def test_compare_warns_on_steps_compute_and_base_model(tmp_path):
+    from populora_report.compare import compare
+
+    def run(name, steps=8, tokens=100.0, base_model="nano", slots=1):
+        mode = "single_agent" if slots == 1 else "population"
+        run_dir = write_run(tmp_path / name, mode=mode, steps=steps, students={f"s{i}": 0.3 for i in range(slots)})
+        recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text()) | {"base_model": base_model}
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+        events[-1] |= {f"member/s{i}/counters/trained_tokens": tokens for i in range(slots)}
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+        return load_run(run_dir)
+
+    pop = run("pop", slots=4)
+    assert compare(pop, run("matched", tokens=105.0)).warnings == []
+    assert compare(pop, run("matched", tokens=105.0)).per_slot_ratio == pytest.approx(100 / 105)
+    assert [w.split(":")[0] for w in compare(pop, run("short", steps=2)).warnings] == ["different lengths"]
+    assert [w.split(":")[0] for w in compare(pop, run("less", tokens=80.0)).warnings] == ["not compute-matched"]
+    assert compare(pop, run("less", tokens=80.0)).total_ratio == pytest.approx(400 / 80)
+    assert [w.split(":")[0] for w in compare(pop, run("other", base_model="x")).warnings] == ["different base models"]
+
+
+def test_every_panel_is_labelled_and_the_ratings_name_every_member(runs, tmp_path, drawn):
+    render_report([runs["pop"], runs["single"], runs["bare"]], tmp_path / "out")
+    assert set(drawn) == set(PNGS)
+    for name, fig in drawn.items():
+        for ax in fig.axes:
+            if not ax.axison:  # a panel that says why it is empty
+                continue
+            assert ax.get_ylabel(), (name, ax.get_title())
+            assert ax.get_xlabel() or not ax.xaxis.get_visible(), (name, ax.get_title())  # a twin shares its x
+    pop = load_run(runs["pop"])
+    rated = {m for m in pop.member_ids() if pop.member_series(m, "rating_mu")[0]}
+    assert len(rated) == 6  # four initial members and two children
+    for ax in drawn["ratings.png"].axes[::3]:  # the population's column, both panels
+        assert {t.get_text() for t in ax.texts} == rated
+
+
+def test_line_end_labels_do_not_overlap():
+    """18 lines ending close together: each named once, in its colour, no two labels overlapping."""
+    from matplotlib.text import Text
+    from populora_report.figures import END_LABEL, _figure, _label_ends
+
+    fig, axes = _figure(1, 1, 5, 3)
+    ax = axes[0][0]
+    for i in range(18):
+        ax.plot([0, 10 + (i % 2)], [0, 1 + 0.01 * i], color=f"C{i % 10}", label=f"m{i}", gid=END_LABEL)
+    ax.plot([0, 10], [0, 5], label="not a member")
+    _label_ends(fig)
+    fig.draw_without_rendering()
+    boxes = [Text.get_window_extent(t) for t in ax.texts]  # the label, without its leader line
+    assert sorted(t.get_text() for t in ax.texts) == sorted(f"m{i}" for i in range(18))
+    for i, a in enumerate(boxes):
+        assert all(not a.overlaps(b) for b in boxes[i + 1 :])
+        assert ax.get_window_extent().contains(a.x1 - 1, (a.y0 + a.y1) / 2)  # inside the panel, not cut off
+
+
+def test_probe_axes_span_the_data_so_a_point_shows(tmp_path, drawn):
+    """Students at 30 and 31 % against a base at 29 %: axes in percent spanning a few points, not 0-100 %."""
+    run_dir = write_run(tmp_path / "close", students={"s0": 0.31, "s1": 0.30}, base=0.29)
+    render_report([run_dir], tmp_path / "out")
+    top, over_steps = drawn["probe.png"].axes
+    for ax in (top, over_steps):
+        low, high = ax.get_ylim()
+        assert 20 < low < 29 and 31 < high < 40 and ax.get_ylabel().endswith("(%)")
+    low, high = drawn["arms.png"].axes[-1].get_ylim()
+    assert 20 < low < 29 and 31 < high < 40
+
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+# The page has no script of its own: this one, put into a copy, says after loading which images did not decode
+# and how wide the page is, where --dump-dom prints it.
+CHECKER = """<script>window.addEventListener("load", () => {
+  const broken = [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.id);
+  document.body.setAttribute("data-broken", JSON.stringify(broken));
+  document.body.setAttribute("data-width", document.documentElement.scrollWidth);
+});</script>"""
+
+
+def _browser(*args: str) -> subprocess.CompletedProcess:
+    flags = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr", "--v=0")
+    return subprocess.run([BROWSER, *flags, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium to look at the page with (apt-get install chromium)")
+def test_the_report_in_a_real_browser(pair, tmp_path):
+    """The page of a population and its single-agent baseline, opened in headless Chromium: it renders (a
+    screenshot with content), logs nothing to the console, decodes every figure and fits the window's width."""
+    from matplotlib.image import imread
+
+    page = pair
+    shot = tmp_path / "report.png"
+    res = _browser("--window-size=1400,2400", f"--screenshot={shot}", page.as_uri())
+    assert res.returncode == 0, res.stderr[-2000:]
+    console = [line for line in res.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (2400, 1400) and pixels.std() > 0.05  # not a blank page
+    checked = tmp_path / "checked.html"
+    checked.write_text(page.read_text().replace("</head>", CHECKER + "</head>", 1))
+    res = _browser("--window-size=1400,2400", "--dump-dom", checked.as_uri())
+    assert res.returncode == 0, res.stderr[-2000:]
+    broken = re.search(r'data-broken="([^"]*)"', res.stdout)
+    assert broken is not None, res.stdout[:500]
+    assert json.loads(html.unescape(broken.group(1))) == []
+    assert [line for line in res.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert int(re.search(r'data-width="(\d+)"', res.stdout).group(1)) <= 1400  # no sideways scrolling

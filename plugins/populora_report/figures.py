@@ -6,12 +6,16 @@ rendering touches no global backend state and works headless.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import dynamics
+from .compare import Comparison, comparisons
+from .compare import headline as run_headline
 from .data import COMPLEXITY, RunData, arms
+from .summary import _pct, _points
 
 ROLE_COLORS = {"teacher": "tab:blue", "student": "tab:orange", "both": "tab:green"}
 SMOOTH_ABOVE = 30  # steps; longer runs get a trailing mean so per-member lines stay readable
@@ -27,6 +31,8 @@ class FigureOut:
     caption: str
     alt: str
     notes: list[str] = field(default_factory=list)
+    #: what makes the figure's comparison unfair (different steps, compute, base model): shown in red on the page
+    warnings: list[str] = field(default_factory=list)
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -44,16 +50,86 @@ def _save(fig: Any, out_dir: Path, name: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
+    _label_ends(fig)
     fig.savefig(out_dir / name, format="png")
 
 
+END_LABEL = "end-label"  # gid of a line to be named at its last point instead of in the legend
+
+
+def _label_ends(fig: Any, fontsize: float = 7.0) -> None:
+    """Name every line marked ``END_LABEL`` at its last point, in its colour: with a dozen members or more no
+    legend can say which line is whose. Labels whose ends lie closer than a label's width form one column at the
+    right of the group, pushed apart vertically, a thin leader to a label that moved."""
+    axes = {}
+    for ax in fig.axes:
+        lines = [ln for ln in ax.get_lines() if ln.get_gid() == END_LABEL and len(ln.get_xdata())]
+        if lines:
+            axes[ax] = lines
+            x0, x1 = ax.get_xlim()
+            ax.set_xlim(x0, x1 + 0.16 * (x1 - x0))  # room for the labels right of the last step
+    if not axes:
+        return
+    fig.draw_without_rendering()  # the axes' place in pixels under the constrained layout
+    px = fig.dpi / 72 * fontsize  # one em in pixels
+    for ax, lines in axes.items():
+        to_data = ax.transData.inverted()
+        ends = sorted(
+            (tuple(ax.transData.transform((float(ln.get_xdata()[-1]), float(ln.get_ydata()[-1])))), ln) for ln in lines
+        )
+        width = max(len(str(ln.get_label())) for ln in lines) * 0.62 * px + 6  # the widest label, and a margin
+        top = ax.get_window_extent().y1
+        column: list[tuple[tuple[float, float], Any]] = []
+        for i, end in enumerate(ends):
+            column.append(end)
+            if i + 1 < len(ends) and ends[i + 1][0][0] - end[0][0] < width:
+                continue  # the next end is too close to the right: one column
+            x = column[-1][0][0] + 0.4 * px
+            column.sort(key=lambda e: e[0][1])
+            for ((ex, ey), ln), at in zip(column, _spread([e[0][1] for e in column], 1.2 * px, top)):
+                moved = abs(at - ey) > 0.6 * px or x - ex > px
+                ax.annotate(
+                    str(ln.get_label()),
+                    xy=tuple(to_data.transform((ex, ey))),
+                    xytext=tuple(to_data.transform((x, at))),
+                    fontsize=fontsize,
+                    color=_readable(ln.get_color()),
+                    va="center",
+                    ha="left",
+                    arrowprops={"arrowstyle": "-", "color": ln.get_color(), "lw": 0.5, "alpha": 0.6} if moved else None,
+                )
+            column = []
+
+
+def _readable(color: Any) -> tuple[float, float, float]:
+    """``color`` darkened until text in it reads on white (tab20's light halves do not)."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(color)
+    luminance = 0.299 * r + 0.587 * g + 0.114 * b
+    scale = min(1.0, 0.45 / luminance) if luminance else 1.0
+    return r * scale, g * scale, b * scale
+
+
+def _spread(ys: list[float], gap: float, top: float) -> list[float]:
+    """Positions near the sorted ``ys``, at least ``gap`` apart, the highest at most ``top - gap / 2``."""
+    out: list[float] = []
+    for y in ys:
+        out.append(max(y, out[-1] + gap) if out else y)
+    for i in range(len(out) - 1, -1, -1):  # pushed past the top: shift back down, keeping the gaps
+        out[i] = min(out[i], top - gap / 2 if i == len(out) - 1 else out[i + 1] - gap)
+    return out
+
+
 def member_colors(run: RunData) -> dict[str, Any]:
-    """A stable colour per member of a run, shared by every figure."""
+    """A stable colour per member of a run, shared by every figure; never grey, which marks the base model and
+    the single-agent baseline."""
     from matplotlib import colormaps
 
     members = run.member_ids()
-    cmap = colormaps["tab10" if len(members) <= 10 else "tab20"]
-    return {m: cmap(i % cmap.N) for i, m in enumerate(members)}
+    cmap = colormaps["tab10" if len(members) <= 9 else "tab20"]
+    palette = [c for c in (cmap(i) for i in range(cmap.N)) if max(c[:3]) - min(c[:3]) > 0.05]
+    return {m: palette[i % len(palette)] for i, m in enumerate(members)}
 
 
 def _empty(ax: Any, message: str) -> None:
@@ -61,18 +137,25 @@ def _empty(ax: Any, message: str) -> None:
     ax.axis("off")  # not set_xticks([]): axes share their y-axis within a row
 
 
-def _legend(ax: Any, run: RunData | None = None) -> None:
-    """A legend; past MAX_LEGEND entries the per-member ones collapse into one count entry."""
+def _legend(ax: Any, run: RunData | None = None, *, outside: bool = False) -> None:
+    """A legend; past MAX_LEGEND entries the members' lines are named at their last point instead."""
     from matplotlib.lines import Line2D
 
     handles, labels = ax.get_legend_handles_labels()
     if len(handles) > MAX_LEGEND and run is not None:
         members = set(run.member_ids())
-        keep = [(h, lab) for h, lab in zip(handles, labels) if lab.split(" ")[0].split("@")[0] not in members]
-        dropped = len(handles) - len(keep)
-        keep.append((Line2D([], [], color="0.6", lw=1), f"{dropped} members (colour per member)"))
+        keep = []
+        for h, lab in zip(handles, labels):
+            if lab.split(" ")[0].split("@")[0] in members and isinstance(h, Line2D):
+                h.set_gid(END_LABEL)  # named at its end instead
+            else:
+                keep.append((h, lab))
+        if len(keep) < len(handles):
+            keep.append((Line2D([], [], color="0.6", lw=1), "members: named at their last point"))
         handles, labels = [h for h, _ in keep], [lab for _, lab in keep]
-    if handles:
+    if handles and outside:  # right of the panel: dots at any height would hide behind a legend inside
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.8)
+    elif handles:
         ax.legend(handles, labels, fontsize=7, ncol=max(1, min(4, (len(handles) + 5) // 6)), loc="best", framealpha=0.8)
 
 
@@ -122,10 +205,10 @@ def solve_rates(runs: list[RunData], out_dir: Path) -> FigureOut:
         if xs:
             ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.2, label="all students")
         ax.set_xlabel("step")
-        ax.set_ylim(-0.03, 1.03)
+        ax.set_ylabel("solve rate (share of solver samples)")
         ax.grid(alpha=0.3)
-        _legend(ax, run)
-    axes[0][0].set_ylabel("solve rate (estimation samples)")
+        _legend(ax, run, outside=True)
+    axes[0][0].set_ylim(bottom=-0.02)  # from 0 up to the data (shared by the row), not always to 1
     fig.suptitle("Student solve rates over time")
     _save(fig, out_dir, "solve_rates.png")
     return FigureOut(
@@ -159,12 +242,10 @@ def complexity(runs: list[RunData], out_dir: Path) -> FigureOut:
                     notes.append(f"{run.label}: no teacher program metrics")
                 continue
             ax.grid(alpha=0.3)
-            if col == 0:
-                ax.set_ylabel(label)
-            if row == len(COMPLEXITY) - 1:
-                ax.set_xlabel("step")
+            ax.set_ylabel(label)
+            ax.set_xlabel("step")
             if row == 0:
-                _legend(ax, run)
+                _legend(ax, run, outside=True)
     fig.suptitle("Teacher program complexity over time (valid proposals whose program the teacher wrote)")
     _save(fig, out_dir, "complexity.png")
     return FigureOut(
@@ -239,17 +320,20 @@ def proposals(runs: list[RunData], out_dir: Path) -> FigureOut:
         if not _task_panel(ax, run, "input_chars"):
             _empty(ax, "no valid proposals")
         ax = axes[2][col]
-        drawn = 0
+        drawn, trainer = 0, False
         for m in run.teachers():
             xs, ys = run.member_series(m, "token_nll")
             if xs:
-                ax.plot(xs, _smooth(ys, run.final_step), color=colors[m], lw=1.1, label=f"{m} (sampled NLL)")
+                ax.plot(xs, _smooth(ys, run.final_step), color=colors[m], lw=1.1, label=m)
                 drawn += 1
             ex, ey = run.member_series(m, "train/entropy")
             if ex and any(ey):
-                ax.plot(
-                    ex, _smooth(ey, run.final_step), color=colors[m], lw=1.0, ls="--", label=f"{m} (trainer, exact)"
-                )
+                ax.plot(ex, _smooth(ey, run.final_step), color=colors[m], lw=1.0, ls="--", label="_trainer")
+                trainer = True
+        if drawn:  # what the two line styles are, once (each member's colour is named by its solid line)
+            ax.plot([], [], color="0.3", lw=1.1, label="solid: sampled-token NLL")
+        if trainer:
+            ax.plot([], [], color="0.3", lw=1.0, ls="--", label="dashed: trainer's exact entropy")
         xs, ys = run.series("teacher/token_nll")
         if xs:
             ax.plot(xs, _smooth(ys, run.final_step), color="black", lw=2.0, label="all teachers")
@@ -259,11 +343,17 @@ def proposals(runs: list[RunData], out_dir: Path) -> FigureOut:
         ax = axes[3][col]
         if not _task_panel(ax, run, "distinct_programs", dotted="valid_proposals", dotted_suffix=" (valid)"):
             _empty(ax, "no valid proposals")
-        _finish_column(axes, col, run)
-    axes[0][0].set_ylabel("share cut off by\npropose_max_tokens")
-    axes[1][0].set_ylabel("mean input length (chars),\nvalid proposals")
-    axes[2][0].set_ylabel("teacher token entropy\n(nats per token)")
-    axes[3][0].set_ylabel("distinct valid programs")
+        _finish_column(
+            axes,
+            col,
+            run,
+            (
+                "share cut off by\npropose_max_tokens",
+                "mean input length (chars),\nvalid proposals",
+                "teacher token entropy\n(nats per token)",
+                "distinct valid programs",
+            ),
+        )
     fig.suptitle("Teacher proposals per step: cut-offs, inputs, token entropy, distinct programs")
     _save(fig, out_dir, "proposals.png")
     return FigureOut(
@@ -282,16 +372,19 @@ def proposals(runs: list[RunData], out_dir: Path) -> FigureOut:
     )
 
 
-def _finish_column(axes: Any, col: int, run: RunData) -> None:
-    """Grid and legend on each panel of one run's column, the step axis labelled at its foot."""
-    for row in axes:
+def _finish_column(axes: Any, col: int, run: RunData, ylabels: tuple[str, ...]) -> None:
+    """Grid, legend and axis labels on each panel of one run's column."""
+    for row, ylabel in zip(axes, ylabels):
         row[col].grid(alpha=0.3)
-        _legend(row[col], run)
-    axes[-1][col].set_xlabel("step")
+        row[col].set_xlabel("step")
+        row[col].set_ylabel(ylabel)
+        _legend(row[col], run, outside=True)
 
 
 def references(runs: list[RunData], out_dir: Path) -> FigureOut:
     """The references the deduction/abduction proposer prompts showed, beside the buffer they were drawn from."""
+    from matplotlib.ticker import MaxNLocator
+
     rows = 4
     fig, axes = _figure(rows, len(runs), 4.6, 2.5, sharey=False)
     notes = []
@@ -314,16 +407,24 @@ def references(runs: list[RunData], out_dir: Path) -> FigureOut:
             dotted_suffix=" buffer",
         )
         _task_panel(axes[2][col], run, "references/over_budget")
+        axes[2][col].yaxis.set_major_locator(MaxNLocator(integer=True))  # a count of prompts
+        axes[2][col].set_ylim(-0.1, max(1.0, axes[2][col].get_ylim()[1]))
         if not _task_panel(axes[3][col], run, "prompt_tokens", dotted="prompt_tokens_max", dotted_suffix=" max"):
             _empty(axes[3][col], "no prompt lengths logged")
-        _finish_column(axes, col, run)
+        _finish_column(
+            axes,
+            col,
+            run,
+            (
+                "references per prompt",
+                "mean program length\n(chars)",
+                "prompts over the\nbudget (count)",
+                "proposer prompt\ntokens",
+            ),
+        )
         over = sum(sum(ys) for _, ys in run.task_series("references/over_budget").values())
         if over:
             notes.append(f"{run.label}: {over:.0f} proposer prompts could not hold their K references in the budget")
-    axes[0][0].set_ylabel("references per prompt")
-    axes[1][0].set_ylabel("mean program length\n(chars)")
-    axes[2][0].set_ylabel("prompts over the\nbudget (count)")
-    axes[3][0].set_ylabel("proposer prompt\ntokens")
     fig.suptitle("References in the proposer prompts: shown vs drawn, their length vs the buffer's")
     _save(fig, out_dir, "references.png")
     return FigureOut(
@@ -360,9 +461,9 @@ def coverage(runs: list[RunData], out_dir: Path) -> FigureOut:
 
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
+        ax.set_ylabel("distinct problem signatures\n(cumulative)")
         ax.grid(alpha=0.3)
-        _legend(ax, run)
-    axes[0][0].set_ylabel("distinct problem signatures (cumulative)")
+        _legend(ax, run, outside=True)
     fig.suptitle("Cumulative problem-space coverage per student")
     _save(fig, out_dir, "coverage.png")
     return FigureOut(
@@ -377,7 +478,9 @@ def coverage(runs: list[RunData], out_dir: Path) -> FigureOut:
 
 
 def ratings(runs: list[RunData], out_dir: Path) -> FigureOut:
-    fig, axes = _figure(2, len(runs), 4.6, 2.9)
+    from matplotlib.lines import Line2D
+
+    fig, axes = _figure(2, len(runs), 5.2, 3.2)
     notes = []
     for col, run in enumerate(runs):
         top, bottom = axes[0][col], axes[1][col]
@@ -391,9 +494,10 @@ def ratings(runs: list[RunData], out_dir: Path) -> FigureOut:
             if not xs:
                 continue
             style = "--" if roles.get(m) == "student" else "-"
-            top.plot(xs, mu, color=colors[m], lw=1.3, ls=style, label=f"{m} ({roles.get(m, '?')})")
+            top.plot(xs, mu, color=colors[m], lw=1.3, ls=style, label=m, gid=END_LABEL)
             if sx == xs:
-                bottom.plot(xs, [a - 3 * b for a, b in zip(mu, sigma)], color=colors[m], lw=1.3, ls=style)
+                conservative = [a - 3 * b for a, b in zip(mu, sigma)]
+                bottom.plot(xs, conservative, color=colors[m], lw=1.3, ls=style, label=m, gid=END_LABEL)
             drawn += 1
         if not drawn:
             _empty(top, "no ratings logged")
@@ -404,18 +508,23 @@ def ratings(runs: list[RunData], out_dir: Path) -> FigureOut:
             notes.append(f"{run.label}: single-agent baseline, ratings are not updated")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
-        bottom.set_xlabel("step")
-        _legend(top, run)
-    axes[0][0].set_ylabel("TrueSkill μ")
-    axes[1][0].set_ylabel("conservative μ−3σ")
-    fig.suptitle("Ratings per member (teachers solid, students dashed)")
+            ax.set_xlabel("step")
+        top.set_ylabel("TrueSkill μ")
+        bottom.set_ylabel("conservative rating μ−3σ")
+        styles = [
+            Line2D([], [], color="0.3", ls="-", label="teacher"),
+            Line2D([], [], color="0.3", ls="--", label="student"),
+        ]
+        top.legend(handles=styles, fontsize=7, loc="best", framealpha=0.8)
+    fig.suptitle("Ratings per member, each line named at its last step (teachers solid, students dashed)")
     _save(fig, out_dir, "ratings.png")
     return FigureOut(
         "fig-ratings",
         "ratings.png",
         "Rating curves per member",
         "TrueSkill mean μ (top) and the conservative rating μ−3σ that selection ranks by (bottom) per "
-        "member over the steps it exists; the gap between them is three times the rating's uncertainty σ.",
+        "member over the steps it exists, each line named where it ends (a replaced member's line ends at its "
+        "replacement); the gap between them is three times the rating's uncertainty σ.",
         "Line charts: rating mu and mu minus 3 sigma per member, one column per run",
         notes,
     )
@@ -527,12 +636,13 @@ def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
         ax.set_xlim(-0.12 * span, end + 0.15 * span)
         ax.set_ylim(tallest - 0.5, -0.7)  # same lane spacing in every panel
         ax.set_yticks([])
+        ax.set_ylabel("member (one lane each)")
         ax.set_xlabel("step (birth → replacement)")
         ax.grid(axis="x", alpha=0.3)
     handles = [Line2D([], [], color=c, lw=3, label=r) for r, c in ROLE_COLORS.items()]
     handles.append(Line2D([], [], color="black", marker="x", ls="", label="replaced"))
     handles += [Line2D([], [], color=op_color[op], lw=1.5, label=f"operator: {op}") for op in operators]
-    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Lineage: members by birth step, edges parent → child labelled with the operator")
     _save(fig, out_dir, "lineage.png")
     return FigureOut(
@@ -547,19 +657,155 @@ def lineage(runs: list[RunData], out_dir: Path) -> FigureOut:
     )
 
 
+def _percent_limits(values: list[float], min_span: float = 6.0) -> tuple[float, float]:
+    """Limits of an axis in percent (or points) around ``values``, padded, at least ``min_span`` wide: an axis
+    from 0 to 100 would flatten the one or two points by which adapters differ on a probe of a few dozen problems."""
+    lo, hi = min(values), max(values)
+    pad = max(1.0, 0.12 * (hi - lo))
+    lo, hi = lo - pad, hi + pad
+    if hi - lo < min_span:
+        mid = (lo + hi) / 2
+        lo, hi = mid - min_span / 2, mid + min_span / 2
+    return lo, hi
+
+
+def _baseline_notes(runs: list[RunData]) -> list[str]:
+    """One line per population run and baseline: their steps and compute ratio."""
+    return [f"{c.run} vs {c.baseline}: {_comparison_line(c)}" for c in comparisons(runs)]
+
+
+def _comparison_line(c: Comparison) -> str:
+    ratio = "-" if c.per_slot_ratio is None else f"{c.per_slot_ratio:.2f}×"
+    total = "" if c.total_ratio is None else f" (whole population {c.total_ratio:.2f}×)"
+    return f"{c.steps[0]} vs {c.steps[1]} steps; trained tokens per population slot ÷ baseline's adapter {ratio}{total}"
+
+
+def headline(runs: list[RunData], out_dir: Path) -> FigureOut:
+    """Each final student's change in probe accuracy against the base, in points with its 95 % interval, best -
+    base, and the single-agent baseline's own change: the report's answer, in the terminal summary's units."""
+    import textwrap
+
+    baselines = [r for r in runs if r.is_baseline]
+    panels = [r for r in runs if not r.is_baseline] or baselines
+    heads = {r.label: run_headline(r) for r in runs}
+    rows_per_panel = max(len(heads[r.label]["students"]) + 1 + len(baselines) for r in panels)
+    fig, axes = _figure(1, len(panels), 8.5, 0.45 * rows_per_panel + 2.4, sharey=False)
+    found = comparisons(runs)
+    notes: list[str] = []
+    for ax, run in zip(axes[0], panels):
+        head = heads[run.label]
+        if head["base_accuracy"] is None or not head["students"]:
+            _empty(ax, f"{run.label}: no probe evaluation of the base and the final students")
+            notes.append(f"{run.label}: no probe of the base and the final students: no change to show")
+            continue
+        rows = _headline_rows(run, head, [b for b in baselines if b is not run], heads)
+        values = [0.0]
+        for y, (_, change, interval, color, _) in enumerate(rows):
+            values += [100 * change] + ([100 * v for v in interval] if interval else [])
+            marker = {"black": "D", AGENT: "s"}.get(color, "o")  # best − base, the single agent, a student
+            style = {"marker": marker, "ms": 6, "color": color, "mfc": "white" if color == AGENT else color, "ls": ""}
+            error = [[100 * (change - interval[0])], [100 * (interval[1] - change)]] if interval else None
+            ax.errorbar([100 * change], [y], xerr=error, capsize=4, lw=1.6, **style)
+        ax.axvline(0, color="0.3", lw=1)
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlim(*_percent_limits(values))
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlabel("change in probe accuracy against the base model (points)")
+        ax.set_ylabel("final adapter (probe accuracy)")
+        # the numbers themselves, as the terminal prints them, on the right-hand axis
+        right = ax.twinx()
+        right.set_ylim(ax.get_ylim())
+        texts = [
+            _points(change, interval) + (" within noise" if noise else "") for _, change, interval, _, noise in rows
+        ]
+        right.set_yticks(range(len(rows)), texts, fontsize=8)
+        right.get_yticklabels()[len(head["students"])].set_fontweight("bold")  # best − base
+        right.set_ylabel("change, 95 % interval")
+        problems = head["probe_problems"]
+        lines = [
+            f"{run.label}: base {_pct(head['base_accuracy'])}, probe at step {head['probe_step']}"
+            + (f" over {problems} problems" if problems else "")
+        ]
+        lines += [f"vs {c.baseline}: {_comparison_line(c)}" for c in found if c.run == run.label]
+        ax.set_title("\n".join(textwrap.fill(line, 95) for line in lines), fontsize=9, loc="left")
+        if any(r[2] is None for r in rows):
+            notes.append(f"{run.label}: probe.jsonl has no per-problem outcomes, so no intervals")
+    warnings = _warn(fig, found)
+    fig.suptitle("Probe accuracy: change of each final student against the base model, 95 % intervals")
+    _save(fig, out_dir, "headline.png")
+    return FigureOut(
+        "fig-headline",
+        "headline.png",
+        "Change against the base model",
+        "Each final student's probe accuracy (in its label) and its change against the base model in points "
+        "(1 point = 1 % of the probe problems), with the 95 % paired-bootstrap interval over the probe problems "
+        "(the terminal summary's numbers); best − base (diamond) is the best student's change, chosen after the "
+        "fact, so it is biased upwards and its interval too narrow; an interval that includes 0 is within "
+        "noise. Open square: the single-agent baseline's adapter against its own base, with the runs' steps and the "
+        "compute ratio above the panel, and a warning in red where the runs differ in steps, compute or base "
+        "model.",
+        "Dot plot: change in probe accuracy against the base model per final student with 95 % intervals",
+        notes,
+        warnings,
+    )
+
+
+WARNING_COLOR = "#b00020"
+AGENT = "0.2"  # the single-agent baseline: dark grey, an open square as in probe.png
+
+
+def _headline_rows(
+    run: RunData, head: dict[str, Any], baselines: list[RunData], heads: dict[str, dict[str, Any]]
+) -> list[tuple[str, float, list[float] | None, Any, bool | None]]:
+    """(label, change, interval, colour, within noise) per final student, best − base and each baseline agent."""
+    colors = member_colors(run)
+    members = {s.version: s.member for s in run.probe_final()}
+    rows = []
+    for version, acc in head["students"].items():
+        change = head["student_changes"][version]
+        color = colors.get(members.get(version, ""), "tab:gray")
+        rows.append((f"{version}  {_pct(acc)}", change["change"], change["interval"], color, change["within_noise"]))
+    best = (head["best_minus_base"], head["best_minus_base_interval"], "black", head["best_within_noise"])
+    rows.append(("best − base", *best))
+    for b in baselines:
+        other = heads[b.label]
+        for version, acc in other["students"].items():
+            change = other["student_changes"].get(version)
+            if change is not None:
+                label = f"single agent {version}  {_pct(acc)}\n({b.label})"
+                rows.append((label, change["change"], change["interval"], AGENT, change["within_noise"]))
+    return rows
+
+
+def _warn(fig: Any, found: list[Comparison]) -> list[str]:
+    """Every reason the population-vs-baseline comparison is unfair, in red at the figure's foot (so a PNG copied
+    out of the report keeps them); returned for the page."""
+    import textwrap
+
+    warnings = [f"{c.run} vs {c.baseline}: {w}" for c in found for w in c.warnings]
+    if warnings:
+        width = int(fig.get_figwidth() * 11)  # characters of 9 pt text across the figure
+        text = "\n".join(textwrap.fill("⚠ " + w, width) for w in warnings)
+        fig.supxlabel(text, fontsize=9, color=WARNING_COLOR, fontweight="bold", ha="left", x=0.01)
+    return warnings
+
+
 def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
     baselines = [r for r in runs if r.is_baseline]
     panels = [r for r in runs if not r.is_baseline] or baselines
-    fig, axes = _figure(2, len(panels), 5.4, 3.6, sharey=True)
+    fig, axes = _figure(2, len(panels), 5.6, 3.8, sharey=True)
     notes = [f"{r.label}: no probe.jsonl" for r in runs if not r.probe]
     base_probed = [r for r in baselines if r.probe_final()]
+    tops: list[float] = []
+    bottoms: list[float] = []
     for col, run in enumerate(panels):
-        bar_ax, time_ax = axes[0][col], axes[1][col]
-        bar_ax.set_title(run.label, fontsize=10)
+        dot_ax, time_ax = axes[0][col], axes[1][col]
+        dot_ax.set_title(run.label, fontsize=10)
         final = run.probe_final()
         base = run.probe_base()
         if not final and base is None:
-            _empty(bar_ax, "no probe evaluation (no probe.jsonl)" if not run.probe else "no usable probe records")
+            _empty(dot_ax, "no probe evaluation (no probe.jsonl)" if not run.probe else "no usable probe records")
             _empty(time_ax, "no probe evaluation")
             continue
         others = [b for b in base_probed if b is not run]
@@ -567,32 +813,52 @@ def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
         for b in others:
             types += [t for t in b.probe_task_types() if t not in types]
         groups = [*types, "all"]
-        bars: list[tuple[str, dict[str, float], dict[str, Any]]] = []
-        if base is not None:
-            bars.append(("base", {**base.by_type, "all": base.overall}, {"color": "0.6"}))
         colors = member_colors(run)
-        for s in final:
-            bars.append((s.version, {**s.by_type, "all": s.overall}, {"color": colors.get(s.member, "tab:gray")}))
+        dots: list[tuple[str, dict[str, float], dict[str, Any]]] = []
+        for s in sorted(final, key=lambda s: -s.overall):
+            dots.append(
+                (s.version, {**s.by_type, "all": s.overall}, {"color": colors.get(s.member, "tab:gray"), "marker": "o"})
+            )
         for b in others:
             agents = b.probe_final()
             acc = {
-                g: sum(a.by_type.get(g, 0.0) if g != "all" else a.overall for a in agents) / len(agents) for g in groups
+                g: sum(a.overall if g == "all" else a.by_type.get(g, float("nan")) for a in agents) / len(agents)
+                for g in groups
             }
-            label = f"baseline {b.label}" + (f" (mean of {len(agents)})" if len(agents) > 1 else "")
-            bars.append((label, acc, {"color": "white", "edgecolor": "black", "hatch": "//"}))
-        width = 0.82 / max(len(bars), 1)
-        for i, (label, acc, style) in enumerate(bars):
-            positions = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
-            heights = [acc.get(g, 0.0) for g in groups]
-            bar_ax.bar(positions, heights, width=width, label=label, **style)
-            bar_ax.text(positions[-1], heights[-1] + 0.015, f"{heights[-1]:.2f}", ha="center", fontsize=6, rotation=90)
-        bar_ax.set_xticks(range(len(groups)), groups)
-        bar_ax.set_ylim(0, 1.1)
-        bar_ax.set_ylabel("probe accuracy (greedy)" if col == 0 else "")
-        bar_ax.grid(axis="y", alpha=0.3)
+            label = f"single agent {b.label}" + (f" (mean of {len(agents)})" if len(agents) > 1 else "")
+            dots.append((label, acc, {"color": "black", "marker": "s", "mfc": "white"}))
+        width = 0.8 / max(len(dots), 1)
+        if base is not None:
+            base_acc = {**base.by_type, "all": base.overall}
+            for g, group in enumerate(groups):
+                if group in base_acc:
+                    dot_ax.plot(
+                        [g - 0.45, g + 0.45],
+                        [100 * base_acc[group]] * 2,
+                        color="0.5",
+                        lw=2.5,
+                        label="base" if g == 0 else None,
+                    )
+                    tops.append(100 * base_acc[group])
+        for i, (label, acc, style) in enumerate(dots):
+            shown = [
+                (g, 100 * acc[group]) for g, group in enumerate(groups) if not math.isnan(acc.get(group, math.nan))
+            ]
+            dot_ax.plot(
+                [g + (i - (len(dots) - 1) / 2) * width for g, _ in shown],
+                [y for _, y in shown],
+                ls="",
+                ms=6,
+                label=label,
+                **style,
+            )
+            tops += [y for _, y in shown]
+        dot_ax.set_xticks(range(len(groups)), groups)
+        dot_ax.set_ylabel("probe accuracy (%)")
+        dot_ax.grid(axis="y", alpha=0.3)
         step = final[0].step if final else base.step if base else 0
-        bar_ax.set_xlabel(f"task type (students probed at step {step})")
-        _legend(bar_ax, run)
+        dot_ax.set_xlabel(f"task type (students probed at step {step}; base: grey bar)")
+        _legend(dot_ax, run, outside=True)
 
         series: dict[str, tuple[list[int], list[float]]] = {}
         for s in run.probe_summaries():
@@ -600,46 +866,49 @@ def probe(runs: list[RunData], out_dir: Path) -> FigureOut:
                 continue
             xs, ys = series.setdefault(s.member, ([], []))
             xs.append(s.step)
-            ys.append(s.overall)
+            ys.append(100 * s.overall)
         for m, (xs, ys) in series.items():
             time_ax.plot(xs, ys, marker="o", ms=3, color=colors.get(m, "tab:gray"), label=m)
+            bottoms += ys
         if base is not None:
-            time_ax.axhline(base.overall, color="0.45", ls="--", lw=1.4, label="base")
+            time_ax.axhline(100 * base.overall, color="0.45", ls="--", lw=1.4, label="base")
+            bottoms.append(100 * base.overall)
         for b in others:
             per_step: dict[int, list[float]] = {}
             for s in b.probe_summaries():
                 if s.member != "base" and s.role != "base":
-                    per_step.setdefault(s.step, []).append(s.overall)
+                    per_step.setdefault(s.step, []).append(100 * s.overall)
             xs = sorted(per_step)
-            time_ax.plot(
-                xs,
-                [sum(per_step[x]) / len(per_step[x]) for x in xs],
-                color="black",
-                ls=":",
-                marker="s",
-                ms=3,
-                label=f"baseline {b.label}",
-            )
-        time_ax.set_ylim(0, 1.05)
+            ys = [sum(per_step[x]) / len(per_step[x]) for x in xs]
+            time_ax.plot(xs, ys, color="black", ls=":", marker="s", ms=3, label=f"single agent {b.label}")
+            bottoms += ys
         time_ax.set_xlabel("step")
-        time_ax.set_ylabel("probe accuracy, all types" if col == 0 else "")
+        time_ax.set_ylabel("probe accuracy, all types (%)")
         time_ax.grid(alpha=0.3)
-        _legend(time_ax, run)
+        _legend(time_ax, run, outside=True)
+    if tops:
+        axes[0][0].set_ylim(*_percent_limits(tops))
+    if bottoms:
+        axes[1][0].set_ylim(*_percent_limits(bottoms))
+    notes += _baseline_notes(runs)
     if baselines and not base_probed:
-        notes.append("the single-agent baseline has no probe records: no baseline bars")
+        notes.append("the single-agent baseline has no probe records: no baseline points")
     if not baselines:
         notes.append("no single-agent baseline run given (a run whose recipe has population.mode: single_agent)")
-    fig.suptitle("Probe accuracy per member vs the base model and the single-agent baseline")
+    warnings = _warn(fig, comparisons(runs))
+    fig.suptitle("Probe accuracy per student vs the base model and the single-agent baseline")
     _save(fig, out_dir, "probe.png")
     return FigureOut(
         "fig-probe",
         "probe.png",
-        "Probe accuracy per member vs base and baseline",
+        "Probe accuracy per student vs base and baseline",
         "Top: greedy accuracy on the held-out probe set per task type and overall (n-weighted) of every student "
-        "at the last probe step, next to the base model (grey) and the single-agent baseline (hatched). "
-        "Bottom: overall probe accuracy at every probe step.",
-        "Bar chart: probe accuracy per student, base model and baseline per task type; line chart over probe steps",
+        "at the last probe step (dots, best first), the base model (grey bar) and the single-agent baseline "
+        "(open squares); the axis spans the data, not 0-100 %. Bottom: overall probe accuracy at every probe "
+        "step. The intervals of the changes are in the figure above.",
+        "Dot plot: probe accuracy per student, base model and baseline per task type; line chart over probe steps",
         notes,
+        warnings,
     )
 
 
@@ -697,6 +966,7 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
             continue
         ax.set_title(f"teacher {label}", fontsize=10)
         ax.set_xlabel("step")
+        ax.set_ylabel(f"{label} (mean per step)")
         ax.grid(alpha=0.3)
         _legend(ax)
     window = 5  # the oscillation measure's smoothing window
@@ -720,7 +990,8 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
                 )
     ax.set_title(f"student solve rate ({window}-step mean, one line per seed)", fontsize=10)
     ax.set_xlabel("step")
-    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("solve rate (share of solver samples)")
+    ax.set_ylim(bottom=-0.02)
     ax.grid(alpha=0.3)
     _legend(ax)
     ax = axes[1][1]
@@ -748,38 +1019,47 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
                 ax.axvline(start, color=color[arm.label], ls=":", lw=1.0)
     ax.set_title("distinct task signatures of valid proposals (cumulative)", fontsize=10)
     ax.set_xlabel("step (dotted: start of the last third)")
+    ax.set_ylabel("distinct signatures (cumulative)")
     ax.grid(alpha=0.3)
     _legend(ax)
     ax = axes[1][2]
     groups_x = ("base", "mean", "best", "weakest")
     width = 0.8 / max(len(groups), 1)
+    values: list[float] = []
     for i, arm in enumerate(groups):
         stats = [pooled[arm.label][f"probe/{g}"] for g in groups_x]
-        positions = [g + (i - (len(groups) - 1) / 2) * width for g in range(len(groups_x))]
-        heights = [s["mean"] if s["mean"] is not None else 0.0 for s in stats]
-        errors = [
-            [(s["mean"] - s["low"]) if s["low"] is not None else 0.0 for s in stats],
-            [(s["high"] - s["mean"]) if s["high"] is not None else 0.0 for s in stats],
-        ]
-        ax.bar(
+        probed = [(g, s) for g, s in enumerate(stats) if s["mean"] is not None]
+        if not probed:
+            notes.append(f"{arm.label}: no probe records")
+            continue
+        positions = [g + (i - (len(groups) - 1) / 2) * width for g, _ in probed]
+        means = [100 * s["mean"] for _, s in probed]
+        low = [100 * (s["mean"] - s["low"]) if s["low"] is not None else 0.0 for _, s in probed]
+        high = [100 * (s["high"] - s["mean"]) if s["high"] is not None else 0.0 for _, s in probed]
+        values += [m - d for m, d in zip(means, low)] + [m + d for m, d in zip(means, high)]
+        ax.errorbar(
             positions,
-            heights,
-            width=width,
-            color=color[arm.label],
-            yerr=errors,
+            means,
+            yerr=[low, high],
+            ls="",
+            marker="o",
+            ms=6,
             capsize=3,
+            color=color[arm.label],
             label=f"{arm.label} ({len(arm.runs)} run{'s' if len(arm.runs) > 1 else ''})",
         )
-        if all(s["mean"] is None for s in stats):
-            notes.append(f"{arm.label}: no probe records")
     ax.set_xticks(range(len(groups_x)), ["base", "students' mean", "best", "weakest"])
-    ax.set_ylim(0, 1.05)
+    if values:
+        ax.set_ylim(*_percent_limits(values))
     ax.set_title("probe accuracy at the last probe step (95 % interval over seeds)", fontsize=10)
+    ax.set_xlabel("adapter")
+    ax.set_ylabel("probe accuracy (%)")
     ax.grid(axis="y", alpha=0.3)
     _legend(ax)
     for arm in groups:
         seeds = sorted({r.recipe.get("seed") for r in arm.runs}, key=str)
         notes.append(f"{arm.label}: {len(arm.runs)} run(s), seeds {', '.join(map(str, seeds))}")
+    warnings = _warn(fig, comparisons(runs))
     fig.suptitle("Arms side by side: teacher complexity, solve-rate oscillation, coverage growth, probe accuracy")
     _save(fig, out_dir, "arms.png")
     return FigureOut(
@@ -794,10 +1074,12 @@ def arm_views(runs: list[RunData], out_dir: Path) -> FigureOut:
         "(h: 3 standard errors of a window mean of the step-to-step noise, at least 0.01), amplitude peak to "
         "trough. Bottom middle: distinct signatures so far; the legend gives new ones per step and per valid "
         "proposal in the last third of the run. Bottom right: probe accuracy of the base and of the final "
-        "students' mean, best and weakest, error bars the 95 % t-interval over seeds.",
+        "students' mean, best and weakest, error bars the 95 % t-interval over seeds (with two seeds or more; "
+        "the axis spans the data).",
         "Six panels: complexity metrics, solve rate, coverage and probe accuracy with the arms on shared axes",
         notes,
+        warnings,
     )
 
 
-FIGURES = (arm_views, solve_rates, complexity, proposals, references, coverage, ratings, lineage, probe)
+FIGURES = (headline, arm_views, solve_rates, complexity, proposals, references, coverage, ratings, lineage, probe)

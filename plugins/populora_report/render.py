@@ -11,12 +11,15 @@ from typing import Any
 from populora_core import UserError
 
 from . import dynamics
+from .compare import COMPUTE_MATCHED, Comparison, comparisons, headline, slots
 from .data import COUNTERS, RunData, arms, load_runs
 from .figures import FIGURES, FigureOut
+from .summary import _pct, _points
 
 
-def summarize(run: RunData, baselines: list[RunData]) -> dict[str, Any]:
-    """One row of the summary table (JSON-friendly, the study script can read summary.json)."""
+def summarize(run: RunData, baselines: list[RunData], head: dict[str, Any]) -> dict[str, Any]:
+    """One row of the summary table (JSON-friendly, the study script can read summary.json); ``head`` is the run's
+    terminal summary, whose changes against the base and their intervals the row repeats."""
     roles = run.roles()
     alive = run.members_final
     final = run.probe_final()
@@ -49,23 +52,21 @@ def summarize(run: RunData, baselines: list[RunData]) -> dict[str, Any]:
     }
     if row["probe_best"] is not None and row["base_accuracy"] is not None:
         row["best_minus_base"] = row["probe_best"] - row["base_accuracy"]
+    for key in ("student_changes", "best_minus_base_interval", "best_within_noise", "probe_problems"):
+        row[key] = head[key]
     probed = [b for b in baselines if b is not run and b.probe_final()]
     if probed and not run.is_baseline:
         agents = [s.overall for b in probed for s in b.probe_final()]
         row["baseline_accuracy"] = sum(agents) / len(agents)
-    row["slots"] = slots = _slots(run)
-    row["trained_tokens_per_slot"] = totals["trained_tokens"] / slots
+    row["slots"] = slots(run)
+    row["trained_tokens_per_slot"] = totals["trained_tokens"] / row["slots"]
     refs = [b for b in baselines if b is not run]
     if refs and not run.is_baseline:
         # The paper's baseline is compute-matched per adapter: one adapter gets what each population slot gets.
-        ref = [sum(c.get("trained_tokens", 0.0) for c in b.counters().values()) / _slots(b) for b in refs]
+        ref = [sum(c.get("trained_tokens", 0.0) for c in b.counters().values()) / slots(b) for b in refs]
         mean_ref = sum(ref) / len(ref)
         row["per_slot_vs_baseline"] = row["trained_tokens_per_slot"] / mean_ref if mean_ref else None
     return row
-
-
-def _slots(run: RunData) -> int:
-    return len([r for r in run.lineage if r.get("operator") == "init"]) or len(run.members_final) or 1
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -87,11 +88,33 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 
 color:#222;padding:0 16px}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;font-size:0.85em;margin:8px 0}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}td{white-space:nowrap}th{background:#f3f3f3}
 td.l,th.l{text-align:left}figure{margin:8px 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{font-size:0.9em;color:#444;margin-top:4px}.note{color:#8a5a00;font-size:0.88em}
-details{margin:6px 0}summary{cursor:pointer}
+figcaption{font-size:0.9em;color:#444;margin-top:4px}.note{color:#555;font-size:0.88em}
+details{margin:6px 0}summary{cursor:pointer}caption{text-align:left;font-weight:600;padding:4px 0}
+table.headline{display:inline-table;margin-right:24px;vertical-align:top}tr.best td{font-weight:600;background:#f7f7f7}
+.warn{border:2px solid #b00020;background:#fff4f4;color:#7a0016;padding:6px 12px;margin:8px 0;max-width:1100px}
+h3{font-size:1.05em;margin-top:1.2em}
 """
+
+
+PERCENT = ("probe_mean", "probe_best", "probe_weakest", "base_accuracy", "baseline_accuracy")
+
+
+def _summary_cell(row: dict[str, Any], key: str) -> str:
+    """A summary table cell in the terminal summary's units: accuracies in %, changes in points [interval]."""
+    value = row.get(key)
+    if value is None:
+        return "—"
+    if key in PERCENT:
+        return _pct(value)
+    if key == "best_minus_base":
+        return _points(value, row.get("best_minus_base_interval"))
+    if key == "members":
+        return f"{row['members']} ({row['teachers']}T/{row['students']}S)"
+    if key == "per_slot_vs_baseline":
+        return _ratio(value)
+    return _fmt(value, 0)
 
 
 def _summary_table(rows: list[dict[str, Any]]) -> str:
@@ -102,27 +125,103 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         ("members", "members (end)", False),
         ("children_born", "children born", False),
         ("probe_step", "probe step", False),
-        ("probe_mean", "mean student probe acc.", False),
+        ("base_accuracy", "base", False),
+        ("probe_mean", "students' mean", False),
         ("probe_best", "best student", False),
         ("probe_weakest", "weakest student", False),
-        ("base_accuracy", "base acc.", False),
-        ("best_minus_base", "best − base", False),
-        ("baseline_accuracy", "baseline acc.", False),
+        ("best_minus_base", "best − base (points, 95 % interval)", False),
+        ("baseline_accuracy", "single agent", False),
         ("trained_tokens_per_slot", "trained tokens / slot", False),
         ("per_slot_vs_baseline", "per slot ÷ baseline", False),
     ]
     head = "".join(f'<th class="{"l" if left else ""}">{_e(title)}</th>' for _, title, left in cols)
-    body = []
-    for row in rows:
-        cells = []
-        for key, _, left in cols:
-            value = row.get(key)
-            if key == "members" and value is not None:
-                value = f"{row['members']} ({row['teachers']}T/{row['students']}S)"
-            digits = 0 if key == "trained_tokens_per_slot" else 2 if key == "per_slot_vs_baseline" else 3
-            cells.append(f'<td class="{"l" if left else ""}">{_e(_fmt(value, digits))}</td>')
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<table id="summary-table"><tr>{head}</tr>{"".join(body)}</table>'
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="{"l" if left else ""}">{_e(_summary_cell(row, key))}</td>' for key, _, left in cols)
+        + "</tr>"
+        for row in rows
+    )
+    return f'<table id="summary-table"><tr>{head}</tr>{body}</table>'
+
+
+def _headline_table(run: RunData, head: dict[str, Any]) -> str:
+    """Base, every final student (best first) and best − base: probe accuracy and change in points [interval]."""
+    if head["base_accuracy"] is None and not head["students"]:
+        return f"<p><b>{_e(run.label)}</b>: no probe evaluation (no probe.jsonl), so no result to show.</p>"
+    rows = [("base", _pct(head["base_accuracy"]), "", "")]
+    for version, accuracy in head["students"].items():
+        change = head["student_changes"].get(version)
+        if change is None:
+            rows.append((version, _pct(accuracy), "— (no base probe)", ""))
+        else:
+            rows.append(
+                (version, _pct(accuracy), _points(change["change"], change["interval"]), _noise(change["within_noise"]))
+            )
+    if head["best_minus_base"] is not None:
+        gain = _points(head["best_minus_base"], head["best_minus_base_interval"])
+        rows.append(("best − base", "", gain, _noise(head["best_within_noise"])))
+    body = "".join(
+        f"<tr class='{'best' if name == 'best − base' else ''}'><td class='l'>{_e(name)}</td><td>{_e(acc)}</td>"
+        f"<td>{_e(change)}</td><td class='l'>{_e(noise)}</td></tr>"
+        for name, acc, change, noise in rows
+    )
+    problems = f", {head['probe_problems']} problems" if head["probe_problems"] else ""
+    return (
+        f"<table class='headline'><caption>{_e(run.label)}: probe at step {_e(head['probe_step'])}{_e(problems)}"
+        "</caption><tr><th class='l'>adapter</th><th>probe accuracy</th>"
+        "<th>change against the base (points, 95 % interval)</th><th class='l'></th></tr>"
+        f"{body}</table>"
+    )
+
+
+def _noise(within: bool | None) -> str:
+    return {True: "within noise", False: "beyond noise", None: "no interval (no per-problem outcomes)"}[within]
+
+
+def _comparison_table(found: list[Comparison]) -> str:
+    """Population runs against single-agent baselines: steps, compute ratio, best student − agent, warnings."""
+    if not found:
+        return ""
+    head = "".join(
+        f"<th class='l'>{h}</th>" if i < 2 else f"<th>{h}</th>"
+        for i, h in enumerate(
+            (
+                "population run",
+                "single-agent run",
+                "steps",
+                "trained tokens per slot ÷ baseline's adapter",
+                "whole population ÷ baseline",
+                "best student − single agent (points, 95 % interval)",
+            )
+        )
+    )
+    body = "".join(
+        f"<tr><td class='l'>{_e(c.run)}</td><td class='l'>{_e(c.baseline)}</td>"
+        f"<td>{c.steps[0]} vs {c.steps[1]}</td><td>{_e(_ratio(c.per_slot_ratio))}</td>"
+        f"<td>{_e(_ratio(c.total_ratio))}</td>"
+        f"<td>{_e('—' if c.best_minus_agent is None else _points(c.best_minus_agent, c.best_minus_agent_interval))}"
+        "</td></tr>"
+        for c in found
+    )
+    warnings = "".join(f"<li>{_e(c.run)} vs {_e(c.baseline)}: {_e(w)}</li>" for c in found for w in c.warnings)
+    return (
+        "<h3>Population vs single agent</h3>"
+        f"<table id='comparison-table'><tr>{head}</tr>{body}</table>"
+        + (
+            "<div class='warn' id='comparison-warnings'><b>Not a like-for-like comparison</b>: a difference in "
+            f"probe accuracy may come from these instead of the method.<ul>{warnings}</ul></div>"
+            if warnings
+            else "<p class='note'>Same steps, compute-matched (a population slot trains on as many tokens as the "
+            f"single agent's adapter, within {round(100 * COMPUTE_MATCHED)} %), same base model.</p>"
+        )
+        + "<p class='note'>Best student − single agent pairs the two adapters' outcomes on the same probe problems "
+        "(only when both runs probed the same problems with the same base); like best − base it is picked after "
+        "the fact.</p>"
+    )
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
 
 
 def _counters_table(run: RunData, row: dict[str, Any]) -> str:
@@ -184,11 +283,16 @@ MEASURES = (
     ("oscillation/amplitude", "swing amplitude", 3),
     ("coverage/new_per_step", "new signatures / step (last third)", 2),
     ("coverage/new_per_valid_proposal", "new / valid proposal (last third)", 3),
-    ("probe/base", "probe: base", 3),
-    ("probe/mean", "probe: students' mean", 3),
-    ("probe/best", "probe: best", 3),
-    ("probe/weakest", "probe: weakest", 3),
+    ("probe/base", "probe: base (%)", 1),
+    ("probe/mean", "probe: students' mean (%)", 1),
+    ("probe/best", "probe: best (%)", 1),
+    ("probe/weakest", "probe: weakest (%)", 1),
 )
+
+
+def _scaled(key: str, value: Any) -> Any:
+    """Probe accuracies in percent, as everywhere else on the page."""
+    return 100 * value if key.startswith("probe/") and value is not None else value
 
 
 def dynamics_rows(runs: list[RunData]) -> list[dict[str, Any]]:
@@ -200,24 +304,25 @@ def dynamics_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     return out
 
 
-def _stat(stat: dict[str, Any], digits: int) -> str:
+def _stat(key: str, stat: dict[str, Any], digits: int) -> str:
     if stat["mean"] is None:
         return "—"
-    text = f"{stat['mean']:.{digits}f}"
-    return text if stat["low"] is None else f"{text} [{stat['low']:.{digits}f}, {stat['high']:.{digits}f}]"
+    mean, low, high = (_scaled(key, stat[k]) for k in ("mean", "low", "high"))
+    text = f"{mean:.{digits}f}"
+    return text if low is None else f"{text} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def _dynamics_table(rows: list[dict[str, Any]]) -> str:
     head = "<th class='l'>arm</th><th>runs</th>" + "".join(f"<th>{_e(title)}</th>" for _, title, _ in MEASURES)
     body = "".join(
         f"<tr><td class='l'>{_e(row['arm'])}</td><td>{len(row['runs'])}</td>"
-        + "".join(f"<td>{_e(_stat(row['pooled'][key], digits))}</td>" for key, _, digits in MEASURES)
+        + "".join(f"<td>{_e(_stat(key, row['pooled'][key], digits))}</td>" for key, _, digits in MEASURES)
         + "</tr>"
         for row in rows
     )
     per_run = "".join(
         f"<tr><td class='l'>{_e(label)}</td><td>1</td>"
-        + "".join(f"<td>{_e(_fmt(values[key], digits))}</td>" for key, _, digits in MEASURES)
+        + "".join(f"<td>{_e(_fmt(_scaled(key, values[key]), digits))}</td>" for key, _, digits in MEASURES)
         + "</tr>"
         for row in rows
         for label, values in row["runs"].items()
@@ -231,12 +336,14 @@ def _dynamics_table(rows: list[dict[str, Any]]) -> str:
 def _figure_html(fig: FigureOut, out_dir: Path) -> str:
     data = base64.b64encode((out_dir / fig.file).read_bytes()).decode("ascii")
     notes = "".join(f"<li>{_e(n)}</li>" for n in fig.notes)
+    warnings = "".join(f"<li>{_e(w)}</li>" for w in fig.warnings)
     return (
         f'<section id="{fig.id}"><h2>{_e(fig.title)}</h2>'
         f'<figure><img id="{fig.id}-img" alt="{_e(fig.alt)}" title="{_e(fig.title)}" '
         f'src="data:image/png;base64,{data}">'
         f"<figcaption>{_e(fig.caption)} (<code>{_e(fig.file)}</code>)</figcaption></figure>"
         + (f'<ul class="note">{notes}</ul>' if notes else "")
+        + (f'<div class="warn"><ul>{warnings}</ul></div>' if warnings else "")
         + "</section>"
     )
 
@@ -250,7 +357,8 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = [make(runs, out_dir) for make in FIGURES]
     baselines = [r for r in runs if r.is_baseline]
-    rows = [summarize(r, baselines) for r in runs]
+    heads = [headline(r) for r in runs]
+    rows = [summarize(r, baselines, head) for r, head in zip(runs, heads)]
     (out_dir / "summary.json").write_text(json.dumps(rows, indent=1, default=str))
     measured = dynamics_rows(runs)
     (out_dir / "dynamics.json").write_text(json.dumps(measured, indent=1))
@@ -268,10 +376,19 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1><ul id='runs'>{run_notes}</ul>"
+        "<section id='headline'><h2>Result: probe accuracy against the base model</h2>"
+        + "".join(_headline_table(r, head) for r, head in zip(runs, heads))
+        + "<p class='note'>Probe accuracy: greedy, on the held-out probe problems, n-weighted over task types at "
+        "the last probe step (the numbers <code>populora run</code> prints at the end). A change is in points "
+        "(1 point = 1 % of the probe problems) with its 95 % paired-bootstrap interval over the probe problems; "
+        "“within noise”: the interval includes 0. Best − base is the best student's change, chosen after the "
+        "fact on these same problems: biased upwards, its interval too narrow; the students' mean is not picked.</p>"
+        + _comparison_table(comparisons(runs))
+        + "".join(_figure_html(f, out_dir) for f in figures if f.id == "fig-headline")  # the answer, drawn
+        + "</section>"
         "<section id='summary'><h2>Summary</h2>"
         + _summary_table(rows)
-        + "<p class='note'>Probe accuracies are n-weighted over task types at the last probe step; "
-        "“best − base” is the issue's target quantity. Compute counters add up every member "
+        + "<p class='note'>Compute counters add up every member "
         "that ever lived (children start from zero); a slot is one place in the population, and the "
         "baseline is compute-matched when its adapter's trained tokens equal a slot's (ratio ≈ 1).</p>"
         + "<h2>Dynamics per arm</h2>"
@@ -286,7 +403,7 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
         + "".join(_counters_table(r, row) for r, row in zip(runs, rows))
         + "".join(_lineage_table(r) for r in runs)
         + "</section>"
-        + "".join(_figure_html(f, out_dir) for f in figures)
+        + "".join(_figure_html(f, out_dir) for f in figures if f.id != "fig-headline")
         + "</body></html>\n"
     )
     html_file = out_dir / "report.html"
