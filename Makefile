@@ -20,6 +20,7 @@ quickstart: setup
 # The Ray tests compare a run made in the pytest process bit for bit with the same run on Ray workers, so they
 # run in a process no other test has touched (in the full suite's process their reference run came out otherwise).
 test: setup
+	@bash scripts/install_chromium.sh
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm and not own_process" tests
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m own_process tests
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests
