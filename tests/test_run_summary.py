@@ -32,7 +32,7 @@ def test_summary_of_a_recorded_run(tmp_path):
     assert table[0] == f"synthetic-2t2s (population) in {run_dir}"
     for line in (
         "steps          12/12",
-        "wall time      31 s (steps 24 s)",
+        "wall time      31 s this command; the run's steps 24 s, every session",
         "children born  2",
         "probe: base    20.0 %",
         "probe: s3@v12  35.0 % (step 12)  +15.0 points",

@@ -32,7 +32,7 @@ def register_commands(cli):
         """Render figures and a self-contained HTML page of one run, or of several side by side.
 
         \b
-          populora report runs/nano-2t2s
+          populora report runs/nano
           populora report runs/study/population-seed* runs/study/baseline-seed* --out report-study
         """
         from .render import render_report

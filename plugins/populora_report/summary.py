@@ -179,7 +179,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     wall = "-" if summary["wall_s"] is None else f"{summary['wall_s']:.0f} s"
     rows = [
         ("steps", f"{summary['steps']}/{summary['planned_steps']}"),
-        ("wall time", f"{wall} (steps {summary['step_s']:.0f} s)"),
+        ("wall time", f"{wall} this command; the run's steps {summary['step_s']:.0f} s, every session"),
         ("children born", str(summary["children_born"])),
     ]
     selection = summary.get("selection") or {}
