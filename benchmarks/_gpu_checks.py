@@ -141,6 +141,7 @@ def trainer_check(
     save_lora(fresh_lora(base.path, lora, seed=0), work / "member_v0")
     adapter = AdapterRef("member@v0", str(work / "member_v0"))
     cuda = str(trainer.host.device).startswith("cuda")
+    reserved: dict[str, Any] = {}
     _returned_to_the_os()
     trainer.update("warm", adapter, rollouts("warm", prompt, completion), work / "warm_v1")
     trainer.forget("warm")
@@ -153,6 +154,9 @@ def trainer_check(
         stats = trainer.update("member", adapter, rows, work / "member_v1")
         torch.cuda.synchronize()
         measured = torch.cuda.max_memory_allocated() - before
+        # what the caching allocator held at the peak, fragmentation included: the GPU sees this, not the above
+        reserved = {"reserved_peak_mb": round(torch.cuda.max_memory_reserved() / 1e6, 1)}
+        reserved["allocated_peak_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
     else:
         before = rss_bytes()
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
@@ -167,6 +171,7 @@ def trainer_check(
         "rows": 2,
         "update_s": round(seconds, 2),
         "measured": "torch.cuda.max_memory_allocated" if cuda else "peak RSS",
+        **reserved,
         "loss": stats.loss,
     }
 

@@ -214,6 +214,7 @@ class PeakMemory:
             return {
                 "peak_gpu_mb": round(self.peak / 1e6, 1),
                 "trainer_process_peak_mb": round(torch.cuda.max_memory_allocated() / 1e6, 1),
+                "trainer_process_reserved_mb": round(torch.cuda.max_memory_reserved() / 1e6, 1),
             }
         return {"peak_mb": round((self.peak - self.start) / 1e6, 1)}
 
