@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 #: The version of what plugins rely on: hook specifications, ``register_*`` keywords and PUBLIC_MODULES. It
 #: changes when any of them changes; a renamed keyword keeps working, with a FutureWarning, for one version
 #: (CHANGELOG.md, "For plugin authors").
-PLUGIN_API_VERSION = 5
+PLUGIN_API_VERSION = 6
 
 #: The core modules a plugin may import, and what each is for. Everything else in the core is private.
 PUBLIC_MODULES = {

@@ -43,23 +43,40 @@ class _RatedMatchmaker:
         pass
 
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
-        margin = getattr(self.params, "draw_margin", 0.0)
+        """``teacher_outcome: zero_sum``: one result for both sides; ``reward``: the teacher's from
+        :func:`teacher_solve_rate`, the student's from its solve rate (none without a valid problem), each side
+        taking its own half of a TrueSkill game against the other's rating before the match."""
+        mode = getattr(self.params, "teacher_outcome", "zero_sum")
         for o in outcomes:
             teacher, student = members[o.teacher], members[o.student]
             t = self.env.create_rating(teacher.rating.mu, teacher.rating.sigma)
             s = self.env.create_rating(student.rating.mu, student.rating.sigma)
-            if o.solve_rate is None:  # no valid problem: the teacher loses
-                s, t = self.env.rate_1vs1(s, t)
-            elif abs(o.solve_rate - o.expected_solve_rate) <= margin and (
-                margin > 0 or o.solve_rate == o.expected_solve_rate
-            ):
-                s, t = self.env.rate_1vs1(s, t, drawn=True)
-            elif o.solve_rate > o.expected_solve_rate:
-                s, t = self.env.rate_1vs1(s, t)
-            else:
-                t, s = self.env.rate_1vs1(t, s)
-            teacher.rating.mu, teacher.rating.sigma = t.mu, t.sigma
-            student.rating.mu, student.rating.sigma = s.mu, s.sigma
+            new_s, new_t = self._game(s, t, teacher_solve_rate(o, mode), o.expected_solve_rate)
+            if mode == "reward":
+                new_s = self._game(s, t, o.solve_rate, o.expected_solve_rate)[0] if o.solve_rate is not None else s
+            teacher.rating.mu, teacher.rating.sigma = new_t.mu, new_t.sigma
+            student.rating.mu, student.rating.sigma = new_s.mu, new_s.sigma
+
+    def _game(self, s: Any, t: Any, rate: float, expected: float) -> tuple[Any, Any]:
+        """(student, teacher) after one game: the student wins above ``expected``, loses below, a draw within
+        the margin."""
+        margin = getattr(self.params, "draw_margin", 0.0)
+        if abs(rate - expected) <= margin and (margin > 0 or rate == expected):
+            return self.env.rate_1vs1(s, t, drawn=True)
+        if rate > expected:
+            return self.env.rate_1vs1(s, t)
+        t, s = self.env.rate_1vs1(t, s)
+        return s, t
+
+
+def teacher_solve_rate(outcome: MatchOutcome, mode: str) -> float:
+    """The solve rate a teacher's rating is judged on: the mean over every proposal it generated, one with no
+    usable problem counting as solved (so invalid proposals count in proportion); under ``reward`` a problem
+    solved never or always counts as solved too, as the teacher's RL reward pays it like a failure."""
+    rates = outcome.problem_rates or [outcome.solve_rate]
+    if mode == "reward":
+        rates = [r if r is not None and 0 < r < 1 else None for r in rates]
+    return sum(1.0 if r is None else r for r in rates) / len(rates)
 
 
 class PFSP(_RatedMatchmaker):
@@ -74,18 +91,17 @@ class PFSP(_RatedMatchmaker):
         return 1.0
 
     def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
-        available = list(students)
-        matches = []
-        for teacher in teachers:
-            if not available:
+        one_to_one = self.params.pairing == "one_to_one"
+        available: list[Any] = []
+        chosen: dict[str, Match] = {}
+        for teacher in rng.sample(list(teachers), len(teachers)) if one_to_one else teachers:
+            if not available or not one_to_one:
                 available = list(students)
             probs = [self.expected(s, teacher) for s in available]
             weights = [max(self.weight(p), 1e-12) for p in probs]
             idx = rng.choices(range(len(available)), weights=weights)[0]
-            matches.append(Match(teacher.id, available[idx].id, probs[idx]))
-            if self.params.pairing == "one_to_one":
-                available.pop(idx)
-        return matches
+            chosen[teacher.id] = Match(teacher.id, available.pop(idx).id, probs[idx])
+        return [chosen[t.id] for t in teachers]
 
 
 class RoundRobin(_RatedMatchmaker):
@@ -116,8 +132,8 @@ class RoundRobin(_RatedMatchmaker):
 
 class RandomMatchmaker(_RatedMatchmaker):
     def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
-        out = []
-        for t in teachers:
-            s = rng.choice(list(students))
-            out.append(Match(t.id, s.id, self.expected(s, t)))
-        return out
+        """Rounds of a random permutation of the students: none idles while teachers >= students."""
+        drawn: list[Any] = []
+        while len(drawn) < len(teachers):
+            drawn += rng.sample(list(students), len(students))
+        return [Match(t.id, s.id, self.expected(s, t)) for t, s in zip(teachers, drawn)]
