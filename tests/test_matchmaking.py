@@ -64,24 +64,27 @@ def _after(mode: str, problem_rates: list, p: float = 0.5) -> tuple[float, float
 @pytest.mark.parametrize(
     ("mode", "rates", "teacher", "student"),
     [
-        # a student that beats expectation wins, one below it loses, in both modes
+        # a student that beats expectation wins, one below it loses, in both settings
         ("zero_sum", [0.9, 0.9], "down", "up"),
         ("reward", [0.9, 0.9], "down", "up"),
         ("zero_sum", [0.2, 0.2], "up", "down"),
         ("reward", [0.2, 0.2], "up", "down"),
-        # nobody solved anything: a teacher win on one scale; under reward, a loss for both (its RL reward pays -0.5)
+        # nobody solved anything: a teacher win on the paper's scale; under reward nobody's win (a draw)
         ("zero_sum", [0.0, 0.0], "up", "down"),
-        ("reward", [0.0, 0.0], "down", "down"),
-        # everyone solved everything: the teacher loses (reward -0.5 too)
+        ("reward", [0.0, 0.0], "same", "same"),
+        # two unsolved problems beside an easy one: a teacher win by the mean (0.3); under reward the unsolved
+        # ones count as the expectation, (0.5 + 0.5 + 0.9) / 3 > 0.5, and the easy problem decides: a loss
+        ("zero_sum", [0.0, 0.0, 0.9], "up", "down"),
+        ("reward", [0.0, 0.0, 0.9], "down", "up"),
+        # everyone solved everything, or no valid problem: the teacher loses in both
         ("zero_sum", [1.0, 1.0], "down", "up"),
         ("reward", [1.0, 1.0], "down", "up"),
-        # no valid problem: the teacher loses; under reward the student played nothing and keeps its rating
         ("zero_sum", [None, None], "down", "up"),
-        ("reward", [None, None], "down", "same"),
+        ("reward", [None, None], "down", "up"),
     ],
 )
 def test_each_teacher_outcome_setting_moves_ratings_as_documented(mode, rates, teacher, student):
-    moved = {"up": lambda mu: mu > 25, "down": lambda mu: mu < 25, "same": lambda mu: mu == 25}
+    moved = {"up": lambda mu: mu > 25, "down": lambda mu: mu < 25, "same": lambda mu: mu == pytest.approx(25)}
     t_mu, s_mu = _after(mode, rates)
     assert moved[teacher](t_mu) and moved[student](s_mu), (t_mu, s_mu)
 
@@ -89,21 +92,21 @@ def test_each_teacher_outcome_setting_moves_ratings_as_documented(mode, rates, t
 def test_the_default_teacher_outcome_is_the_reward_and_ratings_shrink_sigma():
     assert PFSPParams().teacher_outcome == "reward"
     pop = _pop(1, 1)
-    PFSP(PFSPParams()).update_ratings([MatchOutcome("t0", "s0", 0.3, 0.5, [0.3])], pop.members)
-    assert pop.members["s0"].rating.sigma < 25 / 3 and pop.members["t0"].rating.sigma < 25 / 3
+    PFSP(PFSPParams()).update_ratings([MatchOutcome("t0", "s0", 0.0, 0.5, [0.0])], pop.members)
+    assert pop.members["s0"].rating.sigma < 25 / 3 and pop.members["t0"].rating.sigma < 25 / 3  # a draw informs
 
 
 @pytest.mark.parametrize("mode", ["zero_sum", "reward"])
 def test_invalid_proposals_count_against_a_teacher_in_proportion(mode):
     """Each invalid proposal counts as a problem the student solved: one of six moves the teacher's solve rate by
     1/6 of the way to 1, not only when all six are invalid."""
-    from populora_matchmaking.matchmakers import teacher_solve_rate
+    from populora_matchmaking.matchmakers import match_solve_rate
 
     for invalid in range(7):
         rates = [0.2] * (6 - invalid) + [None] * invalid
         valid = rates[: 6 - invalid]
         outcome = MatchOutcome("t0", "s0", sum(valid) / len(valid) if valid else None, 0.5, rates)
-        assert teacher_solve_rate(outcome, mode) == pytest.approx((0.2 * (6 - invalid) + invalid) / 6)
+        assert match_solve_rate(outcome, mode) == pytest.approx((0.2 * (6 - invalid) + invalid) / 6)
     # 2 of 6 invalid, the rest stumping the student: still a win (rate 0.47 < 0.5); 3 of 6: a loss (0.6)
     assert _after(mode, [0.2] * 4 + [None] * 2)[0] > 25
     assert _after(mode, [0.2] * 3 + [None] * 3)[0] < 25
@@ -368,4 +371,4 @@ def test_a_match_reports_each_proposals_rate_with_invalid_ones_as_none():
     (outcome,) = phases.rate(c, pop, [Match("t0", "s0", 0.5)], proposals)
     assert outcome.problem_rates == [0.5, 0.0, None] and outcome.solve_rate == 0.25
     assert teacher.counters.matches == 1 and pop.members["s0"].counters.matches == 1
-    assert teacher.rating.mu < 25  # reward: 1 stumping problem of 3, the teacher's rate (0.5 + 1 + 1) / 3 > 0.5
+    assert teacher.rating.mu < 25  # reward: the unsolved one counts as expected, (0.5 + 0.5 + 1) / 3 > 0.5

@@ -9,11 +9,11 @@ from pydantic import Field, model_validator
 from populora_core import Params, hookimpl
 
 TEACHER_OUTCOME = (
-    "[choice] how a match moves the teacher's rating. reward: the teacher's outcome ranks its problems as its RL "
-    "reward does (a problem its student solved sometimes counts its solve rate r; one solved never or always, or "
-    "invalid, counts as solved: its reward pays -0.5 or -1 there), the student's is its solve rate on the valid "
-    "problems, each side rated on its own outcome; zero_sum: one outcome for both on the paper's one scale (the "
-    "student's solve rate, an invalid proposal counting as solved): a problem nobody solved is a teacher win"
+    "[choice] what a problem its student never solved (r = 0) means for the ratings. reward: a win for neither side "
+    "(it counts as the expected solve rate; only such problems: a draw), as the teacher's RL reward pays -0.5 for it "
+    "and the student failed it; zero_sum: the paper's rule, a teacher win (the student's solve rate 0 is below "
+    "any expectation). In both one zero-sum game per match, and each invalid proposal counts as a problem the "
+    "student solved (a teacher loss in proportion)"
 )
 
 

@@ -43,40 +43,39 @@ class _RatedMatchmaker:
         pass
 
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
-        """``teacher_outcome: zero_sum``: one result for both sides; ``reward``: the teacher's from
-        :func:`teacher_solve_rate`, the student's from its solve rate (none without a valid problem), each side
-        taking its own half of a TrueSkill game against the other's rating before the match."""
+        """One zero-sum game per match on :func:`match_solve_rate` (a draw where it is None): the student wins
+        above the expected solve rate, the teacher below, a draw within the margin."""
         mode = getattr(self.params, "teacher_outcome", "zero_sum")
+        margin = getattr(self.params, "draw_margin", 0.0)
         for o in outcomes:
             teacher, student = members[o.teacher], members[o.student]
             t = self.env.create_rating(teacher.rating.mu, teacher.rating.sigma)
             s = self.env.create_rating(student.rating.mu, student.rating.sigma)
-            new_s, new_t = self._game(s, t, teacher_solve_rate(o, mode), o.expected_solve_rate)
-            if mode == "reward":
-                new_s = self._game(s, t, o.solve_rate, o.expected_solve_rate)[0] if o.solve_rate is not None else s
-            teacher.rating.mu, teacher.rating.sigma = new_t.mu, new_t.sigma
-            student.rating.mu, student.rating.sigma = new_s.mu, new_s.sigma
-
-    def _game(self, s: Any, t: Any, rate: float, expected: float) -> tuple[Any, Any]:
-        """(student, teacher) after one game: the student wins above ``expected``, loses below, a draw within
-        the margin."""
-        margin = getattr(self.params, "draw_margin", 0.0)
-        if abs(rate - expected) <= margin and (margin > 0 or rate == expected):
-            return self.env.rate_1vs1(s, t, drawn=True)
-        if rate > expected:
-            return self.env.rate_1vs1(s, t)
-        t, s = self.env.rate_1vs1(t, s)
-        return s, t
+            rate, p = match_solve_rate(o, mode), o.expected_solve_rate
+            if rate is None or (abs(rate - p) <= margin and (margin > 0 or rate == p)):
+                s, t = self.env.rate_1vs1(s, t, drawn=True)
+            elif rate > p:
+                s, t = self.env.rate_1vs1(s, t)
+            else:
+                t, s = self.env.rate_1vs1(t, s)
+            teacher.rating.mu, teacher.rating.sigma = t.mu, t.sigma
+            student.rating.mu, student.rating.sigma = s.mu, s.sigma
 
 
-def teacher_solve_rate(outcome: MatchOutcome, mode: str) -> float:
-    """The solve rate a teacher's rating is judged on: the mean over every proposal it generated, one with no
-    usable problem counting as solved (so invalid proposals count in proportion); under ``reward`` a problem
-    solved never or always counts as solved too, as the teacher's RL reward pays it like a failure."""
+def match_solve_rate(outcome: MatchOutcome, mode: str) -> float | None:
+    """The solve rate a match is judged on: the mean over every proposal the teacher generated, one with no usable
+    problem counting as solved (a teacher loss, so invalid proposals count in proportion). Under ``reward`` a
+    problem nobody solved counts as the expected rate, a win for neither side (the student failed it, and the
+    teacher's reward pays it -0.5), and a match of only such problems is a draw (None); under ``zero_sum`` it counts
+    0, a teacher win."""
     rates = outcome.problem_rates or [outcome.solve_rate]
+    values = [1.0 if r is None else r for r in rates]
     if mode == "reward":
-        rates = [r if r is not None and 0 < r < 1 else None for r in rates]
-    return sum(1.0 if r is None else r for r in rates) / len(rates)
+        neutral = sum(v == 0 for v in values)
+        if neutral == len(values):
+            return None
+        return (sum(values) + neutral * outcome.expected_solve_rate) / len(values)
+    return sum(values) / len(values)
 
 
 class PFSP(_RatedMatchmaker):
