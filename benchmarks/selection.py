@@ -7,9 +7,11 @@
 For each recipe (its population, `evolution.every`, readiness, selector and matchmaker with their params, built
 through the registry as a run builds them; `steps` as in the recipe), `populora_matchmaking.simulation` plays the
 run's matches between members of hidden skill and applies the core's selection. Per child-rating policy (the
-recipe's, and the other one beside it) it prints:
+recipe's, and `inherit` or `widen` beside it) it prints:
 - equal skill: the share of replacements (after a role's first) that hit its youngest members, against the
-  share chance gives (their share of the role), and how often the members surviving a replacement change;
+  share chance gives (their share of the role); the same among the members that were ready (readiness shields
+  the newest child: this is where a widened rating could doom it); how often the members surviving a
+  replacement change;
 - skills spread (N(0, beta) at start, each child its parent's skill + N(0, beta)): the share of replacements
   that hit the weakest members (chance: the replaced fraction).
 A youngest share far above chance means the newest child dies whatever it does: selection compares nothing.
@@ -47,6 +49,7 @@ def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
         "steps": recipe.steps,
         "readiness": evo.readiness,
         "child_policy": evo.child_rating,
+        "child_sigma": evo.child_sigma,
         "key": json.dumps(
             [recipe.steps, recipe.population.model_dump(), evo.model_dump(), recipe.matchmaker.model_dump()],
             sort_keys=True,
@@ -69,6 +72,8 @@ def measure(settings: dict[str, Any], trials: int) -> dict[str, Any]:
     return {
         "youngest_share": round(equal["youngest_share"], 3),
         "youngest_share_by_chance": round(equal["youngest_share_by_chance"], 3),
+        "youngest_ready_share": round(equal["youngest_ready_share"], 3),
+        "youngest_ready_share_by_chance": round(equal["youngest_ready_share_by_chance"], 3),
         "survivor_change_share": round(equal["survivor_change_share"], 3),
         "weakest_share": round(spread["weakest_share"], 3),
         "replacements": int(equal["replacements_after_first"]),
@@ -89,14 +94,17 @@ def main() -> None:
     rows = []
     measured: dict[tuple[str, str], dict[str, Any]] = {}  # recipes that differ only elsewhere share a simulation
     start = time.perf_counter()
-    header = f"{'recipe':<32} {'pop':>5} {'every':>5} {'child':>7}  youngest (chance)  survivors change  weakest"
+    header = (
+        f"{'recipe':<32} {'pop':>5} {'every':>5} {'child':>7}  youngest (chance)  youngest ready (chance)"
+        "  survivors change  weakest"
+    )
     print(header)
     for path in paths:
         settings = recipe_settings(path, manager)
         if settings is None:
             continue
         own, key = settings["child_policy"], settings.pop("key")
-        for policy in (own, "fresh" if own == "inherit" else "inherit"):
+        for policy in (own, "widen" if own == "inherit" else "inherit"):
             if (key, policy) not in measured:
                 measured[key, policy] = measure({**settings, "child_policy": policy}, trials)
             result = measured[key, policy]
@@ -112,6 +120,7 @@ def main() -> None:
             print(
                 f"{path.name:<32} {row['population']:>5} {row['every']:>5} {policy:>7}"
                 f"  {row['youngest_share']:>8.2f} ({row['youngest_share_by_chance']:.2f})"
+                f"  {row['youngest_ready_share']:>14.2f} ({row['youngest_ready_share_by_chance']:.2f})"
                 f"  {row['survivor_change_share']:>16.2f}  {row['weakest_share']:>7.2f}",
                 file=sys.stdout,
             )

@@ -1,7 +1,7 @@
 """Study: population vs the compute-matched single agent on the nano model, over several seeds.
 
-    python -m benchmarks.study                            # seeds 0 1 2, recipes/nano.yaml vs nano_single_agent.yaml
-    python -m benchmarks.study --recipe long --seeds 0 1 2  # the 120-step recipes (nano_long*.yaml), about 2 hours
+    python -m benchmarks.study                            # seeds 0 1 2, nano_study.yaml vs nano_single_agent.yaml
+    python -m benchmarks.study --recipe long --seeds 0 1 2  # the 120-step recipes (nano_long*.yaml, 4T-4S)
     python -m benchmarks.study --seeds 0 --quick          # one seed, a few steps
     python -m benchmarks.study --smoke                    # seed 0, 1 step, tiny probe, into a temp dir (CI)
     python -m benchmarks.study --out runs/ablate-x KEY=VALUE ...  # an ablation: overrides applied to both arms
@@ -47,7 +47,7 @@ from populora_core.probe import cluster_bootstrap, cluster_mde
 REPO = Path(__file__).resolve().parents[1]
 POPULORA = str(Path(sys.executable).parent / "populora")
 RECIPES = {  # --recipe: (population, single agent)
-    "short": ("nano.yaml", "nano_single_agent.yaml"),
+    "short": ("nano_study.yaml", "nano_single_agent.yaml"),
     "long": ("nano_long.yaml", "nano_long_single_agent.yaml"),
 }
 
@@ -135,7 +135,10 @@ def _fmt_interval(interval: list[float] | tuple[float, float] | None) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--recipe", choices=sorted(RECIPES), default="short", help="short: 32 steps (nano.yaml); long: 120 steps"
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="short",
+        help="short: 32 steps (nano_study.yaml, 4T-4S); long: 120 steps",
     )
     parser.add_argument("--population", default=None, help="default: the --recipe set's population recipe")
     parser.add_argument("--baseline", default=None, help="default: the --recipe set's single-agent recipe")

@@ -263,12 +263,18 @@ class Matchmaker(Protocol):
 class Selector(Protocol):
     """Which members of one sub-population die, and whose children replace them.
 
-    ``ready``: ids of the members that may be replaced (they have lived ``evolution.ready_after`` steps, PBT's
-    readiness); the others still rank and may be parents. A selector whose ``select`` does not take ``ready``
+    ``ready``: ids of the members that may be replaced (they have played ``evolution.ready_after`` rated matches,
+    PBT's readiness); the others still rank and may be parents. A selector whose ``select`` does not take ``ready``
     is called without it, and the loop refuses any replacement of a member that is not ready.
     """
 
     def select(self, members: Sequence[Any], rng: Any, ready: Collection[str] | None = None) -> list[Replacement]: ...
+
+    def survivors(self, n: int) -> int | None:
+        """Of a sub-population of ``n``, the most members one selection can replace by another member's child,
+        subtracted from ``n``: the lines it keeps. The recipe's validation refuses fewer than 2 (every role would
+        fall back to one lineage); None (the default): unknown, not checked."""
+        return None
 
 
 @runtime_checkable

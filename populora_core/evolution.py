@@ -96,7 +96,7 @@ def evolve(c: Components, population: Population, step: int) -> list[dict[str, A
     for role, group in sorted(population.subpopulations().items()):
         if role not in evo.subpopulations or len(group) < 2:
             continue
-        for rep in select(c.selector, group, rng, ready_ids(group, step, evo.readiness)):
+        for rep in select(c.selector, group, rng, ready_ids(group, evo.readiness)):
             events.append(_replace(c, population, step, rep, rng))
     return events
 
@@ -119,7 +119,8 @@ def _replace(c: Components, population: Population, step: int, rep: Replacement,
         born_step=step,
         lineage=Lineage([p.version_name for p in parents], component.name, params_dict, op_seed, step),
     )
-    child.rating = child_rating(parents[0].rating, c.recipe.evolution.child_rating)
+    evo = c.recipe.evolution
+    child.rating = child_rating([p.rating for p in parents], evo.child_rating, evo.child_sigma)
     save_lora(child_weights, c.run_dir.adapter_path(child.version_name))
     if c.recipe.evolution.child_optimizer == "inherit":
         c.trainer.copy_state(parents[0].id, child.id)

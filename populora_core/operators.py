@@ -9,11 +9,14 @@ torch is imported inside functions only.
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .adapters import LoraWeights, check_compatible, shape_difference
-from .components import Replacement
+from .components import MatchOutcome, Replacement
 from .errors import PluginError, UserError
 from .population import Member, Rating
 from .registry import Component, Params, accepted_arguments
@@ -65,15 +68,30 @@ def check_child(component: Component, parent: LoraWeights, child: Any) -> None:
         raise PluginError(f"{where} changed {diff}")
 
 
-def ready_ids(members: list[Member], step: int, readiness: int) -> set[str]:
-    """PBT's readiness: the members that have lived ``readiness`` steps and so may be replaced at ``step``."""
-    return {m.id for m in members if step - m.born_step >= readiness}
+def count_matches(members: Mapping[str, Member], outcomes: Sequence[MatchOutcome]) -> None:
+    """A rated match counts for its teacher, and for its student when it had a valid problem to solve."""
+    for o in outcomes:
+        members[o.teacher].counters.matches += 1
+        if o.solve_rate is not None:
+            members[o.student].counters.matches += 1
 
 
-def child_rating(parent: Rating, policy: str) -> Rating:
-    """A child's first rating. ``inherit``: its first parent's mu and sigma, so mu - k*sigma compares it with the
-    veterans like with like (a child is a small step from its parent in weight space); ``fresh``: the prior."""
-    return Rating(parent.mu, parent.sigma) if policy == "inherit" else Rating()
+def ready_ids(members: list[Member], readiness: int) -> set[str]:
+    """PBT's readiness: the members that have played ``readiness`` rated matches and so may be replaced."""
+    return {m.id for m in members if m.counters.matches >= readiness}
+
+
+def child_rating(parents: Sequence[Rating], policy: str, spread: float = 0.0) -> Rating:
+    """A child's first rating from its parents' (best first). ``widen``: the parents' mean mu and their mean sigma
+    widened by ``spread`` (in quadrature, at most the prior's): a child is a small step from its parents in
+    weight space, so it starts where they stand, but less certain, and its own matches decide it; ``inherit``:
+    its first parent's mu and sigma (its certainty too); ``fresh``: the prior, whose large sigma ranks it last."""
+    if policy == "fresh":
+        return Rating()
+    if policy == "inherit":
+        return Rating(parents[0].mu, parents[0].sigma)
+    sigma = math.sqrt(statistics.fmean(p.sigma for p in parents) ** 2 + spread**2)
+    return Rating(statistics.fmean(p.mu for p in parents), min(sigma, Rating().sigma))
 
 
 def select(selector: Any, members: list[Member], rng: random.Random, ready: set[str]) -> list[Replacement]:

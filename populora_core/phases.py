@@ -18,6 +18,7 @@ from typing import Any
 from .assembly import Components
 from .components import Completion, GenerationRequest, Grade, Match, MatchOutcome, Problem, Rollout, UpdateJob
 from .metrics import PhaseTimer, problem_records
+from .operators import count_matches
 from .population import Member, Population
 from .problems import Proposal
 
@@ -180,15 +181,22 @@ def grade(
 
 
 def rate(c: Components, population: Population, matches: list[Match], proposals: list[Proposal]) -> list[MatchOutcome]:
-    """Each match's outcome (the student's mean solve rate over its teacher's problems); the matchmaker updates
-    the ratings from them (a single-agent run keeps none)."""
+    """Each match's outcome (the student's mean solve rate over its teacher's problems, and the rate of each
+    proposal the teacher generated, None where it gave no usable problem); the matchmaker updates the ratings from
+    them (a single-agent run keeps none)."""
     outcomes = []
     for m in matches:
-        rates = [p.solve_rate for p in proposals if p.teacher.id == m.teacher and p.solve_rate is not None]
+        per_problem = [
+            p.solve_rate if p.valid else None
+            for p in proposals
+            if p.teacher.id == m.teacher and p.completion is not None and not p.completion.dropped
+        ]
+        rates = [r for r in per_problem if r is not None]
         mean = statistics.fmean(rates) if rates else None
-        outcomes.append(MatchOutcome(m.teacher, m.student, mean, m.expected_solve_rate))
+        outcomes.append(MatchOutcome(m.teacher, m.student, mean, m.expected_solve_rate, per_problem))
     if c.recipe.population.mode != "single_agent":
         c.matchmaker.update_ratings(outcomes, population.members)
+        count_matches(population.members, outcomes)
     return outcomes
 
 

@@ -40,6 +40,7 @@ class Counters:
     tokens: int = 0  # generated tokens (trained + estimation)
     trained_tokens: int = 0
     updates: int = 0
+    matches: int = 0  # rated matches played: what readiness (evolution.ready_after) counts
 
 
 @dataclass

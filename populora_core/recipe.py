@@ -117,11 +117,19 @@ class EvolutionSection(_Strict):
         description="LoRA weight-space operators a child is made with, drawn by weight among those that fit its "
         "parents (`populora keys evolution.operators`)",
     )
-    child_rating: Literal["fresh", "inherit"] = Field(
-        "inherit",
-        description="inherit: a child starts from its first parent's rating (mu and sigma), so it is ranked like "
-        "the veterans it competes with; fresh: the rating prior, whose large sigma ranks every child last under "
+    child_rating: Literal["widen", "fresh", "inherit"] = Field(
+        "widen",
+        description="a child's first rating. widen: its parents' mean mu and mean sigma widened by child_sigma, so "
+        "it starts where its parents stand but uncertain, and ready_after protects it until its own matches have "
+        "narrowed it; inherit: its first parent's mu and sigma (the parent's certainty: child against veteran is "
+        "then decided by noise); fresh: the rating prior, whose large sigma ranks every child last under "
         "mu - k*sigma (the youngest is then always the one replaced)",
+    )
+    child_sigma: float = Field(
+        25.0 / 6.0,
+        ge=0,
+        description="with child_rating: widen, the uncertainty a child adds to its parents' sigma (in quadrature, "
+        "capped at the prior's 25/3); default: TrueSkill's beta, one performance spread",
     )
     child_optimizer: Literal["fresh", "inherit"] = Field(
         "fresh", description="fresh: a child starts with no AdamW moments; inherit: a copy of its first parent's"
@@ -129,8 +137,9 @@ class EvolutionSection(_Strict):
     ready_after: int | None = Field(
         None,
         ge=0,
-        description="PBT readiness: a member can be replaced only once it has lived this many steps; "
-        "None: the interval `every`",
+        description="PBT readiness: a member can be replaced only once it has played this many rated matches "
+        "(a teacher plays one a step, a student one per teacher that drew it); None: twice the interval `every`, "
+        "so a child sits out the first selection after its birth",
     )
     subpopulations: list[Role] = Field(
         default_factory=lambda: list[Role](["teacher", "student"]),
@@ -139,8 +148,8 @@ class EvolutionSection(_Strict):
 
     @property
     def readiness(self) -> int:
-        """Steps a member must have lived before selection may replace it."""
-        return self.every if self.ready_after is None else self.ready_after
+        """Rated matches a member must have played before selection may replace it."""
+        return 2 * self.every if self.ready_after is None else self.ready_after
 
 
 class CheckpointSection(_Strict):
@@ -310,6 +319,7 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
     _check_evolution(parsed, recipe)
     if registry is not None:
         validate_components(parsed, registry, recipe)
+        _check_survivors(parsed, registry, recipe)
     return parsed
 
 
@@ -328,13 +338,40 @@ def _check_evolution(parsed: Recipe, recipe: str) -> None:
             path="evolution.every",
         )
     last = (parsed.steps - 1) // evo.every * evo.every  # the last step that evolves (a last-step child never trains)
-    if last >= evo.every and evo.readiness > last:
+    # most rated matches a member plays by then: a teacher one a step, a student one per teacher
+    most = max(last * (1 if role == "teacher" else pop.teachers) for role in evo.subpopulations if sizes[role] >= 2)
+    if last >= evo.every and evo.readiness > most:
         raise RecipeError(
-            f"evolution.ready_after is {evo.readiness} but the last replacement happens at step {last} "
-            f"(every {evo.every}, {parsed.steps} steps): no member could ever be replaced; lower ready_after",
+            f"evolution.ready_after is {evo.readiness} rated matches but the last replacement happens at step {last} "
+            f"(every {evo.every}, {parsed.steps} steps), when a member has played at most {most}: no member could "
+            "ever be replaced; lower ready_after",
             recipe=recipe,
             path="evolution.ready_after",
         )
+
+
+def _check_survivors(parsed: Recipe, registry: Registry, recipe: str) -> None:
+    """Each evolving role keeps at least two lines through a selection: with one, every replacement makes the
+    whole role one parent's descendants."""
+    evo, pop = parsed.evolution, parsed.population
+    if not evo.every or pop.mode == "single_agent":
+        return
+    selector = registry.get("selector", evo.selector.name).build(evo.selector.build_params())
+    survivors = getattr(selector, "survivors", None)
+    for role, n in (("teacher", pop.teachers), ("student", pop.students)):
+        if role not in evo.subpopulations or n < 2 or survivors is None:
+            continue
+        kept = survivors(n)
+        if kept is not None and kept < 2:
+            raise RecipeError(
+                f"selector {evo.selector.name!r} with {evo.selector.params or 'its defaults'} replaces "
+                f"{n - kept} of the {n} {role}s at each selection and keeps {kept} line(s): the {role}s would fall "
+                f"back to one lineage every time. Each role needs 2 survivors: raise population.{role}s "
+                f"(4 with a fraction of 0.25), replace a smaller fraction, or leave {role} out of "
+                "evolution.subpopulations",
+                recipe=recipe,
+                path="evolution.selector.params",
+            )
 
 
 def _misspelled_base_model(name: str, registered: Iterable[str]) -> str | None:

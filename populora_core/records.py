@@ -235,10 +235,14 @@ class Match:
 
 @dataclass
 class MatchOutcome:
+    """``problem_rates``: per proposal the teacher generated, its student's solve rate, None where it gave no
+    usable problem (invalid, or every answer dropped); empty when only the mean ``solve_rate`` is known."""
+
     teacher: str
     student: str
-    solve_rate: float | None  # None: the teacher produced no valid problem
+    solve_rate: float | None  # mean over the valid problems; None: the teacher produced no valid problem
     expected_solve_rate: float = 0.5
+    problem_rates: list[float | None] = field(default_factory=list)
 
 
 @dataclass

@@ -40,9 +40,9 @@ def _base() -> dict:
 def test_valid_recipe_and_overrides(manager, tmp_path):
     path = _write(tmp_path, _base())
     model, resolved = load_recipe(
-        path, ["steps=9", "evolution.selector.params.fraction=0.25", "engine.params.delay_s=0.5"], manager.registry
+        path, ["steps=9", "evolution.selector.params.keep=0.25", "engine.params.delay_s=0.5"], manager.registry
     )
-    assert model.steps == 9 and model.evolution.selector.params == {"fraction": 0.25}
+    assert model.steps == 9 and model.evolution.selector.params == {"keep": 0.25, "mutate": 0.5}
     assert resolved["engine"] == {"name": "fake", "params": {"delay_s": 0.5}}
 
 
@@ -81,13 +81,19 @@ def test_valid_recipe_and_overrides(manager, tmp_path):
             "single_agent mode needs teachers == students",
         ),
         # evolution settings under which selection cannot select
-        (
-            lambda d: d["evolution"]["selector"]["params"].update(fraction=1.0),
+        (  # a fraction that replaces everyone
+            lambda d: d["evolution"].update(selector={"name": "truncation", "params": {"fraction": 1.0}}),
             "evolution.selector.params.fraction: Input should be less than 1",
         ),
-        (
-            lambda d: d["evolution"].update(ready_after=8),  # 5 steps, every 2: the last replacement is at step 4
-            "evolution.ready_after is 8 but the last replacement happens at step 4",
+        (  # 2 per role, 1 replaced: one survivor, one lineage after every selection
+            lambda d: d["evolution"].update(selector={"name": "truncation", "params": {"fraction": 0.5}}),
+            "selector 'truncation' with {'fraction': 0.5} replaces 1 of the 2 teachers at each selection and keeps "
+            "1 line(s): the teachers would fall back to one lineage every time",
+        ),
+        (  # 5 steps, every 2: the last replacement is at step 4, a student has played at most 2 x 4 matches by then
+            lambda d: d["evolution"].update(ready_after=9),
+            "evolution.ready_after is 9 rated matches but the last replacement happens at step 4 (every 2, 5 steps), "
+            "when a member has played at most 8",
         ),
         (
             lambda d: d.update(population={"teachers": 1, "students": 1}),
@@ -165,6 +171,16 @@ def test_a_misspelled_base_model_is_a_recipe_error_with_the_registered_name(tmp_
     assert "base_model.name" in bad.stderr and "did you mean 'nano'?" in bad.stderr
     for fine in ("Qwen/Qwen2.5-7B", str(tmp_path)):  # a hub id, a local directory: resolved when the run starts
         assert run_cli("validate", "recipes/nano.yaml", f"base_model={fine}").returncode == 0
+
+
+def test_population_settings_that_leave_one_line_or_replace_everyone_are_exit_2_naming_the_key():
+    """A role that keeps one survivor falls back to one lineage at every selection; a fraction of 1 replaces all."""
+    one_line = run_cli("validate", "recipes/nano_study.yaml", "population.students=2")
+    assert one_line.returncode == 2 and "Traceback" not in one_line.stderr
+    assert "at 'evolution.selector.params'" in one_line.stderr and "1 of the 2 students" in one_line.stderr
+    everyone = run_cli("validate", "recipes/nano_study.yaml", "evolution.selector.params.fraction=1.0")
+    assert everyone.returncode == 2 and "Traceback" not in everyone.stderr
+    assert "evolution.selector.params.fraction: Input should be less than 1" in everyone.stderr
 
 
 def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params():

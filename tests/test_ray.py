@@ -40,6 +40,7 @@ FEW_STEPS = [
     "rollout.proposals_per_teacher=3",
     "rollout.solver_samples=3",
     "evolution.every=2",
+    "evolution.ready_after=0",  # every member ready at step 2 (the default waits for 2 x every rated matches)
     "evolution.child_optimizer=inherit",
     "checkpoint.every=1",
     "checkpoint.keep=3",

@@ -159,8 +159,10 @@ def test_ray_recipes_are_their_base_recipe_on_a_ray_cluster(ray_recipe, base, re
     assert members % params.workers == 0, "every worker should own the same number of members"
 
 
-@pytest.mark.parametrize(("long", "base"), [("nano_long", "nano"), ("nano_long_single_agent", "nano_single_agent")])
-def test_long_study_recipes_are_the_nano_recipes_run_longer(long, base):
+@pytest.mark.parametrize(
+    ("long", "base"), [("nano_long", "nano_study"), ("nano_long_single_agent", "nano_single_agent")]
+)
+def test_long_study_recipes_are_the_study_recipes_run_longer(long, base):
     """The long study changes how many steps a run takes and how it is measured (the probe with power:
     600 problems, 8 samples each, which the quickstart cannot afford), so its arms compare as the short study's do."""
     longer = yaml.safe_load((RECIPE_DIR / f"{long}.yaml").read_text())
@@ -169,6 +171,19 @@ def test_long_study_recipes_are_the_nano_recipes_run_longer(long, base):
     assert differ == {"name", "steps", "probe"}
     assert longer["probe"] == {**reference["probe"], "problems_per_type": 200, "samples": 8, "temperature": 1.0}
     assert longer["steps"] == 120 > reference["steps"]
+
+
+def test_the_study_recipe_is_the_quickstart_with_a_population_that_can_evolve(registry):
+    """nano_study.yaml: nano.yaml's run at 4T-4S, at most a quarter of each role replaced per interval."""
+    study = yaml.safe_load((RECIPE_DIR / "nano_study.yaml").read_text())
+    quick = yaml.safe_load((RECIPE_DIR / "nano.yaml").read_text())
+    differ = {k for k in set(study) | set(quick) if study.get(k) != quick.get(k)}
+    assert differ == {"name", "population", "evolution", "matchmaker"}
+    for name in ("nano_study", "nano_long"):
+        model, _ = load_recipe(RECIPE_DIR / f"{name}.yaml", [], registry)
+        assert min(model.population.teachers, model.population.students) >= 4
+        assert model.evolution.selector.params["fraction"] <= 0.25
+        assert model.evolution.child_rating == "widen" and model.evolution.readiness > model.evolution.every
 
 
 EVOLVING = [p for p in RECIPES if "every: 0" not in p.read_text() and "single_agent" not in p.name]

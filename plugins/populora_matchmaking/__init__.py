@@ -8,16 +8,40 @@ from pydantic import Field, model_validator
 
 from populora_core import Params, hookimpl
 
+TEACHER_OUTCOME = (
+    "[choice] what a problem its student never solved (r = 0) means for the ratings. reward: a win for neither side "
+    "(it counts as the expected solve rate; only such problems: a draw), as the teacher's RL reward pays -0.5 for it "
+    "and the student failed it; zero_sum: the paper's rule, a teacher win (the student's solve rate 0 is below "
+    "any expectation). In both one zero-sum game per match, and each invalid proposal counts as a problem the "
+    "student solved (a teacher loss in proportion)"
+)
 
-class PFSPParams(Params):
-    """TrueSkill PFSP: teachers and students on one zero-sum scale (PopuLoRA reference defaults)."""
+
+CONSERVATIVE_K = (
+    "rank by mu - k*sigma. 0 (default): by mu, as a member is judged only once ready (evolution.ready_after: its "
+    "own matches behind it); k > 0 ranks the less certain, younger members last whatever they do "
+    "(`python -m benchmarks.selection` shows by how much)"
+)
+
+
+class RatedParams(Params):
+    """What every rated matchmaker shares: the win rule of a match."""
+
+    teacher_outcome: Literal["reward", "zero_sum"] = Field("reward", description=TEACHER_OUTCOME)
+
+
+class PFSPParams(RatedParams):
+    """TrueSkill PFSP: teachers and students on one scale (PopuLoRA reference defaults)."""
 
     weighting: Literal["var", "hard", "uniform"] = Field(
         "var", description="var: p(1-p) (AlphaStar f_var); hard: (1-p)^k; uniform"
     )
     hard_exponent: float = Field(2.0, gt=0, description="k of the `hard` weighting")
     pairing: Literal["many_to_one", "one_to_one"] = Field(
-        "many_to_one", description="[choice] one_to_one: a student is drawn at most once per step"
+        "one_to_one",
+        description="[choice] one_to_one: teachers (in a random order) draw students without replacement, a new "
+        "round once every student is drawn, so no student idles when teachers >= students; many_to_one: each "
+        "teacher draws on its own (two may draw the same student and leave another idle)",
     )
     draw_margin: float = Field(0.0, ge=0, le=1, description="[choice] |solve rate - p| within this margin is a draw")
     mu: float = 25.0
@@ -27,19 +51,19 @@ class PFSPParams(Params):
     draw_probability: float = Field(0.1, ge=0, lt=1)
 
 
-class RoundRobinParams(Params):
+class RoundRobinParams(RatedParams):
     """Teacher i meets student (i + step offset) mod S: everyone meets everyone in turn."""
 
 
-class RandomParams(Params):
-    """Each teacher draws a student uniformly at random."""
+class RandomParams(RatedParams):
+    """Teachers draw students uniformly at random without replacement (a new round once every student is drawn)."""
 
 
 class TruncationParams(Params):
     """Replace the bottom ``fraction`` by children of the survivors, ranked by mu - k*sigma."""
 
     fraction: float = Field(0.25, gt=0, lt=1)
-    conservative_k: float = Field(3.0, ge=0)
+    conservative_k: float = Field(0.0, ge=0, description=CONSERVATIVE_K)
 
 
 class TournamentParams(Params):
@@ -47,7 +71,7 @@ class TournamentParams(Params):
 
     fraction: float = Field(0.25, gt=0, lt=1)
     size: int = Field(2, ge=2)
-    conservative_k: float = Field(3.0, ge=0)
+    conservative_k: float = Field(0.0, ge=0, description=CONSERVATIVE_K)
 
 
 class TieredParams(Params):
@@ -55,7 +79,7 @@ class TieredParams(Params):
 
     keep: float = Field(0.3, gt=0, lt=1)
     mutate: float = Field(0.4, ge=0, lt=1)
-    conservative_k: float = Field(3.0, ge=0)
+    conservative_k: float = Field(0.0, ge=0, description=CONSERVATIVE_K)
 
     @model_validator(mode="after")
     def _fractions(self) -> TieredParams:

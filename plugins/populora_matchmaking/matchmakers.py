@@ -43,23 +43,39 @@ class _RatedMatchmaker:
         pass
 
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
+        """One zero-sum game per match on :func:`match_solve_rate` (a draw where it is None): the student wins
+        above the expected solve rate, the teacher below, a draw within the margin."""
+        mode = getattr(self.params, "teacher_outcome", "zero_sum")
         margin = getattr(self.params, "draw_margin", 0.0)
         for o in outcomes:
             teacher, student = members[o.teacher], members[o.student]
             t = self.env.create_rating(teacher.rating.mu, teacher.rating.sigma)
             s = self.env.create_rating(student.rating.mu, student.rating.sigma)
-            if o.solve_rate is None:  # no valid problem: the teacher loses
-                s, t = self.env.rate_1vs1(s, t)
-            elif abs(o.solve_rate - o.expected_solve_rate) <= margin and (
-                margin > 0 or o.solve_rate == o.expected_solve_rate
-            ):
+            rate, p = match_solve_rate(o, mode), o.expected_solve_rate
+            if rate is None or (abs(rate - p) <= margin and (margin > 0 or rate == p)):
                 s, t = self.env.rate_1vs1(s, t, drawn=True)
-            elif o.solve_rate > o.expected_solve_rate:
+            elif rate > p:
                 s, t = self.env.rate_1vs1(s, t)
             else:
                 t, s = self.env.rate_1vs1(t, s)
             teacher.rating.mu, teacher.rating.sigma = t.mu, t.sigma
             student.rating.mu, student.rating.sigma = s.mu, s.sigma
+
+
+def match_solve_rate(outcome: MatchOutcome, mode: str) -> float | None:
+    """The solve rate a match is judged on: the mean over every proposal the teacher generated, one with no usable
+    problem counting as solved (a teacher loss, so invalid proposals count in proportion). Under ``reward`` a
+    problem nobody solved counts as the expected rate, a win for neither side (the student failed it, and the
+    teacher's reward pays it -0.5), and a match of only such problems is a draw (None); under ``zero_sum`` it counts
+    0, a teacher win."""
+    rates = outcome.problem_rates or [outcome.solve_rate]
+    values = [1.0 if r is None else r for r in rates]
+    if mode == "reward":
+        neutral = sum(v == 0 for v in values)
+        if neutral == len(values):
+            return None
+        return (sum(values) + neutral * outcome.expected_solve_rate) / len(values)
+    return sum(values) / len(values)
 
 
 class PFSP(_RatedMatchmaker):
@@ -74,18 +90,17 @@ class PFSP(_RatedMatchmaker):
         return 1.0
 
     def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
-        available = list(students)
-        matches = []
-        for teacher in teachers:
-            if not available:
+        one_to_one = self.params.pairing == "one_to_one"
+        available: list[Any] = []
+        chosen: dict[str, Match] = {}
+        for teacher in rng.sample(list(teachers), len(teachers)) if one_to_one else teachers:
+            if not available or not one_to_one:
                 available = list(students)
             probs = [self.expected(s, teacher) for s in available]
             weights = [max(self.weight(p), 1e-12) for p in probs]
             idx = rng.choices(range(len(available)), weights=weights)[0]
-            matches.append(Match(teacher.id, available[idx].id, probs[idx]))
-            if self.params.pairing == "one_to_one":
-                available.pop(idx)
-        return matches
+            chosen[teacher.id] = Match(teacher.id, available.pop(idx).id, probs[idx])
+        return [chosen[t.id] for t in teachers]
 
 
 class RoundRobin(_RatedMatchmaker):
@@ -116,8 +131,8 @@ class RoundRobin(_RatedMatchmaker):
 
 class RandomMatchmaker(_RatedMatchmaker):
     def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
-        out = []
-        for t in teachers:
-            s = rng.choice(list(students))
-            out.append(Match(t.id, s.id, self.expected(s, t)))
-        return out
+        """Rounds of a random permutation of the students: none idles while teachers >= students."""
+        drawn: list[Any] = []
+        while len(drawn) < len(teachers):
+            drawn += rng.sample(list(students), len(students))
+        return [Match(t.id, s.id, self.expected(s, t)) for t, s in zip(teachers, drawn)]
