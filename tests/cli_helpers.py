@@ -84,3 +84,13 @@ def kill_inside_step(
     reached = marker.read_text() if marker.exists() else None
     assert reached == str(step), f"the run never reached the pause point (marker {reached!r}); stderr:\n{stderr}"
     return proc.returncode, stderr
+
+
+def as_if_killed_after(run_dir: Path | str, step: int) -> None:
+    """Leave a finished run as a kill inside step ``step + 1`` leaves it: checkpoints up to ``step``, LATEST naming
+    it. The newer checkpoints its longer life wrote are removed: a resume rightly goes on from the newest intact one."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    for path in checkpoints.iterdir():
+        if path.name.isdigit() and int(path.name) > step:
+            shutil.rmtree(path)
+    (checkpoints / "LATEST").write_text(f"{step:08d}\n")

@@ -17,6 +17,7 @@ from populora_core.components import Cluster
 from populora_core.loop import execute, resume_run, start_run
 from populora_core.recipe import load_recipe
 from populora_core.run_dir import RunDir
+from tests.cli_helpers import as_if_killed_after
 from tests.test_core_loop import FAKE, RECIPE, _manager
 
 
@@ -125,7 +126,7 @@ def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(e
     pm = _manager_with_cluster()
     reference = _run(pm, tmp_path / "reference", ["steps=4"])
     moved = _run(pm, tmp_path / "moved", ["steps=4", "cluster=in_process"])
-    (moved.checkpoints / "LATEST").write_text("00000003\n")  # keep: 2 leaves checkpoints 3 and 4
+    as_if_killed_after(moved.path, 3)
     with pytest.raises(UserError, match="only the cluster section and steps may change"):
         resume_run(moved, pm, ("seed=9",))
     run = resume_run(moved, pm, ("cluster=local",))

@@ -30,7 +30,7 @@ from populora_core.loop import execute, resume_run, start_run
 from populora_core.plugins import PluginManager
 from populora_core.recipe import load_recipe
 from populora_core.run_dir import RunDir
-from tests.cli_helpers import POPULORA, REPO
+from tests.cli_helpers import POPULORA, REPO, as_if_killed_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 NANO_RAY = REPO / "recipes" / "nano_ray.yaml"
@@ -220,7 +220,7 @@ def test_children_inherit_their_parents_moments_across_workers(on_ray):
 
 def _resume_copy(source: Path, target: Path, step: int, manager, cluster: tuple[str, ...]) -> Path:
     shutil.copytree(source, target)
-    (target / "checkpoints" / "LATEST").write_text(f"{step:08d}\n")
+    as_if_killed_after(target, step)
     run = resume_run(RunDir(target), manager, cluster)
     assert run.step == step
     execute(run)
@@ -243,7 +243,7 @@ def test_a_killed_worker_stops_the_run_clearly_and_resume_completes_it(reference
     run_dir, _ = on_ray
     killed = tmp_path / "killed"
     shutil.copytree(run_dir, killed)
-    (killed / "checkpoints" / "LATEST").write_text("00000002\n")
+    as_if_killed_after(killed, 2)
     address = ray_cluster.get_runtime_context().gcs_address
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "POPULORA_TEST_KILL_STEP": "3"}
     join = f"cluster.params.address={address}"
@@ -270,7 +270,7 @@ def test_without_a_shared_run_dir_files_move_through_the_object_store(reference,
     workers' mirrors go with the cluster."""
     store = tmp_path / "store"
     shutil.copytree(reference, store)
-    (store / "checkpoints" / "LATEST").write_text("00000002\n")
+    as_if_killed_after(store, 2)
     run = resume_run(RunDir(store), manager, ("cluster=ray", *RAY_2, "cluster.params.transfer=object_store"))
     execute(run)
     assert_same_run(reference, store)

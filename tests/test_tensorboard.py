@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import as_if_killed_after, run_cli
 
 TESTS = Path(__file__).parent
 FAKE = str(TESTS / "fake_stack.py")
@@ -29,7 +29,7 @@ def test_a_resumed_run_logs_each_step_once(tiny_model_dir, tmp_path):
     first = run_cli("--plugin", FAKE, "run", RECIPE, *args, "--no-progress", env=env)
     assert first.returncode == 0, first.stderr
     assert [step for step, _ in _scalars(run_dir / "tensorboard", "solve_rate")] == [1, 2, 3]
-    (run_dir / "checkpoints" / "LATEST").write_text("00000002\n")  # as if killed inside step 3, after its log
+    as_if_killed_after(run_dir, 2)  # killed inside step 3, after its log
     resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
     logged = {e["step"]: e["solve_rate"] for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import as_if_killed_after, run_cli
 
 TESTS = Path(__file__).parent
 FAKE = str(TESTS / "fake_stack.py")
@@ -84,7 +84,7 @@ def test_offline_run_holds_every_step_metric_the_probe_and_the_recipe(tiny_model
     assert "probe/base/count" in rows[0] and "matches" not in rows[1]  # lists are not metrics
 
     # a resumed run continues the same W&B run (from the checkpoint before the last: a finished run is left alone)
-    (run_dir / "checkpoints" / "LATEST").write_text("00000002\n")
+    as_if_killed_after(run_dir, 2)
     resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
     first, second = _offline_runs(wandb_dir)

@@ -148,7 +148,8 @@ def make_heldout(out: Path, seed: int = HELDOUT_SEED, per_type: int = PER_TYPE) 
     """Draw the held-out set as make_model.py draws the probe, excluding the corpus's and the probe's programs.
 
     The corpus and probe programs are drawn again from make_model.py's seeds (both are identical for a seed on every
-    machine); the probe's must come out as ``probe.jsonl`` holds them, or the exclusion would be of other programs.
+    machine); the probe's must come out among ``probe.jsonl``'s (its first 50 per type; the file holds more, drawn
+    later for the probe with power, all excluded too), or the exclusion would be of other programs.
     """
     from populora_core import get_registry
 
@@ -159,11 +160,11 @@ def make_heldout(out: Path, seed: int = HELDOUT_SEED, per_type: int = PER_TYPE) 
     try:
         probe_programs = C.generate_programs(3 * PER_TYPE, random.Random(PROBE_SEED), executor, chunk=200)
         shipped = {json.loads(line)["program"] for line in PROBE_FILE.read_text().splitlines() if line.strip()}
-        if {p.code for p in probe_programs} != shipped:
-            raise RuntimeError("the probe programs drawn again differ from probe.jsonl's: not the shipped nano's seeds")
-        seen = {p.code for p in probe_programs}
+        if not {p.code for p in probe_programs} <= shipped:
+            raise RuntimeError("the probe programs drawn again are not probe.jsonl's: not the shipped nano's seeds")
+        seen = {p.code for p in probe_programs}  # what make_model.py kept out of the corpus
         corpus = C.generate_programs(CORPUS_PROGRAMS, random.Random(CORPUS_SEED), executor, exclude=seen)
-        seen |= {p.code for p in corpus}
+        seen |= {p.code for p in corpus} | shipped  # and every probe problem, the extended probe's too
         programs = C.generate_programs(3 * per_type, random.Random(seed), executor, exclude=seen, chunk=200)
         records = C.probe_records(programs, per_type, random.Random(seed + 1))
         check_probe(records, executor)

@@ -75,7 +75,11 @@ def _label_ends(fig: Any, fontsize: float = 7.0) -> None:
     for ax, lines in axes.items():
         to_data = ax.transData.inverted()
         ends = sorted(
-            (tuple(ax.transData.transform((float(ln.get_xdata()[-1]), float(ln.get_ydata()[-1])))), ln) for ln in lines
+            (
+                (tuple(ax.transData.transform((float(ln.get_xdata()[-1]), float(ln.get_ydata()[-1])))), ln)
+                for ln in lines
+            ),
+            key=lambda end: end[0],  # by place only: two lines ending at one point must not compare the lines
         )
         width = max(len(str(ln.get_label())) for ln in lines) * 0.62 * px + 6  # the widest label, and a margin
         top = ax.get_window_extent().y1
