@@ -50,9 +50,14 @@ def cpu_name() -> str:
 
 
 def draw_problems(
-    executor: Any, per_type: Sequence[int], seed: int, exclude: set[str], max_steps: int | None
+    executor: Any,
+    types: Sequence[str],
+    per_type: Sequence[int],
+    seed: int,
+    exclude: set[str],
+    max_steps: int | None,
 ) -> tuple[list[dict[str, list[Any]]], dict[str, int]]:
-    """Problem sets with ``per_type[i]`` problems per task type each, no program shared by two problems
+    """Problem sets with ``per_type[i]`` problems of each of ``types`` each, no program shared by two problems
     (across sets too), none in ``exclude``; programs of at most ``max_steps`` steps when given. Also each
     program's number of steps."""
     import populora_nano.corpus as corpus
@@ -79,10 +84,7 @@ def draw_problems(
         records = corpus.probe_records(programs[start : start + 3 * count], count, random.Random(seed + start + 1))
         start += 3 * count
         sets.append(
-            {
-                t: [Problem(**r, valid=True, proposer="transfer") for r in records if r["task_type"] == t]
-                for t in TASK_TYPES
-            }
+            {t: [Problem(**r, valid=True, proposer="transfer") for r in records if r["task_type"] == t] for t in types}
         )
     return sets, {p.code: p.steps for p in programs}
 
@@ -91,7 +93,7 @@ def breakdown(acc: dict[str, list[float]], problems: dict[str, list[Any]], steps
     """Per task type and program length: how many problems, their mean per-sample accuracy, the share solved
     at least once (pass@k: what sharpening the policy could reach at most)."""
     rows = []
-    for t in TASK_TYPES:
+    for t in problems:
         for steps in sorted({steps_of[p.program] for p in problems[t]}):
             values = [a for a, p in zip(acc[t], problems[t], strict=True) if steps_of[p.program] == steps]
             rows.append(
@@ -110,12 +112,20 @@ def per_sample_accuracy(c: Any, member: Any, problems: dict[str, list[Any]], k: 
     """Each problem's share of ``k`` sampled answers that are right (a dropped answer counts as wrong)."""
     from populora_core.phases import solve
 
-    attempts = [(t, member, p) for t in TASK_TYPES for p in problems[t]]
+    attempts = [(t, member, p) for t in problems for p in problems[t]]
     answers = solve(c, attempts, step, stream, n=k).answers
-    out: dict[str, list[float]] = {t: [] for t in TASK_TYPES}
+    out: dict[str, list[float]] = {t: [] for t in problems}
     for (t, _, _), scored in zip(attempts, answers, strict=True):
         out[t].append(sum(bool(r.info["correct"]) for r in scored) / k)
     return out
+
+
+def greedy_accuracy(c: Any, problems: dict[str, list[Any]], adapters: list[Any]) -> list[float]:
+    """Each adapter's greedy accuracy (mean over task types), one answer per problem."""
+    from populora_core.probe import greedy_grades
+
+    graded = greedy_grades(c.engine, c.tasks, problems, adapters, c.recipe.rollout.solve_max_tokens)
+    return [statistics.fmean(statistics.fmean(g.correct for g in v) for v in per.values()) for per in graded]
 
 
 def mean_over_types(acc: dict[str, list[float]]) -> float:
@@ -183,17 +193,30 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
     run = start_run(recipe, resolved, RunDir(work / "run"), manager)
     try:
         c = run.components
+        types = [t for t in TASK_TYPES if t in c.tasks]
+        if any(n % len(types) or n < len(types) for n in sizes):
+            raise SystemExit(
+                f"--sizes {sizes}: each pool size must be a positive multiple of {len(types)} (task types)"
+            )
         exclude = {p.program for p in load_probe()}
         (heldout, pool), steps_of = draw_problems(
-            c.executor, [args.heldout, max(sizes) // 3], 7919 + args.seed, exclude, args.max_program_steps
+            c.executor,
+            types,
+            [args.heldout, max(sizes) // len(types)],
+            7919 + args.seed,
+            exclude,
+            args.max_program_steps,
         )
         drawn = time.time()
         print(
-            f"  drew {3 * args.heldout} held-out and {max(sizes)} pool problems in {drawn - started:.0f} s", flush=True
+            f"  drew {len(types) * args.heldout} held-out and {max(sizes)} pool problems in {drawn - started:.0f} s",
+            flush=True,
         )
         students = run.population.students
         base = per_sample_accuracy(c, students[0], heldout, args.k, 0, "transfer/heldout")
-        shared = {t: pool[t][: min(sizes) // 3] for t in TASK_TYPES}  # every arm trains on these
+        base_greedy = greedy_accuracy(c, heldout, [None])[0]
+        print(f"  base held-out greedy accuracy {100 * base_greedy:.1f} %", flush=True)
+        shared = {t: pool[t][: min(sizes) // len(types)] for t in types}  # every arm trains on these
         base_shared = per_sample_accuracy(c, students[0], shared, args.k, 0, "transfer/train")
         print(f"  base held-out per-sample accuracy {100 * mean_over_types(base):.1f} %", flush=True)
         base_rows = breakdown(base, heldout, steps_of)
@@ -205,7 +228,9 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
             )
         per_step = recipe.rollout.proposals_per_teacher
         streams = {
-            (n, t): cycle(pool[t][: n // 3], random.Random(f"{args.seed}/{n}/{t}")) for n in sizes for t in TASK_TYPES
+            (n, t): cycle(pool[t][: n // len(types)], random.Random(f"{args.seed}/{n}/{t}"))
+            for n in sizes
+            for t in types
         }
         solve_rate: dict[int, list[float]] = {n: [] for n in sizes}
         train_start = time.time()
@@ -213,20 +238,21 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
             attempts = [
                 (t, student, next(streams[n, t]))
                 for n, student in zip(sizes, students, strict=True)
-                for t in TASK_TYPES
+                for t in types
                 for _ in range(per_step)
             ]
             answers = solve(c, attempts, step, "sample/solve", n=args.samples).answers
             train(c, run.population, [r for scored in answers for r in scored])
             for i, n in enumerate(sizes):
-                own = answers[i * 3 * per_step : (i + 1) * 3 * per_step]
+                own = answers[i * len(types) * per_step : (i + 1) * len(types) * per_step]
                 solve_rate[n].append(statistics.fmean(bool(r.info["correct"]) for s in own for r in s))
             if step % max(1, args.steps // 8) == 0 or step == args.steps:
                 rates = ", ".join(f"N={n} {100 * statistics.fmean(solve_rate[n][-4:]):.0f} %" for n in sizes)
                 print(f"  step {step:3d} ({time.time() - train_start:.0f} s): training solve rate {rates}", flush=True)
         train_seconds = time.time() - train_start
+        greedy = greedy_accuracy(c, heldout, [c.adapter_ref(student) for student in students])
         arms = []
-        for n, student in zip(sizes, students, strict=True):
+        for n, student, greedy_acc in zip(sizes, students, greedy, strict=True):
             acc = per_sample_accuracy(c, student, heldout, args.k, args.steps + 1, "transfer/heldout")
             own = per_sample_accuracy(c, student, shared, args.k, args.steps + 1, "transfer/train")
             gain, lo, hi = paired_interval(acc, base, args.seed)
@@ -235,6 +261,7 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
                     "N": n,
                     "heldout": mean_over_types(acc),
                     "heldout_by_type": {t: statistics.fmean(v) for t, v in acc.items()},
+                    "greedy": greedy_acc,
                     "gain": gain,
                     "interval": [lo, hi],
                     "mde": minimum_detectable(acc, base),
@@ -249,8 +276,9 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
     return {
         "base": base,
         "base_trained_on": mean_over_types(base_shared),
+        "base_greedy": base_greedy,
         "base_breakdown": base_rows,
-        "heldout_program_steps": {t: [steps_of[p.program] for p in heldout[t]] for t in TASK_TYPES},
+        "heldout_program_steps": {t: [steps_of[p.program] for p in heldout[t]] for t in types},
         "arms": arms,
         "train_seconds": train_seconds,
         "draw_seconds": drawn - started,
@@ -274,8 +302,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.steps, args.heldout, args.k, args.samples = [6, 12], 2, 4, 2, 2
         overrides.append("rollout.proposals_per_teacher=2")
-    if any(n % 3 or n < 3 for n in args.sizes):
-        parser.error(f"--sizes {args.sizes}: each pool size must be a positive multiple of 3 (N/3 per task type)")
     if args.samples is None:
         from populora_core.plugins import get_manager
         from populora_core.recipe import load_recipe
@@ -287,19 +313,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seconds = time.time() - start
     base = mean_over_types(result["base"])
     print(
-        f"\nheld-out per-sample accuracy (%, k = {args.k}, {3 * args.heldout} problems) of one student trained "
+        f"\nheld-out per-sample accuracy (%, k = {args.k}, {args.heldout} per task type) of one student trained "
         f"{args.steps} steps x {args.samples} answers on N problems; {args.recipe} {' '.join(overrides)}"
     )
-    print(f"base: {100 * base:.1f} held-out, {100 * result['base_trained_on']:.1f} on the smallest pool")
     print(
-        "| N | held-out | - base | 95 % interval | MDE | smallest pool (trained on by all) | solve rate first / last |"
+        f"base: {100 * base:.1f} held-out ({100 * result['base_greedy']:.1f} greedy), "
+        f"{100 * result['base_trained_on']:.1f} on the smallest pool"
     )
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| N | held-out | - base | 95 % interval | MDE | greedy | smallest pool (trained on by all) "
+        "| solve rate first / last |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for a in result["arms"]:
         lo, hi = a["interval"]
         print(
             f"| {a['N']} | {100 * a['heldout']:.1f} | {100 * a['gain']:+.1f} | [{100 * lo:+.1f}, {100 * hi:+.1f}] | "
-            f"{100 * a['mde']:.1f} | {100 * a['trained_on']:.1f} | "
+            f"{100 * a['mde']:.1f} | {100 * a['greedy']:.1f} | {100 * a['trained_on']:.1f} | "
             f"{100 * a['solve_rate_first']:.0f} / {100 * a['solve_rate_last']:.0f} |"
         )
     print(
@@ -320,6 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "base_heldout": base,
         "base_trained_on": result["base_trained_on"],
         "base_per_problem": result["base"],
+        "base_greedy": result["base_greedy"],
         "base_breakdown": result["base_breakdown"],
         "heldout_program_steps": result["heldout_program_steps"],
         "arms": result["arms"],
