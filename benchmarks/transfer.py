@@ -186,6 +186,7 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
             f"population.students={len(sizes)}",
             "population.mode=population",
             "probe.enabled=false",
+            "evolution.every=0",
         ],
         manager.registry,
     )
