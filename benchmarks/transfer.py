@@ -78,6 +78,9 @@ def draw_problems(
                 f"that short, {need} needed; draw fewer (--sizes, --heldout) or allow longer programs"
             )
         programs += kept
+    # shuffled before the split: the generator runs out of distinct short programs as it draws, so its first
+    # programs are shorter than its last; unshuffled, held-out and small pools would be easier than large ones
+    rng.shuffle(programs)
     programs = programs[:need]
     sets, start = [], 0
     for count in per_type:
