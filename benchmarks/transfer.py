@@ -2,20 +2,22 @@
 
     python -m benchmarks.transfer                     # recipes/nano.yaml; N = 18 / 72 / 288 / 1152, 64 steps each
     python -m benchmarks.transfer --quick             # 2 steps, tiny pools and held-out set (CI)
-    python -m benchmarks.transfer --max-program-steps 1 --samples 12 trainer.params.lr=3e-3   # item-2 variants
+    python -m benchmarks.transfer 'tasks=[{name: induction, params: {style: compact}}]' --samples 12 --sizes 288
+        # recipe overrides come first: one task type alone, 12 answers a problem, one arm
 
-Why: self-play can only help a student beyond the problems it is handed if what it learns on some problems
-carries over to others. This benchmark removes the teachers and measures that directly. One arm per pool size
-N: a student of the recipe (its engine, trainer, tasks, sampling and update sizes) trained on N distinct
-problems drawn from nano's corpus generator (`populora_nano.corpus`, N/3 per task type, the shipped probe's
+Why: self-play can only help a student beyond the problems it is handed if what it learns on some problems carries
+over to others. This benchmark removes the teachers and measures that directly. One arm per pool size N: a student
+of the recipe (its engine, trainer, tasks, sampling and update sizes) trained on N distinct problems drawn from
+nano's corpus generator (`populora_nano.corpus`, N split evenly over the recipe's task types, the shipped probe's
 programs excluded), every arm at the same compute: ``--steps`` updates of ``rollout.proposals_per_teacher``
 problems per task type x ``--samples`` answers each (the pool is cycled, each problem equally often). Then
 per-sample accuracy (``--k`` answers at the recipe's temperature) on ``--heldout`` problems per task type whose
-programs are in no pool, against the same for the base (the adapters' step 0), with a 95 % bootstrap interval
-over held-out problems as units (resampled within task types) and the minimum detectable effect of that
-design (80 % power, two-sided 5 %). The accuracy on the smallest pool's problems (every arm trained on them)
-shows what each arm learned where it trained. Pool sizes must be multiples of 3; smaller pools are prefixes of
-larger ones, and the held-out programs are drawn first. Last line: one JSON object.
+programs are in no pool, against the same for the base (the adapters' step 0), with a 95 % bootstrap interval over
+held-out problems as units (resampled within task types) and the minimum detectable effect of that design (80 %
+power, two-sided 5 %). The accuracy on the smallest pool's problems (every arm trained on them) shows what each arm
+learned where it trained. Pool sizes must be multiples of the number of task types; smaller pools are prefixes of
+larger ones; the drawn programs are shuffled before the split. ``--max-program-steps`` keeps programs of at most
+that many steps. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -248,8 +250,8 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
             answers = solve(c, attempts, step, "sample/solve", n=args.samples).answers
             train(c, run.population, [r for scored in answers for r in scored])
             for i, n in enumerate(sizes):
-                own = answers[i * len(types) * per_step : (i + 1) * len(types) * per_step]
-                solve_rate[n].append(statistics.fmean(bool(r.info["correct"]) for s in own for r in s))
+                arm = answers[i * len(types) * per_step : (i + 1) * len(types) * per_step]
+                solve_rate[n].append(statistics.fmean(bool(r.info["correct"]) for s in arm for r in s))
             if step % max(1, args.steps // 8) == 0 or step == args.steps:
                 rates = ", ".join(f"N={n} {100 * statistics.fmean(solve_rate[n][-4:]):.0f} %" for n in sizes)
                 print(f"  step {step:3d} ({time.time() - train_start:.0f} s): training solve rate {rates}", flush=True)
