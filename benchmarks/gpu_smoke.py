@@ -241,6 +241,7 @@ def overrides_for(
         f"rollout.max_prompt_tokens={prompt}",
         # children after every step but the last (whose child would never train); one adapter: no evolution
         f"evolution.every={0 if single else 1}",
+        "evolution.ready_after=0",  # a member is ready at once: a few steps would otherwise breed nobody
         f"checkpoint.every={10 * args.steps}",  # only the final checkpoint
         "sinks=[]",
         "seeds.enabled=true",
@@ -249,6 +250,8 @@ def overrides_for(
     ]
     if single:
         out.append("population.mode=single_agent")
+    elif pop < 4:  # azr_7b's truncation would leave a role of 2 one line (a recipe error): mutate in place, as nano
+        out.append("evolution.selector={name: tiered, params: {keep: 0.5, mutate: 0.5}}")
     if engine == "hf":
         budget = 16384 if args.quick else 262144  # every row of a phase in one batch: no serialisation
         out.append("engine=" + json.dumps({"name": "hf", "params": {"device": device, "token_budget": budget}}))
