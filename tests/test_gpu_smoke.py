@@ -135,3 +135,39 @@ def test_at_the_7b_shape_the_activation_term_is_held_to_the_band_too():
     assert not checked["passed"] and checked["activations_planned_over_measured"] == 0.75
     assert against_plan(100e6, {"side": 90e6, "activations": 60e6, "check_activations": True})["passed"]  # 60/70
     assert not against_plan(100e6, {"side": 50e6, "activations": 40e6, "check_activations": False})["passed"]
+
+
+def test_the_trainer_check_reports_the_reserved_peak_beside_the_allocated_one_on_cuda(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """On CUDA the caching allocator's reserved peak (what the GPU sees, fragmentation included) is reported beside
+    the allocated one it is judged by. A fake CUDA: torch.cuda's counters, a trainer whose host says cuda."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmarks._gpu_checks import trainer_check
+    from populora_core.components import LoraSettings, UpdateStats
+
+    allocated = iter([1_000_000_000])  # before the update
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 1_300_000_000)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 1_700_000_000)
+
+    class CudaTrainer:
+        host = SimpleNamespace(device="cuda:0", base_model=SimpleNamespace(config=SimpleNamespace(vocab_size=64)))
+
+        def update(self, member, adapter, rows, out):
+            return UpdateStats(loss=0.5, tokens=sum(len(r.completion_token_ids) for r in rows))
+
+        def forget(self, member):
+            pass
+
+    lora = LoraSettings(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    base = SimpleNamespace(path=str(tiny_model_dir))
+    planned = {"side": 300_000_000, "activations": 100_000_000}
+    got = trainer_check(CudaTrainer(), base, lora, 8, 4, planned, tmp_path)
+    assert got["measured"] == "torch.cuda.max_memory_allocated" and got["measured_peak_mb"] == 300.0
+    assert got["reserved_peak_mb"] == 1700.0 and got["allocated_peak_mb"] == 1300.0 and got["passed"]
