@@ -508,7 +508,8 @@ def test_bad_executor_settings_are_errors_naming_the_setting(ray_cluster, manage
     ):
         with pytest.raises(RecipeError, match=message) as caught:
             load_recipe(NANO_RAY, [f"executor={{name: ray, params: {{executor: {inner}}}}}"], manager.registry)
-        assert "nano_ray.yaml (component executor 'ray' from plugin ray)" in str(caught.value)
+        assert "nano_ray.yaml) (component executor 'ray' from plugin ray)" in str(caught.value)
+        assert str(caught.value).startswith("override executor=")  # the override is what is wrong, not the file
 
 
 def test_a_run_on_the_ray_executor_is_the_single_process_run(reference, manager, ray_cluster, tmp_path):
