@@ -24,6 +24,7 @@ def test_nano_recipe_runs_three_steps_on_the_vllm_engine(tmp_path):
         "engine.params={}",
         "probe.enabled=false",
         "evolution.every=2",
+        "evolution.ready_after=0",  # readiness counts rated matches: a child at step 2 in a 3-step run
         "rollout.proposals_per_teacher=3",
         "rollout.solver_samples=4",
     )
