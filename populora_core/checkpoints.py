@@ -3,7 +3,7 @@
 A checkpoint records a manifest of its own files and of the adapter files its population restores (byte size and
 sha256). Intact means: ``state.json`` reads, every recorded file is there with its size (and hash, when asked),
 every adapter version the population restores is there. A resume trusts only an intact checkpoint; a damaged newer
-one is set aside with what only it needed (:meth:`RunDir.set_aside`), never deleted, so days of GPU time are not
+one is set aside with what only it needed (:func:`.recovery.set_aside`), never deleted, so days of GPU time are not
 thrown away by one torn file. A run is cleared to start over only when it provably never completed a checkpoint:
 no ``LATEST``, no checkpoint folder, no ``members.json`` (all written by the first checkpoint).
 """

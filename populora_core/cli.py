@@ -298,7 +298,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     from .loop import check_resume_overrides, check_resume_steps
     from .recipe import parse_recipe
     from .recipe_yaml import apply_overrides
-    from .recovery import recipe_for_resume
+    from .recovery import recipe_for_resume, resume_point
     from .run_dir import RunDir
 
     check_resume_overrides(overrides)
@@ -306,10 +306,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     recipe_file = str(directory.path / "recipe.yaml")
     if not directory.path.is_dir():
         raise UserError(f"{run_dir} is not a run directory (no such folder); `populora runs` lists the runs")
-    directory.check_writable()
-    point = directory.resume_point()
-    if point.checkpoint is None and point.ever_checkpointed:
-        raise UserError(point.refusal())
+    point = resume_point(directory)
     recorded = parse_recipe(
         apply_overrides(recipe_for_resume(directory), list(overrides), recipe=recipe_file), None, recipe=recipe_file
     )

@@ -207,14 +207,11 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     """
     from .recipe import parse_recipe
     from .recipe_yaml import apply_overrides
-    from .recovery import recipe_for_resume
+    from .recovery import recipe_for_resume, resume_point
 
     recipe_file = str(run_dir.path / "recipe.yaml")
     check_resume_overrides(overrides)
-    run_dir.check_writable()
-    point = run_dir.resume_point()
-    if point.checkpoint is None and point.ever_checkpointed:
-        raise UserError(point.refusal())
+    point = resume_point(run_dir)
     data = apply_overrides(recipe_for_resume(run_dir), overrides, recipe=recipe_file)
     recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
     done = point.step

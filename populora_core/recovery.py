@@ -15,6 +15,16 @@ from .files import atomic_write_text
 from .run_dir import RunDir
 
 
+def resume_point(run_dir: RunDir) -> ResumePoint:
+    """Where a resume of ``run_dir`` goes on from, after the checks that refuse one before anything changes: a
+    read-only run directory, a damaged run without an intact checkpoint (both exit 2, nothing changed)."""
+    run_dir.check_writable()
+    point = run_dir.resume_point()
+    if point.checkpoint is None and point.ever_checkpointed:
+        raise UserError(point.refusal())
+    return point
+
+
 def recipe_for_resume(run_dir: RunDir) -> dict[str, Any]:
     """``recipe.yaml``, checked against the copy the newest intact checkpoint keeps: a missing or unreadable
     one is restored from that copy (the damaged file set aside); one that differs in more than what a resume

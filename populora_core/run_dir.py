@@ -13,7 +13,7 @@ the byte length of every append-only log, a copy of the recipe and a manifest (s
 and of the adapter files it restores; resuming from the newest intact checkpoint (:mod:`.checkpoints`)
 truncates the logs back to those lengths and deletes adapter versions written after it, so nothing logged
 before the checkpoint is lost and nothing after it is duplicated. When a newer checkpoint is damaged, it and
-everything only it needed are moved to ``RUN/damaged/<time>/`` instead (:meth:`RunDir.set_aside`).
+everything only it needed are moved to ``RUN/damaged/<time>/`` instead (:func:`.recovery.set_aside`).
 """
 
 from __future__ import annotations
