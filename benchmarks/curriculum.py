@@ -31,7 +31,7 @@ from typing import Any
 
 from populora_report.summary import paired_gain_interval, paired_gain_mde
 
-from populora_core.probe import cluster_bootstrap, cluster_mde
+from populora_core.api.probe import cluster_bootstrap, cluster_mde
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
     import populora_nano.corpus as corpus
     from populora_nano.probe import TASK_TYPES
 
-    from populora_core.components import Problem
+    from populora_core.api.components import Problem
 
     programs = corpus.generate_programs(3 * per_type, random.Random(seed), executor, exclude=exclude, chunk=300)
     records = corpus.probe_records(programs, per_type, random.Random(seed + 1))
@@ -53,13 +53,13 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
 def run_seed(
     recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int, pool_size: int, work: Path
 ) -> dict[str, Any]:
-    from populora_core.loop import start_run
-    from populora_core.phases import solve
-    from populora_core.plugins import get_manager
-    from populora_core.probe import run_probe_set
-    from populora_core.recipe import load_recipe
-    from populora_core.rng import derived_rng
-    from populora_core.run_dir import RunDir
+    from populora_core.api.rng import derived_rng
+    from populora_core.plugin.manager import get_manager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import start_run
+    from populora_core.run.phases import solve
+    from populora_core.run.probe import run_probe_set
+    from populora_core.run.run_dir import RunDir
 
     manager = get_manager()
     recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"], manager.registry)

@@ -86,7 +86,7 @@ class _Instant:
     """An executor that answers at once: timing grade() with it isolates the evaluator's own cost."""
 
     def run_batch(self, jobs):
-        from populora_core.components import ExecResult
+        from populora_core.api.components import ExecResult
 
         return [ExecResult("ok", "True") for _ in jobs]
 

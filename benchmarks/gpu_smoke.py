@@ -23,7 +23,7 @@ names, else the one with the most free memory), as a run in one process uses one
 - ``adapters_hf`` / ``adapters_vllm``: two adapter versions give different greedy tokens, and swapping back gives
   the first one's again;
 - ``trainer``: one TRR++ update of the recipe's trainer at the longest configured row (azr_7b.yaml: 6144 + 8096
-  tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.plan) for that update,
+  tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.run.plan) for that update,
   which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU); the peak less
   the plan's other update terms beside the plan's activation term, held to the same band at --full-shape (the 7B
   terms themselves);
@@ -264,12 +264,12 @@ def overrides_for(
 def run_variant(
     args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str, single: bool = False
 ) -> dict[str, Any]:
-    from populora_core import modelhost
-    from populora_core.architecture import load_arch
-    from populora_core.memory import CUDA_CONTEXT, visible_gpu_bytes
-    from populora_core.plan import plan_recipe
-    from populora_core.plugins import get_manager
-    from populora_core.recipe import load_recipe
+    from populora_core.api import modelhost
+    from populora_core.api.architecture import load_arch
+    from populora_core.api.memory import CUDA_CONTEXT, visible_gpu_bytes
+    from populora_core.plugin.manager import get_manager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.plan import plan_recipe
 
     manager = get_manager()
     overrides = overrides_for(args, engine, pop, model_dir, device, single)
@@ -327,8 +327,8 @@ def population_check(args: argparse.Namespace, engine: str, pop: int, model_dir:
 
 def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list, reasons: dict) -> list[dict]:
     """One run through ``start_run`` + ``execute``, recording every completion's step, length and finish reason."""
-    from populora_core.loop import execute, start_run
-    from populora_core.run_dir import RunDir
+    from populora_core.run.loop import execute, start_run
+    from populora_core.run.run_dir import RunDir
 
     run = start_run(recipe, resolved, RunDir(path), manager)
     generate = run.components.engine.generate
@@ -351,14 +351,14 @@ def component_checks(
 ) -> dict[str, dict[str, Any]]:
     """The hf engine's and the trainer's checks, then (``vllm``) the vLLM engine's, each component built from the
     recipe as a run builds it and released before the next one loads."""
-    from populora_core import modelhost
-    from populora_core.adapters import fresh_lora, save_lora
-    from populora_core.architecture import load_arch
-    from populora_core.components import AdapterRef, LoraSettings
-    from populora_core.memory import visible_gpu_bytes
-    from populora_core.plan import plan_recipe
-    from populora_core.plugins import get_manager
-    from populora_core.recipe import load_recipe
+    from populora_core.api import modelhost
+    from populora_core.api.adapters import fresh_lora, save_lora
+    from populora_core.api.architecture import load_arch
+    from populora_core.api.components import AdapterRef, LoraSettings
+    from populora_core.api.memory import visible_gpu_bytes
+    from populora_core.plugin.manager import get_manager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.plan import plan_recipe
 
     from ._gpu_checks import (
         adapter_check,
@@ -475,7 +475,7 @@ def write_version(trainer: Any, adapter: Any, out: Path) -> dict[str, Any]:
 def _live_hosts(model_dir: Path) -> int:
     """Model hosts of the smoke's base (each holds a copy) still referenced after the hf engine and the trainer
     are gone."""
-    from populora_core.modelhost import ModelHost
+    from populora_core.api.modelhost import ModelHost
 
     gc.collect()
     return sum(type(o) is ModelHost and Path(o.base.path) == model_dir for o in gc.get_objects())
@@ -483,7 +483,7 @@ def _live_hosts(model_dir: Path) -> int:
 
 def one_gpu(environ: Any, gpus: list[Any]) -> str | None:
     """Before CUDA starts: with several GPUs visible (``gpus``: nvidia-smi's list, or those CUDA_VISIBLE_DEVICES
-    names) the smoke runs on one, as a run in one process does (populora_core.assembly.refuse_idle_gpus): the
+    names) the smoke runs on one, as a run in one process does (populora_core.run.assembly.refuse_idle_gpus): the
     first that CUDA_VISIBLE_DEVICES names, else the one with the most free memory (by PCI bus order, nvidia-smi's).
     Returns what it did, for the log."""
     named = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", default="", help="keep the random model here (written once, reused)")
     args = ap.parse_args(argv)
     args.quick = args.quick or args.smoke
-    from populora_core.doctor import nvidia_smi
+    from populora_core.cli.doctor import nvidia_smi
 
     gpus = [] if args.smoke or args.device == "cpu" else nvidia_smi()[1]
     chosen = one_gpu(os.environ, gpus)  # before torch starts CUDA
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             result["checks"][name] = {**check, "seconds": round(time.perf_counter() - start, 1)}
             print(f"{'PASS' if check['passed'] else 'FAIL'} {name} ({result['checks'][name]['seconds']} s)", flush=True)
             if "error" in check:  # what the raising run left loaded
-                from populora_core import modelhost
+                from populora_core.api import modelhost
 
                 modelhost._HOSTS.clear()
                 _release(device)

@@ -155,7 +155,7 @@ def _profiled(step: Any) -> Any:
 
 
 def _summary(records: list[dict[str, Any]], flops: list[float], gen: list[int], train: list[int], peak: float) -> dict:
-    from populora_core.metrics import MODEL_PHASES
+    from populora_core.run.metrics import MODEL_PHASES
 
     steady = list(range(1, len(records))) or [0]
     total = sum(records[i]["time/step"] for i in steady)
@@ -194,10 +194,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from populora_core.architecture import load_arch
-    from populora_core.plugins import get_manager
-    from populora_core.recipe import load_recipe
-    from populora_core.run_dir import RunDir
+    from populora_core.api.architecture import load_arch
+    from populora_core.plugin.manager import get_manager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.run_dir import RunDir
 
     steps = 2 if args.smoke else 3 if args.quick else args.steps
     overrides = [f"steps={steps}", "probe.enabled=false"]
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs, counters = {}, {}
         for name, ov in paths.items():
             recipe, resolved = load_recipe(args.recipe, ov, manager.registry)
-            from populora_core.loop import start_run
+            from populora_core.run.loop import start_run
 
             runs[name] = start_run(recipe, resolved, RunDir(Path(tmp) / name), manager)
             counters[name] = TokenCounter(runs[name])
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
                 run.close()
         peak = max(peak, matmul_flops())  # the machine's best seen during the run (before and after)
 
-    from populora_core.metrics import MODEL_PHASES
+    from populora_core.run.metrics import MODEL_PHASES
 
     current = records["current"]
     phases = sorted({k[5:] for r in current for k in r if k.startswith("time/")} - {"step", "orchestration_share"})

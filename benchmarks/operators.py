@@ -281,7 +281,7 @@ def bench_lucidrains(
 def evolve_cli_seconds(d: Path) -> float:
     """Wall time of ``populora evolve svd`` on the saved parents in a new process: Python start-up,
     imports, plugin discovery, reading, the operator, writing and lineage (what a scheduler pays)."""
-    code = "import sys; from populora_core.cli import main; sys.argv[0] = 'populora'; sys.exit(main())"
+    code = "import sys; from populora_core.cli.commands import main; sys.argv[0] = 'populora'; sys.exit(main())"
     cmd = [sys.executable, "-c", code, "evolve", "svd", "--parent", str(d / "p0"), "--parent", str(d / "p1")]
     t0 = time.perf_counter()
     res = subprocess.run([*cmd, "--out", str(d / "cli_child"), "--seed", "0"], capture_output=True, text=True)
@@ -319,7 +319,7 @@ def bench_rank(
     from populora_lora_ops import OPERATORS, SvdCrossoverParams, ops
     from populora_lora_ops.synthetic import module_names, trained_like
 
-    from populora_core.adapters import load_lora, save_lora
+    from populora_core.api.adapters import load_lora, save_lora
 
     named = module_names(layers, shapes)
     alpha = 2.0 * rank

@@ -175,7 +175,7 @@ def corpus(count: int, seed: int) -> tuple[list[tuple[str, str]], int]:
 
 
 def validate_isolated(executor: Any, programs: list[tuple[str, str]]) -> list[str | None]:
-    from populora_core.components import ExecJob
+    from populora_core.api.components import ExecJob
 
     jobs = [ExecJob(code, f"f({inp})", hash_variant=v) for code, inp in programs for v in (0, 1)]
     res = executor.run_batch(jobs)

@@ -37,9 +37,9 @@ RECIPE = REPO / "recipes" / "nano_ray.yaml"
 
 
 def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> dict:
-    from populora_core.loop import execute, start_run
-    from populora_core.recipe import load_recipe
-    from populora_core.run_dir import RunDir
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import execute, start_run
+    from populora_core.run.run_dir import RunDir
 
     recipe, resolved = load_recipe(RECIPE, overrides, manager.registry)
     started = time.perf_counter()
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import ray
 
-    from populora_core.plugins import get_manager
+    from populora_core.plugin.manager import get_manager
 
     steps = 2 if args.smoke else 3 if args.quick else args.steps
     common = [f"steps={steps}", "probe.enabled=false", "evolution.every=0", f"checkpoint.every={steps}"]

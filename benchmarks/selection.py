@@ -33,7 +33,7 @@ BETA = 25.0 / 6.0
 
 def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
     """The simulation's settings from a recipe, or None when the recipe never evolves."""
-    from populora_core.recipe import load_recipe
+    from populora_core.recipe.validate import load_recipe
 
     recipe, _ = load_recipe(path, registry=manager.registry)
     evo = recipe.evolution
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=None, help="simulations per setting (default 40, quick 2)")
     ap.add_argument("--recipes", nargs="+", default=None, help="recipe files (default: every recipes/*.yaml)")
     args = ap.parse_args()
-    from populora_core.plugins import get_manager
+    from populora_core.plugin.manager import get_manager
 
     trials = args.trials or (2 if args.quick else 40)
     manager = get_manager()

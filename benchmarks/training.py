@@ -47,7 +47,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _rollouts(member: str, n: int, length: int, seed: int) -> list[Any]:
-    from populora_core.components import Rollout
+    from populora_core.api.components import Rollout
 
     rng = random.Random(seed)
     groups = [
@@ -68,7 +68,7 @@ def _rollouts(member: str, n: int, length: int, seed: int) -> list[Any]:
 
 def bench(name: str, params: dict[str, Any], quick: bool, device: str, work: Path) -> dict[str, Any]:
     from populora_core import get_registry
-    from populora_core.components import AdapterRef, BaseModel, LoraSettings
+    from populora_core.api.components import AdapterRef, BaseModel, LoraSettings
     from tests.tiny_model import fresh_adapter
 
     n_rollouts, length, members, rounds = (32, 32, 4, 1) if quick else (64, 64, 8, 3)
@@ -119,7 +119,7 @@ def _logprob_model(work: Path, vocab: int) -> None:
     """The tiny tokenizer with a random 2-layer, hidden-64 Llama of ``vocab`` ids; a version-0 adapter."""
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from populora_core.components import BaseModel, LoraSettings
+    from populora_core.api.components import BaseModel, LoraSettings
     from tests.tiny_model import build_tiny_model, fresh_adapter
 
     path = build_tiny_model(work / "model", hidden=64, layers=2, heads=4, kv_heads=2, max_positions=8192)
@@ -143,7 +143,7 @@ def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: s
     import torch
 
     from populora_core import get_registry
-    from populora_core.components import AdapterRef, BaseModel, LoraSettings, Rollout
+    from populora_core.api.components import AdapterRef, BaseModel, LoraSettings, Rollout
 
     base = BaseModel(str(work / "model"))
     lora = LoraSettings(rank=8, alpha=16.0, init_std=0.02)
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
     from tests.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         if grpo_ok:
             result["grpo"] = bench("grpo", {"micro_batch_size": 16}, args.quick, args.device, work)
             result["grpo_tokens_per_s"] = result["grpo"]["tokens_per_s"]
-        from populora_core.components import BaseModel
+        from populora_core.api.components import BaseModel
 
         host = get_host(BaseModel(str(work / "model")), args.device)
         result.update(

@@ -62,7 +62,7 @@ def draw_problems(
     program's number of steps."""
     import populora_nano.corpus as corpus
 
-    from populora_core.components import Problem
+    from populora_core.api.components import Problem
 
     need = 3 * sum(per_type)
     rng = random.Random(seed)
@@ -113,7 +113,7 @@ def breakdown(acc: dict[str, list[float]], problems: dict[str, list[Any]], steps
 
 def per_sample_accuracy(c: Any, member: Any, problems: dict[str, list[Any]], k: int, step: int, stream: str) -> dict:
     """Each problem's share of ``k`` sampled answers that are right (a dropped answer counts as wrong)."""
-    from populora_core.phases import solve
+    from populora_core.run.phases import solve
 
     attempts = [(t, member, p) for t in problems for p in problems[t]]
     answers = solve(c, attempts, step, stream, n=k).answers
@@ -125,7 +125,7 @@ def per_sample_accuracy(c: Any, member: Any, problems: dict[str, list[Any]], k: 
 
 def greedy_accuracy(c: Any, problems: dict[str, list[Any]], adapters: list[Any]) -> list[float]:
     """Each adapter's greedy accuracy (mean over task types), one answer per problem."""
-    from populora_core.probe import greedy_grades
+    from populora_core.api.probe import greedy_grades
 
     graded = greedy_grades(c.engine, c.tasks, problems, adapters, c.recipe.rollout.solve_max_tokens)
     return [statistics.fmean(statistics.fmean(g.correct for g in v) for v in per.values()) for per in graded]
@@ -139,7 +139,7 @@ def paired_gain(arm: dict[str, list[float]], base: dict[str, list[float]], seed:
     """Arm - base on the held-out problems: the mean over task types, its 95 % interval from the core's cluster
     bootstrap (problems the units, resampled within their task type, each pair kept together) and the design's
     minimum detectable effect (80 % power, two-sided 5 %), both as every study of the project computes them."""
-    from populora_core.probe import cluster_bootstrap, cluster_mde
+    from populora_core.api.probe import cluster_bootstrap, cluster_mde
 
     types = [t for t in arm if arm[t]]
     diffs = [[a - b] for t in types for a, b in zip(arm[t], base[t], strict=True)]
@@ -160,11 +160,11 @@ def cycle(problems: list[Any], rng: random.Random):
 def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str, Any]:
     from populora_nano.probe import load_probe
 
-    from populora_core.loop import start_run
-    from populora_core.phases import solve, train
-    from populora_core.plugins import get_manager
-    from populora_core.recipe import load_recipe
-    from populora_core.run_dir import RunDir
+    from populora_core.plugin.manager import get_manager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import start_run
+    from populora_core.run.phases import solve, train
+    from populora_core.run.run_dir import RunDir
 
     sizes = args.sizes
     manager = get_manager()
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.sizes, args.steps, args.heldout, args.k, args.samples = [6, 12], 2, 4, 2, 2
         overrides.append("rollout.proposals_per_teacher=2")
     if args.samples is None:
-        from populora_core.plugins import get_manager
-        from populora_core.recipe import load_recipe
+        from populora_core.plugin.manager import get_manager
+        from populora_core.recipe.validate import load_recipe
 
         args.samples = load_recipe(args.recipe, overrides, get_manager().registry)[0].rollout.solver_samples
     start, cpu_start = time.time(), time.process_time()

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from populora_core.components import ExecJob, ExecResult, Executor
+from populora_core.api.components import ExecJob, ExecResult, Executor
 
 _RUNNER = r"""
 import json, sys
@@ -84,8 +84,8 @@ def shared_executor():
 def make_test_executor():
     """The registered sandbox executor if installed (short timeout for tests), else the fallback."""
     if os.environ.get("POPULORA_AZR_TEST_EXECUTOR") != "subprocess":
-        from populora_core.errors import UserError
-        from populora_core.plugins import get_manager
+        from populora_core.api.errors import UserError
+        from populora_core.plugin.manager import get_manager
 
         try:
             comp = get_manager().registry.get("executor", "sandbox")

@@ -19,7 +19,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def qwen7b():
     """Qwen2.5-7B's shape from its committed config (every projection targeted): what the 7B plans are made on."""
-    from populora_core.architecture import load_arch
+    from populora_core.api.architecture import load_arch
     from tests.cli_helpers import REPO
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -29,6 +29,6 @@ def qwen7b():
 @pytest.fixture(scope="session")
 def plugins():
     """The installed plugins' manager (its registry resolves recipes)."""
-    from populora_core.plugins import get_manager
+    from populora_core.plugin.manager import get_manager
 
     return get_manager()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from populora_core.components import RolloutEngine
+from populora_core.api.components import RolloutEngine
 
 EVALPLUS_ROWS = [
     {
@@ -143,7 +143,7 @@ class OracleEngine(RolloutEngine):
                 self.gold.append((item["question"], item["answer"], i))
 
     def generate(self, requests, sampling):
-        from populora_core.components import Completion
+        from populora_core.api.components import Completion
 
         CALLS.append(len(requests))
         REQUESTS.extend((r.adapter.name if r.adapter else None, r.prompt, sampling.stop) for r in requests)

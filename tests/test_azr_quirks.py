@@ -14,7 +14,7 @@ from populora_azr import checks
 from populora_azr import prompts as P
 from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
 
-from populora_core.components import Problem
+from populora_core.api.components import Problem
 from tests.azr_support import build_task, build_tasks, load_seeds, shared_executor
 
 FIXED, RELEASED = "fixed", "azr-released"

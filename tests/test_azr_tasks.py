@@ -10,7 +10,7 @@ import sys
 import pytest
 from populora_azr import prompts as P
 
-from populora_core.components import ExecJob, Problem, Task
+from populora_core.api.components import ExecJob, Problem, Task
 from tests.azr_support import build_task, build_tasks, shared_executor
 
 
@@ -32,7 +32,7 @@ def answer(task_type: str, body: str) -> str:
 
 
 def test_registered_with_params_models(ex):
-    from populora_core.plugins import get_manager
+    from populora_core.plugin.manager import get_manager
 
     reg = get_manager().registry
     for name in ("deduction", "abduction", "induction"):

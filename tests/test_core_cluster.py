@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from populora_core import Params, RecipeError, UserError, hookimpl
-from populora_core.components import Cluster
-from populora_core.loop import execute, resume_run, start_run
-from populora_core.recipe import load_recipe
-from populora_core.run_dir import RunDir
+from populora_core.api.components import Cluster
+from populora_core.recipe.validate import load_recipe
+from populora_core.run.loop import execute, resume_run, start_run
+from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import as_if_killed_after
 from tests.test_core_loop import FAKE, RECIPE, _manager
 

@@ -12,10 +12,11 @@ from typing import Any
 import click
 import pytest
 
-from populora_core import hookimpl, hookspecs
-from populora_core.components import Match, Rollout
-from populora_core.plugins import PluginManager
-from populora_core.registry import KINDS
+from populora_core import hookimpl
+from populora_core.api.components import Match, Rollout
+from populora_core.plugin import hookspecs
+from populora_core.plugin.manager import PluginManager
+from populora_core.plugin.registry import KINDS
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).parent
@@ -102,9 +103,9 @@ def test_the_recorder_implements_every_lifecycle_hook_with_its_documented_argume
 @pytest.fixture()
 def fake_run(tiny_model_dir, monkeypatch, tmp_path):
     """A 3-step run of the fake stack with the recorder: (recorder, run directory)."""
-    from populora_core.loop import execute, start_run
-    from populora_core.recipe import load_recipe
-    from populora_core.run_dir import RunDir
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import execute, start_run
+    from populora_core.run.run_dir import RunDir
 
     monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
     pm = PluginManager()
@@ -119,8 +120,8 @@ def fake_run(tiny_model_dir, monkeypatch, tmp_path):
 
 
 def test_every_lifecycle_hook_fires_with_its_documented_arguments(fake_run):
-    from populora_core.population import Population
-    from populora_core.runview import RunView
+    from populora_core.api.population import Population
+    from populora_core.api.runview import RunView
 
     recorder, directory = fake_run
     calls = recorder.calls
@@ -168,7 +169,7 @@ def test_every_lifecycle_hook_fires_with_its_documented_arguments(fake_run):
 def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatch):
     """The core calls each ``register_*`` hook of a plugin as it is added; ``register_commands`` when the CLI
     lists its commands."""
-    from populora_core.cli import PopuloraGroup
+    from populora_core.cli.commands import PopuloraGroup
 
     class Registrar:
         pass
@@ -193,7 +194,7 @@ def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatc
     assert pm.add_plugin(Registrar(), "registrar")
     for kind, hook_name in KINDS.items():
         assert pm.registry.get(kind, f"probe_{hook_name}").plugin == "registrar", hook_name
-    monkeypatch.setattr("populora_core.cli.get_manager", lambda plugin_files=(): pm)
+    monkeypatch.setattr("populora_core.cli.commands.get_manager", lambda plugin_files=(): pm)
     group = PopuloraGroup("probe")
     with click.Context(group) as ctx:
         assert "probe-command" in group.list_commands(ctx)

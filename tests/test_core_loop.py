@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from populora_core import PluginError, hookimpl
-from populora_core.adapters import LoraFactors, LoraWeights
-from populora_core.loop import execute, start_run
-from populora_core.phases import solve
-from populora_core.plugins import PluginManager
-from populora_core.recipe import load_recipe
-from populora_core.run_dir import RunDir
-from populora_core.runview import RunView
+from populora_core.api.adapters import LoraFactors, LoraWeights
+from populora_core.api.runview import RunView
+from populora_core.plugin.manager import PluginManager
+from populora_core.recipe.validate import load_recipe
+from populora_core.run.loop import execute, start_run
+from populora_core.run.phases import solve
+from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
 
 TESTS = Path(__file__).parent
@@ -331,7 +331,7 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
     recipe, resolved = load_recipe(RECIPE, [], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
-        from populora_core.components import Problem
+        from populora_core.api.components import Problem
 
         s0, s1 = run.population.students[:2]
         problems = [Problem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
@@ -472,7 +472,7 @@ def test_a_local_run_on_a_node_with_several_gpus_is_refused_with_both_ways_out(e
     import torch
 
     from populora_core import UserError
-    from populora_core.assembly import refuse_idle_gpus
+    from populora_core.run.assembly import refuse_idle_gpus
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
@@ -543,7 +543,7 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     recipe = root / "stopped" / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace("steps: 2\n", "steps: 3\n"))  # as `resume ... steps=3` leaves it
     shutil.copytree(root / "stopped", root / "busy")
-    hold = "from populora_core.run_dir import RunDir; import sys, time; RunDir(sys.argv[1]).lock(); print('locked', flush=True); time.sleep(120)"  # noqa: E501
+    hold = "from populora_core.run.run_dir import RunDir; import sys, time; RunDir(sys.argv[1]).lock(); print('locked', flush=True); time.sleep(120)"  # noqa: E501
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root / "busy")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"

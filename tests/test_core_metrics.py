@@ -1,4 +1,4 @@
-"""The per-step proposal metrics (populora_core/metrics.py) on hand-built proposals: each number checked."""
+"""The per-step proposal metrics (populora_core/run/metrics.py) on hand-built proposals: each number checked."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from populora_core.components import Completion, Match, Problem, Task
-from populora_core.metrics import problem_records, step_metrics
-from populora_core.population import Population
-from populora_core.problems import Proposal
+from populora_core.api.components import Completion, Match, Problem, Task
+from populora_core.api.population import Population
+from populora_core.run.metrics import problem_records, step_metrics
+from populora_core.run.proposals import Proposal
 
 
 class _CodeTask(Task):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from populora_core import Params, hookimpl
-from populora_core.components import UpdateJob
-from populora_core.errors import PluginError
-from populora_core.plugins import PluginLoadWarning, PluginManager
+from populora_core.api.components import UpdateJob
+from populora_core.api.errors import PluginError
+from populora_core.plugin.manager import PluginLoadWarning, PluginManager
 from tests.cli_helpers import REPO, pip_install_target, run_cli
 
 TESTS = Path(__file__).parent
@@ -86,9 +86,9 @@ def test_a_plugin_whose_declared_requirement_is_not_loaded_is_disabled_with_a_ro
 
 def test_cli_startup_does_not_import_torch():
     code = (
-        "import sys; from populora_core.plugins import get_manager; get_manager(); "
-        "import populora_core.cli; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft', 'numba', "
-        "'llvmlite', 'ray', 'wandb', 'matplotlib') if m in sys.modules]; print(','.join(heavy))"
+        "import sys; from populora_core.plugin.manager import get_manager; get_manager(); "
+        "import populora_core.cli.commands; heavy = [m for m in ('torch', 'transformers', 'vllm', 'trl', 'peft', "
+        "'numba', 'llvmlite', 'ray', 'wandb', 'matplotlib') if m in sys.modules]; print(','.join(heavy))"
     )
     import subprocess
     import sys
@@ -236,7 +236,8 @@ class EveryKind:
 
 
 def test_every_register_hook_records_name_plugin_version_and_params():
-    from populora_core.registry import KINDS, NoParams
+    from populora_core.api.params import NoParams
+    from populora_core.plugin.registry import KINDS
 
     pm = PluginManager()
     assert pm.add_plugin(EveryKind(), "every-kind", source="tests", version="9.9")
@@ -266,7 +267,7 @@ def test_register_commands_adds_a_subcommand(tmp_path):
 
 
 def test_package_module_attr_reference_resolves_an_unregistered_component():
-    from populora_core.registry import Registry
+    from populora_core.plugin.registry import Registry
 
     comp = Registry().get("matchmaker", "tests.fake_stack:FakeEngine")
     assert comp.factory.__name__ == "FakeEngine" and comp.plugin == "tests.fake_stack"
@@ -308,8 +309,8 @@ def test_third_party_plugin_is_usable_from_a_recipe(plugin_site, tiny_model_dir,
 def test_a_component_missing_a_protocol_member_is_an_error_naming_it_before_the_run(tmp_path):
     """Optional capabilities are Protocol members with defaults (a component subclasses its Protocol); one built
     without subclassing and without a member is refused when the run is built, not in its first step."""
-    from populora_core.assembly import check_implements
-    from populora_core.components import RolloutEngine, Trainer
+    from populora_core.api.components import RolloutEngine, Trainer
+    from populora_core.run.assembly import check_implements
 
     class Bare:
         def update(self, member_id, adapter, rollouts, out_dir):

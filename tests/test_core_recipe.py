@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from populora_core.errors import RecipeError, UserError
-from populora_core.plugins import PluginManager
-from populora_core.recipe import load_recipe
-from populora_core.recipe_keys import recipe_json_schema
-from populora_core.recipe_yaml import apply_overrides
+from populora_core.api.errors import RecipeError, UserError
+from populora_core.plugin.manager import PluginManager
+from populora_core.recipe.keys import recipe_json_schema
+from populora_core.recipe.overrides import apply_overrides
+from populora_core.recipe.validate import load_recipe
 from tests.cli_helpers import run_cli
 
 TESTS = Path(__file__).parent
@@ -185,8 +185,8 @@ def test_population_settings_that_leave_one_line_or_replace_everyone_are_exit_2_
 
 def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params():
     """`populora keys` is the readable reference: generated from the models, so no key can be missing."""
-    from populora_core.recipe import Recipe
-    from populora_core.recipe_keys import model_keys
+    from populora_core.api.schema import Recipe
+    from populora_core.recipe.keys import model_keys
 
     every = run_cli("keys")
     assert every.returncode == 0, every.stderr
@@ -265,15 +265,15 @@ def test_every_command_help_shows_an_example():
 
 
 def test_the_recipe_keys_page_is_current_and_documents_every_key():
-    """docs/recipe-keys.md is generated from the params models (`python -m populora_core.recipe_keys`): a key,
+    """docs/recipe-keys.md is generated from the params models (`python -m populora_core.recipe.keys`): a key,
     default or description changed without regenerating it fails here, and every section key says what it does."""
-    from populora_core.plugins import get_manager
-    from populora_core.recipe import Recipe
-    from populora_core.recipe_keys import builtin_plugins, model_keys, reference_markdown
+    from populora_core.api.schema import Recipe
+    from populora_core.plugin.manager import get_manager
+    from populora_core.recipe.keys import builtin_plugins, model_keys, reference_markdown
 
     page = Path(__file__).resolve().parents[1] / "docs" / "recipe-keys.md"
     expected = reference_markdown(get_manager().registry, builtin_plugins())
-    assert page.read_text() == expected, "docs/recipe-keys.md is stale: run python -m populora_core.recipe_keys"
+    assert page.read_text() == expected, "docs/recipe-keys.md is stale: run python -m populora_core.recipe.keys"
     assert {"engines", "trl", "azr", "lora_ops"} <= builtin_plugins()
     assert "### `trr++` (plugin trl)" in expected and "`trainer.params.lr`" in expected
     undocumented = [key for key, _, _, text in model_keys(Recipe) if not text]

@@ -1,8 +1,8 @@
-"""populora_core.rng.hashed_seed: the one sha256 seed of the engines, equal to the formulas it replaced."""
+"""populora_core.api.rng.hashed_seed: the one sha256 seed of the engines, equal to the formulas it replaced."""
 
 import hashlib
 
-from populora_core.rng import hashed_seed
+from populora_core.api.rng import hashed_seed
 
 
 def test_hashed_seed_keeps_the_engines_seeds():

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from populora_core import doctor
-from populora_core.cli import cli
+from populora_core.cli import doctor
+from populora_core.cli.commands import cli
 from tests.cli_helpers import REPO, run_cli
 
 CPU_STACK = {

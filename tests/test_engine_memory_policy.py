@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from populora_core.architecture import GIB
-from populora_core.errors import UserError
-from populora_core.memory import AUTO_MARGIN
-from populora_core.plan import plan_recipe
+from populora_core.api.architecture import GIB
+from populora_core.api.errors import UserError
+from populora_core.api.memory import AUTO_MARGIN
+from populora_core.run.plan import plan_recipe
 from tests.cli_helpers import REPO
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
@@ -29,7 +29,7 @@ def manager(plugins):
 
 
 def _azr(manager, *overrides):
-    from populora_core.recipe import load_recipe
+    from populora_core.recipe.validate import load_recipe
 
     return load_recipe(REPO / "recipes" / "azr_7b.yaml", list(overrides), manager.registry)
 
@@ -121,13 +121,13 @@ class _GPUCluster:
 
 @pytest.fixture
 def run_dir(tmp_path):
-    from populora_core.run_dir import RunDir
+    from populora_core.run.run_dir import RunDir
 
     return RunDir(tmp_path / "run")
 
 
 def _base(tmp_path: Path):
-    from populora_core.components import BaseModel
+    from populora_core.api.components import BaseModel
 
     folder = tmp_path / "qwen7b"
     folder.mkdir(parents=True)
@@ -136,7 +136,7 @@ def _base(tmp_path: Path):
 
 
 def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b, tmp_path, run_dir):
-    from populora_core.assembly import planned_engine_params
+    from populora_core.run.assembly import planned_engine_params
 
     run_dir.path.mkdir(parents=True)
     model, _ = _azr(manager)
@@ -157,7 +157,7 @@ def test_run_builds_the_engine_with_the_plans_choice_for_its_gpu(manager, qwen7b
     # no plan can be made (no config.json): the params as written, and the vLLM engine on a GPU then refuses auto
     bare = tmp_path / "no-config"
     bare.mkdir()
-    from populora_core.components import BaseModel
+    from populora_core.api.components import BaseModel
 
     unplanned, why = planned_engine_params(
         model, manager.registry, BaseModel(str(bare)), _GPUCluster(80 * GIB), run_dir

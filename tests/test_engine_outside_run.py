@@ -1,7 +1,7 @@
 """An engine built outside a run (``populora eval``, a benchmark) on a GPU: its ``auto`` settings come from a plan of
 the engine alone there (``populora_core.build_engine``), and the run's own plan measures the GPU at start.
 
-The GPU is faked: ``populora_core.memory.visible_gpu_memory`` reports its (free, total) bytes, the vllm engine's
+The GPU is faked: ``populora_core.api.memory.visible_gpu_memory`` reports its (free, total) bytes, the vllm engine's
 ``_cuda_available`` says yes, and a stand-in ``vllm`` module records what ``vllm.LLM`` was given, then stops the
 first generation call (the engine is built by then).
 """
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from populora_core.architecture import GIB
-from populora_core.errors import UserError
+from populora_core.api.architecture import GIB
+from populora_core.api.errors import UserError
 from tests import evals_fixtures as F
 from tests.cli_helpers import REPO
 
@@ -36,7 +36,7 @@ def fake_gpu(monkeypatch):
     keyword arguments each ``vllm.LLM`` got."""
     from populora_engines import vllm_engine
 
-    import populora_core.memory as memory
+    import populora_core.api.memory as memory
 
     state: dict = {"total": 80 * GIB, "free": 80 * GIB, "llm": []}
     monkeypatch.setattr(memory, "visible_gpu_memory", lambda: (state["free"], state["total"]))
@@ -126,8 +126,8 @@ def test_an_eval_that_cannot_plan_says_who_and_why(fake_gpu, tmp_path):
 
 
 def test_the_vllm_plan_counts_its_engine_process_context(plugins, qwen7b):
-    from populora_core.plan import plan_recipe
-    from populora_core.recipe import load_recipe
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.plan import plan_recipe
 
     def plan(*overrides):
         _, data = load_recipe(REPO / "recipes" / "azr_7b.yaml", list(overrides), plugins.registry)
@@ -143,7 +143,7 @@ def test_the_vllm_plan_counts_its_engine_process_context(plugins, qwen7b):
 
 
 def _qwen_base(tmp_path: Path):
-    from populora_core.components import BaseModel
+    from populora_core.api.components import BaseModel
 
     folder = tmp_path / "qwen7b"
     folder.mkdir(parents=True)
@@ -152,11 +152,11 @@ def _qwen_base(tmp_path: Path):
 
 
 def test_the_run_plans_on_free_memory_when_other_processes_hold_some(plugins, tmp_path, monkeypatch):
-    import populora_core.memory as memory
-    from populora_core.assembly import planned_engine_params
-    from populora_core.memory import CUDA_CONTEXT
-    from populora_core.recipe import load_recipe
-    from populora_core.run_dir import RunDir
+    import populora_core.api.memory as memory
+    from populora_core.api.memory import CUDA_CONTEXT
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.assembly import planned_engine_params
+    from populora_core.run.run_dir import RunDir
 
     model, _ = load_recipe(REPO / "recipes" / "azr_7b.yaml", [], plugins.registry)
     run_dir = RunDir(tmp_path / "run")
@@ -180,14 +180,14 @@ def test_the_run_plans_on_free_memory_when_other_processes_hold_some(plugins, tm
 def test_cuda_visible_devices_naming_no_gpu_is_an_error_naming_it(monkeypatch):
     import torch
 
-    from populora_core.memory import visible_gpu_bytes
+    from populora_core.api.memory import visible_gpu_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build of torch that sees no GPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=7 names no GPU .*`nvidia-smi -L`"):
         visible_gpu_bytes()
-    from populora_core.assembly import refuse_idle_gpus
+    from populora_core.run.assembly import refuse_idle_gpus
 
     with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES=7"):  # a run stops before building anything
         refuse_idle_gpus()
@@ -200,8 +200,8 @@ def test_cuda_visible_devices_naming_no_gpu_is_an_error_naming_it(monkeypatch):
 
 
 def test_a_vllm_outside_the_checked_range_warns_where_the_engine_is_built(monkeypatch):
-    import populora_core.doctor as doctor
-    from populora_core.assembly import warn_unchecked_vllm
+    import populora_core.cli.doctor as doctor
+    from populora_core.run.assembly import warn_unchecked_vllm
 
     monkeypatch.setattr(doctor, "version", lambda dist: "0.35.1" if dist == "vllm" else None)
     with pytest.warns(UserWarning, match=r"vllm 0.35.1 is outside the range this code was checked against"):
@@ -216,8 +216,8 @@ def test_a_vllm_outside_the_checked_range_warns_where_the_engine_is_built(monkey
 def test_the_trainer_gets_expandable_segments_unless_the_user_chose(monkeypatch):
     import os
 
-    import populora_core.doctor as doctor
-    from populora_core.runtime import ALLOCATOR_ENV, default_allocator
+    import populora_core.cli.doctor as doctor
+    from populora_core.api.runtime import ALLOCATOR_ENV, default_allocator
 
     for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         monkeypatch.setenv(var, "")  # restored after the test, whatever default_allocator sets

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from populora_core import UserError
-from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
+from populora_core.api.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
 PROMPTS = ["def f(x):\n    return", "The quick brown", "def f(a, b):", "0123"]
@@ -53,7 +53,7 @@ def test_mixed_batch_equals_one_adapter_at_a_time(base, adapters):
 
 def test_one_version_name_at_two_paths_serves_each_paths_weights(base, adapters):
     """Two runs in one process both have an ``s0@v0``: each request gets the weights at its own path."""
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     engine = make_engine("hf", base)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
@@ -141,7 +141,7 @@ def test_stop_strings_and_finish_reasons(base, adapters):
 
 
 def test_new_version_serves_new_weights(base, adapters, tmp_path):
-    from populora_core.adapters import load_lora, save_lora
+    from populora_core.api.adapters import load_lora, save_lora
 
     engine = make_engine("hf", base)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
@@ -216,7 +216,7 @@ def test_a_prompt_over_max_prompt_tokens_changes_nothing_for_the_others(base, ad
     """The long request gets n "prompt_too_long" completions; the others draw exactly what they draw without
     it: in the loop they keep their keys whatever holds its position (here a short prompt instead), with
     ``generate`` it is removed before batching (batch seeds and, with no seed, the call counter do not move)."""
-    from populora_core.components import Completion
+    from populora_core.api.components import Completion
 
     long_prompt = PROMPTS[0] * 6
     cap = max(_encoded_len(base, p) for p in PROMPTS)
@@ -256,7 +256,7 @@ def test_logprobs_only_when_asked(base, adapters):
 
 
 def test_sleep_is_a_no_op(base, adapters):
-    from populora_core.components import RolloutEngine
+    from populora_core.api.components import RolloutEngine
 
     engine = make_engine("hf", base)
     assert isinstance(engine, RolloutEngine)
@@ -339,7 +339,7 @@ def test_a_version_written_with_its_served_copy_is_handed_to_vllm_as_it_is(adapt
 
     from populora_engines.vllm_engine import AdapterCopies, write_adapter_copy
 
-    from populora_core.adapters import load_lora, save_lora, served_copy
+    from populora_core.api.adapters import load_lora, save_lora, served_copy
 
     weights = load_lora(adapters[0].path)
     version = save_lora(weights, tmp_path / "v1", served_dtype="bfloat16")
@@ -416,8 +416,8 @@ def test_vllm_reports_the_sampling_policys_logprobs_when_the_trainer_reads_them(
     engine with ``sampling_logprobs`` and vLLM then reports them after temperature and top-p
     (``logprobs_mode: processed_logprobs``); otherwise vLLM's default (raw) stays."""
     from populora_core import get_registry
-    from populora_core.assembly import reads_sampling_logprobs
-    from populora_core.recipe import load_recipe
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.assembly import reads_sampling_logprobs
     from tests.cli_helpers import REPO
 
     registry = get_registry()

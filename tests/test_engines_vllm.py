@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from populora_core.components import BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
+from populora_core.api.components import BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
 from tests.vllm_support import skip_module_unless_vllm_imports
 
 skip_module_unless_vllm_imports()
@@ -97,7 +97,7 @@ def test_greedy_tokens_equal_hf_for_three_adapters_in_one_batch(engines, adapter
 
 
 def test_next_call_after_an_update_uses_the_new_weights(engines, adapters, base, tmp_path):
-    from populora_core.components import AdapterRef
+    from populora_core.api.components import AdapterRef
 
     v, h = engines
     greedy = SamplingParams(temperature=0.0, max_tokens=12, logprobs=True)
@@ -135,7 +135,7 @@ def test_sampling_n_seed_and_logprobs(engines, adapters):
 
 def test_one_version_name_at_two_paths_serves_each_paths_weights(engines, adapters):
     """Two runs in one process both have an ``s0@v0``: vLLM must not serve the first one's weights."""
-    from populora_core.components import AdapterRef
+    from populora_core.api.components import AdapterRef
 
     v, _ = engines
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
@@ -171,7 +171,7 @@ def test_prompts_too_long_are_as_if_they_were_not_in_the_call(engines, adapters)
     """Over max_prompt_tokens (or max_model_len - 1): n "prompt_too_long" completions, nothing generated, and
     the other requests draw exactly what the call without them draws (seeds go by position among the rest).
     A prompt that fits but leaves less than max_tokens generates what fits."""
-    from populora_core.components import Completion
+    from populora_core.api.components import Completion
 
     v, _ = engines
     over_cap = _prompt_of_length(v.tokenizer, 40, 60)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
+from populora_core.api.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
 from tests.vllm_support import skip_module_unless_vllm_imports
 
 skip_module_unless_vllm_imports()

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from populora_core import UserError
-from populora_core.plugins import reset_manager
+from populora_core.plugin.manager import reset_manager
 from tests import evals_fixtures as F
 
 pytest.importorskip("math_verify")
@@ -66,8 +66,8 @@ def test_mbpp_items_have_three_asserts_and_evalplus_prompt():
 def test_registered_evaluators_cover_the_paper(evals_only):
     from populora_evals.evaluators import PAPER_BENCHMARKS
 
-    from populora_core.components import Evaluator
-    from populora_core.plugins import get_manager
+    from populora_core.api.components import Evaluator
+    from populora_core.plugin.manager import get_manager
 
     registry = get_manager().registry
     names = registry.names("evaluator")
@@ -151,7 +151,7 @@ def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
 def test_cli_reports_bad_data_file_with_exit_code_2(tmp_path, evals_only, hub_cache):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     bad = tmp_path / "amc.jsonl"
     bad.write_text('{"question": "1+1"}\n')
@@ -524,7 +524,7 @@ def test_engine_choice_follows_the_run_unless_told_otherwise():
 def test_eval_run_dir_uses_the_runs_engine_and_engine_overrides(tmp_path, evals_only):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     base = fake_base(tmp_path)
     run = F.write_run(tmp_path / "run", str(base), [("s_good", "student", 1)])
@@ -549,7 +549,7 @@ def test_the_bases_own_default_set_and_prompts_longer_than_its_context_skipped_c
     from populora_evals import target as T
     from populora_evals.cli import run_eval
 
-    from populora_core.components import BaseModel
+    from populora_core.api.components import BaseModel
 
     base = tmp_path / "short-context"
     shutil.copytree(tiny_model_dir, base)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from populora_core import UserError
-from populora_core.plugins import reset_manager
+from populora_core.plugin.manager import reset_manager
 from tests import evals_fixtures as F
 
 pytest.importorskip("math_verify")
@@ -180,7 +180,7 @@ def test_offline_uncached_names_dataset_revision_and_the_file_alternative(hub_ca
 def test_cli_offline_uncached_exits_2_listing_every_benchmark(hub_cache, tmp_path, evals_only):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     base = tmp_path / "base"
     base.mkdir()
@@ -244,7 +244,7 @@ def test_shipped_data_keeps_its_identity_and_source_shipped_needs_a_package():
 def test_prefetch_prints_each_identity_and_fails_clearly_when_uncached(hub_cache, evals_only):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     result = CliRunner().invoke(cli, ["eval", "--prefetch", "aime25"])
     assert result.exit_code == 2 and "math-ai/aime25 revision 563bb84" in result.output

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from populora_core.plugins import get_manager, reset_manager
+from populora_core.plugin.manager import get_manager, reset_manager
 from tests import evals_fixtures as F
 
 pytest.importorskip("peft")
@@ -34,7 +34,7 @@ def plugins(monkeypatch):
 def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tmp_path_factory, plugins, monkeypatch):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
     from tests.tiny_model import build_tiny_model
 
     # prompts with the R1 preamble need > 512 positions: with the session's tiny model (512) some would be skipped

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from populora_core import get_registry
-from populora_core.plugins import reset_manager
+from populora_core.plugin.manager import reset_manager
 from tests import evals_fixtures as F
 
 

@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from populora_core import UserError, get_registry
-from populora_core.plugins import reset_manager
+from populora_core.plugin.manager import reset_manager
 from tests import evals_fixtures as F
 
 pytest.importorskip("pyarrow")
@@ -191,7 +191,7 @@ def test_lcb_preamble_is_lcb_runners_for_stdin_programs_too(tmp_path, executor):
 def test_check_gold_on_hub_layout_fixtures(tmp_path, evals_only, hub_cache):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     olympiad = tmp_path / "olympiad.parquet"
     olympiad.write_bytes(F.parquet(F.OLYMPIAD_ROWS))
@@ -224,7 +224,7 @@ def test_check_gold_on_hub_layout_fixtures(tmp_path, evals_only, hub_cache):
 def test_check_gold_exits_1_naming_a_wrong_gold(tmp_path, evals_only, hub_cache):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     row = dict(F.MBPP_PLUS_RELEASE_RECORDS[0], canonical_solution="def last(arr, x):\n    return 1 // 0\n")
     path = tmp_path / "MbppPlus.jsonl"
@@ -240,7 +240,7 @@ def test_check_gold_exits_1_naming_a_wrong_gold(tmp_path, evals_only, hub_cache)
 def test_wrong_shape_is_one_line_exit_2(tmp_path, evals_only, hub_cache):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     path = tmp_path / "MbppPlus.jsonl"
     path.write_text(json.dumps({"task_id": "Mbpp/2", "prompt": "x"}) + "\n")
@@ -262,7 +262,7 @@ def test_check_gold_on_every_hub_layout_fixture(evals_only, hub_cache):
     """Every benchmark's hub layout (tests/evals_fixtures.py) through the self-check: all gold right."""
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     F.populate_hub(hub_cache)
     hub = [f"--eval-param={name}.source=hub" for name in ("humaneval", "mbpp", "gsm8k", "math500", "aime24")]
@@ -277,7 +277,7 @@ def test_check_gold_on_every_shipped_benchmark(evals_only):
     """The shipped files (humaneval, mbpp, gsm8k, math500, aime24): every gold graded right."""
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     # Mbpp/123's reference takes 5-10 s on a shared 2-core box: a generous per-test limit
     result = CliRunner().invoke(cli, ["eval", "--check-gold", "shipped", "--timeout", "60"])

@@ -35,7 +35,7 @@ def test_identical_adapters_fail_their_check_and_the_run_exits_1():
 
 
 def _gpu(name, free):
-    from populora_core.doctor import Gpu
+    from populora_core.cli.doctor import Gpu
 
     return Gpu(name, 143771, free)
 
@@ -62,7 +62,7 @@ def test_cuda_visible_devices_naming_no_gpu_is_exit_2_naming_it(monkeypatch, cap
     import torch
 
     import benchmarks.gpu_smoke as smoke
-    from populora_core import doctor
+    from populora_core.cli import doctor
 
     monkeypatch.setattr(doctor, "nvidia_smi", lambda: ("550.0", [_gpu("H200", 140000)]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -81,7 +81,7 @@ def test_a_raising_run_is_a_fail_line_and_vllm_loads_once_the_base_is_released(m
     exits 1), as is a vLLM check that raises; when the vLLM engine is built no model host (base model) is alive
     any more: the hf engine's and the trainer's are gone. vLLM is a fake here (its checks all fail)."""
     import benchmarks.gpu_smoke as smoke
-    from populora_core.plugins import get_manager
+    from populora_core.plugin.manager import get_manager
 
     registry = get_manager().registry
     hosts_when_vllm_loads: list[int] = []
@@ -147,7 +147,7 @@ def test_the_trainer_check_reports_the_reserved_peak_beside_the_allocated_one_on
     import torch
 
     from benchmarks._gpu_checks import trainer_check
-    from populora_core.components import LoraSettings, UpdateStats
+    from populora_core.api.components import LoraSettings, UpdateStats
 
     allocated = iter([1_000_000_000])  # before the update
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)

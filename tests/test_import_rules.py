@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import populora_core
-from populora_core.runview import RunView
+from populora_core.api.runview import RunView
 
 PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
@@ -60,7 +60,7 @@ def test_plugin_imports_only_public_core_modules_and_declared_plugins(package):
 def test_public_modules_exist_and_nothing_private_is_listed():
     for name in populora_core.PUBLIC_MODULES:
         assert _is_module(name), name
-    assert "populora_core.loop" not in populora_core.PUBLIC_MODULES
+    assert "populora_core.run.loop" not in populora_core.PUBLIC_MODULES
 
 
 def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monkeypatch):
@@ -68,9 +68,9 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
     for name, source in {
         "populora_rogue": (
             "from populora_core import hookimpl, Params\n"
-            "from populora_core.components import Problem\n"
-            "from populora_core.loop import Run\n"
-            "import populora_core.registry\n"
+            "from populora_core.api.components import Problem\n"
+            "from populora_core.run.loop import Run\n"
+            "import populora_core.plugin.registry\n"
             "from populora_core import run_dir\n"
             "from populora_helper import thing\n"
         ),
@@ -81,9 +81,9 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
         (plugins / name / "__init__.py").write_text(source)
     monkeypatch.syspath_prepend(str(plugins))
     assert violations(plugins / "populora_rogue", plugins) == [
-        "populora_rogue/__init__.py:3: populora_core.loop is not a public core module",
-        "populora_rogue/__init__.py:4: populora_core.registry is not a public core module",
-        "populora_rogue/__init__.py:5: populora_core.run_dir is not a public core module",
+        "populora_rogue/__init__.py:3: populora_core.run.loop is not a public core module",
+        "populora_rogue/__init__.py:4: populora_core.plugin.registry is not a public core module",
+        "populora_rogue/__init__.py:5: populora_core.run.run_dir is not a public core module",
         "populora_rogue/__init__.py:6: populora_helper belongs to plugin populora_helper, "
         "which populora_rogue.PLUGIN_REQUIRES does not declare",
     ]

@@ -13,8 +13,8 @@ from populora_lora_ops.merge import dense_merge
 from populora_lora_ops.parents import ZeroDeltaWarning
 from populora_lora_ops.synthetic import trained_like
 
-from populora_core.adapters import LoraFactors, LoraWeights, load_lora, save_lora
-from populora_core.errors import UserError
+from populora_core.api.adapters import LoraFactors, LoraWeights, load_lora, save_lora
+from populora_core.api.errors import UserError
 
 SHAPES = {
     "base_model.model.model.layers.0.self_attn.q_proj": (48, 48),

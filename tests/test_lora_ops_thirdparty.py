@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from populora_lora_ops.synthetic import trained_like
 
-from populora_core.adapters import load_lora, save_lora
+from populora_core.api.adapters import load_lora, save_lora
 from tests.cli_helpers import pip_install_target, run_cli
 
 PACKAGE = Path(__file__).parent / "thirdparty_operator"

@@ -11,8 +11,8 @@ from populora_matchmaking import PFSPParams, TieredParams, TournamentParams, Tru
 from populora_matchmaking.matchmakers import PFSP, RoundRobin, expected_solve_rate
 from populora_matchmaking.selectors import Tiered, Tournament, Truncation
 
-from populora_core.components import MatchOutcome
-from populora_core.population import Population, Rating
+from populora_core.api.components import MatchOutcome
+from populora_core.api.population import Population, Rating
 
 
 def _pop(t: int = 1, s: int = 3) -> Population:
@@ -221,7 +221,7 @@ def test_selection_replaces_the_weakest_more_often_than_chance_when_skills_diffe
 
 
 def test_only_ready_members_are_replaced_and_readiness_counts_rated_matches():
-    from populora_core.operators import count_matches, ready_ids, select
+    from populora_core.api.operators import count_matches, ready_ids, select
 
     members = _rated(4)  # s0 is the worst
     for m in members:
@@ -246,7 +246,7 @@ def test_default_readiness_outlasts_the_interval():
     """Readiness used to count steps lived, with the interval as default: a child born at one evolution step
     had always lived `every` steps at the next, so it never mattered. It counts rated matches now, twice the
     interval by default (a teacher plays one a step)."""
-    from populora_core.recipe import EvolutionSection
+    from populora_core.api.schema import EvolutionSection
 
     assert EvolutionSection(every=4).readiness == 8 > 4
     assert EvolutionSection(every=4, ready_after=3).readiness == 3
@@ -261,7 +261,7 @@ def test_default_readiness_outlasts_the_interval():
     ],
 )
 def test_a_childs_first_rating(policy, mu, sigma):
-    from populora_core.operators import child_rating
+    from populora_core.api.operators import child_rating
 
     child = child_rating([Rating(30.0, 1.0), Rating(26.0, 2.0)], policy, 2.0)
     assert child.mu == pytest.approx(mu) and child.sigma == pytest.approx(sigma)
@@ -270,7 +270,7 @@ def test_a_childs_first_rating(policy, mu, sigma):
 
 def test_a_selector_that_ignores_readiness_is_refused():
     from populora_core import PluginError
-    from populora_core.operators import select
+    from populora_core.api.operators import select
 
     class Old:  # written before `ready` existed: called without it
         def select(self, members, rng):
@@ -283,7 +283,7 @@ def test_a_selector_that_ignores_readiness_is_refused():
 
 
 def test_selection_history_counts_youngest_replacements_and_survivor_changes():
-    from populora_core.population import selection_history
+    from populora_core.api.population import selection_history
 
     def child(step, member, replaced, role="student"):
         return {"step": step, "member": member, "role": role, "replaced": replaced}
@@ -348,9 +348,9 @@ def test_a_match_reports_each_proposals_rate_with_invalid_ones_as_none():
     """phases.rate: per generated proposal its solve rate (None if invalid); dropped completions are nobody's."""
     from types import SimpleNamespace
 
-    from populora_core import phases
-    from populora_core.components import Completion, Match, Problem
-    from populora_core.problems import Proposal
+    from populora_core.api.components import Completion, Match, Problem
+    from populora_core.run import phases
+    from populora_core.run.proposals import Proposal
 
     pop = Population.create(1, 1)
     teacher = pop.members["t0"]

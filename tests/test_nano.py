@@ -9,7 +9,7 @@ import re
 import pytest
 
 from populora_core import UserError
-from populora_core.components import AdapterRef, BaseModel, LoraSettings, SamplingParams
+from populora_core.api.components import AdapterRef, BaseModel, LoraSettings, SamplingParams
 
 LORA = LoraSettings(rank=4, alpha=8.0, init_std=0.3)
 
@@ -70,7 +70,7 @@ def test_nano_is_a_small_llama_with_a_stable_tokenizer(nano):
 def test_nano_generates_through_the_hf_engine(nano, tasks):
     from populora_nano.probe import load_probe
 
-    from populora_core.components import GenerationRequest
+    from populora_core.api.components import GenerationRequest
 
     problem = next(p for p in load_probe() if p.task_type == "deduction")
     engine = _engine("hf", nano)
@@ -94,7 +94,7 @@ def test_nano_generates_through_the_vllm_engine(nano, tasks):
     pytest.importorskip("vllm")
     from populora_nano.probe import load_probe
 
-    from populora_core.components import GenerationRequest
+    from populora_core.api.components import GenerationRequest
 
     problem = next(p for p in load_probe() if p.task_type == "abduction")
     prompt = tasks["abduction"].solver_prompt(problem)

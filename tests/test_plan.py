@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from populora_core.architecture import GIB, load_arch, parse_memory
-from populora_core.errors import UserError
-from populora_core.plan import format_plan, plan_recipe
+from populora_core.api.architecture import GIB, load_arch, parse_memory
+from populora_core.api.errors import UserError
+from populora_core.cli.plan_view import format_plan
+from populora_core.run.plan import plan_recipe
 from tests.cli_helpers import REPO, run_cli
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
@@ -43,7 +44,7 @@ EXPLICIT = ("engine.params.gpu_memory_utilization=0.45", "engine.params.sleep=al
 
 
 def _azr(manager, *overrides, explicit=EXPLICIT):
-    from populora_core.recipe import load_recipe
+    from populora_core.recipe.validate import load_recipe
 
     return load_recipe(REPO / "recipes" / "azr_7b.yaml", [*explicit, *overrides], manager.registry)[1]
 
@@ -90,7 +91,7 @@ def test_does_not_fit_says_what_exceeds_and_a_change_that_fits(manager, qwen7b):
     assert 'trainer.params.gradient_checkpointing="on"' in plan["suggestions"]
     small = plan_recipe(_azr(manager), qwen7b, gpu_bytes=40 * GIB, registry=manager.registry)
     assert not small["fits"] and "try:" in small["verdict"]
-    from populora_core.recipe_yaml import apply_overrides
+    from populora_core.recipe.overrides import apply_overrides
 
     words = small["suggestions"][0].split()  # key=value overrides, maybe --gpus N
     gpus = int(words[words.index("--gpus") + 1]) if "--gpus" in words else 1
@@ -150,7 +151,7 @@ def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
 
 
 def test_config_resolution(manager, tmp_path):
-    from populora_core.architecture import config_source
+    from populora_core.api.architecture import config_source
 
     nano = config_source("nano", manager.registry, None)
     assert nano.name == "config.json" and nano.parent.name == "model"
@@ -169,7 +170,7 @@ def test_cli_plan_prints_the_table_and_the_verdict():
     assert lines[-1].startswith("fits: peak") and "trainer base" in proc.stdout and "vLLM KV cache" in proc.stdout
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     result = CliRunner().invoke(cli, ["plan", "recipes/nano.yaml", "--gpu-memory", "24GB", "--json"])
     assert result.exit_code == 0, result.output
@@ -179,7 +180,7 @@ def test_cli_plan_prints_the_table_and_the_verdict():
 def test_cli_plan_user_errors_are_one_line():
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     def plan(*args: str):
         result = CliRunner().invoke(cli, ["plan", "recipes/azr_7b.yaml", *args])
@@ -197,10 +198,10 @@ def test_cli_plan_user_errors_are_one_line():
 def test_run_warning_is_silent_without_cuda(manager, recwarn, tmp_path):
     import torch
 
-    from populora_core.assembly import planned_engine_params
-    from populora_core.components import BaseModel
-    from populora_core.recipe import load_recipe
-    from populora_core.run_dir import RunDir
+    from populora_core.api.components import BaseModel
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.assembly import planned_engine_params
+    from populora_core.run.run_dir import RunDir
 
     model, _ = load_recipe(REPO / "recipes" / "azr_7b.yaml", [], manager.registry)
     (tmp_path / "run").mkdir()
@@ -239,7 +240,7 @@ SETUPS = [  # prompts of varied length (padding, so a mask) up to ``prompt``; co
 
 def _rollouts(member: str, setup: dict, rng: Any) -> list[Any]:
     """Two micro-batches of rows: the first prompt as long as allowed, the others shorter (padding)."""
-    from populora_core.components import Rollout
+    from populora_core.api.components import Rollout
 
     prompt, completion, vocab = setup["prompt"], setup["completion"], setup["model"]["vocab"]
     lengths = [prompt] + [rng.randrange(prompt // 2, prompt + 1) for _ in range(2 * setup["rows"] - 1)]
@@ -265,7 +266,7 @@ def _measure_child(work: str) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from populora_core import get_registry
-    from populora_core.components import BaseModel, LoraSettings
+    from populora_core.api.components import BaseModel, LoraSettings
     from tests.tiny_model import build_tiny_model, fresh_adapter
 
     def rss(field: str = "VmRSS") -> int:
@@ -373,8 +374,8 @@ def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
     """The plan keeps no copy of an engine's internals: a third-party engine's ``memory=`` function is what the
     plan counts (its rows, what it adds while generating and keeps while training); one without gets a note."""
     from populora_core import hookimpl
-    from populora_core.memory import EngineMemory, PlanContext
-    from populora_core.plugins import PluginManager
+    from populora_core.api.memory import EngineMemory, PlanContext
+    from populora_core.plugin.manager import PluginManager
 
     seen: list[PlanContext] = []
 
@@ -414,7 +415,7 @@ def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
 def test_the_plan_spreads_members_over_the_gpus_the_recipes_cluster_reserves(manager):
     """An 8-worker Ray recipe (one GPU each) is planned on 8 GPUs, not silently on one; --gpus still decides; a
     single-process recipe is planned on one GPU."""
-    from populora_core.plan import plan_file
+    from populora_core.run.plan import plan_file
 
     node = REPO / "recipes" / "azr_7b_ray_node.yaml"
     plan = plan_file(str(node), [], manager, gpu_memory="80GiB")

@@ -25,11 +25,11 @@ import pytest
 from populora_ray.placement import MemberPlacement, Move
 
 from populora_core import RecipeError, UserError
-from populora_core.components import ExecJob, split_by_cost
-from populora_core.loop import execute, resume_run, start_run
-from populora_core.plugins import PluginManager
-from populora_core.recipe import load_recipe
-from populora_core.run_dir import RunDir
+from populora_core.api.components import ExecJob, split_by_cost
+from populora_core.plugin.manager import PluginManager
+from populora_core.recipe.validate import load_recipe
+from populora_core.run.loop import execute, resume_run, start_run
+from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import POPULORA, REPO, as_if_killed_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
@@ -105,7 +105,7 @@ def test_split_by_cost_keeps_order_and_shares_the_tokens():
 def test_without_ray_the_core_and_the_cli_work_and_a_ray_recipe_is_a_clear_error(tmp_path):
     """``sys.modules['ray'] = None`` makes ``import ray`` fail as if Ray were not installed."""
     prelude = "import sys; sys.modules['ray'] = None; sys.argv = ['populora'] + sys.argv[1:]; "
-    cli = prelude + "from populora_core.cli import main; main()"
+    cli = prelude + "from populora_core.cli.commands import main; main()"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     def populora(*args: str) -> subprocess.CompletedProcess[str]:
@@ -286,7 +286,7 @@ def test_a_mirroring_worker_reads_and_writes_only_its_mirror(tmp_path):
     from populora_ray import transfer
     from populora_ray.worker import PopulationWorker
 
-    from populora_core.components import AdapterRef, GenerationRequest, UpdateJob
+    from populora_core.api.components import AdapterRef, GenerationRequest, UpdateJob
 
     seen: list[str] = []
 
@@ -393,7 +393,7 @@ def test_a_run_dir_the_workers_cannot_see_is_an_error_naming_it(ray_cluster, tmp
 FILE_TRAINER = """
 import os
 from populora_core import NoParams, hookimpl
-from populora_core.components import MemberStateTrainer
+from populora_core.api.components import MemberStateTrainer
 
 
 class WhereTrainer(MemberStateTrainer):
@@ -546,7 +546,7 @@ def test_an_engine_serving_in_bf16_is_shipped_only_each_versions_served_copy(tmp
     from populora_ray.cluster import Worker
     from populora_ray.engine import RayEngine
 
-    from populora_core.components import AdapterRef, GenerationRequest, SamplingParams
+    from populora_core.api.components import AdapterRef, GenerationRequest, SamplingParams
 
     trained, fresh = tmp_path / "s0@v1", tmp_path / "s1@v0"
     for folder in (trained, trained / "served-bfloat16", fresh):

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from populora_core.cli import cli
-from populora_core.plugins import PluginManager
-from populora_core.recipe import load_recipe
+from populora_core.cli.commands import cli
+from populora_core.plugin.manager import PluginManager
+from populora_core.recipe.validate import load_recipe
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
 SEVEN_B = [p for p in RECIPES if p.stem.endswith("_7b")]
@@ -206,7 +206,7 @@ def test_every_shipped_recipe_selects_rather_than_killing_the_newest_child(path)
 
 
 def test_a_teacher_reward_out_of_range_is_a_recipe_error_naming_the_key(registry, tmp_path):
-    from populora_core.errors import RecipeError
+    from populora_core.api.errors import RecipeError
 
     with pytest.raises(RecipeError) as info:
         load_recipe(RECIPE_DIR / "nano.yaml", ["tasks.1.params.unsolved_reward=-2"], registry)

@@ -22,10 +22,10 @@ from populora_report.render import render_report
 from populora_report.summary import run_summary
 
 from populora_core import UserError
-from populora_core.loop import execute, start_run
-from populora_core.plugins import PluginManager
-from populora_core.recipe import load_recipe
-from populora_core.run_dir import RunDir
+from populora_core.plugin.manager import PluginManager
+from populora_core.recipe.validate import load_recipe
+from populora_core.run.loop import execute, start_run
+from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from populora_core.errors import UserError
-from populora_core.loop import execute, resume_run, start_run
-from populora_core.plugins import PluginManager
-from populora_core.population import Population
-from populora_core.recipe import load_recipe
-from populora_core.run_dir import LOGS, RunDir
+from populora_core.api.errors import UserError
+from populora_core.api.population import Population
+from populora_core.plugin.manager import PluginManager
+from populora_core.recipe.validate import load_recipe
+from populora_core.run.loop import execute, resume_run, start_run
+from populora_core.run.run_dir import LOGS, RunDir
 from tests.cli_helpers import run_cli
 
 TESTS = Path(__file__).parent

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from populora_core.components import ExecJob, ExecResult, Executor
+from populora_core.api.components import ExecJob, ExecResult, Executor
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux-only")
 
@@ -106,7 +106,7 @@ def _run(ex, code: str, expr: str | None = None, **kw) -> ExecResult:
 
 
 def test_is_an_executor_and_registered(executor):
-    from populora_core.plugins import get_manager
+    from populora_core.plugin.manager import get_manager
 
     assert isinstance(executor, Executor)
     comp = get_manager().registry.get("executor", "sandbox")
@@ -612,7 +612,7 @@ _OWNER = """
 import json, sys
 from populora_sandbox.executor import SandboxExecutor
 from populora_sandbox.params import SandboxParams
-from populora_core.components import ExecJob
+from populora_core.api.components import ExecJob
 ex = SandboxExecutor(SandboxParams(workers=2, namespaces=sys.argv[1] == "1"))
 print(json.dumps({"uids": ex.uids, "tmp": [w.fallback_tmp for ws in ex._pool.values() for w in ws]}), flush=True)
 ex.run_batch([ExecJob("import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(1000)\\n"
@@ -699,7 +699,7 @@ def test_require_isolation_fails_loudly_without_namespaces():
 def test_cli_runs_one_file(tmp_path):
     from click.testing import CliRunner
 
-    from populora_core.cli import cli
+    from populora_core.cli.commands import cli
 
     prog = tmp_path / "prog.py"
     prog.write_text("print('hello')\nwhile True:\n    pass\n")

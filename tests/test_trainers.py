@@ -7,7 +7,7 @@ import math
 import pytest
 
 from populora_core import UserError
-from populora_core.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
+from populora_core.api.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, Rollout, SamplingParams
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.05, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
 
@@ -52,7 +52,7 @@ def _rollouts(member, n=6, seed=0, groups=("deduction/solve", "abduction/propose
 
 
 def _tensors(path):
-    from populora_core.adapters import load_lora
+    from populora_core.api.adapters import load_lora
 
     return {k: (f.A.clone(), f.B.clone()) for k, f in load_lora(path).items()}
 
@@ -207,7 +207,7 @@ def _base_weights(host):
 def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     import torch
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     host = get_host(base)
     engine = make("engine", "hf", base)
@@ -334,7 +334,7 @@ def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
 
 
 def test_state_is_one_file_per_member_with_a_manifest(base, adapters, tmp_path):
-    from populora_core.trainer_state import read_manifest
+    from populora_core.api.trainer_state import read_manifest
 
     trainer = make("trainer", "trr++", base, lr=1e-3)
     for m, a in (("m0", adapters[0]), ("m2", adapters[2])):
@@ -412,7 +412,7 @@ def _target_mass(base, adapter, prompts, target):
     import torch
     from populora_engines.batched_lora import batched_adapters
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     host = get_host(base)
     key = host.ensure(adapter)
@@ -501,7 +501,7 @@ def _grpo_rollouts(member, seed=0):
 def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_path, loss_type):
     import torch
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     host = get_host(base)
     files = {a.name: _tensors(a.path) for a in adapters}
@@ -542,7 +542,7 @@ def test_grpo_micro_batches_match_one_batch_and_advantages_follow_trl(base, adap
 
 
 def test_grpo_with_kl_to_a_reference_adapter(base, adapters, tmp_path):
-    from populora_core.components import AdapterRef
+    from populora_core.api.components import AdapterRef
 
     trainer = make("trainer", "grpo", base, lr=1e-2, beta=0.1, reference="initial", loss_type="grpo")
     trainer.update("m1", adapters[1], _grpo_rollouts("m1"), tmp_path / "m1_v1")
@@ -669,7 +669,7 @@ def _logprob_setup(base, adapter):
     """The host's PeftModel with ``adapter`` in the trainable scratch slot, and one packed micro-batch."""
     from populora_trl.batching import pack
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     trainer = make("trainer", "trr++", base)
     _, params = trainer._activate(adapter)
@@ -807,7 +807,7 @@ def _count_layer_calls(host):
 def test_gradient_checkpointing_on_gives_the_same_update_and_is_off_afterwards(base, adapters, tmp_path, name):
     import torch
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     host = get_host(base)
     rollouts = _grpo_rollouts("m0", seed=3) if name == "grpo" else _rollouts("m0", n=8, seed=3)
@@ -903,7 +903,7 @@ def test_joined_micro_batches_count_prompt_and_completion_together():
     with a long completion fit where the split layout's longest prompt + longest completion does not."""
     from populora_trl.batching import micro_batches
 
-    from populora_core.components import Rollout
+    from populora_core.api.components import Rollout
 
     def rollout(p, c):
         return (Rollout("m", "deduction/solve", [1] * p, [2] * c, [], 0.0),)
@@ -919,7 +919,7 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     with the KL term's adapters-off reference in the loss, and PEFT's own forward back after the update."""
     import torch
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     rollouts = _rollouts("m0", n=9, seed=5)
     common = dict(lr=1e-3, micro_batch_size=4)
@@ -1019,8 +1019,8 @@ def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, ad
     import torch
     from populora_trl.state import SCRATCH
 
-    from populora_core.components import UpdateJob
-    from populora_core.modelhost import get_host
+    from populora_core.api.components import UpdateJob
+    from populora_core.api.modelhost import get_host
 
     common = dict(lr=1e-2, micro_batch_size=4, entropy_coef=0.01)
     one = make("trainer", "trr++", base, **common)
@@ -1091,7 +1091,7 @@ def test_the_host_owns_its_modes_and_refuses_overlap(base, adapters, tmp_path):
     during a training block (or the reverse) is an error, not a race on a shared model."""
     import threading
 
-    from populora_core.modelhost import get_host
+    from populora_core.api.modelhost import get_host
 
     host = get_host(base)
     trainer = make("trainer", "trr++", base, gradient_checkpointing="on")
@@ -1187,7 +1187,7 @@ def test_the_served_copy_is_written_beside_the_fp32_version_and_changes_nothing_
     from populora_trl.state import served_dtype
     from safetensors.torch import load_file
 
-    from populora_core.adapters import served_copy
+    from populora_core.api.adapters import served_copy
 
     assert served_dtype("auto", torch.bfloat16) == "bfloat16" and served_dtype("auto", torch.float16) == "float16"
     assert served_dtype("auto", torch.float32) is None and served_dtype("none", torch.bfloat16) is None

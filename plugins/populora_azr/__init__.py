@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 from .checks import DEFAULT_BANNED_ATTRIBUTES, DEFAULT_BANNED_BUILTINS
 

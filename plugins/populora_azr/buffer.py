@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from populora_core.components import Problem
+from populora_core.api.components import Problem
 
 EVICTIONS = ("oldest", "reject_new")
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from populora_core.components import ExecJob, ExecResult, Grade, Problem, Task
+from populora_core.api.components import ExecJob, ExecResult, Grade, Problem, Task
 
 from . import checks, prompts
 from .buffer import ProblemBuffer, as_random

@@ -1,7 +1,7 @@
 """Rollout engines: ``hf`` (transformers + PEFT mixed-adapter batches) and ``vllm`` (multi-LoRA vLLM).
 
 Both serve many adapter versions of one base in the same batch, addressed by immutable
-:class:`~populora_core.components.AdapterRef` names. No torch/transformers/vllm import here: the
+:class:`~populora_core.api.components.AdapterRef` names. No torch/transformers/vllm import here: the
 engine modules import them inside functions, so ``populora --help`` stays fast.
 """
 
@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 
 class HFEngineParams(Params):
-    """transformers + PEFT generation on the process-wide shared base (populora_core.modelhost)."""
+    """transformers + PEFT generation on the process-wide shared base (populora_core.api.modelhost)."""
 
     device: str = "auto"  # auto: cuda when available, else cpu
     token_budget: int = 32768  # rows x (prompt + max_tokens) tokens per generate() batch

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core import UserError
-from populora_core.components import Completion, GenerationRequest, SamplingParams
+from populora_core.api import UserError
+from populora_core.api.components import Completion, GenerationRequest, SamplingParams
 
 
 def check_sampling(sampling: SamplingParams) -> None:

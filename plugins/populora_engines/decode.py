@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from populora_core.rng import hashed_seed
+from populora_core.api.rng import hashed_seed
 
 from . import fused as fused_decode
 from .numerics import ALIGN, MIN_ROWS, WIDTH, attend

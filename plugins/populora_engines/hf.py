@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.components import (
+from populora_core.api.components import (
     BaseModel,
     Completion,
     GenerationRequest,
@@ -28,7 +28,7 @@ from populora_core.components import (
     SamplingParams,
     split_by_cost,
 )
-from populora_core.rng import hashed_seed
+from populora_core.api.rng import hashed_seed
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
 from .completions import check_sampling, cut_completion, encode_prompts, not_generated
@@ -53,14 +53,14 @@ def _stop_check(tokenizer: Any, stop: Sequence[str]) -> Any:
 
 
 class HFEngine(RolloutEngine):
-    """transformers + PEFT rollout engine over :func:`populora_core.modelhost.get_host`."""
+    """transformers + PEFT rollout engine over :func:`populora_core.api.modelhost.get_host`."""
 
     @classmethod
     def factory(cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> HFEngine:
         return cls(params, base_model=base_model, lora=lora, seed=seed)
 
     def __init__(self, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
-        from populora_core.modelhost import get_host
+        from populora_core.api.modelhost import get_host
 
         self.params = params
         self.base_model = base_model
@@ -117,7 +117,7 @@ class HFEngine(RolloutEngine):
         of the call holds; ``decode: generate`` removes it before batching (batches are seeded by their
         index), so the others get exactly what the same call without it gives.
         """
-        from populora_core.errors import UserError
+        from populora_core.api.errors import UserError
 
         if self._closed:
             raise UserError("hf engine: generate() after close()")

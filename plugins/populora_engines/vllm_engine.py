@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from populora_core.adapters import served_copy
-from populora_core.components import (
+from populora_core.api.adapters import served_copy
+from populora_core.api.components import (
     AdapterRef,
     BaseModel,
     Completion,
@@ -30,8 +30,8 @@ from populora_core.components import (
     RolloutEngine,
     SamplingParams,
 )
-from populora_core.errors import UserError
-from populora_core.rng import hashed_seed
+from populora_core.api.errors import UserError
+from populora_core.api.rng import hashed_seed
 
 from .completions import check_sampling, encode_prompts, not_generated
 
@@ -140,7 +140,7 @@ class AdapterCopies:
 
     def place(self, key: str, src: Path, pinned: set[str]) -> Path:
         """Where vLLM reads ``key``'s adapter (at ``src``) from: the copy in ``dtype`` its trainer wrote beside it
-        (populora_core.adapters.served_copy), else a copy of ours, made now if it fits, else ``src``."""
+        (populora_core.api.adapters.served_copy), else a copy of ours, made now if it fits, else ``src``."""
         served = served_copy(src, self.dtype)
         if served is not None:
             return served

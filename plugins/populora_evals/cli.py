@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from populora_core import UserError
+from populora_core.api import UserError
 
 from .prompts import CODE_TEMPLATES, MATH_TEMPLATES
 
@@ -36,7 +36,7 @@ def parse_benchmarks(spec: str) -> dict[str, int | None]:
     """
     import difflib
 
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     from .evaluators import PAPER_BENCHMARKS, SHIPPED_BENCHMARKS
 
@@ -75,7 +75,7 @@ def build_evaluators(
     eval_params: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Evaluators from the registry (so a plugin may replace or add one) with the CLI's settings."""
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     registry = get_registry()
     per_bench: dict[str, dict[str, Any]] = {}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from populora_core import UserError
+from populora_core.api import UserError
 
 #: What every loader returns: the items and the files they were read from.
 Loaded = tuple[list[dict[str, Any]], list[Path]]

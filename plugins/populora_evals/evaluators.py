@@ -1,4 +1,4 @@
-"""One evaluator per benchmark (implements :class:`populora_core.components.Evaluator`).
+"""One evaluator per benchmark (implements :class:`populora_core.api.components.Evaluator`).
 
 An evaluator knows its items, builds each prompt with the chosen template, extracts answers and
 grades them: math with math-verify here, code in the executor it is handed (never in-process).
@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from populora_core import Params, UserError
-from populora_core.components import ExecJob, ExecResult, Executor
+from populora_core.api import Params, UserError
+from populora_core.api.components import ExecJob, ExecResult, Executor
 
 from . import data, grading, prompts
 

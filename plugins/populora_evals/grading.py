@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from populora_core.components import ExecJob, ExecResult, Executor
+from populora_core.api.components import ExecJob, ExecResult, Executor
 
 # --- math ------------------------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import GenerationRequest, SamplingParams
-from populora_core.files import atomic_write_text
+from populora_core.api.components import GenerationRequest, SamplingParams
+from populora_core.api.files import atomic_write_text
 
 from .evaluators import AZR_CODE, AZR_MATH, CODE_STAND_INS, Benchmark
 from .passk import summarize
@@ -61,7 +61,7 @@ def make_executor(name: str = "sandbox", params: dict[str, Any] | None = None) -
     harness can give every test its own SIGALRM timer, which also interrupts blocking calls such as
     ``time.sleep`` (without it the harness falls back to a watchdog thread).
     """
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     comp = get_registry().get("executor", name)
     raw = dict(params or {})
@@ -118,7 +118,7 @@ class Evaluation:
 
     def _registry_engine(self) -> Any:
         """The engine, its ``auto`` settings planned for it alone on this GPU (nothing trains during an eval)."""
-        from populora_core import build_engine
+        from populora_core.api import build_engine
 
         return build_engine(
             self.settings.engine,

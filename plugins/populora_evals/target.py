@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from populora_core import UserError
-from populora_core.adapters import CONFIG_FILE, adapter_hash, is_adapter_dir
-from populora_core.components import AdapterRef, BaseModel, LoraSettings
+from populora_core.api import UserError
+from populora_core.api.adapters import CONFIG_FILE, adapter_hash, is_adapter_dir
+from populora_core.api.components import AdapterRef, BaseModel, LoraSettings
 
 
 @dataclass
@@ -111,7 +111,7 @@ def resolve_base_model(spec: Any, *, relative_to: Path | None = None, dtype: str
     """A recipe's ``base_model`` (str or {name, params}) through the core; a relative path may be the run's."""
     from dataclasses import replace
 
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     params: dict[str, Any] = {}
     if isinstance(spec, dict):

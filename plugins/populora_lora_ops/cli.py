@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from populora_core.errors import UserError
-from populora_core.files import atomic_dir
+from populora_core.api.errors import UserError
+from populora_core.api.files import atomic_dir
 
 LINEAGE_FILE = "lineage.json"
 
@@ -43,9 +43,9 @@ def evolve(
     """Run one operator end to end; returns the lineage record (also written as ``lineage.json``)."""
     from pydantic import ValidationError
 
-    from populora_core import format_validation_error
-    from populora_core.adapters import adapter_hash, load_lora, write_peft_files
-    from populora_core.operators import apply_operator
+    from populora_core.api import format_validation_error
+    from populora_core.api.adapters import adapter_hash, load_lora, write_peft_files
+    from populora_core.api.operators import apply_operator
 
     comp = registry.get("operator", operator)
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from populora_core.adapters import LoraFactors, LoraWeights
+from populora_core.api.adapters import LoraFactors, LoraWeights
 
 from . import linalg as la
 from .parents import _refactored, _warn_zero_crossover, check_parents
@@ -234,7 +234,7 @@ def delta_merge(parents: list[LoraWeights], params: Any, generator: torch.Genera
     if params.weights is None:
         weights = [1.0] * k if params.sign_election else [1.0 / k] * k
     elif len(params.weights) != k:
-        from populora_core.errors import UserError
+        from populora_core.api.errors import UserError
 
         raise UserError(f"{op}: weights has {len(params.weights)} entries for {k} parents")
     else:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 TEACHER_OUTCOME = (
     "[choice] what a problem its student never solved (r = 0) means for the ratings. reward: a win for neither side "

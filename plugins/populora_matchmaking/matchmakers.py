@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.components import Match, MatchOutcome
+from populora_core.api.components import Match, MatchOutcome
 
 
 def expected_solve_rate(student: Any, teacher: Any, beta: float) -> float:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from populora_core.components import Replacement, Selector
+from populora_core.api.components import Replacement, Selector
 
 
 def _ranked(members: Sequence[Any], k: float) -> list[Any]:

@@ -15,9 +15,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from populora_core.components import MatchOutcome
-from populora_core.operators import child_rating, count_matches, ready_ids, select
-from populora_core.population import Population, selection_history
+from populora_core.api.components import MatchOutcome
+from populora_core.api.operators import child_rating, count_matches, ready_ids, select
+from populora_core.api.population import Population, selection_history
 
 BETA = 25.0 / 6.0
 

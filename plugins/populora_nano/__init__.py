@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 #: Plugins this one imports (its corpus and probe use AZR's prompt builders); the import-rule test checks it.
 PLUGIN_REQUIRES = ("populora_azr",)
@@ -29,8 +29,8 @@ class NanoParams(Params):
 
 def nano_base_model(params: NanoParams | None = None) -> Any:
     """Tiny code-reasoning Llama trained on synthetic AZR tasks in the compact prompt style."""
-    from populora_core.components import BaseModel
-    from populora_core.errors import UserError
+    from populora_core.api.components import BaseModel
+    from populora_core.api.errors import UserError
 
     if not (MODEL_DIR / "config.json").is_file():
         raise UserError(

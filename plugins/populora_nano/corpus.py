@@ -385,7 +385,7 @@ def execute(
     """
     from populora_azr.tasks import FIXED_HELPERS
 
-    from populora_core.components import ExecJob
+    from populora_core.api.components import ExecJob
 
     jobs = []
     for prog, cands in zip(programs, candidates, strict=True):
@@ -537,7 +537,7 @@ def render_examples(
 def probe_records(
     programs: Sequence[Program], per_type: int, rng: random.Random, n_inputs: int = 10
 ) -> list[dict[str, Any]]:
-    """Held-out problems as :class:`~populora_core.components.Problem` fields, ``per_type`` per task.
+    """Held-out problems as :class:`~populora_core.api.components.Problem` fields, ``per_type`` per task.
 
     Deduction/abduction: one input and its output. Induction: ``n_inputs`` pairs (the task shows the
     first half and grades on the second) with the program's hint as the message.

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import Field
 
-from populora_core import Params, UserError
-from populora_core.components import Evaluator, Executor, Problem
+from populora_core.api import Params, UserError
+from populora_core.api.components import Evaluator, Executor, Problem
 
 from . import PROBE_FILE
 
@@ -103,7 +103,7 @@ class NanoHeldout(Evaluator):
         }
 
     def _tasks(self, executor: Executor | None) -> dict[str, Any]:
-        from populora_core import get_registry
+        from populora_core.api import get_registry
 
         registry = get_registry()
         params: dict[str, Any] = {"style": "compact"}
@@ -151,7 +151,7 @@ def make_heldout(out: Path, seed: int = HELDOUT_SEED, per_type: int = PER_TYPE) 
     machine); the probe's must come out among ``probe.jsonl``'s (its first 50 per type; the file holds more, drawn
     later for the probe with power, all excluded too), or the exclusion would be of other programs.
     """
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     from . import corpus as C
     from .make_model import check_probe

@@ -46,7 +46,7 @@ def log(msg: str) -> None:
 
 
 def _executor(workers: int) -> Any:
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     return get_registry().get("executor", "sandbox").build({"workers": workers})
 
@@ -89,7 +89,7 @@ def check_probe(records: list[dict[str, Any]], executor: Any) -> None:
     """Re-validate every probe problem through the AZR tasks themselves (their gold outputs must agree)."""
     from populora_azr import prompts as P
 
-    from populora_core import get_registry
+    from populora_core.api import get_registry
 
     reg = get_registry()
     for name in ("deduction", "abduction", "induction"):
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from populora_core.runtime import set_torch_threads
+    from populora_core.api.runtime import set_torch_threads
 
     set_torch_threads(args.threads)
     t0 = time.time()

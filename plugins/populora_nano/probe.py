@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import AdapterRef, GenerationRequest, Problem, SamplingParams
+from populora_core.api.components import AdapterRef, GenerationRequest, Problem, SamplingParams
 
 from . import PROBE_FILE
 
@@ -41,8 +41,8 @@ PROPOSER_MAX_TOKENS = 256
 
 def load_probe(path: str | Path | None = None) -> list[Problem]:
     """The probe problems as valid :class:`Problem` objects (JSON lines of Problem fields)."""
-    from populora_core.errors import UserError
-    from populora_core.problems import load_problems
+    from populora_core.api.errors import UserError
+    from populora_core.api.problems import load_problems
 
     path = Path(path) if path is not None else PROBE_FILE
     problems = load_problems(path)
@@ -76,7 +76,7 @@ def evaluate_probe(
     "n": {task: count}, "proposal_validity": {task: rate}}}``; task types without problems (or without
     a task in ``tasks``) are left out. One ``engine.generate`` call per answer budget serves every adapter.
     """
-    from populora_core.probe import greedy_grades
+    from populora_core.api.probe import greedy_grades
 
     names = list(adapters)
     out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}} for name in names}
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from populora_core import get_registry
-    from populora_core.components import BaseModel, LoraSettings
+    from populora_core.api import get_registry
+    from populora_core.api.components import BaseModel, LoraSettings
 
     reg = get_registry()
     if args.model_dir is not None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from populora_core import Params, UserError, hookimpl
+from populora_core.api import Params, UserError, hookimpl
 
 
 class RayClusterParams(Params):
@@ -87,7 +87,7 @@ class InnerExecutor(Params):
 
     @model_validator(mode="after")
     def _known(self) -> InnerExecutor:
-        from populora_core import format_validation_error, get_registry
+        from populora_core.api import format_validation_error, get_registry
 
         if self.name == "ray":
             raise ValueError("the ray executor runs another executor on its actors, not itself")

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import Cluster
-from populora_core.errors import PopuloraError, UserError
+from populora_core.api.components import Cluster
+from populora_core.api.errors import PopuloraError, UserError
 
 from . import transfer
 from .worker import PopulationWorker
@@ -145,7 +145,7 @@ class RayCluster(Cluster):
 
     def _write_worker_list(self) -> None:
         """``RUN/ray_workers.json``: each worker's index, role, pid and node, to find (or kill) a worker's process."""
-        from populora_core.files import atomic_write_text
+        from populora_core.api.files import atomic_write_text
 
         workers = [
             {"index": w.index, "role": w.role, "pid": w.info.get("pid"), "node": w.info.get("node")}
@@ -201,7 +201,7 @@ class RayCluster(Cluster):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         # the recipe's runtime.cpu_isa (set by the populora command) reaches workers on a remote cluster too
         cpu_paths = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
-        allocator = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the trainers' (populora_core.runtime)
+        allocator = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the trainers' (populora_core.api.runtime)
         for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH", *cpu_paths, *allocator):
             if var in os.environ:
                 env[var] = os.environ[var]
@@ -286,7 +286,7 @@ class RayCluster(Cluster):
         if not first["member_states"]:
             raise UserError(
                 f"trainer {name!r} (plugin {first['plugin']}) cannot be spread over Ray workers: it does not hand "
-                "its optimizer state over member by member (populora_core.components.MemberStateTrainer); "
+                "its optimizer state over member by member (populora_core.api.components.MemberStateTrainer); "
                 "use cluster: local"
             )
         return RayTrainer(self, workers, algorithm=first["algorithm"], needs_logprobs=first["needs_sampling_logprobs"])

@@ -3,7 +3,7 @@
 A call is split into contiguous parts of about equal token budget (prompt characters / 4 + n x max_tokens
 per request), one part per worker, and the parts' completions are concatenated back in request order.
 Splitting is exact only for an engine whose sampling of a request does not depend on the other requests
-of the call (``row_seeded``, see populora_core.components.RolloutEngine; the hf engine's decode loop): each
+of the call (``row_seeded``, see populora_core.api.components.RolloutEngine; the hf engine's decode loop): each
 part's requests then carry their index in the whole call. An engine that seeds per batch (vllm, hf with
 ``decode: generate``) gets every call whole on one worker, so the cluster's results stay those of the single
 process (unless the recipe asks for ``generation_split: always``, trading that identity for parallel
@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.adapters import served_copy
-from populora_core.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
+from populora_core.api.adapters import served_copy
+from populora_core.api.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
 
 from .transfer import absolute
 

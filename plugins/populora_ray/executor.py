@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.components import ExecJob, ExecResult, Executor
-from populora_core.errors import UserError
+from populora_core.api.components import ExecJob, ExecResult, Executor
+from populora_core.api.errors import UserError
 
 from .cluster import WorkerLost, connect, first_line, import_ray
 
@@ -25,7 +25,7 @@ class ExecutorHost:
     """One actor: the inner executor, built from this process's registry (``ray.remote`` is applied at start)."""
 
     def __init__(self, name: str, params: dict[str, Any], plugin_files: list[str], cpus: int) -> None:
-        from populora_core import get_registry
+        from populora_core.api import get_registry
 
         component = get_registry(plugin_files).get("executor", name)
         parsed = component.parse_params(params)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from populora_core import hookimpl
+from populora_core.api import hookimpl
 
 _started: dict[Path, float] = {}  # run directory -> perf_counter at on_run_start
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from populora_core import UserError
+from populora_core.api import UserError
 
 from . import dynamics
 

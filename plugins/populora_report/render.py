@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from populora_core import UserError
+from populora_core.api import UserError
 
 from . import dynamics
 from .compare import COMPUTE_MATCHED, Comparison, comparisons, headline, slots

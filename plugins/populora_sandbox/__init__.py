@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from populora_core import hookimpl
+from populora_core.api import hookimpl
 
 from .params import SandboxParams
 

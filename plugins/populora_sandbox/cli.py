@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from populora_core.errors import UserError
+from populora_core.api.errors import UserError
 
 
 def add_commands(cli: Any) -> None:
@@ -28,7 +28,7 @@ def add_commands(cli: Any) -> None:
         """
         from pydantic import ValidationError
 
-        from populora_core.components import ExecJob
+        from populora_core.api.components import ExecJob
 
         from .executor import SandboxExecutor
         from .params import SandboxParams
@@ -45,7 +45,7 @@ def add_commands(cli: Any) -> None:
         try:
             params = SandboxParams(**overrides)
         except ValidationError as exc:
-            from populora_core import format_validation_error
+            from populora_core.api import format_validation_error
 
             raise UserError(f"bad sandbox option: {format_validation_error(exc, model=SandboxParams)}") from None
         with SandboxExecutor(params) as executor:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from populora_core.components import ExecJob, ExecResult, Executor
+from populora_core.api.components import ExecJob, ExecResult, Executor
 
 from .params import SandboxParams
 

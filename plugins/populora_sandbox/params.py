@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from populora_core import Params
+from populora_core.api import Params
 
 #: Pre-imported modules: what AZR-style programs use. They are imported in the zygote before it drops
 #: root (the interpreter lives under /root, mode 0700), so this list doubles as the import allowlist.

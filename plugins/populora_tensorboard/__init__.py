@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import Field
 
-from populora_core import Params, hookimpl
-from populora_core.components import MetricSink
+from populora_core.api import Params, hookimpl
+from populora_core.api.components import MetricSink
 
 
 class TensorBoardParams(Params):

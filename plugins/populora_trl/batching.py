@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from populora_core.components import Rollout
+from populora_core.api.components import Rollout
 
 
 def micro_batches(

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import AdapterRef, Rollout, UpdateStats
-from populora_core.errors import UserError
+from populora_core.api.components import AdapterRef, Rollout, UpdateStats
+from populora_core.api.errors import UserError
 
 from .batching import micro_batches, pack
 from .forward import long_row_threshold

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from populora_core.components import AdapterRef, Rollout, UpdateJob, UpdateStats
-from populora_core.errors import UserError
+from populora_core.api.components import AdapterRef, Rollout, UpdateJob, UpdateStats
+from populora_core.api.errors import UserError
 
 from .batching import micro_batches, pack
 from .forward import fused_adapter, long_row_threshold

@@ -13,8 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
-from populora_core import Params, hookimpl
-from populora_core.components import MetricSink
+from populora_core.api import Params, hookimpl
+from populora_core.api.components import MetricSink
 
 RUN_ID_FILE = "wandb_run_id"
 

@@ -171,7 +171,7 @@ def served_copy(path: str | os.PathLike[str], dtype: str | None) -> Path | None:
 
 def write_peft_files(weights: LoraWeights, directory: str | os.PathLike[str], *, dtype: Any = None) -> None:
     """The PEFT files of ``weights`` into an existing folder (to add files of one's own inside an
-    :func:`populora_core.files.atomic_dir`; :func:`save_lora` writes a whole version)."""
+    :func:`populora_core.api.files.atomic_dir`; :func:`save_lora` writes a whole version)."""
     from safetensors.torch import save_file
 
     folder = Path(directory)
@@ -293,7 +293,7 @@ def init_lora(
 
 
 def fresh_lora(base_model_path: str, settings: LoraSettings, *, seed: int) -> LoraWeights:
-    """:func:`init_lora` with a population's :class:`~populora_core.components.LoraSettings`."""
+    """:func:`init_lora` with a population's :class:`~populora_core.api.components.LoraSettings`."""
     return init_lora(
         base_model_path,
         rank=settings.rank,

@@ -6,9 +6,10 @@ recipe or a third-party plugin. No torch import here.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .records import (
     DEFAULT_TARGET_MODULES,
@@ -31,6 +32,8 @@ from .records import (
     UpdateStats,
     split_by_cost,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
@@ -61,6 +64,7 @@ __all__ = [
     "Trainer",
     "UpdateJob",
     "UpdateStats",
+    "per_task",
     "split_by_cost",
 ]
 
@@ -83,7 +87,7 @@ class RolloutEngine(Protocol):
     @property
     def served_dtype(self) -> str | None:
         """The 16-bit dtype this engine serves adapters in when it reads a version's copy in it
-        (:func:`populora_core.adapters.served_copy`, which trainers write beside the fp32 version) instead of the
+        (:func:`populora_core.api.adapters.served_copy`, which trainers write beside the fp32 version) instead of the
         version itself; a Ray cluster then ships only that copy to it. None (the default): it reads the version."""
         return None
 
@@ -150,7 +154,7 @@ class Trainer(Protocol):
 class MemberStateTrainer(Trainer, Protocol):
     """A trainer whose optimizer state moves member by member: what a cluster needs to spread members over
     workers, move a member (a child bred on another worker) and save or load each worker's share of a
-    checkpoint. The checkpoint layout is :mod:`populora_core.trainer_state`'s manifest plus one file per member."""
+    checkpoint. The checkpoint layout is :mod:`populora_core.api.trainer_state`'s manifest plus one file per member."""
 
     def members(self) -> list[str]:
         """Members that have state, sorted."""
@@ -346,3 +350,19 @@ class Evaluator(Protocol):
     ) -> list[list[bool]]:
         """Correctness of each completion of each item (same shape as ``completions``)."""
         ...
+
+
+def per_task(
+    tasks: Mapping[str, Task], task_names: Sequence[str | None], batch: Callable[[Task, list[int]], Sequence[T]]
+) -> list[T]:
+    """``batch(task, indices)`` once per task over the indices of its items (``None``: no task, left out),
+    tasks in the order first met; the results come back in input order (a left-out item's is None)."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, task_name in enumerate(task_names):
+        if task_name is not None:
+            by_task[task_name].append(i)
+    out: list[T] = [None] * len(task_names)  # type: ignore[list-item]
+    for task_name, idx in by_task.items():
+        for i, result in zip(idx, batch(tasks[task_name], idx), strict=True):
+            out[i] = result
+    return out

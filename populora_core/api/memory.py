@@ -4,7 +4,7 @@
 The plan owns the composition and the verdict; each engine and trainer plugin owns its own terms (an engine's
 weights copy, LoRA slots, caches, what it keeps while the trainer updates; a trainer's base, optimizer state and
 an update's activations), so the core holds no copy of their internals. A function is pure arithmetic on the
-model's shape (:class:`~populora_core.architecture.Arch`) and the component's params (defaults filled in): no
+model's shape (:class:`~populora_core.api.architecture.Arch`) and the component's params (defaults filled in): no
 torch, no GPU.
 """
 

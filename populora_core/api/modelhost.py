@@ -415,7 +415,7 @@ class ModelHost:
         self, key: str, out_dir: str | Path, config: dict[str, Any] | None = None, *, served_dtype: str | None = None
     ) -> Path:
         """Write slot ``key`` as a new PEFT directory (atomic; refuses to overwrite a version), in fp32, plus its
-        copy in ``served_dtype`` when given (populora_core.adapters.served_copy)."""
+        copy in ``served_dtype`` when given (populora_core.api.adapters.served_copy)."""
         with self.lock:
             config = dict(config if config is not None else self._configs[key])
             config["inference_mode"] = True

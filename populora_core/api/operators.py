@@ -18,8 +18,8 @@ from typing import Any
 from .adapters import LoraWeights, check_compatible, shape_difference
 from .components import MatchOutcome, Replacement
 from .errors import PluginError, UserError
+from .params import Component, Params, accepted_arguments
 from .population import Member, Rating
-from .registry import Component, Params, accepted_arguments
 
 
 def operator_arity(component: Component) -> tuple[int, int | None]:

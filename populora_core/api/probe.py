@@ -16,16 +16,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task
 from .errors import UserError
-from .population import Member
 from .problems import load_problems
-
-if TYPE_CHECKING:
-    from .assembly import Components
-
 
 #: A probe record's per-problem lists (greedy outcome; count of correct samples): probe.jsonl keeps them, events do not.
 OUTCOMES = ("correct", "sample_correct")
@@ -114,7 +109,7 @@ def _graded(
     tasks: Mapping[str, Task], task_names: list[str], answered: list[tuple[Problem, list[str]]]
 ) -> list[list[Grade]]:
     """Each problem's answers' grades, every task's answers checked in one executor batch."""
-    from .assembly import per_task
+    from .components import per_task
 
     def batch(task: Task, idx: list[int]) -> list[list[Grade]]:
         return task.grade_many([answered[i] for i in idx])
@@ -162,25 +157,6 @@ def probe_records(
                 record["sample_correct"] = counts
             records.append(record)
     return records
-
-
-def run_probe_set(c: Components) -> dict[str, list[Problem]]:
-    """A run's held-out probe set per task type: the recipe's file, else the one shipped with the base."""
-    cfg = c.recipe.probe
-    path = cfg.file or c.base_model.probe_path
-    if not path:
-        raise UserError("probe.enabled is true but probe.file is empty and the base model ships no probe set")
-    return probe_set(path, list(c.tasks), cfg.problems_per_type)
-
-
-def evaluate(c: Components, students: Sequence[Member], step: int, *, include_base: bool) -> list[dict[str, Any]]:
-    """The probe records of a run's students' current versions (and the base first, with ``include_base``)."""
-    cfg = c.recipe.probe
-    targets = [ProbeTarget(m.id, c.adapter_ref(m), m.version_name, m.role) for m in students]
-    if include_base:
-        targets.insert(0, ProbeTarget("base", None, "base", "base"))
-    sampling = SamplingParams(n=cfg.samples, temperature=cfg.temperature, seed=0) if cfg.samples else None
-    return probe_records(step, c.engine, c.tasks, run_probe_set(c), targets, cfg.max_tokens, sampling)
 
 
 def cluster_bootstrap(

@@ -1,17 +1,14 @@
-"""Problem records: JSONL files of :class:`Problem` (probe sets, seeds, curricula) and the per-step ``Proposal``."""
+"""Problem records: JSONL files of :class:`Problem` (probe sets, seeds, curricula)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .components import Completion, Problem
+from .components import Problem
 from .errors import UserError
 from .files import atomic_write_text
-from .population import Member
 
 
 def load_problems(path: str | Path) -> list[Problem]:
@@ -42,19 +39,3 @@ def write_problems(problems: list[Problem], path: str | Path) -> Path:
     out = Path(path)
     atomic_write_text(out, "".join(json.dumps(dataclasses.asdict(p), sort_keys=True) + "\n" for p in problems))
     return out
-
-
-@dataclass
-class Proposal:
-    """One teacher's proposal as it moves through a step: prompted, generated, validated, then solved."""
-
-    task: str
-    teacher: Member
-    ctx: Any  # what the task's proposer prompt referenced (handed back to ``parse_proposals``)
-    completion: Completion | None = None
-    problem: Problem | None = None
-    solve_rate: float | None = None  # the matched student's; None while unsolved or invalid
-
-    @property
-    def valid(self) -> bool:
-        return self.problem is not None and self.problem.valid

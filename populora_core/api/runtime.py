@@ -45,7 +45,7 @@ def default_allocator() -> dict[str, str]:
     """:data:`ALLOCATOR_ENV` into ``os.environ`` where torch is a CUDA build, unless the user set an allocator
     configuration or CUDA is already initialised here (torch reads it then); returns what it set. Processes the run
     starts inherit it."""
-    from .doctor import torch_cuda_version
+    from .installed import torch_cuda_version
 
     cuda = torch_cuda_version()  # from torch/version.py as text: torch itself is not imported yet
     if cuda is None or cuda.startswith("ROCm") or any(os.environ.get(var) for var in ALLOCATOR_VARS):

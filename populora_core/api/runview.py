@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .population import Population
-from .recipe import Recipe
+from .schema import Recipe
 
 
 @dataclass(frozen=True)

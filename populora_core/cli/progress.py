@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .loop import Run, execute
+from ..run.loop import Run, execute
 
 
 def execute_with_progress(run: Run, *, progress: bool | None = None) -> None:

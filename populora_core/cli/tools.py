@@ -1,5 +1,5 @@
 """The ``populora`` commands that inspect rather than run: plugins, keys, plan, doctor, runs, export, completion,
-recipe-schema. :mod:`populora_core.cli` adds :data:`COMMANDS` to its group; nothing heavy at import."""
+recipe-schema. :mod:`populora_core.cli.commands` adds :data:`COMMANDS` to its group; nothing heavy at import."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from .errors import UserError
+from ..api.errors import UserError
 
 
 def complete_override(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     """Shell completion of ``key.sub=value`` overrides: the recipe's keys (components' params: ``populora keys``)."""
-    from .recipe import Recipe
-    from .recipe_keys import model_keys
+    from ..api.schema import Recipe
+    from ..recipe.keys import model_keys
 
     return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
 
@@ -104,7 +104,8 @@ def plan(
       populora plan recipes/azr_7b.yaml --gpu-memory 80GiB
       populora plan recipes/azr_7b.yaml --gpus 8 --gpu-memory 141GiB --json
     """
-    from .plan import does_not_fit, format_plan, plan_file
+    from ..run.plan import plan_file
+    from .plan_view import does_not_fit, format_plan
 
     result = plan_file(recipe, overrides, manager, gpus=gpus, gpu_memory=gpu_memory, config=config_path)
     click.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
@@ -146,7 +147,7 @@ def runs(directory: str, as_json: bool) -> None:
     """
     from pathlib import Path
 
-    from .run_dir import list_runs
+    from ..run.run_dir import list_runs
 
     if not Path(directory).is_dir():
         raise UserError(f"{directory}: no such directory (runs go to runs/<recipe name> unless --run-dir says)")
@@ -209,9 +210,9 @@ def keys(manager: Any, what: str | None, markdown: bool) -> None:
       populora keys trr++           one component's params (trainer.params.*)
       populora keys --markdown      everything as one Markdown page
     """
-    from .errors import UserError
-    from .recipe import Recipe
-    from .recipe_keys import COMPONENT_SECTIONS, model_keys, reference_markdown
+    from ..api.errors import UserError
+    from ..api.schema import Recipe
+    from ..recipe.keys import COMPONENT_SECTIONS, model_keys, reference_markdown
 
     def table(rows: list[tuple[str, str, str, str]]) -> None:
         width = max((len(r[0]) for r in rows), default=0)
@@ -254,10 +255,10 @@ def recipe_schema(manager: Any) -> None:
     \b
       populora recipe-schema > populora.schema.json   # editors validate recipes against it
     """
-    from .recipe_keys import recipe_json_schema
+    from ..recipe.keys import recipe_json_schema
 
     click.echo(json.dumps(recipe_json_schema(manager.registry), indent=2))
 
 
-#: the inspecting verbs, added to the ``populora`` group by :mod:`populora_core.cli`
+#: the inspecting verbs, added to the ``populora`` group by :mod:`populora_core.cli.commands`
 COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema]

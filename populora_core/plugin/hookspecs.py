@@ -12,7 +12,7 @@ Two families, as in simonw/llm and datasette:
   ignored unless stated. Hook signatures are a contract: arguments may be added, never renamed or
   removed; a hookimpl may declare any subset of the arguments.
 
-Component contracts (the Protocols) live in :mod:`populora_core.components`.
+Component contracts (the Protocols) live in :mod:`populora_core.api.components`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from ..api.hooks import hookimpl
+
 if TYPE_CHECKING:
-    from .runview import RunView
+    from ..api.runview import RunView
+
+__all__ = ["hookimpl", "hookspec"]
 
 hookspec = pluggy.HookspecMarker("populora")
-hookimpl = pluggy.HookimplMarker("populora")
 
 
 # --- registration -------------------------------------------------------------------------------
@@ -97,7 +100,7 @@ def register_operators(register: Any) -> None:
     ``op(parents: list[adapters.LoraWeights], params, generator: torch.Generator) -> LoraWeights``.
     Declare the arity as meta: ``register("svd", fn, params=P, min_parents=2, max_parents=None)``
     (``max_parents=None``: no upper bound; a mutation is ``min_parents=1, max_parents=1``). The loop and
-    ``populora evolve`` make children through :func:`populora_core.operators.apply_operator`, which checks
+    ``populora evolve`` make children through :func:`populora_core.api.operators.apply_operator`, which checks
     the parents' count and refuses a child that changes rank, alpha, target modules or shapes.
     """
 
@@ -146,7 +149,7 @@ def register_commands(cli: Any) -> None:
 
 @hookspec
 def on_run_start(run: RunView) -> None:
-    """A run starts or resumes. Every lifecycle hook's ``run`` is a :class:`populora_core.runview.RunView`:
+    """A run starts or resumes. Every lifecycle hook's ``run`` is a :class:`populora_core.api.runview.RunView`:
     ``recipe``, ``run_dir``, ``steps_done``, a copy of the ``population``, and ``emit(records)``."""
 
 

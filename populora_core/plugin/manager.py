@@ -21,8 +21,8 @@ from typing import Any
 
 import pluggy
 
+from ..api.errors import PluginError, UserError
 from . import hookspecs
-from .errors import PluginError, UserError
 from .registry import KINDS, Registry
 
 ENTRY_POINT_GROUP = "populora"

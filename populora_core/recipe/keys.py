@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .recipe import LOCAL_CLUSTER, ComponentRef, Recipe
-from .registry import Registry
+from ..api.schema import LOCAL_CLUSTER, ComponentRef, Recipe
+from ..plugin.registry import Registry
 
 #: recipe sections that name a component, and its kind (``populora keys trainer`` lists the trainers)
 COMPONENT_SECTIONS = {
@@ -130,7 +130,7 @@ def reference_markdown(registry: Registry, plugins: set[str] | None = None) -> s
     lines = [
         "# Recipe keys",
         "",
-        "Generated from the params models by `python -m populora_core.recipe_keys` (a test keeps it current);",
+        "Generated from the params models by `python -m populora_core.recipe.keys` (a test keeps it current);",
         "`populora keys [SECTION|COMPONENT]` prints the same for what is installed. A key is overridden on the",
         "command line as `key.sub=value` (list items by index: `evolution.operators.0.name=svd`).",
         "",
@@ -164,8 +164,8 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from .plugins import get_manager
+    from ..plugin.manager import get_manager
 
-    target = Path(__file__).resolve().parents[1] / "docs" / "recipe-keys.md"
+    target = Path(__file__).resolve().parents[2] / "docs" / "recipe-keys.md"
     target.write_text(reference_markdown(get_manager().registry, builtin_plugins()))
     print(f"wrote {target}", file=sys.stderr)

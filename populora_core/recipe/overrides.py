@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .errors import RecipeError, UserError
+from ..api.errors import RecipeError, UserError
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

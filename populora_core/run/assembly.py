@@ -8,13 +8,12 @@ validation parsed (:meth:`ComponentRef.build_params`), so a recipe is parsed onc
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .components import (
+from ..api.components import (
     AdapterRef,
     BaseModel,
     Cluster,
@@ -28,13 +27,14 @@ from .components import (
     Selector,
     Task,
     Trainer,
+    per_task,
 )
-from .errors import PluginError, UserError, run_all
-from .plugins import PluginManager
-from .population import Member
-from .recipe import LOCAL_CLUSTER, Recipe
-from .registry import Component, Params
-from .rng import Streams
+from ..api.errors import PluginError, UserError, run_all
+from ..api.params import Component, Params
+from ..api.population import Member
+from ..api.rng import Streams
+from ..api.schema import LOCAL_CLUSTER, Recipe
+from ..plugin.manager import PluginManager
 from .run_dir import RunDir
 
 T = TypeVar("T")
@@ -97,22 +97,6 @@ class Components:
     def close(self) -> None:
         """Close what holds processes, files or workers; the cluster last (the engine and trainer live on it)."""
         close_all([self.engine, self.executor, *self.sinks, self.cluster])
-
-
-def per_task(
-    tasks: Mapping[str, Task], task_names: Sequence[str | None], batch: Callable[[Task, list[int]], Sequence[T]]
-) -> list[T]:
-    """``batch(task, indices)`` once per task over the indices of its items (``None``: no task, left out),
-    tasks in the order first met; the results come back in input order (a left-out item's is None)."""
-    by_task: dict[str, list[int]] = defaultdict(list)
-    for i, task_name in enumerate(task_names):
-        if task_name is not None:
-            by_task[task_name].append(i)
-    out: list[T] = [None] * len(task_names)  # type: ignore[list-item]
-    for task_name, idx in by_task.items():
-        for i, result in zip(idx, batch(tasks[task_name], idx), strict=True):
-            out[i] = result
-    return out
 
 
 def close_all(parts: list[Any]) -> None:
@@ -249,7 +233,7 @@ def planned_engine_params(
     (the free memory, less this process's CUDA context, which the trainer's terms count); run.log says which."""
     import warnings
 
-    from .memory import CUDA_CONTEXT, gpu_held_by_others, gpu_memory_line, visible_gpu_memory
+    from ..api.memory import CUDA_CONTEXT, gpu_held_by_others, gpu_memory_line, visible_gpu_memory
     from .plan import cluster_gpus, plan_model
 
     params = recipe.engine.build_params()
@@ -298,9 +282,9 @@ def build_engine(
     in that line and, when no plan could be made and the engine refuses ``auto``, in the error."""
     import warnings
 
-    from .memory import gpu_held_by_others, visible_gpu_memory
+    from ..api.memory import gpu_held_by_others, visible_gpu_memory
+    from ..plugin.manager import get_registry
     from .plan import plan_engine_alone
-    from .plugins import get_registry
 
     registry = get_registry()
     warn_unchecked_vllm(name)
@@ -334,7 +318,7 @@ def warn_unchecked_vllm(engine: str) -> None:
         return
     import warnings
 
-    from .doctor import unchecked_vllm, version
+    from ..api.installed import unchecked_vllm, version
 
     outside = unchecked_vllm(version("vllm"))
     if outside:
@@ -350,7 +334,7 @@ def refuse_idle_gpus(visible: int | None = None) -> None:
     if visible is None:
         import torch
 
-        from .memory import check_visible_devices
+        from ..api.memory import check_visible_devices
 
         check_visible_devices()  # CUDA_VISIBLE_DEVICES hiding every GPU: an error before anything is built
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -372,7 +356,7 @@ def check_implements(built: Any, protocol: type, kind: str, name: str) -> None:
         missing = sorted(n for n in members if not n.startswith("_") and not hasattr(built, n))
         raise PluginError(
             f"{kind} {name!r} ({type(built).__name__}) lacks {', '.join(missing)}: subclass "
-            f"populora_core.components.{protocol.__name__} to inherit the optional members' defaults (plugin API 4)"
+            f"populora_core.api.components.{protocol.__name__} to inherit the optional members' defaults (plugin API 4)"
         )
 
 

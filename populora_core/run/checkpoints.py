@@ -132,7 +132,7 @@ def _file_damage(file: Path, record: dict[str, Any], hashes: bool, shown: str) -
 
 
 def _legacy_damage(run: Path, path: Path, state: dict[str, Any]) -> str | None:
-    from .population import Population
+    from ..api.population import Population
 
     for version in sorted(m.version_name for m in Population.from_dict(state["population"]).members.values()):
         folder = run / "adapters" / version

@@ -10,12 +10,12 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import fresh_lora, load_lora, save_lora, shape_difference
-from .components import Replacement
-from .errors import UserError
-from .operators import apply_operator, child_rating, operator_arity, ready_ids, select
-from .population import Lineage, Member, Population
-from .registry import Component, Params
+from ..api.adapters import fresh_lora, load_lora, save_lora, shape_difference
+from ..api.components import Replacement
+from ..api.errors import UserError
+from ..api.operators import apply_operator, child_rating, operator_arity, ready_ids, select
+from ..api.params import Component, Params
+from ..api.population import Lineage, Member, Population
 
 if TYPE_CHECKING:
     from .assembly import Components

@@ -16,18 +16,18 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from ..api.components import BaseModel
+from ..api.errors import UserError
+from ..api.population import Population
+from ..api.probe import OUTCOMES
+from ..api.runview import RunView
+from ..api.schema import Recipe
+from ..plugin.manager import PluginManager
 from . import evolution, phases, state
 from .assembly import build_components
-from .components import BaseModel
-from .errors import UserError
 from .metrics import PhaseTimer, step_metrics
-from .plugins import PluginManager
-from .population import Population
-from .probe import OUTCOMES
 from .probe import evaluate as evaluate_probe
-from .recipe import Recipe
 from .run_dir import RunDir
-from .runview import RunView
 
 
 class Run:
@@ -205,8 +205,8 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     the last step's evolution included, which a run leaves out at its final step. Nothing else may change; the
     new values are written to the run's recipe once the run is built.
     """
-    from .recipe import parse_recipe
-    from .recipe_yaml import apply_overrides
+    from ..recipe.overrides import apply_overrides
+    from ..recipe.validate import parse_recipe
     from .recovery import recipe_for_resume, resume_point
 
     recipe_file = str(run_dir.path / "recipe.yaml")

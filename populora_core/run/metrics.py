@@ -8,7 +8,7 @@ the model's raw distribution (the engine's per-token log-probs; engines report n
 temperature 1 and top_p 1 it is an unbiased estimate of the teachers' mean per-token entropy; otherwise the
 cross-entropy of the sampling distribution with the model's.
 
-Two optional task members feed it (:class:`~populora_core.components.Task`): ``proposer_writes_program`` and
+Two optional task members feed it (:class:`~populora_core.api.components.Task`): ``proposer_writes_program`` and
 ``proposer_metrics(contexts)``, logged as ``task/<name>/<key>``.
 """
 
@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from .components import Completion, Match, MatchOutcome, Rollout
-from .population import Population
-from .problems import Proposal
+from ..api.components import Completion, Match, MatchOutcome, Rollout
+from ..api.population import Population
+from .proposals import Proposal
 
 #: Phases whose time is model compute; everything else counts as orchestration.
 MODEL_PHASES = ("generate_propose", "generate_solve", "generate_buffer", "train")

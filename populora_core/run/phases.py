@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..api.components import Completion, GenerationRequest, Grade, Match, MatchOutcome, Problem, Rollout, UpdateJob
+from ..api.operators import count_matches
+from ..api.population import Member, Population
 from .assembly import Components
-from .components import Completion, GenerationRequest, Grade, Match, MatchOutcome, Problem, Rollout, UpdateJob
 from .metrics import PhaseTimer, problem_records
-from .operators import count_matches
-from .population import Member, Population
-from .problems import Proposal
+from .proposals import Proposal
 
 
 @dataclass

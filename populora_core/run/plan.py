@@ -2,7 +2,7 @@
 
 No weights are read: config.json is built on the meta device to count parameters per module. The plan composes
 what the recipe's engine and trainer report through their registered ``memory=`` functions
-(:mod:`populora_core.memory`: the built-ins' are in ``populora_engines/memory.py`` and ``populora_trl/memory.py``)
+(:mod:`populora_core.api.memory`: the built-ins' are in ``populora_engines/memory.py`` and ``populora_trl/memory.py``)
 into both phases' peaks per GPU, and adds disk, the verdict and the single changes that would make it fit. The
 core keeps no copy of a component's internals; a component without such a function is planned as holding
 nothing, with a note.
@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .architecture import GIB, Arch, config_source, dtype_bytes, load_arch, params_text, parse_memory
-from .errors import UserError
-from .memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory, visible_gpu_bytes
+from ..api.architecture import GIB, Arch, config_source, dtype_bytes, load_arch, parse_memory
+from ..api.errors import UserError
+from ..api.memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory, visible_gpu_bytes
 
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 
@@ -57,7 +57,7 @@ def plan_recipe(
 
     ``held``: bytes of the GPU other processes held when it was measured (a row of their own, in both phases);
     ``with_trainer`` False: the engine alone (``populora eval``: nothing trains on its GPU)."""
-    from .recipe_yaml import apply_overrides
+    from ..recipe.overrides import apply_overrides
 
     scope: dict[str, Any] = {"held": held, "with_trainer": with_trainer}
     engine_ref, trainer_ref = data.get("engine") or {"name": "hf"}, data.get("trainer") or {"name": "trr++"}
@@ -150,7 +150,7 @@ def _plan_auto(
     """The plan of the first combination of the engine's ``auto`` values (preferred first) whose peak leaves
     :data:`AUTO_MARGIN` of the GPU free; else of the first that fits at all; else of the last, with the changes
     that make the recipe as written fit (each planned with its own ``auto`` choice)."""
-    from .recipe_yaml import apply_overrides
+    from ..recipe.overrides import apply_overrides
 
     keys = [f"engine.params.{key}" for key in auto]
     combos = [dict(zip(keys, values)) for values in itertools.product(*auto.values())]
@@ -204,7 +204,7 @@ def _suggestions(
     """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination. The
     candidates are the trainer's, then the engine's (each nearest first); of a key offered with several values,
     only the first that fits is suggested."""
-    from .recipe_yaml import apply_overrides
+    from ..recipe.overrides import apply_overrides
 
     values = Counter(c.split("=", 1)[0] for c in candidates)
 
@@ -278,7 +278,7 @@ def plan_file(
     config: str | None = None,
 ) -> dict[str, Any]:
     """``populora plan``: check the flags, load and validate the recipe, find its model config, plan it."""
-    from .recipe import load_recipe
+    from ..recipe.validate import load_recipe
 
     if gpus is not None and gpus < 1:
         raise UserError(f"--gpus: {gpus} is not a GPU count (1 or more)")
@@ -367,38 +367,3 @@ def plan_engine_alone(
 
 #: the GPU a plan is made for when none is visible and --gpu-memory is not given (an A100/H100 80 GB)
 ASSUMED_GPU_BYTES = 80 * GIB
-
-
-def does_not_fit(plan: dict[str, Any]) -> bool:
-    return str(plan["verdict"]).startswith("does not fit")
-
-
-def format_plan(plan: dict[str, Any]) -> str:
-    """The table ``populora plan`` prints; the last line is the verdict."""
-    d = plan["disk"]
-    members = f"{plan['members']} member{'s' if plan['members'] != 1 else ''}"
-    assumed = (
-        " (assumed: no GPU is visible here; --gpu-memory sets it)" if plan.get("gpu_memory_from") == "assumed" else ""
-    )
-    if str(plan.get("gpus_from", "")).startswith("cluster"):
-        assumed += f" (GPUs: the recipe's {plan['gpus_from']}; --gpus sets them)"
-    lines = [
-        f"{plan['recipe']}: {members} on {plan['gpus']} x {plan['gpu_gib']:.1f} GiB{assumed} "
-        f"({plan['members_per_gpu']} per GPU); model config {plan['model']}",
-        f"base {params_text(plan['base_params'])} params; one LoRA adapter {params_text(plan['lora_params'])} params",
-        "",
-        f"{'per GPU':<30}{'GiB':>8}  detail",
-        *(f"{r['what']:<30}{r['gib']:>8.2f}  {r['detail']}" for r in plan["rows"]),
-        f"{'peak while generating':<30}{plan['generation_gib']:>8.2f}",
-        f"{'peak while training':<30}{plan['training_gib']:>8.2f}",
-        "",
-        f"host RAM per GPU's process (beyond Python and its libraries): up to {plan['host_gib']:.1f} GiB"
-        + (f", {plan['host_gib'] * plan['gpus']:.1f} GiB for all {plan['gpus']}" if plan["gpus"] > 1 else ""),
-        *(f"  {r['what']:<28}{r['gib']:>8.2f}  {r['detail']}" for r in plan.get("host_rows", []) if r["gib"]),
-        "",
-        f"disk: {d['adapter_mb']:.0f} MB per adapter version, {d['per_step_gb']:.2f} GB per step; kept: "
-        f"{d['adapters_kept']} -> {d['run_gb']:.1f} GB per run; trainer checkpoints {d['checkpoints_gb']:.1f} GB",
-        *(f"note: {n}" for n in plan["notes"]),
-        plan["verdict"],
-    ]
-    return "\n".join(lines)

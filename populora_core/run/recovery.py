@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
+from ..api.errors import UserError
+from ..api.files import atomic_write_text
 from .checkpoints import RECIPE_COPY, ResumePoint
-from .errors import UserError
-from .files import atomic_write_text
 from .run_dir import RunDir
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from ..api.errors import UserError
+from ..api.files import atomic_dir, atomic_write_text
 from .checkpoints import RECIPE_COPY, ResumePoint, find_resume_point, manifest
-from .errors import UserError
-from .files import atomic_dir, atomic_write_text
 
 LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .components import GenerationRequest, Problem
-from .errors import UserError
+from ..api.components import GenerationRequest, Problem
+from ..api.errors import UserError
 
 if TYPE_CHECKING:
     from .assembly import Components

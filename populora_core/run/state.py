@@ -7,14 +7,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import UserError
-from .population import Population
-from .problems import load_problems
+from ..api.errors import UserError
+from ..api.population import Population
+from ..api.problems import load_problems
 from .recovery import set_aside
 
 if TYPE_CHECKING:
+    from ..api.schema import AdaptersSection
     from .assembly import Components
-    from .recipe import AdaptersSection
     from .run_dir import RunDir
 
 

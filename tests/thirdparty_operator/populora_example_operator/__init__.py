@@ -1,6 +1,6 @@
 """Example third-party operator: ``scale_delta`` multiplies one parent's delta W by ``factor``.
 
-It follows the operator contract of ``populora_core.hookspecs.register_operators``: a pure function
+It follows the operator contract of ``populora_core.plugin.hookspecs.register_operators``: a pure function
 ``op(parents, params, generator) -> LoraWeights`` that keeps rank, alpha and target modules. Scaling B
 alone scales s * B @ A exactly (an operation on delta W, not on the factors' gauge); optional
 ``jitter`` draws from the generator it is given, so a seed reproduces the child.
@@ -24,7 +24,7 @@ def scale_delta(parents, params, generator):  # type: ignore[no-untyped-def]
     """delta W' = factor * exp(jitter * z) * delta W per module (z ~ N(0, 1) from ``generator``)."""
     import torch  # heavy imports inside the function: `populora --help` stays fast
 
-    from populora_core.adapters import LoraFactors
+    from populora_core.api.adapters import LoraFactors
 
     (parent,) = parents
     modules = {}

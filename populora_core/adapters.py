@@ -1,0 +1,14 @@
+"""Moved to :mod:`populora_core.api.adapters` in plugin API 7; this path goes in plugin API 8."""
+
+import sys
+import warnings
+
+from .api import adapters as _moved
+from .api.adapters import *  # noqa: F403  (the names, for type checkers)
+
+warnings.warn(
+    "populora_core.adapters moved to populora_core.api.adapters; the old path goes in plugin API 8",
+    FutureWarning,
+    stacklevel=2,
+)
+sys.modules[__name__] = _moved

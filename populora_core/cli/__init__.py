@@ -1,0 +1,9 @@
+"""Floor 5, the ``populora`` command: its verbs (:mod:`.commands`, :mod:`.tools`), the progress line, export,
+``populora doctor`` and the printed plan. May import every floor below; nothing imports it.
+
+``main`` is the console script's entry (``populora = "populora_core.cli.commands:main"``; installs made before
+the floors name ``populora_core.cli:main``, which still works)."""
+
+from .commands import main
+
+__all__ = ["main"]

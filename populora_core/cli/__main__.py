@@ -1,0 +1,5 @@
+"""``python -m populora_core.cli``: the ``populora`` command."""
+
+from .commands import main
+
+main()

@@ -1,0 +1,14 @@
+"""Moved to :mod:`populora_core.api.errors` in plugin API 7; this path goes in plugin API 8."""
+
+import sys
+import warnings
+
+from .api import errors as _moved
+from .api.errors import *  # noqa: F403  (the names, for type checkers)
+
+warnings.warn(
+    "populora_core.errors moved to populora_core.api.errors; the old path goes in plugin API 8",
+    FutureWarning,
+    stacklevel=2,
+)
+sys.modules[__name__] = _moved

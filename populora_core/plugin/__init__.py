@@ -1,0 +1,2 @@
+"""Floor 2, the plugin machinery: the plugin manager (entry points, plugin files, load errors), the component
+registry (names, collisions, provenance) and the hook specifications. Imports only ``populora_core.api``."""
