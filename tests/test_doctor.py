@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from populora_core.api import installed
 from populora_core.cli import doctor
 from populora_core.cli.commands import cli
 from tests.cli_helpers import REPO, run_cli
@@ -227,10 +228,10 @@ def test_pyproject_pins_what_the_doctor_checks() -> None:
 
 
 def test_torch_cuda_version_is_read_without_importing_torch() -> None:
-    assert doctor.cuda_from_version_py("__version__ = '2.13.0'\ncuda: Optional[str] = '13.0'\n") == "13.0"
-    assert doctor.cuda_from_version_py("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n") is None
+    assert installed.cuda_from_version_py("__version__ = '2.13.0'\ncuda: Optional[str] = '13.0'\n") == "13.0"
+    assert installed.cuda_from_version_py("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n") is None
     rocm = "cuda: Optional[str] = None\nhip: Optional[str] = '6.4.43482'\n"
-    assert doctor.cuda_from_version_py(rocm) == "ROCm 6.4.43482"
+    assert installed.cuda_from_version_py(rocm) == "ROCm 6.4.43482"
 
 
 def test_nvidia_smi_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,23 +200,23 @@ def test_cuda_visible_devices_naming_no_gpu_is_an_error_naming_it(monkeypatch):
 
 
 def test_a_vllm_outside_the_checked_range_warns_where_the_engine_is_built(monkeypatch):
-    import populora_core.cli.doctor as doctor
+    import populora_core.api.installed as installed
     from populora_core.run.assembly import warn_unchecked_vllm
 
-    monkeypatch.setattr(doctor, "version", lambda dist: "0.35.1" if dist == "vllm" else None)
+    monkeypatch.setattr(installed, "version", lambda dist: "0.35.1" if dist == "vllm" else None)
     with pytest.warns(UserWarning, match=r"vllm 0.35.1 is outside the range this code was checked against"):
         warn_unchecked_vllm("vllm")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_unchecked_vllm("hf")  # an hf run does not care which vLLM is installed
-        monkeypatch.setattr(doctor, "version", lambda dist: "0.34.0" if dist == "vllm" else None)
+        monkeypatch.setattr(installed, "version", lambda dist: "0.34.0" if dist == "vllm" else None)
         warn_unchecked_vllm("vllm")
 
 
 def test_the_trainer_gets_expandable_segments_unless_the_user_chose(monkeypatch):
     import os
 
-    import populora_core.cli.doctor as doctor
+    import populora_core.api.installed as installed
     from populora_core.api.runtime import ALLOCATOR_ENV, default_allocator
 
     for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
@@ -224,7 +224,7 @@ def test_the_trainer_gets_expandable_segments_unless_the_user_chose(monkeypatch)
         monkeypatch.delenv(var)
     assert default_allocator() == {}  # this CPU torch: nothing to set
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
-    monkeypatch.setattr(doctor, "torch_cuda_version", lambda: "13.0")  # a CUDA build of torch
+    monkeypatch.setattr(installed, "torch_cuda_version", lambda: "13.0")  # a CUDA build of torch
     assert default_allocator() == ALLOCATOR_ENV == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")

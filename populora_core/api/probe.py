@@ -1,7 +1,8 @@
 """Held-out probe evaluation: solver accuracy per task type, of every student and of the base.
 
-The loop calls :func:`evaluate` before the first step and after the last (``probe`` in a recipe): greedy
-accuracy, and with ``probe.samples: k`` per-sample accuracy of k answers at ``probe.temperature`` beside it.
+The loop calls :func:`populora_core.run.probe.evaluate` before the first step and after the last (``probe`` in a
+recipe): greedy accuracy, and with ``probe.samples: k`` per-sample accuracy of k answers at ``probe.temperature``
+beside it.
 ``populora_nano.probe`` uses :func:`greedy_grades` for the model card. Records carry each problem's outcome
 in probe order, so two members can be compared problem by problem (paired statistics): a probe problem is
 the unit of every interval (:func:`cluster_bootstrap`), the runs and samples on it are nested in it, and
