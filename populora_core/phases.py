@@ -17,6 +17,7 @@ from typing import Any
 
 from .assembly import Components
 from .components import Completion, GenerationRequest, Grade, Match, MatchOutcome, Problem, Rollout, UpdateJob
+from .errors import PluginError
 from .metrics import PhaseTimer, problem_records
 from .operators import count_matches
 from .population import Member, Population
@@ -34,10 +35,32 @@ class Solved:
 
 
 def match(c: Components, population: Population, step: int) -> list[Match]:
-    """Teacher -> student pairs: the matchmaker's, or each member with itself in a single-agent run."""
+    """Teacher -> student pairs: the matchmaker's, or each member with itself in a single-agent run. Exactly one
+    match per teacher (the Matchmaker contract): a teacher's proposals go to one student and its reward is that
+    student's rate."""
     if c.recipe.population.mode == "single_agent":
         return [Match(m.id, m.id, 0.5) for m in population.teachers]
-    return c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
+    matches = c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
+    check_one_match_per_teacher(matches, population, c.registry.get("matchmaker", c.recipe.matchmaker.name))
+    return matches
+
+
+def check_one_match_per_teacher(matches: Sequence[Match], population: Population, matchmaker: Any) -> None:
+    """A matchmaker that gives a teacher two matches or none, or pairs a non-teacher or non-student, is a
+    :class:`PluginError` naming it and the member: the loop would otherwise drop a match or fail on a key."""
+    where = f"matchmaker {matchmaker.name!r} (plugin {matchmaker.plugin})"
+    teachers = {m.id for m in population.teachers}
+    students = {m.id for m in population.students}
+    count = Counter(m.teacher for m in matches)
+    for match_ in matches:
+        if match_.teacher not in teachers:
+            raise PluginError(f"{where} matched {match_.teacher!r}, which is not a teacher")
+        if match_.student not in students:
+            raise PluginError(f"{where} matched teacher {match_.teacher!r} with {match_.student!r}, not a student")
+    for teacher in sorted(teachers):
+        if count[teacher] != 1:
+            what = "no match" if not count[teacher] else f"{count[teacher]} matches"
+            raise PluginError(f"{where} gave teacher {teacher!r} {what}; the contract is exactly one match per teacher")
 
 
 def propose(c: Components, population: Population, step: int, timer: PhaseTimer) -> tuple[list[Proposal], Counter[str]]:
