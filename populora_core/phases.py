@@ -38,7 +38,7 @@ def match(c: Components, population: Population, step: int) -> list[Match]:
     """Teacher -> student pairs: the matchmaker's, or each member with itself in a single-agent run. Exactly one
     match per teacher (the Matchmaker contract): a teacher's proposals go to one student and its reward is that
     student's rate."""
-    if c.recipe.population.mode == "single_agent":
+    if c.recipe.population.single_agent:
         return [Match(m.id, m.id, 0.5) for m in population.teachers]
     matches = c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
     check_one_match_per_teacher(matches, population, c.registry.get("matchmaker", c.recipe.matchmaker.name))
@@ -217,7 +217,7 @@ def rate(c: Components, population: Population, matches: list[Match], proposals:
         rates = [r for r in per_problem if r is not None]
         mean = statistics.fmean(rates) if rates else None
         outcomes.append(MatchOutcome(m.teacher, m.student, mean, m.expected_solve_rate, per_problem))
-    if c.recipe.population.mode != "single_agent":
+    if not c.recipe.population.single_agent:
         c.matchmaker.update_ratings(outcomes, population.members)
         count_matches(population.members, outcomes)
     return outcomes

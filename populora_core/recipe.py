@@ -73,9 +73,20 @@ class PopulationSection(_Strict):
         "must have the recipe's lora rank, alpha and target modules (`populora run --init-from`)",
     )
 
+    @property
+    def single_agent(self) -> bool:
+        """The AZR baseline: each adapter plays both roles, is matched with itself and never evolves. Every part
+        of the run asks this, and only this, whether it is one."""
+        return self.mode == "single_agent"
+
+    @property
+    def adapters(self) -> int:
+        """Adapters the run trains: one per slot in a single-agent run, a teacher's and a student's otherwise."""
+        return self.teachers if self.single_agent else self.teachers + self.students
+
     @model_validator(mode="after")
     def _single_agent_shape(self) -> PopulationSection:
-        if self.mode == "single_agent" and self.teachers != self.students:
+        if self.single_agent and self.teachers != self.students:
             raise ValueError("single_agent mode needs teachers == students (one adapter plays both roles)")
         return self
 
@@ -326,7 +337,7 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
 def _check_evolution(parsed: Recipe, recipe: str) -> None:
     """Evolution settings under which selection could never compare two members are errors, not silent no-ops."""
     evo, pop = parsed.evolution, parsed.population
-    if not evo.every or pop.mode == "single_agent":
+    if not evo.every or pop.single_agent:
         return  # the single agent never evolves (one adapter per slot plays both roles)
     sizes = {"teacher": pop.teachers, "student": pop.students, "both": 0}
     if all(sizes[role] < 2 for role in evo.subpopulations):
@@ -354,7 +365,7 @@ def _check_survivors(parsed: Recipe, registry: Registry, recipe: str) -> None:
     """Each evolving role keeps at least two lines through a selection: with one, every replacement makes the
     whole role one parent's descendants."""
     evo, pop = parsed.evolution, parsed.population
-    if not evo.every or pop.mode == "single_agent":
+    if not evo.every or pop.single_agent:
         return
     selector = registry.get("selector", evo.selector.name).build(evo.selector.build_params())
     survivors = getattr(selector, "survivors", None)
