@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from .components import DEFAULT_TARGET_MODULES
+from .components import LoraSettings
 from .errors import PluginError, RecipeError, UserError
 from .recipe_yaml import apply_overrides, load_yaml
 from .registry import Registry, format_validation_error
@@ -46,18 +46,6 @@ class ComponentRef(_Strict):
 
 class WeightedOperator(ComponentRef):
     weight: float = Field(1.0, gt=0)
-
-
-class LoraSection(_Strict):
-    rank: int = Field(16, ge=1, description="LoRA rank r of every adapter (operators may change a child's)")
-    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout while training (the fused forward needs 0)")
-    target_modules: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_TARGET_MODULES), description="the base's linear modules that get LoRA"
-    )
-    init_std: float = Field(
-        0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0"
-    )
 
 
 class PopulationSection(_Strict):
@@ -259,7 +247,7 @@ class Recipe(_Strict):
     base_model: ComponentRef = Field(
         description="the frozen base: a registered name (nano), a local directory or a hub id (org/name)"
     )
-    lora: LoraSection = Field(default_factory=LoraSection)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
     population: PopulationSection = Field(default_factory=PopulationSection)
     tasks: list[ComponentRef] = Field(
         default_factory=lambda: [ComponentRef(name=n) for n in ("deduction", "abduction", "induction")],
