@@ -354,7 +354,7 @@ def component_checks(
     from populora_core.api import modelhost
     from populora_core.api.adapters import fresh_lora, save_lora
     from populora_core.api.architecture import load_arch
-    from populora_core.api.components import AdapterRef, LoraSettings
+    from populora_core.api.components import AdapterRef
     from populora_core.api.memory import visible_gpu_bytes
     from populora_core.plugin.manager import get_manager
     from populora_core.recipe.validate import load_recipe
@@ -386,7 +386,7 @@ def component_checks(
         overrides += ["engine.params.dtype=float32"]
     recipe, resolved = load_recipe(str(RECIPE), overrides, registry)
     base = registry.base_model(recipe.base_model.name, recipe.base_model.params)
-    lora = LoraSettings(recipe.lora.rank, recipe.lora.alpha, 0.0, tuple(recipe.lora.target_modules), ADAPTER_STD)
+    lora = recipe.lora.model_copy(update={"dropout": 0.0, "init_std": ADAPTER_STD})
     adapters: list[AdapterRef] = []
     for seed in ADAPTER_SEEDS:
         save_lora(fresh_lora(base.path, lora, seed=seed), work / f"a{seed}_{len(adapters)}")

@@ -104,10 +104,6 @@ def _timed(fn: Any, setup: Any = None) -> tuple[Any, float, float]:
     return out, statistics.median(walls), max(peaks)
 
 
-def _rel(x: Any, ref: Any) -> float:
-    return float((x.double() - ref.double()).norm() / ref.double().norm())
-
-
 def _layer0(names: list[str]) -> list[str]:
     return [n for n in names if ".layers.0." in n]
 

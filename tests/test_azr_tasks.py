@@ -311,9 +311,8 @@ def test_proposer_reward_table(ex):
     assert paper.proposer_reward(prob, 1.0) == 0.0 and paper.proposer_reward(prob, None) == -2.0
     split = build_task("deduction", ex, unsolved_reward=0.0, solved_reward=-0.5)
     assert split.proposer_reward(prob, 0.0) == 0.0 and split.proposer_reward(prob, 1.0) == -0.5
-    with pytest.warns(FutureWarning, match="extreme_reward is deprecated"):
-        old = build_task("deduction", ex, extreme_reward=0.25)
-    assert old.proposer_reward(prob, 0.0) == 0.25 and old.proposer_reward(prob, 1.0) == 0.25
+    with pytest.raises(ValueError, match="extreme_reward"):  # the alias of both, gone in 0.x (CHANGELOG)
+        build_task("deduction", ex, extreme_reward=0.25)
     with pytest.raises(ValueError):
         task.proposer_reward(prob, 1.5)
 

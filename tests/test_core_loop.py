@@ -418,6 +418,40 @@ def test_the_loop_refuses_a_third_party_child_before_saving_it(env, tmp_path):
     assert born == []
 
 
+class MiscountingMatchmakers:
+    """Third-party matchmakers that break the one-match-per-teacher contract: the first teacher twice, or never."""
+
+    @hookimpl
+    def register_matchmakers(self, register):
+        from populora_core.components import Match, Matchmaker
+
+        class Miscounting(Matchmaker):
+            def __init__(self, params, twice):
+                self.twice = twice
+
+            def pair(self, teachers, students, rng):
+                matches = [Match(t.id, students[0].id) for t in teachers]
+                return [matches[0], *matches] if self.twice else matches[1:]
+
+            def update_ratings(self, outcomes, members):
+                pass
+
+            def state_dict(self):
+                return None
+
+            def load_state_dict(self, state):
+                pass
+
+        register("twice", lambda params: Miscounting(params, True))
+        register("forgets", lambda params: Miscounting(params, False))
+
+
+@pytest.mark.parametrize(("name", "what"), [("twice", "2 matches"), ("forgets", "no match")])
+def test_a_matchmaker_that_gives_a_teacher_two_matches_or_none_is_a_plugin_error(env, tmp_path, name, what):
+    with pytest.raises(PluginError, match=rf"matchmaker '{name}' \(plugin test-plugin-0\) gave teacher 't0' {what}"):
+        _run(_manager(MiscountingMatchmakers()), tmp_path / "run", [f"matchmaker={name}"])
+
+
 def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tmp_path):
     """The fake task's proposer prompts are 'propose N' (9 or 10 characters): a limit of 9 drops N >= 10."""
     directory = _run(_manager(), tmp_path / "run", ["rollout.max_prompt_tokens=9", "steps=2"])

@@ -92,12 +92,10 @@ def test_no_choice_fits_is_a_verdict_that_says_so(manager, qwen7b):
     assert "(no choice fits)" in plan["notes"][0]
 
 
-def test_enable_sleep_mode_still_reads_with_a_future_warning(manager):
+def test_engine_params_refuse_the_removed_sleep_key(manager):
     component = manager.registry.get("engine", "vllm")
-    with pytest.warns(FutureWarning, match="enable_sleep_mode: True is now sleep: always"):
-        assert component.parse_params({"enable_sleep_mode": True}).sleep == "always"
-    with pytest.warns(FutureWarning):
-        assert component.parse_params({"enable_sleep_mode": False}).sleep == "never"
+    with pytest.raises(Exception, match="enable_sleep_mode"):  # sleep: always|never|auto replaced it (CHANGELOG)
+        component.parse_params({"enable_sleep_mode": True})
     with pytest.raises(Exception, match="gpu_memory_utilization"):
         component.parse_params({"gpu_memory_utilization": 1.5})
 

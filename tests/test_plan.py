@@ -328,6 +328,8 @@ def test_planned_trainer_side_matches_the_measured_cpu_peak(tmp_path, manager):
         for case, peak in zip(setup["cases"], peaks):
             data = {
                 "name": "calibration",
+                "steps": 1,
+                "base_model": "calibration",
                 "lora": {"rank": RANK},
                 "population": {"teachers": 1, "students": MEMBERS - 1},
                 "rollout": {**roll, "max_prompt_tokens": setup["prompt"]},
@@ -381,7 +383,7 @@ def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
 
     def cache_memory(params, context):
         seen.append(context)
-        size = params["cache_gib"] * GIB
+        size = params.cache_gib * GIB  # its params model, parsed: every default filled
         return EngineMemory(rows=[("own cache", size, "cache_gib")], generating=size, training=size, notes=["own note"])
 
     class Plugin:
@@ -404,6 +406,8 @@ def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
     rows = {r["what"]: r["gib"] for r in plan["rows"]}
     assert rows["own cache"] == 10.0 and "vLLM KV cache" not in rows and "own note" in plan["notes"]
     assert seen[0].members == plan["members"] and seen[0].rank == 32 and seen[0].gpu_bytes == 141 * GIB
+    recipe = seen[0].recipe  # the typed recipe, defaults filled: no plugin restates one
+    assert recipe.rollout.solver_samples == _azr(pm)["rollout"]["solver_samples"] and recipe.checkpoint.keep >= 1
     bigger = with_engine({"name": "cached", "params": {"cache_gib": 40}})
     bigger_plan = plan_recipe(bigger, qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
     assert bigger_plan["generation_gib"] == pytest.approx(plan["generation_gib"] + 30, abs=0.01)

@@ -7,9 +7,9 @@ Faithful to Absolute Zero Reasoner's task semantics with its released bugs fixed
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from populora_core.api import Params, hookimpl
 
@@ -91,22 +91,6 @@ class AZRTaskParams(Params):
     )
     compute_metrics: bool = Field(True, description="AST depth, cyclomatic complexity, LOC, shape signature")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _extreme_reward_is_both(cls, data: Any) -> Any:
-        """``extreme_reward`` (before r = 0 and r = 1 had a setting each) still sets both, with a warning."""
-        if isinstance(data, dict) and "extreme_reward" in data:
-            data = dict(data)
-            value = data.pop("extreme_reward")
-            warnings.warn(
-                "AZR task param extreme_reward is deprecated: set unsolved_reward (r = 0) and solved_reward (r = 1)",
-                FutureWarning,
-                stacklevel=2,
-            )
-            data.setdefault("unsolved_reward", value)
-            data.setdefault("solved_reward", value)
-        return data
-
 
 class CodeIOParams(AZRTaskParams):
     """Deduction and abduction settings."""
@@ -133,8 +117,6 @@ class CodeIOParams(AZRTaskParams):
         """Whether the compact budget holds K references: not even of the zero triplet's size is an error with
         ``all`` (every prompt would overflow) and a warning with ``skip_long`` (K is never shown); not of a typical
         size (:data:`prompts.TYPICAL_REFERENCE`) a warning (most prompts will be over it, and counted)."""
-        import warnings
-
         from .prompts import TYPICAL_REFERENCE, ZERO_TRIPLET, compact_proposer_chars
 
         k = info.data.get("references")

@@ -7,10 +7,9 @@ engine modules import them inside functions, so ``populora --help`` stays fast.
 
 from __future__ import annotations
 
-import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from populora_core.api import Params, hookimpl
 
@@ -88,22 +87,6 @@ class VLLMEngineParams(Params):
         "the CPU, off on CUDA",
     )
     extra: dict[str, Any] = Field(default_factory=dict)  # more vllm.LLM keyword arguments, passed through
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_sleep_key(cls, data: Any) -> Any:
-        """``enable_sleep_mode: true|false``, the key recipes used before ``sleep``, is ``sleep: always|never``."""
-        if isinstance(data, dict) and "enable_sleep_mode" in data:
-            data = dict(data)
-            old = data.pop("enable_sleep_mode")
-            new = "always" if old else "never"
-            warnings.warn(
-                f"engine.params.enable_sleep_mode: {old} is now sleep: {new} (or auto: the plan decides)",
-                FutureWarning,
-                stacklevel=2,
-            )
-            data.setdefault("sleep", new)
-        return data
 
 
 @hookimpl

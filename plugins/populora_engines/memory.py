@@ -9,7 +9,7 @@ from typing import Any
 from populora_core.api.architecture import GIB, dtype_bytes
 from populora_core.api.memory import EngineMemory, PlanContext, Row
 
-_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 #: gpu_memory_utilization values ``auto`` may choose, largest first
 UTILIZATIONS = [pct / 100 for pct in range(95, 9, -1)]
 VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what stays on the GPU while it sleeps
@@ -20,13 +20,17 @@ VLLM_FIXED = 3 * GIB // 2  # vLLM's non-torch memory and CUDA-graph pools: what 
 VLLM_PROCESS_CONTEXT = GIB
 
 
-def hf_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
+def vllm_rank_slot(rank: int) -> int | None:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``; None when none does."""
+    return next((r for r in VLLM_RANKS if r >= rank), None)
+
+
+def hf_memory(params: Any, ctx: PlanContext) -> EngineMemory:
     """The hf engine shares the trainer's base; its served versions (fp32, LRU) stay while training, its
-    generation KV cache (``token_budget`` tokens) exists while it generates."""
+    generation KV cache (``token_budget`` tokens) exists while it generates. ``params``: its HFEngineParams."""
     arch = ctx.arch
-    steps = int(ctx.recipe.get("steps", 1))
-    served = min(max(32, int(params.get("max_loaded_adapters", 64))), ctx.members * (steps + 1))
-    budget = int(params.get("token_budget", 32768))
+    served = min(max(32, params.max_loaded_adapters), ctx.members * (ctx.recipe.steps + 1))
+    budget = params.token_budget
     kv = budget * 2 * arch.layers * arch.kv_heads * arch.head_dim * ctx.dtype_bytes
     versions = served * ctx.adapter_bytes
     return EngineMemory(
@@ -39,34 +43,34 @@ def hf_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     )
 
 
-def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
+def vllm_memory(params: Any, ctx: PlanContext) -> EngineMemory:
     """vLLM's budget (gpu_memory_utilization x GPU) split into its own weights, LoRA slots, overhead and KV cache;
     asleep (``sleep: always``) it keeps its fixed pools only while the trainer updates. Its ``auto`` settings are
     offered to the plan as values to try, preferred first: awake over asleep (sleeping costs seconds a step), the
-    largest share of the GPU over smaller ones (more KV cache)."""
+    largest share of the GPU over smaller ones (more KV cache). ``params``: its VLLMEngineParams."""
     arch = ctx.arch
-    vb, tp = dtype_bytes(params.get("dtype") or arch.dtype), int(params.get("tensor_parallel_size") or 1)
-    extra, big = params.get("extra") or {}, ctx.gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
+    vb, tp = dtype_bytes(params.dtype or arch.dtype), params.tensor_parallel_size
+    extra, big = params.extra, ctx.gpu_bytes >= 70 * GIB  # vLLM's offline defaults: H100/H200 or others
     seqs = int(extra.get("max_num_seqs") or (1024 if big else 256))
     batched = int(extra.get("max_num_batched_tokens") or (16384 if big else 8192))
-    max_len = int(params.get("max_model_len") or arch.max_positions or ctx.seq)
-    max_rank = int(params.get("max_lora_rank") or next((r for r in _VLLM_RANKS if r >= ctx.rank), ctx.rank))
+    max_len = int(params.max_model_len or arch.max_positions or ctx.seq)
+    max_rank = params.max_lora_rank or vllm_rank_slot(ctx.rank) or ctx.rank
     auto = {
         key: values
         for key, values in (("sleep", ["never", "always"]), ("gpu_memory_utilization", UTILIZATIONS))
-        if params.get(key, "auto") == "auto"
+        if getattr(params, key) == "auto"
     }
-    util = float(UTILIZATIONS[0] if "gpu_memory_utilization" in auto else params["gpu_memory_utilization"])
+    util = float(UTILIZATIONS[0] if "gpu_memory_utilization" in auto else params.gpu_memory_utilization)
     budget = util * ctx.gpu_bytes
-    weights, loras = arch.params * vb / tp, int(params.get("max_loras", 8))
+    weights, loras = arch.params * vb / tp, params.max_loras
     slots = loras * arch.lora_params(max_rank) * vb / tp
     overhead = VLLM_FIXED + batched * (3 * arch.intermediate + 6 * arch.hidden) * vb / tp + seqs * arch.vocab * 8
     kv = budget - weights - slots - overhead
     per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * vb / tp
     kv_tokens = max(0, int(kv // per_token))
-    sleeps = params.get("sleep", "auto") == "always"
+    sleeps = params.sleep == "always"
     asleep = VLLM_FIXED if sleeps else budget
-    own_process = params.get("multiprocessing") is not False  # in-process it shares the trainer's context
+    own_process = params.multiprocessing is not False  # in-process it shares the trainer's context
     notes = []
     if kv_tokens >= max_len and max_len * seqs * per_token > kv:
         notes.append(
@@ -113,15 +117,14 @@ def vllm_memory(params: dict[str, Any], ctx: PlanContext) -> EngineMemory:
     )
 
 
-def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int, sleeps: bool) -> list[str]:
+def _largest_call_note(recipe: Any, kv_tokens: int, gpus: int, sleeps: bool) -> list[str]:
     """A step's largest generation call (the students' solve samples) against the KV cache, per GPU: one that does
     not fit at once is queued and preempted by vLLM (recomputed), so the step takes longer; say which settings."""
-    rollout, pop = data.get("rollout") or {}, data.get("population") or {}
-    tasks = len(data.get("tasks") or [None, None, None])
-    proposals = int(pop.get("teachers", 4)) * int(rollout.get("proposals_per_teacher", 8)) * tasks
-    sequences = math.ceil(proposals * int(rollout.get("solver_samples", 8)) / gpus)
-    prompt = int(rollout.get("max_prompt_tokens") or 0)
-    tokens = sequences * (prompt + int(rollout.get("solve_max_tokens", 512)))
+    rollout = recipe.rollout
+    proposals = recipe.population.teachers * rollout.proposals_per_teacher * len(recipe.tasks)
+    sequences = math.ceil(proposals * rollout.solver_samples / gpus)
+    prompt = rollout.max_prompt_tokens or 0
+    tokens = sequences * (prompt + rollout.solve_max_tokens)
     if not kv_tokens or tokens <= kv_tokens:
         return []
     share = kv_tokens / tokens
@@ -134,14 +137,14 @@ def _largest_call_note(data: dict[str, Any], kv_tokens: int, gpus: int, sleeps: 
     ]
 
 
-def _vllm_host_rows(params: dict[str, Any], ctx: PlanContext, weights: float, vb: int, sleeps: bool) -> list[Row]:
+def _vllm_host_rows(params: Any, ctx: PlanContext, weights: float, vb: int, sleeps: bool) -> list[Row]:
     """vLLM's host RAM beyond its process: level-1 sleep backs its weights up in pinned host memory; its CPU LoRA
     cache holds ``max_cpu_loras`` adapters; the adapter copies it is handed sit in tmpfs (RAM too)."""
-    level = int(params.get("sleep_level") or 1)
+    level = params.sleep_level
     backup = weights if sleeps and level == 1 else 0
-    cpu_loras = int(params.get("max_cpu_loras") or 4 * int(params.get("max_loras", 8)))
-    shm = params.get("tmpfs_max_bytes")
-    shm_bytes = (2 * GIB if shm is None else int(shm)) if params.get("use_tmpfs", True) else 0
+    cpu_loras = params.max_cpu_loras or 4 * params.max_loras
+    shm = params.tmpfs_max_bytes
+    shm_bytes = (2 * GIB if shm is None else shm) if params.use_tmpfs else 0
     return [
         ("vLLM: sleep backup", backup, f"its weights, pinned (sleep {'always' if sleeps else 'never'}, level {level})"),
         ("vLLM: CPU LoRA cache", cpu_loras * ctx.arch.lora_params(ctx.rank) * vb, f"max_cpu_loras {cpu_loras}"),

@@ -34,16 +34,15 @@ from populora_core.api.errors import UserError
 from populora_core.api.rng import hashed_seed
 
 from .completions import check_sampling, encode_prompts, not_generated
-
-_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+from .memory import VLLM_RANKS, vllm_rank_slot
 
 
 def vllm_rank(rank: int) -> int:
     """vLLM accepts only some ``max_lora_rank`` values: the smallest one that holds ``rank``."""
-    for r in _VLLM_RANKS:
-        if r >= rank:
-            return r
-    raise UserError(f"lora.rank {rank} is larger than vLLM's largest max_lora_rank {_VLLM_RANKS[-1]}")
+    slot = vllm_rank_slot(rank)
+    if slot is None:
+        raise UserError(f"lora.rank {rank} is larger than vLLM's largest max_lora_rank {VLLM_RANKS[-1]}")
+    return slot
 
 
 def json_config_key(path: Path) -> str:

@@ -53,19 +53,6 @@ class GoldReport:
             f"{self.what} {self.right}/{self.checked} ({pct:.1f}%)"
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "benchmark": self.benchmark,
-            "loaded": self.loaded,
-            "skipped": len(self.skipped),
-            "skipped_records": self.skipped,
-            "checked": self.checked,
-            "right": self.right,
-            "what": self.what,
-            "failures": self.failures,
-            "known_exceptions": self.excepted,
-        }
-
 
 def gold_completion(bench: Any, item: dict[str, Any]) -> str:
     """The benchmark's gold answer for ``item`` written as a completion in the evaluator's template."""

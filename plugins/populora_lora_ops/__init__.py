@@ -239,10 +239,7 @@ def _lazy(fn_name: str, doc: str):
 def register_operators(register):
     for name, (fn_name, params, (fewest, most)) in OPERATORS.items():
         doc = (params.__doc__ or "").strip().splitlines()[0]
-        kind = "mutation" if most == 1 and name != "clone" else "crossover"
-        register(
-            name, _lazy(fn_name, doc), params=params, description=doc, min_parents=fewest, max_parents=most, kind=kind
-        )
+        register(name, _lazy(fn_name, doc), params=params, description=doc, min_parents=fewest, max_parents=most)
 
 
 @hookimpl

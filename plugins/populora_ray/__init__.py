@@ -156,6 +156,6 @@ def register_clusters(register):
     )
 
 
-def planned_gpus(params: dict) -> int:
+def planned_gpus(params: RayClusterParams) -> int:
     """The GPUs ``populora plan`` spreads the members over: the (trainer) workers' reserved GPUs, at least one."""
-    return max(1, math.ceil(params.get("workers", 2) * params.get("gpus_per_worker", 0.0)))
+    return max(1, math.ceil(params.workers * params.gpus_per_worker))

@@ -36,17 +36,17 @@ def layer_bytes_per_token(arch: Arch, b: int, rank: int, masked: bool) -> int:
 
 def activation_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext) -> dict[str, Any]:
     """One micro-batch's activations with checkpointing off and on, and the log-prob peak in both."""
-    b, rank, seq, roll = ctx.dtype_bytes, ctx.rank, ctx.seq, ctx.recipe.get("rollout", {})
-    completion = min(seq, max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512))))
-    budget = int(params.get("micro_batch_tokens") or 0)
+    b, rank, seq, roll = ctx.dtype_bytes, ctx.rank, ctx.seq, ctx.recipe.rollout
+    completion = min(seq, max(roll.propose_max_tokens, roll.solve_max_tokens))
+    budget = int(params["micro_batch_tokens"] or 0)
     if budget:  # the worst packing: the budget filled; the largest padding mask is two rows of half of it
         rows, tokens = max(1, budget // seq), max(budget, seq)
         mask = budget * min(seq, budget // 2) if budget >= 2 else 0
         comp_tokens = min(tokens, max(1, budget // (completion + 1)) * completion)
     else:
-        rows = max(1, int(params.get("micro_batch_size", 8)))
+        rows = max(1, int(params["micro_batch_size"]))
         tokens, comp_tokens, mask = rows * seq, rows * completion, rows * seq * seq if rows > 1 else 0
-    chunk = int(params.get("logprob_chunk_tokens") or 0)
+    chunk = int(params["logprob_chunk_tokens"] or 0)
     chunked = 0 < chunk < comp_tokens
     cast = 4 if b != 4 else 0  # the fp32 copy of bf16 logits
     if chunked:  # decoder's last hidden states, then one recomputed chunk at a time
@@ -65,7 +65,7 @@ def _micro_batch_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext, dev
     """The largest micro-batch's terms and its shape. With ``long_row_tokens`` (auto: on the GPU the plan is for)
     the longest rows train alone and unmasked, so the worst is the larger of one longest row and a full
     micro-batch of rows just under the threshold."""
-    threshold = long_row_threshold(params.get("long_row_tokens", "auto"), device)
+    threshold = long_row_threshold(params["long_row_tokens"], device)
     if threshold is None or ctx.seq < threshold:
         t = activation_terms(arch, params, ctx)
         return t, (f"{t['tokens']} tokens, any rows" if t["budget"] else f"{t['rows']} x {ctx.seq} tokens")
@@ -76,18 +76,19 @@ def _micro_batch_terms(arch: Arch, params: dict[str, Any], ctx: PlanContext, dev
     return t, f"1 x {ctx.seq} tokens alone (long_row_tokens {threshold}), or {rows} tokens padded"
 
 
-def trainer_memory(params: dict[str, Any], ctx: PlanContext, *, name: str) -> TrainerMemory:
+def trainer_memory(parsed: Any, ctx: PlanContext, *, name: str) -> TrainerMemory:
     """``trr++``'s and ``grpo``'s terms (``name``: which, for the notes on params it does not have); registered as
-    ``partial(trainer_memory, name=...)``."""
+    ``partial(trainer_memory, name=...)``. ``parsed``: the trainer's params model; the terms read its values, every
+    default filled, and :data:`ABSENT` where the trainer has no such param."""
     arch, b, per_gpu = ctx.arch, ctx.dtype_bytes, ctx.members_per_gpu
-    notes = [f"trainer {name!r} has no {k}: planned as {v!r}" for k, v in ABSENT.items() if k not in params]
-    has = set(params)
-    params = {**ABSENT, **params}
+    has = set(type(parsed).model_fields)
+    notes = [f"trainer {name!r} has no {k}: planned as {v!r}" for k, v in ABSENT.items() if k not in has]
+    params = {**ABSENT, **parsed.model_dump()}
     p = arch.lora_params(ctx.rank)
     moments, live, keep = 8 * p, 12 * p, 8 * p
-    device = "cpu" if params.get("device", "auto") == "cpu" else "cuda"  # a plan is for a GPU unless told
+    device = "cpu" if params["device"] == "cpu" else "cuda"  # a plan is for a GPU unless told
     t, shape = _micro_batch_terms(arch, params, ctx, device)
-    served = params.get("served_dtype", "auto")  # auto: a copy when the base is 16-bit (state.served_dtype)
+    served = params["served_dtype"]  # auto: a copy when the base is 16-bit (state.served_dtype)
     copy = 0 if served == "none" or (served == "auto" and b == 4) else 2 * p
     setting = params["gradient_checkpointing"]
     mode = {True: "on", False: "off"}.get(setting, str(setting))

@@ -248,7 +248,10 @@ class Task(Protocol):
 
 @runtime_checkable
 class Matchmaker(Protocol):
-    def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]: ...
+    def pair(self, teachers: Sequence[Any], students: Sequence[Any], rng: Any) -> list[Match]:
+        """Exactly one :class:`Match` per teacher, its student one of ``students`` (a student may have several
+        teachers, or none). The loop checks it: two matches for a teacher, or none, is a PluginError."""
+        ...
 
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
         """Update ``member.rating`` of the members involved from the match outcomes."""

@@ -34,7 +34,7 @@ class PlanContext:
     trainer's side it plans beside the engine."""
 
     arch: Arch
-    recipe: dict[str, Any]  # the resolved recipe (defaults of the core's sections may be absent)
+    recipe: Any  # the typed recipe (populora_core.api.schema.Recipe): every section's defaults filled in
     gpu_bytes: int  # memory of one GPU
     gpus: int
     members: int  # adapters the run trains

@@ -1,7 +1,8 @@
 """The plain data passed between components and the loop: requests, completions, rollouts, problems, matches.
 
-Values only (dataclasses, no behaviour beyond small helpers); :mod:`.components` re-exports every name, so a
-plugin imports them from there beside the Protocols. No torch import here.
+Values only (dataclasses, and LoraSettings, which the recipe validates; no behaviour beyond small helpers);
+:mod:`.components` re-exports every name, so a plugin imports them from there beside the Protocols. No torch
+import here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel as Schema
+from pydantic import ConfigDict, Field
 
 # --- models and adapters --------------------------------------------------------------------------
 
@@ -33,15 +37,21 @@ class BaseModel:
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    """Shape of every adapter in a population (kept equal so operators stay consistent)."""
+class LoraSettings(Schema):
+    """Shape of every adapter in a population (kept equal so operators stay consistent): the recipe's ``lora``
+    section, validated there, and what engines and trainers are built with."""
 
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
-    init_std: float = 0.0  # >0: B starts with this noise instead of zeros (PEFT's B = 0 default)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(16, ge=1, description="LoRA rank r of every adapter (operators may change a child's)")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout while training (the fused forward needs 0)")
+    target_modules: tuple[str, ...] = Field(
+        DEFAULT_TARGET_MODULES, description="the base's linear modules that get LoRA"
+    )
+    init_std: float = Field(
+        0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0"
+    )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from .components import DEFAULT_TARGET_MODULES
+from .components import LoraSettings
 
 Role = Literal["teacher", "student", "both"]
 
@@ -41,18 +41,6 @@ class WeightedOperator(ComponentRef):
     weight: float = Field(1.0, gt=0)
 
 
-class LoraSection(_Strict):
-    rank: int = Field(16, ge=1, description="LoRA rank r of every adapter (operators may change a child's)")
-    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout while training (the fused forward needs 0)")
-    target_modules: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_TARGET_MODULES), description="the base's linear modules that get LoRA"
-    )
-    init_std: float = Field(
-        0.0, ge=0, description="[choice] >0 gives fresh adapters noise in B so weight-space operators act at step 0"
-    )
-
-
 class PopulationSection(_Strict):
     teachers: int = Field(4, ge=1, description="adapters that propose problems")
     students: int = Field(4, ge=1, description="adapters that solve them (single_agent: unused, a teacher solves)")
@@ -66,9 +54,20 @@ class PopulationSection(_Strict):
         "must have the recipe's lora rank, alpha and target modules (`populora run --init-from`)",
     )
 
+    @property
+    def single_agent(self) -> bool:
+        """The AZR baseline: each adapter plays both roles, is matched with itself and never evolves. Every part
+        of the run asks this, and only this, whether it is one."""
+        return self.mode == "single_agent"
+
+    @property
+    def adapters(self) -> int:
+        """Adapters the run trains: one per slot in a single-agent run, a teacher's and a student's otherwise."""
+        return self.teachers if self.single_agent else self.teachers + self.students
+
     @model_validator(mode="after")
     def _single_agent_shape(self) -> PopulationSection:
-        if self.mode == "single_agent" and self.teachers != self.students:
+        if self.single_agent and self.teachers != self.students:
             raise ValueError("single_agent mode needs teachers == students (one adapter plays both roles)")
         return self
 
@@ -241,7 +240,7 @@ class Recipe(_Strict):
     base_model: ComponentRef = Field(
         description="the frozen base: a registered name (nano), a local directory or a hub id (org/name)"
     )
-    lora: LoraSection = Field(default_factory=LoraSection)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
     population: PopulationSection = Field(default_factory=PopulationSection)
     tasks: list[ComponentRef] = Field(
         default_factory=lambda: [ComponentRef(name=n) for n in ("deduction", "abduction", "induction")],

@@ -357,8 +357,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
         f"{recipe}: ok ({model.name}, {pop.teachers}T-{pop.students}S "
         f"{pop.mode}, {len(model.component_refs())} components)"
     )
-    single = pop.mode == "single_agent"
-    slots = pop.teachers if single else pop.teachers + pop.students
+    slots = pop.adapters
     proposals = pop.teachers * ro.proposals_per_teacher * len(model.tasks)
     samples = proposals * ro.solver_samples
     buffer = pop.students * ro.buffer_problems_per_student * len(model.tasks)
@@ -370,7 +369,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
         return f"{share.numerator:,}" if share.denominator == 1 else f"{float(share):,.1f}"
 
     both = "1 adapter in both roles" if slots == 1 else f"{slots} adapters, each in both roles"
-    who = both if single else f"{pop.teachers}T + {pop.students}S adapters"
+    who = both if pop.single_agent else f"{pop.teachers}T + {pop.students}S adapters"
     click.echo(
         f"  per slot and step: {per_slot(proposals)} proposals, <= {per_slot(samples)} solver samples, "
         f"{per_slot(buffer)} buffer solves; <= {per_slot(trained)} trained rollouts, "

@@ -57,7 +57,8 @@ def register_trainers(register: Any) -> None:
     """Register policy-update algorithms (trr++, grpo).
 
     ``factory(params, *, base_model, lora, seed) -> components.Trainer``. Optional ``memory=fn``,
-    ``fn(params: dict, context: memory.PlanContext) -> memory.TrainerMemory``: the trainer's GPU memory terms for
+    ``fn(params, context: memory.PlanContext) -> memory.TrainerMemory`` (params: its parsed params model, every
+    default filled; ``context.recipe``: the typed recipe): the trainer's GPU memory terms for
     ``populora plan``. Optional ``sampling_logprobs=fn(params) -> bool``: what the built trainer's
     ``needs_sampling_logprobs`` will be, read before the engine is built (engines get it as ``sampling_logprobs``).
     """
@@ -70,7 +71,8 @@ def register_engines(register: Any) -> None:
     ``factory(params, *, base_model, lora, seed) -> components.RolloutEngine``; a factory may also take
     ``max_prompt_tokens`` and ``sampling_logprobs`` (the trainer reads ``Completion.logprobs`` as the sampling
     policy's: after temperature and top-p). Optional ``memory=fn``,
-    ``fn(params: dict, context: memory.PlanContext) -> memory.EngineMemory``: the engine's GPU memory terms for
+    ``fn(params, context: memory.PlanContext) -> memory.EngineMemory`` (params: its parsed params model, every
+    default filled; ``context.recipe``: the typed recipe): the engine's GPU memory terms for
     ``populora plan``.
     """
 
@@ -134,8 +136,8 @@ def register_clusters(register: Any) -> None:
     ``factory(params, *, run_dir, plugin_files) -> components.Cluster``; ``run_dir`` is the run directory the
     workers must see (adapters and checkpoints are exchanged through it); ``plugin_files`` are the absolute
     paths of the ``--plugin`` files this process loaded, which the workers must load too, so that a component
-    from one of them can be built there. Optional ``gpus=fn(params: dict) -> int``: the GPUs the members are
-    spread over, what ``populora plan`` plans on unless ``--gpus`` says otherwise.
+    from one of them can be built there. Optional ``gpus=fn(params) -> int`` (its parsed params model): the GPUs
+    the members are spread over, what ``populora plan`` plans on unless ``--gpus`` says otherwise.
     """
 
 

@@ -39,7 +39,7 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
 def _check_evolution(parsed: Recipe, recipe: str) -> None:
     """Evolution settings under which selection could never compare two members are errors, not silent no-ops."""
     evo, pop = parsed.evolution, parsed.population
-    if not evo.every or pop.mode == "single_agent":
+    if not evo.every or pop.single_agent:
         return  # the single agent never evolves (one adapter per slot plays both roles)
     sizes = {"teacher": pop.teachers, "student": pop.students, "both": 0}
     if all(sizes[role] < 2 for role in evo.subpopulations):
@@ -67,7 +67,7 @@ def _check_survivors(parsed: Recipe, registry: Registry, recipe: str) -> None:
     """Each evolving role keeps at least two lines through a selection: with one, every replacement makes the
     whole role one parent's descendants."""
     evo, pop = parsed.evolution, parsed.population
-    if not evo.every or pop.mode == "single_agent":
+    if not evo.every or pop.single_agent:
         return
     selector = registry.get("selector", evo.selector.name).build(evo.selector.build_params())
     survivors = getattr(selector, "survivors", None)

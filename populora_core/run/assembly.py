@@ -120,8 +120,6 @@ def build_components(
     reg = manager.registry
     streams = Streams(recipe.seed)
     base = base_model or reg.base_model(recipe.base_model.name, recipe.base_model.params)
-    lora = recipe.lora
-    settings = LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.init_std)
     cluster: Cluster | None = None
     if recipe.cluster.name == LOCAL_CLUSTER:
         refuse_idle_gpus()
@@ -154,7 +152,7 @@ def build_components(
             )
             check_implements(task, Task, f"tasks.{i}", ref.name)
             tasks[ref.name] = task
-        ctx = {"base_model": base, "lora": settings, "seed": recipe.seed}
+        ctx = {"base_model": base, "lora": recipe.lora, "seed": recipe.seed}
         engine_ctx = {
             **ctx,
             "max_prompt_tokens": recipe.rollout.max_prompt_tokens,
@@ -197,7 +195,7 @@ def build_components(
             run_dir=run_dir,
             registry=reg,
             base_model=base,
-            lora=settings,
+            lora=recipe.lora,
             cluster=cluster,
             executor=executor,
             tasks=tasks,
@@ -245,7 +243,7 @@ def planned_engine_params(
             held = gpu_held_by_others(free, gpu_bytes, CUDA_CONTEXT)
             run_dir.log_line(gpu_memory_line(free, gpu_bytes, held))
     else:
-        gpu_bytes, gpus = cluster.gpu_bytes() or 0, cluster_gpus(registry, recipe.cluster.model_dump(mode="json"))[0]
+        gpu_bytes, gpus = cluster.gpu_bytes() or 0, cluster_gpus(registry, recipe.cluster)[0]
         if gpu_bytes:
             run_dir.log_line(f"GPU memory: {gpu_bytes / 2**30:.1f} GiB total per worker GPU: planned on total memory")
     if not gpu_bytes:

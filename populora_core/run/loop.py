@@ -47,9 +47,8 @@ class Run:
         self.recipe, self.dir, self.hook = recipe, run_dir, manager.hook
         self.resume_step = resume_step  # the checkpoint a resumed run continues from (0: a new run)
         self.components = build_components(recipe, run_dir, manager, base_model=base_model, resume_step=resume_step)
-        self.single_agent = recipe.population.mode == "single_agent"
         self.population = Population.create(
-            recipe.population.teachers, recipe.population.students, shared=self.single_agent
+            recipe.population.teachers, recipe.population.students, shared=recipe.population.single_agent
         )
         self.step = 0
         self.coverage: dict[str, set[str]] = defaultdict(set)
@@ -112,7 +111,7 @@ class Run:
         metrics.update({f"rollout/dropped/{reason}": n for reason, n in sorted(dropped.items())})
         events = []
         every = self.recipe.evolution.every
-        if every and step % every == 0 and not self.single_agent:
+        if every and step % every == 0 and not self.recipe.population.single_agent:
             if step < self.recipe.steps:
                 with timer("evolution"):
                     events = self._evolve(step)

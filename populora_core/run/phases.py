@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..api.components import Completion, GenerationRequest, Grade, Match, MatchOutcome, Problem, Rollout, UpdateJob
+from ..api.errors import PluginError
 from ..api.operators import count_matches
 from ..api.population import Member, Population
 from .assembly import Components
@@ -34,10 +35,32 @@ class Solved:
 
 
 def match(c: Components, population: Population, step: int) -> list[Match]:
-    """Teacher -> student pairs: the matchmaker's, or each member with itself in a single-agent run."""
-    if c.recipe.population.mode == "single_agent":
+    """Teacher -> student pairs: the matchmaker's, or each member with itself in a single-agent run. Exactly one
+    match per teacher (the Matchmaker contract): a teacher's proposals go to one student and its reward is that
+    student's rate."""
+    if c.recipe.population.single_agent:
         return [Match(m.id, m.id, 0.5) for m in population.teachers]
-    return c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
+    matches = c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
+    check_one_match_per_teacher(matches, population, c.registry.get("matchmaker", c.recipe.matchmaker.name))
+    return matches
+
+
+def check_one_match_per_teacher(matches: Sequence[Match], population: Population, matchmaker: Any) -> None:
+    """A matchmaker that gives a teacher two matches or none, or pairs a non-teacher or non-student, is a
+    :class:`PluginError` naming it and the member: the loop would otherwise drop a match or fail on a key."""
+    where = f"matchmaker {matchmaker.name!r} (plugin {matchmaker.plugin})"
+    teachers = {m.id for m in population.teachers}
+    students = {m.id for m in population.students}
+    count = Counter(m.teacher for m in matches)
+    for match_ in matches:
+        if match_.teacher not in teachers:
+            raise PluginError(f"{where} matched {match_.teacher!r}, which is not a teacher")
+        if match_.student not in students:
+            raise PluginError(f"{where} matched teacher {match_.teacher!r} with {match_.student!r}, not a student")
+    for teacher in sorted(teachers):
+        if count[teacher] != 1:
+            what = "no match" if not count[teacher] else f"{count[teacher]} matches"
+            raise PluginError(f"{where} gave teacher {teacher!r} {what}; the contract is exactly one match per teacher")
 
 
 def propose(c: Components, population: Population, step: int, timer: PhaseTimer) -> tuple[list[Proposal], Counter[str]]:
@@ -194,7 +217,7 @@ def rate(c: Components, population: Population, matches: list[Match], proposals:
         rates = [r for r in per_problem if r is not None]
         mean = statistics.fmean(rates) if rates else None
         outcomes.append(MatchOutcome(m.teacher, m.student, mean, m.expected_solve_rate, per_problem))
-    if c.recipe.population.mode != "single_agent":
+    if not c.recipe.population.single_agent:
         c.matchmaker.update_ratings(outcomes, population.members)
         count_matches(population.members, outcomes)
     return outcomes

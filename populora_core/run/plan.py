@@ -24,22 +24,30 @@ from ..api.memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory, 
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 
 
-def declared_params(registry: Any, kind: str, ref: dict[str, Any]) -> dict[str, Any]:
-    """What a component's ``memory=`` function receives: the params its model declares, defaults filled in (an
-    override of a param it does not have changes nothing, as it would be refused at run time). Without a registry,
-    an unknown component or params that do not validate: the raw params."""
-    raw = dict(ref.get("params") or {})
+def declared_params(registry: Any, kind: str, ref: Any) -> Any:
+    """What a component's ``memory=`` or ``gpus=`` function receives: its params model, parsed, every default
+    filled in (an override of a param it does not have changes nothing, as it would be refused at run time), so no
+    plugin restates a default. None without a registry, for an unknown component or params that do not validate."""
+    raw = dict(ref.params or {})
     try:
-        comp = registry.get(kind, ref["name"])
+        comp = registry.get(kind, ref.name)
     except Exception:
-        return raw
+        return None
     fields = set(comp.params_model.model_fields)
     for candidate in (raw, {k: v for k, v in raw.items() if k in fields}):  # as written, then known keys only
         try:
-            return comp.parse_params(candidate).model_dump()
+            return comp.parse_params(candidate)
         except Exception:
             continue
-    return raw
+    return None
+
+
+def typed_recipe(data: dict[str, Any]) -> Any:
+    """The typed recipe of a resolved recipe dict, every section's defaults filled in: what the plan and the
+    components' memory functions read (the dict is kept for the overrides the plan tries)."""
+    from ..api.schema import Recipe
+
+    return Recipe.model_validate(data)
 
 
 def plan_recipe(
@@ -60,26 +68,24 @@ def plan_recipe(
     from ..recipe.overrides import apply_overrides
 
     scope: dict[str, Any] = {"held": held, "with_trainer": with_trainer}
-    engine_ref, trainer_ref = data.get("engine") or {"name": "hf"}, data.get("trainer") or {"name": "trr++"}
-    engine = declared_params(registry, "engine", engine_ref)
-    trainer = declared_params(registry, "trainer", trainer_ref)
-    pop, rank, roll = data.get("population", {}), int(data.get("lora", {}).get("rank", 16)), data.get("rollout", {})
-    members = int(pop.get("teachers", 4)) + (0 if pop.get("mode") == "single_agent" else int(pop.get("students", 4)))
+    recipe = typed_recipe(data)
+    roll, rank = recipe.rollout, recipe.lora.rank
+    members = recipe.population.adapters
     per_gpu = math.ceil(members / gpus)
     b = dtype_bytes(arch.dtype if arch.dtype != "auto" else "bfloat16")
-    completion = max(int(roll.get("propose_max_tokens", 512)), int(roll.get("solve_max_tokens", 512)))
+    completion = max(roll.propose_max_tokens, roll.solve_max_tokens)
 
     def longest_row(max_len: int | None) -> int:
-        prompt = roll.get("max_prompt_tokens") or (max_len - completion if max_len else DEFAULT_PROMPT_TOKENS)
+        prompt = roll.max_prompt_tokens or (max_len - completion if max_len else DEFAULT_PROMPT_TOKENS)
         return min(completion + max(1, int(prompt)), max_len or arch.max_positions or 1 << 40)
 
     context = PlanContext(
-        arch, data, gpu_bytes, gpus, members, per_gpu, rank, longest_row(None), 4 * arch.lora_params(rank), b
+        arch, recipe, gpu_bytes, gpus, members, per_gpu, rank, longest_row(None), 4 * arch.lora_params(rank), b
     )
-    own, engine_notes = component_memory(registry, "engine", engine_ref.get("name", "hf"), engine, context)
+    own, engine_notes = component_memory(registry, "engine", recipe.engine, context)
     context = dataclasses.replace(context, seq=longest_row(own.max_len))
     if with_trainer:
-        side, trainer_notes = component_memory(registry, "trainer", trainer_ref.get("name", "trr++"), trainer, context)
+        side, trainer_notes = component_memory(registry, "trainer", recipe.trainer, context)
     else:
         side, trainer_notes = TrainerMemory(), ["the engine alone: no trainer shares its GPU"]
     candidates = side.candidates + own.candidates
@@ -99,7 +105,7 @@ def plan_recipe(
     ] + ([own.kv_short] if own.kv_short else [])
     peak = max(phases.values())
     result: dict[str, Any] = {
-        "recipe": data.get("name"),
+        "recipe": recipe.name,
         "model": arch.source,
         "gpus": gpus,
         "gpu_gib": round(gpu_bytes / GIB, 2),
@@ -115,7 +121,7 @@ def plan_recipe(
         "host_gib": round((side.host + sum(v for _, v, _ in own.host_rows)) / GIB, 2),
         "trainer_side_bytes": side.side_bytes,
         "gradient_checkpointing": side.gradient_checkpointing,
-        "disk": _disk(data, members, context.adapter_bytes + side.served_copy_bytes, side.member_state_bytes),
+        "disk": _disk(recipe, members, context.adapter_bytes + side.served_copy_bytes, side.member_state_bytes),
         "notes": notes,
         "fits": not over,
         "suggestions": [],
@@ -236,35 +242,38 @@ def _suggestions(
     return []
 
 
-def component_memory(registry: Any, kind: str, name: str, params: dict[str, Any], context: PlanContext) -> Any:
-    """An engine's or trainer's own terms (its registered ``memory=`` function), and a note when it reports none."""
+def component_memory(registry: Any, kind: str, ref: Any, context: PlanContext) -> Any:
+    """An engine's or trainer's own terms (its registered ``memory=`` function, given its parsed params), and a
+    note when it reports none or its params do not validate."""
+    empty = EngineMemory() if kind == "engine" else TrainerMemory()
     try:
-        report = registry.get(kind, name).meta.get("memory") if registry is not None else None
+        report = registry.get(kind, ref.name).meta.get("memory") if registry is not None else None
     except UserError:
         report = None
     if report is None:
-        empty = EngineMemory() if kind == "engine" else TrainerMemory()
-        return empty, [f"{kind} {name!r} reports no memory terms (register(..., memory=)): none planned"]
+        return empty, [f"{kind} {ref.name!r} reports no memory terms (register(..., memory=)): none planned"]
+    params = declared_params(registry, kind, ref)
+    if params is None:
+        return empty, [f"{kind} {ref.name!r}: its params do not validate, so its memory terms are not planned"]
     return report(params, context), []
 
 
-def _disk(data: dict[str, Any], members: int, adapter: int, state: int) -> dict[str, Any]:
+def _disk(recipe: Any, members: int, adapter: int, state: int) -> dict[str, Any]:
     """Each trained member writes one adapter version per step (``adapter``: its fp32 files and the trainer's
     served copy); ``adapters.keep`` decides what stays."""
-    steps, ck = int(data.get("steps", 1)), data.get("checkpoint", {})
-    policy = data.get("adapters") or {}
-    keep = policy.get("keep", "all")
+    steps, ck, policy = recipe.steps, recipe.checkpoint, recipe.adapters
+    keep = policy.keep
     if keep == "all":
         versions = members * (steps + 1)
     else:  # living members' current and first versions, every kept checkpoint's, those since the last prune
-        versions = members * (2 + int(ck.get("keep", 2)) + int(ck.get("every", 10)))
-        versions += members * (int(policy.get("last", 2)) - 1) if keep == "last" else 0
+        versions = members * (2 + ck.keep + ck.every)
+        versions += members * (policy.last - 1) if keep == "last" else 0
     return {
         "adapter_mb": round(adapter / 1e6, 1),
         "per_step_gb": round(members * adapter / 1e9, 3),
-        "adapters_kept": keep if "keep" in policy else "all (the recipe has no adapters.keep)",
+        "adapters_kept": keep if "keep" in policy.model_fields_set else "all (the recipe has no adapters.keep)",
         "run_gb": round(versions * adapter / 1e9, 1),  # children of evolution add a version each
-        "checkpoints_gb": round((int(ck.get("keep", 2)) + 1) * members * state / 1e9, 1),
+        "checkpoints_gb": round((ck.keep + 1) * members * state / 1e9, 1),
     }
 
 
@@ -312,23 +321,26 @@ def plan_loaded(
     GPUs the recipe's cluster reserves (its registered ``gpus=`` function), else 1."""
     gpus_from = "--gpus"
     if gpus is None:
-        gpus, gpus_from = cluster_gpus(registry, data.get("cluster") or {})
+        gpus, gpus_from = cluster_gpus(registry, model.cluster)
     result = plan_model(model, data, registry, recipe, gpu_bytes, gpus, config)
     result["gpu_memory_from"], result["gpus_from"] = gpu_from, gpus_from
     return result
 
 
-def cluster_gpus(registry: Any, ref: dict[str, Any]) -> tuple[int, str]:
+def cluster_gpus(registry: Any, ref: Any) -> tuple[int, str]:
     """(GPUs the members are spread over, where that figure came from): the recipe's cluster's own count (a cluster
     registers ``gpus=fn(params) -> int``), else the one GPU of a single process."""
-    name = ref.get("name") or "local"
+    name = ref.name
     try:
         count = registry.get("cluster", name).meta.get("gpus") if name != "local" else None
     except UserError:
         count = None
     if count is None:
         return 1, "one process" if name == "local" else f"cluster {name!r} reports no GPU count"
-    return max(1, int(count(declared_params(registry, "cluster", ref)))), f"cluster {name!r}"
+    params = declared_params(registry, "cluster", ref)
+    if params is None:
+        return 1, f"cluster {name!r}: its params do not validate"
+    return max(1, int(count(params))), f"cluster {name!r}"
 
 
 def plan_model(
@@ -358,9 +370,10 @@ def plan_engine_alone(
     data = {
         "name": f"engine {name} alone",
         "steps": 1,
+        "base_model": base_model.name or base_model.path,
         "engine": {"name": name, "params": dict(params)},
         "lora": {"rank": lora.rank},
-        "population": {"mode": "single_agent", "teachers": 1},
+        "population": {"mode": "single_agent", "teachers": 1, "students": 1},
     }
     return plan_recipe(data, arch, gpu_bytes=gpu_bytes, registry=registry, held=held, with_trainer=False)
 
