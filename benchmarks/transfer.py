@@ -180,9 +180,7 @@ class SupervisedArm:
         from populora_nano.corpus import Example
         from populora_nano.make_model import encode
 
-        examples = [
-            Example(t, c.tasks[t].solver_prompt(p), format_solver_answer(t, GOLD[t](p))) for t, p in problems
-        ]
+        examples = [Example(t, c.tasks[t].solver_prompt(p), format_solver_answer(t, GOLD[t](p))) for t, p in problems]
         rows = encode(self.tokenizer, examples, self.model.config.max_position_embeddings)
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), width), self.tokenizer.eos_token_id, dtype=torch.long)
@@ -287,7 +285,9 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
         }
         # reinforcement learning: each step's training solve rate; --supervised: each step's gold-answer loss
         progress: dict[int, list[float]] = {n: [] for n in sizes}
-        supervised = {n: SupervisedArm(c, s, args.supervised_lr) for n, s in zip(sizes, students)} if args.supervised else {}
+        supervised = {}
+        if args.supervised:
+            supervised = {n: SupervisedArm(c, s, args.supervised_lr) for n, s in zip(sizes, students, strict=True)}
         train_start = time.time()
         for step in range(1, args.steps + 1):
             attempts = [
