@@ -285,7 +285,7 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
         }
         # reinforcement learning: each step's training solve rate; --supervised: each step's gold-answer loss
         progress: dict[int, list[float]] = {n: [] for n in sizes}
-        supervised = {}
+        supervised: dict[int, SupervisedArm] = {}
         if args.supervised:
             supervised = {n: SupervisedArm(c, s, args.supervised_lr) for n, s in zip(sizes, students, strict=True)}
         train_start = time.time()
@@ -313,8 +313,8 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
                 values = [f"{v:.3f}" if supervised else f"{100 * v:.0f} %" for v in shown]
                 rates = ", ".join(f"N={n} {v}" for n, v in zip(sizes, values))
                 print(f"  step {step:3d} ({time.time() - train_start:.0f} s): {what} {rates}", flush=True)
-        for arm, student in zip(supervised.values(), students):
-            arm.save(c, student)
+        for supervised_arm, student in zip(supervised.values(), students):
+            supervised_arm.save(c, student)
         train_seconds = time.time() - train_start
         greedy = greedy_accuracy(c, heldout, [c.adapter_ref(student) for student in students])
         arms = []
