@@ -15,6 +15,9 @@ recipe's, and `inherit` or `widen` beside it) it prints:
 - skills spread (N(0, beta) at start, each child its parent's skill + N(0, beta)): the share of replacements
   that hit the weakest members (chance: the replaced fraction).
 A youngest share far above chance means the newest child dies whatever it does: selection compares nothing.
+Beside each share, its design's minimum detectable effect (MDE): the smallest departure from the chance share
+that this many replacements detect with 80 % power at two-sided 5 %, taking replacements as independent
+Bernoulli draws at the chance share (they are not quite: one simulation's replacements share its ratings).
 Last line: one JSON object.
 """
 
@@ -57,6 +60,16 @@ def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
     }
 
 
+def share_mde(chance: float, replacements: float) -> float | None:
+    """The smallest departure from a chance share ``chance`` that ``replacements`` Bernoulli draws detect (80 %
+    power, two-sided 5 %); None without replacements."""
+    from populora_core.probe import min_detectable_effect
+
+    if replacements < 1:
+        return None
+    return min_detectable_effect((chance * (1 - chance)) ** 0.5, int(replacements))
+
+
 def measure(settings: dict[str, Any], trials: int) -> dict[str, Any]:
     import random
 
@@ -76,8 +89,22 @@ def measure(settings: dict[str, Any], trials: int) -> dict[str, Any]:
         "youngest_ready_share_by_chance": round(equal["youngest_ready_share_by_chance"], 3),
         "survivor_change_share": round(equal["survivor_change_share"], 3),
         "weakest_share": round(spread["weakest_share"], 3),
+        "weakest_share_by_chance": round(spread["weakest_share_by_chance"], 3),
         "replacements": int(equal["replacements_after_first"]),
+        "replacements_among_ages": int(equal["replacements_among_ages"]),
+        "youngest_ready_mde": _rounded(
+            share_mde(equal["youngest_ready_share_by_chance"], equal["replacements_among_ages"])
+        ),
+        "weakest_mde": _rounded(share_mde(spread["weakest_share_by_chance"], spread["replacements"])),
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _shown(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main() -> None:
@@ -95,8 +122,8 @@ def main() -> None:
     measured: dict[tuple[str, str], dict[str, Any]] = {}  # recipes that differ only elsewhere share a simulation
     start = time.perf_counter()
     header = (
-        f"{'recipe':<32} {'pop':>5} {'every':>5} {'child':>7}  youngest (chance)  youngest ready (chance)"
-        "  survivors change  weakest"
+        f"{'recipe':<32} {'pop':>5} {'every':>5} {'child':>7}  youngest (chance)  youngest ready (chance, MDE)"
+        "  survivors change  weakest (chance, MDE)"
     )
     print(header)
     for path in paths:
@@ -120,8 +147,10 @@ def main() -> None:
             print(
                 f"{path.name:<32} {row['population']:>5} {row['every']:>5} {policy:>7}"
                 f"  {row['youngest_share']:>8.2f} ({row['youngest_share_by_chance']:.2f})"
-                f"  {row['youngest_ready_share']:>14.2f} ({row['youngest_ready_share_by_chance']:.2f})"
-                f"  {row['survivor_change_share']:>16.2f}  {row['weakest_share']:>7.2f}",
+                f"  {row['youngest_ready_share']:>14.2f} ({row['youngest_ready_share_by_chance']:.2f}, "
+                f"{_shown(row['youngest_ready_mde'])})"
+                f"  {row['survivor_change_share']:>16.2f}  {row['weakest_share']:>7.2f} "
+                f"({row['weakest_share_by_chance']:.2f}, {_shown(row['weakest_mde'])})",
                 file=sys.stdout,
             )
     print(json.dumps({"trials": trials, "seconds": round(time.perf_counter() - start, 1), "rows": rows}))

@@ -17,7 +17,13 @@ held-out problems as units (resampled within task types) and the minimum detecta
 power, two-sided 5 %). The accuracy on the smallest pool's problems (every arm trained on them) shows what each arm
 learned where it trained. Pool sizes must be multiples of the number of task types; smaller pools are prefixes of
 larger ones; the drawn programs are shuffled before the split. ``--max-program-steps`` keeps programs of at most
-that many steps. Last line: one JSON object.
+that many steps.
+
+``--supervised``: the ceiling of the same design. Each arm trains its LoRA adapter on the gold answers of the same
+problems in the same order (one answer per problem, cross-entropy on the answer's tokens as nano was pretrained,
+AdamW at ``--supervised-lr``), so every problem teaches, whatever the student can already solve. If this arm
+moves held-out problems no more than reinforcement learning does, the base does not transfer at this compute,
+however dense the signal. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -149,6 +155,58 @@ def paired_gain(arm: dict[str, list[float]], base: dict[str, list[float]], seed:
     return {"gain": gain, "interval": [lo, hi], "mde": cluster_mde(diffs)}
 
 
+#: Each task type's gold answer, as its solver is asked for it: the output, an input, the program.
+GOLD = {"deduction": lambda p: p.outputs[0], "abduction": lambda p: p.inputs[0], "induction": lambda p: p.program}
+
+
+class SupervisedArm:
+    """One student's adapter trained on gold answers (``--supervised``); its PEFT model stays in memory between
+    updates, and :meth:`save` writes the student's next version for the engine to evaluate."""
+
+    def __init__(self, c: Any, student: Any, lr: float) -> None:
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(c.base_model.path)
+        base = AutoModelForCausalLM.from_pretrained(c.base_model.path, dtype=torch.float32)
+        self.model = PeftModel.from_pretrained(base, c.adapter_ref(student).path, is_trainable=True)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
+
+    def update(self, c: Any, problems: Sequence[tuple[str, Any]]) -> float:
+        """One AdamW step on the problems' gold answers (cross-entropy on answer and EOS tokens); its loss."""
+        import torch
+        from populora_azr.prompts import format_solver_answer
+        from populora_nano.corpus import Example
+        from populora_nano.make_model import encode
+
+        examples = [Example(t, c.tasks[t].solver_prompt(p), format_solver_answer(t, GOLD[t](p))) for t, p in problems]
+        rows = encode(self.tokenizer, examples, self.model.config.max_position_embeddings)
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), self.tokenizer.eos_token_id, dtype=torch.long)
+        attend = torch.zeros((len(rows), width), dtype=torch.long)
+        weight = torch.zeros((len(rows), width))
+        for r, (seq, prompt_len) in enumerate(rows):
+            ids[r, : len(seq)] = torch.tensor(seq)
+            attend[r, : len(seq)] = 1
+            weight[r, prompt_len : len(seq)] = 1.0
+        self.model.train()
+        logits = self.model(input_ids=ids, attention_mask=attend).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none"
+        ).view(len(rows), width - 1)
+        loss = (nll * weight[:, 1:]).sum() / weight[:, 1:].sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def save(self, c: Any, student: Any) -> None:
+        student.version += 1
+        self.model.save_pretrained(c.run_dir.adapter_path(student.version_name))
+
+
 def cycle(problems: list[Any], rng: random.Random):
     """The pool over and over, reshuffled each pass: every problem used equally often."""
     while True:
@@ -225,7 +283,11 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
             for n in sizes
             for t in types
         }
-        solve_rate: dict[int, list[float]] = {n: [] for n in sizes}
+        # reinforcement learning: each step's training solve rate; --supervised: each step's gold-answer loss
+        progress: dict[int, list[float]] = {n: [] for n in sizes}
+        supervised: dict[int, SupervisedArm] = {}
+        if args.supervised:
+            supervised = {n: SupervisedArm(c, s, args.supervised_lr) for n, s in zip(sizes, students, strict=True)}
         train_start = time.time()
         for step in range(1, args.steps + 1):
             attempts = [
@@ -234,14 +296,25 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
                 for t in types
                 for _ in range(per_step)
             ]
-            answers = solve(c, attempts, step, "sample/solve", n=args.samples).answers
-            train(c, run.population, [r for scored in answers for r in scored])
-            for i, n in enumerate(sizes):
-                arm = answers[i * len(types) * per_step : (i + 1) * len(types) * per_step]
-                solve_rate[n].append(statistics.fmean(bool(r.info["correct"]) for s in arm for r in s))
+            arm_size = len(types) * per_step
+            if supervised:
+                for i, n in enumerate(sizes):
+                    arm_problems = [(t, p) for t, _, p in attempts[i * arm_size : (i + 1) * arm_size]]
+                    progress[n].append(supervised[n].update(c, arm_problems))
+            else:
+                answers = solve(c, attempts, step, "sample/solve", n=args.samples).answers
+                train(c, run.population, [r for scored in answers for r in scored])
+                for i, n in enumerate(sizes):
+                    arm = answers[i * arm_size : (i + 1) * arm_size]
+                    progress[n].append(statistics.fmean(bool(r.info["correct"]) for s in arm for r in s))
             if step % max(1, args.steps // 8) == 0 or step == args.steps:
-                rates = ", ".join(f"N={n} {100 * statistics.fmean(solve_rate[n][-4:]):.0f} %" for n in sizes)
-                print(f"  step {step:3d} ({time.time() - train_start:.0f} s): training solve rate {rates}", flush=True)
+                what = "gold-answer loss" if supervised else "training solve rate"
+                shown = [statistics.fmean(progress[n][-4:]) for n in sizes]
+                values = [f"{v:.3f}" if supervised else f"{100 * v:.0f} %" for v in shown]
+                rates = ", ".join(f"N={n} {v}" for n, v in zip(sizes, values))
+                print(f"  step {step:3d} ({time.time() - train_start:.0f} s): {what} {rates}", flush=True)
+        for supervised_arm, student in zip(supervised.values(), students):
+            supervised_arm.save(c, student)
         train_seconds = time.time() - train_start
         greedy = greedy_accuracy(c, heldout, [c.adapter_ref(student) for student in students])
         arms = []
@@ -256,8 +329,9 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
                     "greedy": greedy_acc,
                     **paired_gain(acc, base, args.seed),
                     "trained_on": mean_over_types(own),
-                    "solve_rate_first": statistics.fmean(solve_rate[n][: max(1, args.steps // 8)]),
-                    "solve_rate_last": statistics.fmean(solve_rate[n][-max(1, args.steps // 8) :]),
+                    # the training solve rate (--supervised: the gold-answer loss), first and last eighth of the steps
+                    "progress_first": statistics.fmean(progress[n][: max(1, args.steps // 8)]),
+                    "progress_last": statistics.fmean(progress[n][-max(1, args.steps // 8) :]),
                     "per_problem": acc,
                 }
             )
@@ -285,6 +359,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--heldout", type=int, default=100, help="held-out problems per task type")
     parser.add_argument("--k", type=int, default=8, help="sampled answers per held-out problem")
     parser.add_argument("--max-program-steps", type=int, default=None, help="only programs of at most 1-3 steps")
+    parser.add_argument("--supervised", action="store_true", help="train on gold answers: the design's ceiling")
+    parser.add_argument("--supervised-lr", type=float, default=2.0e-3, help="AdamW learning rate of --supervised")
     parser.add_argument("--quick", action="store_true", help="N = 6 / 12, 2 steps, 4 held-out problems per type")
     parser.add_argument("overrides", nargs="*", help="key.sub=value recipe overrides")
     args = parser.parse_args(argv)
@@ -310,9 +386,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"base: {100 * base:.1f} held-out ({100 * result['base_greedy']:.1f} greedy), "
         f"{100 * result['base_trained_on']:.1f} on the smallest pool"
     )
+    progress = "gold-answer loss" if args.supervised else "solve rate"
     print(
         "| N | held-out | - base | 95 % interval | MDE | greedy | smallest pool (trained on by all) "
-        "| solve rate first / last |"
+        f"| {progress} first / last |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for a in result["arms"]:
@@ -321,7 +398,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(
             f"| {a['N']} | {100 * a['heldout']:.1f} | {100 * a['gain']:+.1f} | [{100 * lo:+.1f}, {100 * hi:+.1f}] | "
             f"{mde} | {100 * a['greedy']:.1f} | {100 * a['trained_on']:.1f} | "
-            f"{100 * a['solve_rate_first']:.0f} / {100 * a['solve_rate_last']:.0f} |"
+            + (
+                f"{a['progress_first']:.3f} / {a['progress_last']:.3f} |"
+                if args.supervised
+                else f"{100 * a['progress_first']:.0f} / {100 * a['progress_last']:.0f} |"
+            )
         )
     print(
         f"{seconds:.0f} s wall ({result['draw_seconds']:.0f} s drawing problems, {result['train_seconds']:.0f} s "
@@ -336,6 +417,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "k": args.k,
         "heldout_per_type": args.heldout,
         "max_program_steps": args.max_program_steps,
+        "supervised_lr": args.supervised_lr if args.supervised else None,
         "seconds": round(seconds, 1),
         "cpu": cpu_name(),
         "base_heldout": base,

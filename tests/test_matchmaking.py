@@ -217,7 +217,16 @@ def test_selection_replaces_the_weakest_more_often_than_chance_when_skills_diffe
     study = _study_selection(
         12, skill=lambda rng: rng.gauss(0, 25 / 6), child_skill=lambda p, rng: p + rng.gauss(0, 25 / 6)
     )
-    assert study["weakest_share"] >= 0.45  # chance: 0.25 (one of four)
+    assert study["weakest_share_by_chance"] == 0.25  # one of four replaced per role
+    assert study["weakest_share"] >= 0.45
+
+
+def test_the_selection_benchmarks_detectable_effect_is_the_binomial_one():
+    """100 replacements at a chance share of 0.5: (1.960 + 0.842) x 0.5 / 10 = 0.140."""
+    from benchmarks.selection import share_mde
+
+    assert share_mde(0.5, 100) == pytest.approx(0.1401, abs=1e-4)
+    assert share_mde(0.25, 0) is None
 
 
 def test_only_ready_members_are_replaced_and_readiness_counts_rated_matches():

@@ -51,6 +51,7 @@ def simulate(
         {"step": 0, "member": m.id, "role": m.role, "parents": []} for m in population.members.values()
     ]
     weakest_hits = weakest_chances = 0
+    weakest_chance = 0.0
     young_hits = young_counted = 0
     young_chance = 0.0
     for step in range(1, steps + 1):
@@ -71,6 +72,7 @@ def simulate(
             weakest = sorted(group, key=lambda m: skills[m.id])[: len(reps)]
             weakest_hits += len({r.dead for r in reps} & {m.id for m in weakest})
             weakest_chances += len(reps)
+            weakest_chance += len(reps) * len(reps) / len(group)  # a random pick of len(reps) hits that many of them
             born = {m.id: m.born_step for m in group if m.id in ready}
             if born and len(set(born.values())) > 1:
                 youngest = {m for m, b in born.items() if b == max(born.values())}
@@ -90,6 +92,7 @@ def simulate(
         "lineage": lineage,
         "weakest_replaced": weakest_hits,
         "replacements": weakest_chances,
+        "weakest_by_chance": weakest_chance,
         "youngest_ready_replaced": young_hits,
         "youngest_ready_by_chance": young_chance,
         "replacements_among_ages": young_counted,
@@ -103,7 +106,8 @@ def selection_study(trials: int, **settings: Any) -> dict[str, Any]:
     for seed in range(trials):
         run = simulate(seed=seed, **settings)
         history = selection_history(run["lineage"])
-        extra = [(k, run[k]) for k in ("weakest_replaced", "replacements", "youngest_ready_replaced")]
+        extra = [(k, run[k]) for k in ("weakest_replaced", "weakest_by_chance", "replacements")]
+        extra += [(k, run[k]) for k in ("youngest_ready_replaced",)]
         extra += [(k, run[k]) for k in ("youngest_ready_by_chance", "replacements_among_ages")]
         for key, value in [*history.items(), *extra]:
             total[key] = total.get(key, 0) + value
@@ -117,4 +121,5 @@ def selection_study(trials: int, **settings: Any) -> dict[str, Any]:
         "youngest_ready_share_by_chance": total.get("youngest_ready_by_chance", 0) / among_ages,
         "survivor_change_share": total.get("survivor_changes", 0) / (total.get("survivor_comparisons", 0) or 1),
         "weakest_share": total.get("weakest_replaced", 0) / (total.get("replacements", 0) or 1),
+        "weakest_share_by_chance": total.get("weakest_by_chance", 0) / (total.get("replacements", 0) or 1),
     }
