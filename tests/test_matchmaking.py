@@ -375,7 +375,7 @@ def test_a_match_reports_each_proposals_rate_with_invalid_ones_as_none():
         proposal(False, None, "prompt_too_long"),
     ]
     c = SimpleNamespace(
-        recipe=SimpleNamespace(population=SimpleNamespace(mode="population")), matchmaker=PFSP(PFSPParams())
+        recipe=SimpleNamespace(population=SimpleNamespace(single_agent=False)), matchmaker=PFSP(PFSPParams())
     )
     (outcome,) = phases.rate(c, pop, [Match("t0", "s0", 0.5)], proposals)
     assert outcome.problem_rates == [0.5, 0.0, None] and outcome.solve_rate == 0.25

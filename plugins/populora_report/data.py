@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from populora_core.api import UserError
+from populora_core.api import UserError, format_validation_error
+from populora_core.api.schema import PopulationSection
 
 from . import dynamics
 
@@ -312,9 +314,10 @@ def load_run(path: str | Path) -> RunData:
         raise UserError(f"{recipe_file}: not valid YAML ({exc})") from None
     if not isinstance(recipe, dict):
         raise UserError(f"{recipe_file} is not a recipe mapping")
-    population = recipe.get("population")
-    if not isinstance(population, dict):
-        population = {}
+    try:  # the schema's defaults, not the report's: a run writes its resolved recipe, a hand-made one may not
+        population = PopulationSection.model_validate(recipe.get("population") or {})
+    except ValidationError as exc:
+        raise UserError(f"{recipe_file}: population: {format_validation_error(exc)}") from None
     notes: list[str] = []
     events = _read_jsonl(directory / "events.jsonl", notes)
     if events is None:
@@ -351,7 +354,7 @@ def load_run(path: str | Path) -> RunData:
         path=directory,
         label=directory.resolve().name,
         name=str(recipe.get("name", directory.name)),
-        mode=str(population.get("mode", "population")),
+        mode=population.mode,
         recipe=recipe,
         steps=[by_step[s] for s in sorted(by_step)],
         lineage=lineage or [],
