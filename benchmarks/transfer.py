@@ -141,6 +141,11 @@ def mean_over_types(acc: dict[str, list[float]]) -> float:
     return statistics.fmean(statistics.fmean(v) for v in acc.values() if v)
 
 
+def gains_by_type(arm: dict[str, list[float]], base: dict[str, list[float]], seed: int) -> dict[str, dict[str, Any]]:
+    """Each task type's paired gain on its own: a type that loses can hide behind two that gain."""
+    return {t: paired_gain({t: arm[t]}, {t: base[t]}, seed) for t in arm if arm[t]}
+
+
 def paired_gain(arm: dict[str, list[float]], base: dict[str, list[float]], seed: int) -> dict[str, Any]:
     """Arm - base on the held-out problems: the mean over task types, its 95 % interval from the core's cluster
     bootstrap (problems the units, resampled within their task type, each pair kept together) and the design's
@@ -328,6 +333,7 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
                     "heldout_by_type": {t: statistics.fmean(v) for t, v in acc.items()},
                     "greedy": greedy_acc,
                     **paired_gain(acc, base, args.seed),
+                    "gain_by_type": gains_by_type(acc, base, args.seed),
                     "trained_on": mean_over_types(own),
                     # the training solve rate (--supervised: the gold-answer loss), first and last eighth of the steps
                     "progress_first": statistics.fmean(progress[n][: max(1, args.steps // 8)]),
@@ -403,6 +409,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if args.supervised
                 else f"{100 * a['progress_first']:.0f} / {100 * a['progress_last']:.0f} |"
             )
+        )
+    types = list(result["base"])
+    print(f"\nheld-out gain per task type, points [95 % interval]\n| N | {' | '.join(types)} |")
+    print("|---|" + "---|" * len(types))
+    for a in result["arms"]:
+        cells = [a["gain_by_type"].get(t) for t in types]
+        print(
+            f"| {a['N']} | "
+            + " | ".join(
+                "-"
+                if g is None
+                else f"{100 * g['gain']:+.1f} [{100 * g['interval'][0]:+.1f}, {100 * g['interval'][1]:+.1f}]"
+                for g in cells
+            )
+            + " |"
         )
     print(
         f"{seconds:.0f} s wall ({result['draw_seconds']:.0f} s drawing problems, {result['train_seconds']:.0f} s "

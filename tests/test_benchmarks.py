@@ -49,7 +49,8 @@ def cli_options(source: str) -> set[str] | None:
 
 
 def discover(folder: Path = BENCHMARKS) -> list[Any]:
-    """One pytest param per benchmark (``--smoke`` if it has one, else ``--quick``), plus its ``--vllm`` case."""
+    """One pytest param per benchmark (``--smoke`` if it has one, else ``--quick``), plus its ``--vllm`` and
+    ``--supervised`` cases."""
     cases = []
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
@@ -62,6 +63,9 @@ def discover(folder: Path = BENCHMARKS) -> list[Any]:
         if "--vllm" in options and mode:
             marks = [pytest.mark.slow, pytest.mark.vllm]
             cases.append(pytest.param(path.stem, [mode, "--vllm"], marks=marks, id=f"{path.stem}-vllm"))
+        if "--supervised" in options and mode:  # its second arm, a different training path
+            marks = [pytest.mark.slow]
+            cases.append(pytest.param(path.stem, [mode, "--supervised"], marks=marks, id=f"{path.stem}-supervised"))
     return cases
 
 
