@@ -1,4 +1,6 @@
 import os
+import sys
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -6,6 +8,36 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest
+
+
+class ProcessStateLeak(UserWarning):
+    """A test left the process changed; the fixture below put it back."""
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored(request):
+    """Every test leaves the environment and torch's thread count as it found them, and a warning names the one
+    that did not. Both reach the numbers later tests compute: Ray workers and child processes inherit the
+    environment (``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``, thread counts), and torch's results depend on its threads.
+    A leaked ``runtime.cpu_isa`` once made the Ray tests' bit-for-bit comparisons need a pytest process of their own."""
+    env = dict(os.environ)
+    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    yield
+    own = "PYTEST_CURRENT_TEST"  # pytest's, set for each phase
+    leaked = sorted(k for k in env.keys() | os.environ.keys() if k != own and env.get(k) != os.environ.get(k))
+    for key in leaked:
+        if key in env:
+            os.environ[key] = env[key]
+        else:
+            del os.environ[key]
+    torch = sys.modules.get("torch")
+    if torch is not None and threads is not None and torch.get_num_threads() != threads:
+        leaked.append(f"torch threads {torch.get_num_threads()} (was {threads})")
+        from populora_core.api.runtime import set_torch_threads
+
+        set_torch_threads(threads)
+    if leaked:
+        warnings.warn(f"{request.node.nodeid} changed {', '.join(leaked)}; restored", ProcessStateLeak, stacklevel=1)
 
 
 @pytest.fixture(scope="session")

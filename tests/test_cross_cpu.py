@@ -108,8 +108,9 @@ def test_cpu_isa_must_be_a_known_path():
 
 def test_apply_runtime_sets_the_paths_before_torch_and_refuses_after(monkeypatch):
     avx2, _ = load_recipe(RECIPE, ["runtime.threads=null"])
-    for var in CPU_VARS:
-        monkeypatch.delenv(var, raising=False)
+    for var in CPU_VARS:  # set, then deleted: monkeypatch restores a variable only if it saw it
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     monkeypatch.setitem(sys.modules, "torch", object())  # as in a process that already imported torch
     with pytest.warns(UserWarning, match="torch is already imported"):
         assert apply_runtime(avx2.runtime) == {}
