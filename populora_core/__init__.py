@@ -1,4 +1,5 @@
-"""PopuLoRA core: population, matchmaking and the training loop as pluggy hooks.
+"""PopuLoRA core: the population, the contracts of matchmaking and evolution, and the training loop, as pluggy
+hooks (the matchmakers, selectors and operators themselves are plugins).
 
 The core is five floors, each a folder that imports only the floors below it: ``api`` (what plugins may import),
 ``plugin`` (the plugin manager, the registry, the hook specifications), ``recipe`` (reading and validating a

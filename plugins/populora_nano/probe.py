@@ -1,6 +1,7 @@
 """Probe evaluation: solver accuracy per task type and proposal validity on the fixed held-out set.
 
-API (what the loop calls; only core contracts are used, so any engine/task implementation works)::
+API (the model card's measurements and `benchmarks.transfer` call it; a run's probe is the core's
+``populora_core.run.probe``; only core contracts are used, so any engine/task implementation works)::
 
     problems = load_probe()                                   # list[Problem] from probe.jsonl
     use_as_references(tasks, problems)                        # optional: references for proposals
