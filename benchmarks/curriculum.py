@@ -41,7 +41,7 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
     import populora_nano.corpus as corpus
     from populora_nano.probe import TASK_TYPES
 
-    from populora_core.api.components import Problem
+    from populora_azr.problems import CodeProblem as Problem
 
     programs = corpus.generate_programs(3 * per_type, random.Random(seed), executor, exclude=exclude, chunk=300)
     records = corpus.probe_records(programs, per_type, random.Random(seed + 1))

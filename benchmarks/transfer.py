@@ -68,7 +68,7 @@ def draw_problems(
     program's number of steps."""
     import populora_nano.corpus as corpus
 
-    from populora_core.api.components import Problem
+    from populora_azr.problems import CodeProblem as Problem
 
     need = 3 * sum(per_type)
     rng = random.Random(seed)

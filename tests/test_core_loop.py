@@ -331,10 +331,10 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
     recipe, resolved = load_recipe(RECIPE, [], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
-        from populora_core.api.components import Problem
+        from tests.fake_stack import CountProblem
 
         s0, s1 = run.population.students[:2]
-        problems = [Problem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
+        problems = [CountProblem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
         tokens_before = s0.counters.tokens
         solved = solve(run.components, [("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
         answers = solved.answers

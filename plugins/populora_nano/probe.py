@@ -25,7 +25,7 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,27 @@ def load_probe(path: str | Path | None = None) -> list[Problem]:
     from populora_core.api.problems import load_problems
 
     path = Path(path) if path is not None else PROBE_FILE
-    problems = load_problems(path)
+    problems = load_problems(path, _EveryType())
     for n, problem in enumerate(problems, 1):
         if problem.task_type not in TASK_TYPES:
             raise UserError(f"probe file {path}, problem {n}: unknown task_type {problem.task_type!r}")
         problem.valid, problem.proposer = True, "probe"
     return problems
+
+
+class _EveryType(Mapping[str, Any]):
+    """Reads a record of any task type as an AZR code problem, so :func:`load_probe` names an unknown type itself."""
+
+    def __getitem__(self, task_type: str) -> Any:
+        from populora_azr.problems import CodeProblemReader
+
+        return CodeProblemReader()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TASK_TYPES)
+
+    def __len__(self) -> int:
+        return len(TASK_TYPES)
 
 
 def use_as_references(tasks: Mapping[str, Any], problems: Sequence[Problem]) -> None:
