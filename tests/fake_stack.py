@@ -154,6 +154,14 @@ class CountTask(Task[CountProblem]):
             )
         return out
 
+    def problem_metrics(self, problems: Any) -> dict[str, Any]:
+        """What the loop logs as ``task/count/<key>``: the mean input length and the distinct programs."""
+        lengths = [len(p.inputs[0]) for p in problems]
+        return {
+            "input_chars": sum(lengths) / len(lengths) if lengths else None,
+            "distinct_programs": len({p.program for p in problems}),
+        }
+
     def solver_prompt(self, problem: CountProblem) -> str:
         return f"solve {problem.program}"
 

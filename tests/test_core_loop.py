@@ -476,9 +476,10 @@ def test_steps_log_cut_off_proposals_input_length_entropy_and_distinct_programs(
         valid = [p for p in mine if p["valid"]]
         assert rec["task/count/cut_off"] == rec["teacher/cut_off"] == sum(p["finish_reason"] == "length" for p in mine)
         assert rec["task/count/cut_off_rate"] == pytest.approx(rec["task/count/cut_off"] / len(mine))
+        # the task's own metric, and the loop's distinct problems (a count problem is its digit)
         assert (
             rec["task/count/distinct_programs"]
-            == rec["teacher/distinct_programs"]
+            == rec["teacher/distinct_problems"]
             == len({p["program"] for p in valid})
         )
         assert rec["task/count/input_chars"] == pytest.approx(1.0)  # one digit

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, fields
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -244,9 +243,14 @@ def payload_fields(problem: Problem) -> dict[str, Any]:
     return {f.name: getattr(problem, f.name) for f in fields(problem) if f.name not in PROBLEM_FIELDS}
 
 
-@cache
-def _validator(problem_type: type[Problem]) -> TypeAdapter[Problem]:
-    return TypeAdapter(problem_type)
+_VALIDATORS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _validator(problem_type: Any) -> TypeAdapter[Any]:
+    """One validator per problem type (building one costs more than a record's validation)."""
+    if problem_type not in _VALIDATORS:
+        _VALIDATORS[problem_type] = TypeAdapter(problem_type)
+    return _VALIDATORS[problem_type]
 
 
 def problem_from_record(problem_type: type[Problem], record: Mapping[str, Any]) -> Problem:
@@ -255,7 +259,8 @@ def problem_from_record(problem_type: type[Problem], record: Mapping[str, Any]) 
     out. Raises ``ValueError`` (pydantic's ``ValidationError``) naming each field that is missing or of the wrong
     type: the record does not fit the task's schema."""
     names = {f.name for f in fields(problem_type)}
-    return _validator(problem_type).validate_python({k: v for k, v in record.items() if k in names})
+    problem: Problem = _validator(problem_type).validate_python({k: v for k, v in record.items() if k in names})
+    return problem
 
 
 @dataclass
