@@ -39,9 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> dict[str, list[Any]]:
     """``per_type`` valid problems per task type from the corpus generator, none of them a probe program."""
     import populora_nano.corpus as corpus
+    from populora_azr.problems import CodeProblem as Problem
     from populora_nano.probe import TASK_TYPES
-
-    from populora_core.api.components import Problem
 
     programs = corpus.generate_programs(3 * per_type, random.Random(seed), executor, exclude=exclude, chunk=300)
     records = corpus.probe_records(programs, per_type, random.Random(seed + 1))
@@ -53,6 +52,8 @@ def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> di
 def run_seed(
     recipe_path: str, overrides: list[str], seed: int, steps: int, probe_every: int, pool_size: int, work: Path
 ) -> dict[str, Any]:
+    from populora_azr.problems import CodeProblem
+
     from populora_core.api.rng import derived_rng
     from populora_core.plugin.manager import get_manager
     from populora_core.recipe.validate import load_recipe
@@ -66,7 +67,7 @@ def run_seed(
     run = start_run(recipe, resolved, RunDir(work / f"seed{seed}"), manager)
     try:
         c = run.components
-        probe_programs = {p.program for items in run_probe_set(c).values() for p in items}
+        probe_programs = {p.program for items in run_probe_set(c).values() for p in items if isinstance(p, CodeProblem)}
         pool = curriculum(pool_size, 7919 + seed, c.executor, probe_programs)
         student = run.population.students[0]
         cfg = run.recipe.rollout

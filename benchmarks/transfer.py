@@ -67,8 +67,7 @@ def draw_problems(
     (across sets too), none in ``exclude``; programs of at most ``max_steps`` steps when given. Also each
     program's number of steps."""
     import populora_nano.corpus as corpus
-
-    from populora_core.api.components import Problem
+    from populora_azr.problems import CodeProblem as Problem
 
     need = 3 * sum(per_type)
     rng = random.Random(seed)

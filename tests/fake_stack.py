@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,21 +115,32 @@ class CountTaskParams(Params):
     """Proposals are digits 1-6; a solver must answer the same digit."""
 
 
-class CountTask(Task):
+@dataclass
+class CountProblem(Problem):
+    """The count task's payload: the digit as a one-line "program", one input and one output."""
+
+    program: str
+    inputs: list[str]
+    outputs: list[str]
+
+
+class CountTask(Task[CountProblem]):
     name = "count"
+    problem_type = CountProblem
+    teacher_metrics = ("ast_depth", "cyclomatic", "loc")
 
     def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
-        self.buffer: list[Problem] = []
+        self.buffer: list[CountProblem] = []
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
         return [(f"propose {rng.randrange(100)}", None) for _ in range(count)]
 
-    def parse_proposals(self, completions: Any, contexts: Any, proposer: Any) -> list[Problem]:
+    def parse_proposals(self, completions: Any, contexts: Any, proposer: Any) -> list[CountProblem]:
         out = []
         for text, who in zip(completions, proposer):
             valid = text.isdigit()
             out.append(
-                Problem(
+                CountProblem(
                     "count",
                     text,
                     [text],
@@ -142,17 +154,25 @@ class CountTask(Task):
             )
         return out
 
-    def solver_prompt(self, problem: Problem) -> str:
+    def problem_metrics(self, problems: Any) -> dict[str, Any]:
+        """What the loop logs as ``task/count/<key>``: the mean input length and the distinct programs."""
+        lengths = [len(p.inputs[0]) for p in problems]
+        return {
+            "input_chars": sum(lengths) / len(lengths) if lengths else None,
+            "distinct_programs": len({p.program for p in problems}),
+        }
+
+    def solver_prompt(self, problem: CountProblem) -> str:
         return f"solve {problem.program}"
 
-    def grade(self, problem: Problem, answers: Any) -> list[Grade]:
+    def grade(self, problem: CountProblem, answers: Any) -> list[Grade]:
         grades = []
         for a in answers:
             correct = a == problem.program
             grades.append(Grade(1.0 if correct else (-0.5 if a.isdigit() else -1.0), correct, a.isdigit()))
         return grades
 
-    def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
+    def proposer_reward(self, problem: CountProblem, solve_rate: float | None) -> float:
         if solve_rate is None:
             return -1.0
         return 1 - solve_rate if 0 < solve_rate < 1 else -0.5
@@ -160,7 +180,7 @@ class CountTask(Task):
     def add_to_buffer(self, problems: Any) -> None:
         self.buffer.extend(problems)
 
-    def sample_problems(self, count: int, rng: Any) -> list[Problem]:
+    def sample_problems(self, count: int, rng: Any) -> list[CountProblem]:
         return [rng.choice(self.buffer) for _ in range(count)] if self.buffer else []
 
     def state_dict(self) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import random
 import pytest
 from populora_azr import checks
 from populora_azr import prompts as P
+from populora_azr.problems import CodeProblem
 from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
 
-from populora_core.api.components import Problem
 from tests.azr_support import build_task, build_tasks, load_seeds, shared_executor
 
 FIXED, RELEASED = "fixed", "azr-released"
@@ -25,11 +25,11 @@ def ex():
     return shared_executor()
 
 
-def propose(task, program: str, inp: str) -> Problem:
+def propose(task, program: str, inp: str) -> CodeProblem:
     return task.parse_proposals([P.format_code_proposal(program, inp, think="p")], [None], ["t"])[0]
 
 
-def solve(task, prob: Problem, *answers: str) -> list[bool]:
+def solve(task, prob: CodeProblem, *answers: str) -> list[bool]:
     kind = task.name
     return [g.correct for g in task.grade(prob, [P.format_solver_answer(kind, a, think="s") for a in answers])]
 
@@ -371,7 +371,9 @@ def test_format_check_regex():
 
 
 def test_buffer_cap_keeps_first_in_release_newest_in_fixed(ex):
-    new = [Problem("abduction", f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True) for k in range(6)]
+    new = [
+        CodeProblem("abduction", f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True) for k in range(6)
+    ]
     fixed_abd, released_abd = tasks(ex, "abduction", buffer_cap=3)
     fixed_abd.add_to_buffer(new)
     released_abd.add_to_buffer(new)

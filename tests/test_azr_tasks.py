@@ -9,8 +9,9 @@ import sys
 
 import pytest
 from populora_azr import prompts as P
+from populora_azr.problems import CodeProblem
 
-from populora_core.api.components import ExecJob, Problem, Task
+from populora_core.api.components import ExecJob, Task
 from tests.azr_support import build_task, build_tasks, shared_executor
 
 
@@ -19,7 +20,7 @@ def ex():
     return shared_executor()
 
 
-def propose(task, program: str, inp: str, style: str = "azr") -> Problem:
+def propose(task, program: str, inp: str, style: str = "azr") -> CodeProblem:
     text = P.format_code_proposal(program, inp, think="plan")
     return task.parse_proposals([text], [None], ["t0@v1"])[0]
 
@@ -327,8 +328,8 @@ def test_solver_reward_settings(ex):
 # --- buffers ------------------------------------------------------------------------------------------------
 
 
-def _valid(task_type: str, k: int) -> Problem:
-    return Problem(task_type, f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True, proposer="t")
+def _valid(task_type: str, k: int) -> CodeProblem:
+    return CodeProblem(task_type, f"def f(a):\n    return a + {k}", ["1"], [str(k + 1)], valid=True, proposer="t")
 
 
 def test_zero_triplet_seed_and_references_without_replacement(ex):
@@ -342,9 +343,9 @@ def test_zero_triplet_seed_and_references_without_replacement(ex):
         assert all(r[0] in prompt for r in refs)
 
 
-def _long(task_type: str, k: int) -> Problem:
+def _long(task_type: str, k: int) -> CodeProblem:
     body = "".join(f"    a = a + {k + i}\n" for i in range(12))
-    return Problem(task_type, f"def f(a):\n{body}    return a", ["1"], ["2"], valid=True, proposer="t")
+    return CodeProblem(task_type, f"def f(a):\n{body}    return a", ["1"], ["2"], valid=True, proposer="t")
 
 
 def test_compact_references_are_shown_as_drawn_and_overflow_is_counted(ex):

@@ -331,10 +331,10 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
     recipe, resolved = load_recipe(RECIPE, [], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
-        from populora_core.api.components import Problem
+        from tests.fake_stack import CountProblem
 
         s0, s1 = run.population.students[:2]
-        problems = [Problem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
+        problems = [CountProblem("count", str(d), [str(d)], [str(d)], valid=True, signature=f"sig{d}") for d in (3, 5)]
         tokens_before = s0.counters.tokens
         solved = solve(run.components, [("count", s0, problems[0]), ("count", s1, problems[1])], 1, "sample/solve", n=4)
         answers = solved.answers
@@ -476,9 +476,10 @@ def test_steps_log_cut_off_proposals_input_length_entropy_and_distinct_programs(
         valid = [p for p in mine if p["valid"]]
         assert rec["task/count/cut_off"] == rec["teacher/cut_off"] == sum(p["finish_reason"] == "length" for p in mine)
         assert rec["task/count/cut_off_rate"] == pytest.approx(rec["task/count/cut_off"] / len(mine))
+        # the task's own metric, and the loop's distinct problems (a count problem is its digit)
         assert (
             rec["task/count/distinct_programs"]
-            == rec["teacher/distinct_programs"]
+            == rec["teacher/distinct_problems"]
             == len({p["program"] for p in valid})
         )
         assert rec["task/count/input_chars"] == pytest.approx(1.0)  # one digit

@@ -1,4 +1,7 @@
-"""The per-step proposal metrics (populora_core/run/metrics.py) on hand-built proposals: each number checked."""
+"""The per-step proposal metrics (populora_core/run/metrics.py) on hand-built proposals: each number checked.
+
+The tasks here are AZR-shaped (:class:`CodeProblem` payloads, AZR's ``problem_metrics`` and ``teacher_metrics``):
+the core logs what the task reports, and the numbers are those of AZR's implementation."""
 
 from __future__ import annotations
 
@@ -7,24 +10,33 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from populora_azr.problems import CodeProblem
+from populora_azr.tasks import CodeIOTask
 
-from populora_core.api.components import Completion, Match, Problem, Task
+from populora_core.api.components import Completion, Match, Task
 from populora_core.api.population import Population
 from populora_core.run.metrics import problem_records, step_metrics
 from populora_core.run.proposals import Proposal
 
 
-class _CodeTask(Task):
+class _CodeTask(Task[CodeProblem]):
     """A task whose teachers write the program, reporting about its prompts."""
+
+    problem_type = CodeProblem
+    teacher_metrics = CodeIOTask.teacher_metrics
+    problem_metrics = CodeIOTask.problem_metrics
 
     def proposer_metrics(self, contexts: list[Any]) -> dict[str, Any]:
         return {"references/shown": sum(c["shown"] for c in contexts) / len(contexts)}
 
 
-class _PoolTask(Task):
+class _PoolTask(_CodeTask):
     """A task whose programs come from a pool (as AZR's induction)."""
 
     proposer_writes_program = False
+
+    def proposer_metrics(self, contexts: list[Any]) -> dict[str, Any]:
+        return {}
 
 
 def _proposal(
@@ -42,7 +54,7 @@ def _proposal(
 ) -> Proposal:
     tokens = [] if reason == "prompt_too_long" else list(range(len(logprobs)))
     completion = Completion("text", tokens, list(logprobs) if tokens else [], [0] * prompt_len, reason)
-    problem = Problem(
+    problem = CodeProblem(
         task, program, inputs, ["0"] * len(inputs), valid=valid, metrics={"ast_depth": depth}, signature=program[:5]
     )
     return Proposal(task, teacher, ctx, completion=completion, problem=problem)
@@ -102,7 +114,9 @@ def test_distinct_valid_programs(step):
     assert m["task/deduction/distinct_programs"] == 2  # two teachers wrote the same program once
     assert m["task/deduction/valid_proposals"] == 3 and m["task/induction/valid_proposals"] == 1
     assert m["task/induction/distinct_programs"] == 1
-    assert m["teacher/distinct_programs"] == 2  # induction's pool programs are not the teachers'
+    # distinct problems (by the task's problem_key: AZR's whole payload) the teachers wrote: t0's two share a
+    # program but not an input; induction's pool programs are not the teachers'
+    assert m["teacher/distinct_problems"] == 3
 
 
 def test_teacher_program_metrics_leave_out_pool_programs(step):

@@ -366,7 +366,7 @@ def test_a_match_reports_each_proposals_rate_with_invalid_ones_as_none():
 
     def proposal(valid: bool, rate: float | None, finish: str = "stop") -> Proposal:
         done = Completion("x", [1], [0.0], [1], finish_reason=finish)
-        return Proposal("deduction", teacher, None, done, Problem("deduction", "", [], [], valid=valid), rate)
+        return Proposal("deduction", teacher, None, done, Problem("deduction", valid=valid), rate)
 
     proposals = [
         proposal(True, 0.5),

@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from populora_core.api.components import Problem
+from .problems import CodeProblem
 
 EVICTIONS = ("oldest", "reject_new")
 
@@ -33,29 +33,29 @@ def as_random(rng: Any) -> random.Random:
     raise TypeError(f"rng must be random.Random, an int seed or a numpy Generator, not {type(rng).__name__}")
 
 
-def problem_key(p: Problem) -> tuple[str, tuple[str, ...]]:
+def problem_key(p: CodeProblem) -> tuple[str, tuple[str, ...]]:
     return (p.program.strip(), tuple(i.strip() for i in p.inputs))
 
 
-def problem_to_dict(p: Problem) -> dict[str, Any]:
+def problem_to_dict(p: CodeProblem) -> dict[str, Any]:
     return dataclasses.asdict(p)
 
 
-def problem_from_dict(d: dict[str, Any]) -> Problem:
-    return Problem(**d)
+def problem_from_dict(d: dict[str, Any]) -> CodeProblem:
+    return CodeProblem(**d)
 
 
 class ProblemBuffer:
     """Valid problems of one task type, oldest first, each tagged with the add-generation it came in."""
 
-    def __init__(self, seeds: Sequence[Problem], cap: int = 16384, eviction: str = "oldest") -> None:
+    def __init__(self, seeds: Sequence[CodeProblem], cap: int = 16384, eviction: str = "oldest") -> None:
         if eviction not in EVICTIONS:
             raise ValueError(f"unknown eviction policy {eviction!r} (known: {', '.join(EVICTIONS)})")
         if cap < max(1, len(seeds)):
             raise ValueError(f"buffer cap {cap} is smaller than the {len(seeds)} seed problems")
         self.cap = cap
         self.eviction = eviction
-        self.items: list[Problem] = []
+        self.items: list[CodeProblem] = []
         self.generations: list[int] = []
         self.seed_count = 0
         self.generation = 0  # number of add() calls that added something
@@ -67,7 +67,7 @@ class ProblemBuffer:
     def __len__(self) -> int:
         return len(self.items)
 
-    def _insert(self, p: Problem, generation: int) -> bool:
+    def _insert(self, p: CodeProblem, generation: int) -> bool:
         key = problem_key(p)
         if key in self._keys:
             return False
@@ -76,7 +76,7 @@ class ProblemBuffer:
         self._keys.add(key)
         return True
 
-    def add(self, problems: Iterable[Problem]) -> int:
+    def add(self, problems: Iterable[CodeProblem]) -> int:
         """Add the valid, new problems; returns how many were kept (after dedup and the cap)."""
         gen = self.generation + 1
         kept = 0
@@ -95,11 +95,11 @@ class ProblemBuffer:
             self.generation = gen
         return kept
 
-    def sample(self, count: int, rng: random.Random) -> list[Problem]:
+    def sample(self, count: int, rng: random.Random) -> list[CodeProblem]:
         """Up to ``count`` distinct problems, uniformly without replacement."""
         return rng.sample(self.items, min(count, len(self.items)))
 
-    def recent_first(self, count: int, rng: random.Random) -> list[Problem]:
+    def recent_first(self, count: int, rng: random.Random) -> list[CodeProblem]:
         """AZR's ``max_new``: the latest generation's problems (up to ``count``), then uniform fill.
 
         The fill draws with replacement from the whole buffer, so duplicates are possible, as in AZR.

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import ast
 import functools
+import statistics
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from populora_core.api.components import ExecJob, ExecResult, Grade, Problem, Task
+from populora_core.api.components import ExecJob, ExecResult, Grade, Task
 
 from . import checks, prompts
 from .buffer import ProblemBuffer, as_random
+from .problems import CodeProblem, load_code_problem
 
 # --- code run inside the sandbox next to the program ------------------------------------------------------
 
@@ -159,10 +161,13 @@ class _Prepared:
     payload: Any = None
 
 
-class _AZRTask(Task):
+class _AZRTask(Task[CodeProblem]):
     """Shared parts of the three tasks (checks, job building, grading, rewards, state)."""
 
     name = ""
+    problem_type = CodeProblem
+    #: the program metrics the loop averages per teacher (over the programs it wrote)
+    teacher_metrics = ("ast_depth", "cyclomatic", "loc")
 
     def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
         self.params = params
@@ -180,7 +185,7 @@ class _AZRTask(Task):
         self.f_replace_location = params.f_replace_location or ("not_first" if self.compat else "any_first")
 
     # subclasses
-    def zero_problems(self) -> list[Problem]:
+    def zero_problems(self) -> list[CodeProblem]:
         """What the buffer holds before any proposal (AZR's zero triplet; seed problems come on top)."""
         raise NotImplementedError
 
@@ -314,11 +319,11 @@ class _AZRTask(Task):
             return prompts.has_answer_block(self.name, completion, self.style)
         return prompts.check_format(completion, self.style)
 
-    def grade(self, problem: Problem, answers: Sequence[str]) -> list[Grade]:
+    def grade(self, problem: CodeProblem, answers: Sequence[str]) -> list[Grade]:
         """Check every answer in the executor (identical answers are checked once)."""
         return self.grade_many([(problem, answers)])[0]
 
-    def grade_many(self, items: Sequence[tuple[Problem, Sequence[str]]]) -> list[list[Grade]]:
+    def grade_many(self, items: Sequence[tuple[CodeProblem, Sequence[str]]]) -> list[list[Grade]]:
         """Every problem's answers checked in one executor batch (identical answers of a problem once)."""
         p = self.params
         parsed = [[prompts.parse_solver_answer(self.name, a, self.style) for a in answers] for _, answers in items]
@@ -340,7 +345,7 @@ class _AZRTask(Task):
             out.append(grades)
         return out
 
-    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+    def answer_jobs(self, problem: CodeProblem, answer: str) -> _Prepared:
         raise NotImplementedError
 
     def answer_correct(self, prepared: _Prepared, results: Sequence[ExecResult]) -> bool:
@@ -348,7 +353,7 @@ class _AZRTask(Task):
 
     # --- rewards, buffer, state -------------------------------------------------------------------------------
 
-    def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
+    def proposer_reward(self, problem: CodeProblem, solve_rate: float | None) -> float:
         """Learnability ``1 - r``; ``unsolved_reward`` at r = 0, ``solved_reward`` at r = 1; invalid or
         unformatted proposals ``invalid_reward``."""
         p = self.params
@@ -363,14 +368,27 @@ class _AZRTask(Task):
             return p.solved_reward
         return 1.0 - r
 
-    def add_to_buffer(self, problems: Sequence[Problem]) -> None:
+    def load_problem(self, record: Mapping[str, Any]) -> CodeProblem:
+        """A :class:`CodeProblem` from a problem file's record; at least one input and an output per input."""
+        return load_code_problem(record)
+
+    def problem_metrics(self, problems: Sequence[CodeProblem]) -> dict[str, Any]:
+        """Of a step's valid proposals: the mean input length (of each proposal's inputs, then over proposals) and
+        the distinct programs."""
+        lengths = [statistics.fmean(len(x) for x in p.inputs) for p in problems if p.inputs]
+        return {
+            "input_chars": statistics.fmean(lengths) if lengths else None,
+            "distinct_programs": len({p.program for p in problems}),
+        }
+
+    def add_to_buffer(self, problems: Sequence[CodeProblem]) -> None:
         self.buffer.add(p for p in problems if p.task_type == self.name)
 
     def _rng(self, rng: Any) -> Any:
         """The caller's generator, or the task's own (from the factory's ``rng``) when None."""
         return self.rng if rng is None else as_random(rng)
 
-    def sample_problems(self, count: int, rng: Any) -> list[Problem]:
+    def sample_problems(self, count: int, rng: Any) -> list[CodeProblem]:
         return self.buffer.recent_first(count, self._rng(rng))
 
     def state_dict(self) -> dict[str, Any]:
@@ -382,7 +400,7 @@ class _AZRTask(Task):
         self.buffer.load_state_dict(state["buffer"])
 
     def _run_proposals(
-        self, problems: Sequence[Problem], prepared: Sequence[_Prepared], completions: Sequence[str]
+        self, problems: Sequence[CodeProblem], prepared: Sequence[_Prepared], completions: Sequence[str]
     ) -> list[list[ExecResult]]:
         """Run the validation jobs; program metrics are computed meanwhile in a thread (the batch mostly
         waits on the sandbox), so they stay off the hot path."""
@@ -446,9 +464,9 @@ IDENTITY = "def f(a):\n    return a"
 class CodeIOTask(_AZRTask):
     """Deduction and abduction: a program plus one input, proposed with K references."""
 
-    def zero_problems(self) -> list[Problem]:
+    def zero_problems(self) -> list[CodeProblem]:
         """AZR's zero triplet: the identity function on ``'Hello world'``."""
-        return [Problem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")]
+        return [CodeProblem(self.name, IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")]
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
         """K references drawn uniformly without replacement from the buffer, all shown (``references_fit: all``).
@@ -496,11 +514,11 @@ class CodeIOTask(_AZRTask):
 
     def parse_proposals(
         self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
-    ) -> list[Problem]:
-        problems: list[Problem] = []
+    ) -> list[CodeProblem]:
+        problems: list[CodeProblem] = []
         prepared: list[_Prepared] = []
         for text, who in zip(completions, _names(proposer, len(completions)), strict=True):
-            prob = Problem(self.name, "", [], [], proposer=who)
+            prob = CodeProblem(self.name, "", [], [], proposer=who)
             problems.append(prob)
             prepared.append(self._prepare(prob, text))
         results = self._run_proposals(problems, prepared, completions)
@@ -515,7 +533,7 @@ class CodeIOTask(_AZRTask):
                 prob.error = prep.error
         return problems
 
-    def _prepare(self, prob: Problem, text: str) -> _Prepared:
+    def _prepare(self, prob: CodeProblem, text: str) -> _Prepared:
         try:
             parsed = prompts.parse_code_proposal(text, self.style)
         except prompts.ParseError as exc:
@@ -536,10 +554,10 @@ class DeductionTask(CodeIOTask):
 
     name = "deduction"
 
-    def solver_prompt(self, problem: Problem) -> str:
+    def solver_prompt(self, problem: CodeProblem) -> str:
         return prompts.deduction_solver_prompt(problem.program, problem.inputs[0], style=self.style)
 
-    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+    def answer_jobs(self, problem: CodeProblem, answer: str) -> _Prepared:
         gold = problem.outputs[0]
         if self.compat:
             # AZR's fast path ``eval(gold) == eval(agent)`` (it runs in AZR's trainer process; here in the
@@ -568,10 +586,10 @@ class AbductionTask(CodeIOTask):
 
     name = "abduction"
 
-    def solver_prompt(self, problem: Problem) -> str:
+    def solver_prompt(self, problem: CodeProblem) -> str:
         return prompts.abduction_solver_prompt(problem.program, problem.outputs[0], style=self.style)
 
-    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+    def answer_jobs(self, problem: CodeProblem, answer: str) -> _Prepared:
         gold = problem.outputs[0]
         if self.compat:
             return _Prepared(jobs=[self._job(problem.program, f"{gold} == f({answer})")])
@@ -622,14 +640,14 @@ class InductionTask(_AZRTask):
         self._tasks = tasks
         #: Programs handed to :meth:`add_to_buffer` as deduction/abduction problems (after the run's tasks').
         self.programs = ProblemBuffer(
-            [Problem("deduction", IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")],
+            [CodeProblem("deduction", IDENTITY, ["'Hello world'"], ["'Hello world'"], valid=True, proposer="seed")],
             cap=params.buffer_cap,
             eviction=self.buffer.eviction,
         )
 
-    def zero_problems(self) -> list[Problem]:
+    def zero_problems(self) -> list[CodeProblem]:
         return [
-            Problem(
+            CodeProblem(
                 self.name,
                 IDENTITY,
                 list(ZERO_INDUCTION_INPUTS),
@@ -640,11 +658,11 @@ class InductionTask(_AZRTask):
             )
         ]
 
-    def program_pool(self) -> list[Problem]:
+    def program_pool(self) -> list[CodeProblem]:
         """The union AZR samples from: the buffers of the run's deduction/abduction tasks in the order of
         ``tasks`` (seeds included once per buffer, as in AZR), then the programs handed to this task; only
         this task's own program list when there are no such tasks."""
-        pool: list[Problem] = []
+        pool: list[CodeProblem] = []
         for task in (self._tasks or {}).values():
             if isinstance(task, CodeIOTask):
                 pool.extend(task.buffer.items)
@@ -654,7 +672,7 @@ class InductionTask(_AZRTask):
             pool.extend(self.programs.items[self.programs.seed_count :])
         return pool
 
-    def add_to_buffer(self, problems: Sequence[Problem]) -> None:
+    def add_to_buffer(self, problems: Sequence[CodeProblem]) -> None:
         """Induction problems go to the induction buffer; deduction/abduction ones to the program pool."""
         self.buffer.add(p for p in problems if p.task_type == self.name)
         self.programs.add(p for p in problems if p.task_type in ("deduction", "abduction"))
@@ -671,14 +689,14 @@ class InductionTask(_AZRTask):
 
     def parse_proposals(
         self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
-    ) -> list[Problem]:
+    ) -> list[CodeProblem]:
         if len(contexts) != len(completions):
             raise ValueError("induction needs one context (the program) per completion")
-        problems: list[Problem] = []
+        problems: list[CodeProblem] = []
         prepared: list[_Prepared] = []
         for text, ctx, who in zip(completions, contexts, _names(proposer, len(completions)), strict=True):
             program = ctx["program"] if isinstance(ctx, dict) else str(ctx)
-            prob = Problem(self.name, program, [], [], proposer=who)
+            prob = CodeProblem(self.name, program, [], [], proposer=who)
             problems.append(prob)
             prepared.append(self._prepare(prob, text))
         results = self._run_proposals(problems, prepared, completions)
@@ -697,7 +715,7 @@ class InductionTask(_AZRTask):
                 prob.error = prep.error
         return problems
 
-    def _prepare(self, prob: Problem, text: str) -> _Prepared:
+    def _prepare(self, prob: CodeProblem, text: str) -> _Prepared:
         try:
             inputs, message = prompts.parse_induction_proposal(text, self.params.n_inputs, self.style)
         except prompts.ParseError as exc:
@@ -716,19 +734,19 @@ class InductionTask(_AZRTask):
         return _Prepared(jobs=jobs, payload=len(jobs) // len(inputs))
 
     @staticmethod
-    def split(problem: Problem) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    def split(problem: CodeProblem) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """AZR's split: the first half of the pairs is shown, the second half is hidden."""
         pairs = list(zip(problem.inputs, problem.outputs, strict=True))
         half = len(pairs) // 2
         return pairs[:half], pairs[half:]
 
-    def solver_prompt(self, problem: Problem) -> str:
+    def solver_prompt(self, problem: CodeProblem) -> str:
         shown, _ = self.split(problem)
         return prompts.induction_solver_prompt(
             shown, problem.message, style=self.style, max_chars=self.params.compact_max_chars
         )
 
-    def answer_jobs(self, problem: Problem, answer: str) -> _Prepared:
+    def answer_jobs(self, problem: CodeProblem, answer: str) -> _Prepared:
         _, hidden = self.split(problem)
         imports = checks.imports_of(ast.parse(problem.program))
         if self.compat:

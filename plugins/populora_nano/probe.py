@@ -26,9 +26,11 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from populora_azr.problems import CodeProblem, CodeProblemReader
 
 from populora_core.api.components import AdapterRef, GenerationRequest, Problem, SamplingParams
 
@@ -40,18 +42,33 @@ SOLVER_MAX_TOKENS = {"deduction": 64, "abduction": 64, "induction": 160}
 PROPOSER_MAX_TOKENS = 256
 
 
-def load_probe(path: str | Path | None = None) -> list[Problem]:
+def load_probe(path: str | Path | None = None) -> list[CodeProblem]:
     """The probe problems as valid :class:`Problem` objects (JSON lines of Problem fields)."""
     from populora_core.api.errors import UserError
     from populora_core.api.problems import load_problems
 
     path = Path(path) if path is not None else PROBE_FILE
-    problems = load_problems(path)
-    for n, problem in enumerate(problems, 1):
+    problems: list[CodeProblem] = []
+    for n, problem in enumerate(load_problems(path, _EveryType()), 1):
+        assert isinstance(problem, CodeProblem), "_EveryType reads every record as a CodeProblem"
         if problem.task_type not in TASK_TYPES:
             raise UserError(f"probe file {path}, problem {n}: unknown task_type {problem.task_type!r}")
         problem.valid, problem.proposer = True, "probe"
+        problems.append(problem)
     return problems
+
+
+class _EveryType(Mapping[str, Any]):
+    """Reads a record of any task type as an AZR code problem, so :func:`load_probe` names an unknown type itself."""
+
+    def __getitem__(self, task_type: str) -> Any:
+        return CodeProblemReader()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TASK_TYPES)
+
+    def __len__(self) -> int:
+        return len(TASK_TYPES)
 
 
 def use_as_references(tasks: Mapping[str, Any], problems: Sequence[Problem]) -> None:

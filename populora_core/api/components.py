@@ -6,14 +6,16 @@ recipe or a third-party plugin. No torch import here.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .records import (
     DEFAULT_TARGET_MODULES,
     DROPPED,
+    PROBLEM_FIELDS,
     AdapterRef,
     BaseModel,
     Completion,
@@ -30,14 +32,19 @@ from .records import (
     SamplingParams,
     UpdateJob,
     UpdateStats,
+    payload_fields,
+    problem_from_record,
     split_by_cost,
 )
 
 T = TypeVar("T")
+#: A task's own :class:`Problem` subclass (its payload schema): ``Task[MyProblem]`` types a task's members by it.
+ProblemT = TypeVar("ProblemT", bound=Problem)
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
     "DROPPED",
+    "PROBLEM_FIELDS",
     "AdapterRef",
     "BaseModel",
     "Cluster",
@@ -64,7 +71,9 @@ __all__ = [
     "Trainer",
     "UpdateJob",
     "UpdateStats",
+    "payload_fields",
     "per_task",
+    "problem_from_record",
     "split_by_cost",
 ]
 
@@ -192,15 +201,46 @@ class Executor(Protocol):
 
 
 @runtime_checkable
-class Task(Protocol):
+class Task(Protocol[ProblemT]):
     """One task type (AZR: deduction, abduction, induction): prompts, validation, grading, buffer. A task subclasses
-    this class to inherit the defaults of its optional members (``grade_many``, ``proposer_writes_program``,
-    ``proposer_metrics``)."""
+    this class to inherit the defaults of its optional members (``problem_type``, ``load_problem``,
+    ``problem_key``, ``problem_metrics``, ``teacher_metrics``, ``grade_many``, ``proposer_writes_program``,
+    ``proposer_metrics``).
+
+    A task need not be about code: its problems are its own :class:`Problem` subclass (``problem_type``, the
+    payload schema), and the loop reads none of their payload. What it needs of a problem it asks the task: the
+    identity of a problem (``problem_key``), the step's numbers about its proposals (``problem_metrics``,
+    ``teacher_metrics``), and a problem from a file's record (``load_problem``).
+    """
 
     name: str
     #: False for a task whose proposals carry a program the teacher did not write (AZR's induction: from a pool);
     #: those are left out of the teachers' program metrics
     proposer_writes_program: bool = True
+    #: The dataclass of this task's problems: :class:`Problem` plus the task's payload fields, its schema. The
+    #: payload fields are what ``tasks/problems.jsonl`` records of a problem and what a problem file must hold
+    #: (JSON values: strings, numbers, lists, dicts). Default: :class:`Problem`, no payload.
+    problem_type: type[Problem] = Problem
+    #: Keys of ``Problem.metrics`` the loop averages per teacher over the valid problems it wrote, logged as
+    #: ``member/<id>/<key>`` (AZR: ast_depth, cyclomatic, loc); none by default.
+    teacher_metrics: tuple[str, ...] = ()
+
+    def load_problem(self, record: Mapping[str, Any]) -> ProblemT:
+        """A problem of this task from one record of a problem file (seeds, a probe set, a curriculum); raise
+        ``ValueError`` or ``TypeError`` saying why a record does not fit (the caller names the file, line and
+        task). The default builds :attr:`problem_type` from the record's fields, each checked against its type
+        (:func:`~populora_core.api.records.problem_from_record`); a task overrides it to check more."""
+        return problem_from_record(self.problem_type, record)  # type: ignore[return-value]
+
+    def problem_key(self, problem: ProblemT) -> Hashable:
+        """What makes two problems of this task the same problem: seeding keeps one of each, a probe set one of
+        each. The default: the payload, every field the task added to :class:`Problem`."""
+        return json.dumps(payload_fields(problem), sort_keys=True)
+
+    def problem_metrics(self, problems: Sequence[ProblemT]) -> dict[str, Any]:
+        """What the task reports about a step's valid proposals of its type (AZR: mean input length, distinct
+        programs), logged as ``task/<name>/<key>``; nothing by default."""
+        return {}
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:
         """``count`` proposer prompts with their context (references used), drawn from the buffer."""
@@ -208,17 +248,17 @@ class Task(Protocol):
 
     def parse_proposals(
         self, completions: Sequence[str], contexts: Sequence[Any], proposer: Sequence[str]
-    ) -> list[Problem]:
+    ) -> list[ProblemT]:
         """Parse and validate (in the executor) one proposal per completion."""
         ...
 
-    def solver_prompt(self, problem: Problem) -> str: ...
+    def solver_prompt(self, problem: ProblemT) -> str: ...
 
-    def grade(self, problem: Problem, answers: Sequence[str]) -> list[Grade]:
+    def grade(self, problem: ProblemT, answers: Sequence[str]) -> list[Grade]:
         """Check solver answers in the executor; never evaluates model text in this process."""
         ...
 
-    def grade_many(self, items: Sequence[tuple[Problem, Sequence[str]]]) -> list[list[Grade]]:
+    def grade_many(self, items: Sequence[tuple[ProblemT, Sequence[str]]]) -> list[list[Grade]]:
         """The grades of many ``(problem, answers)`` at once, in order: what the loop calls, so a task can check a
         whole step's answers in one executor batch. The default grades one problem at a time."""
         return [self.grade(problem, answers) for problem, answers in items]
@@ -228,13 +268,13 @@ class Task(Protocol):
         ``task/<name>/<key>``; nothing by default."""
         return {}
 
-    def proposer_reward(self, problem: Problem, solve_rate: float | None) -> float:
+    def proposer_reward(self, problem: ProblemT, solve_rate: float | None) -> float:
         """Learnability reward of a proposal from the matched solver's solve rate (None: invalid)."""
         ...
 
-    def add_to_buffer(self, problems: Sequence[Problem]) -> None: ...
+    def add_to_buffer(self, problems: Sequence[ProblemT]) -> None: ...
 
-    def sample_problems(self, count: int, rng: Any) -> list[Problem]:
+    def sample_problems(self, count: int, rng: Any) -> list[ProblemT]:
         """Problems for solver training, recent first (AZR's ``max_new``)."""
         ...
 

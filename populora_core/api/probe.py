@@ -37,16 +37,16 @@ class ProbeTarget:
     role: str
 
 
-def probe_set(path: str, task_names: Sequence[str], per_type: int | None) -> dict[str, list[Problem]]:
-    """The first ``per_type`` distinct problems of each of ``task_names`` in the probe file, in file order
-    (``None``: all of them). Asking more than the file holds of a type is a :class:`UserError` naming
-    ``probe.problems_per_type``: a smaller probe than asked would narrow nothing and say nothing."""
-    problems: dict[str, list[Problem]] = {name: [] for name in task_names}
-    seen: set[tuple[Any, ...]] = set()
-    for record in load_problems(path):
-        bucket = problems.get(record.task_type)
-        key = (record.task_type, record.program, tuple(record.inputs), tuple(record.outputs), record.message)
-        if bucket is not None and key not in seen and (per_type is None or len(bucket) < per_type):
+def probe_set(path: str, tasks: Mapping[str, Task[Any]], per_type: int | None) -> dict[str, list[Problem]]:
+    """The first ``per_type`` distinct problems (by :meth:`Task.problem_key`) of each of ``tasks`` in the probe
+    file, in file order (``None``: all of them). Asking more than the file holds of a type is a :class:`UserError`
+    naming ``probe.problems_per_type``: a smaller probe than asked would narrow nothing and say nothing."""
+    problems: dict[str, list[Problem]] = {name: [] for name in tasks}
+    seen: set[tuple[str, Hashable]] = set()
+    for record in load_problems(path, tasks):
+        bucket = problems[record.task_type]
+        key = (record.task_type, tasks[record.task_type].problem_key(record))
+        if key not in seen and (per_type is None or len(bucket) < per_type):
             seen.add(key)
             bucket.append(record)
     short = {name: len(items) for name, items in problems.items() if per_type is not None and len(items) < per_type}

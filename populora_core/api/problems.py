@@ -1,35 +1,69 @@
-"""Problem records: JSONL files of :class:`Problem` (probe sets, seeds, curricula)."""
+"""Problem records: JSONL files of :class:`Problem` records (probe sets, seeds, curricula).
+
+A record is a JSON object with the problem's ``task_type``, the payload fields of that task's
+:attr:`~populora_core.api.components.Task.problem_type` and, optionally, :class:`Problem`'s own fields (``valid``,
+``proposer``, ...); other keys (a run's ``step``, ``metric_*``) are ignored. The task reads it
+(:meth:`~populora_core.api.components.Task.load_problem`), so each task checks its own schema.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 from .components import Problem
 from .errors import UserError
 from .files import atomic_write_text
 
 
-def load_problems(path: str | Path) -> list[Problem]:
-    """Problems from a JSONL file of Problem records (a probe set, a curriculum); file:line in every error."""
+def _why(exc: Exception) -> str:
+    """A record's fault in one line: pydantic's field-by-field errors without their links, else the exception."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in errors())
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ProblemReader(Protocol):
+    """What reads one task type's records: a :class:`~populora_core.api.components.Task` (its ``load_problem``), or
+    a plugin's reader of its records where no task is built (a probe set read for a model card)."""
+
+    def load_problem(self, record: Mapping[str, Any]) -> Problem: ...
+
+
+def load_problems(path: str | Path, tasks: Mapping[str, ProblemReader]) -> list[Problem]:
+    """The problems of ``tasks``' types in a JSONL file of problem records, in file order; each task reads the
+    records of its type (``Task.load_problem``), records of other types are left out. A record that is not
+    JSON, has no ``task_type`` or does not fit its task's schema is a :class:`UserError` naming the file, the
+    line and the task."""
     file = Path(path)
     try:
         lines = file.read_text().splitlines()
     except OSError as exc:
         raise UserError(f"problem file {file}: {exc}") from None
-    names = {f.name for f in dataclasses.fields(Problem)}
     out = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            problem = Problem(**{k: v for k, v in record.items() if k in names})
-        except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+        except json.JSONDecodeError as exc:
             raise UserError(f"{file}:{i}: not a Problem record ({exc})") from None
-        if not problem.inputs or len(problem.inputs) != len(problem.outputs):
-            raise UserError(f"{file}:{i}: a problem needs as many outputs as inputs, at least one")
+        if not isinstance(record, dict) or not isinstance(record.get("task_type"), str):
+            raise UserError(f"{file}:{i}: not a Problem record (a JSON object with a task_type string)")
+        task = tasks.get(record["task_type"])
+        if task is None:
+            continue
+        try:
+            problem = task.load_problem(record)
+        except (ValueError, TypeError) as exc:
+            raise UserError(
+                f"{file}:{i}: not a Problem record of task {record['task_type']!r} "
+                f"({type(task).__module__}.{type(task).__qualname__}): {_why(exc)}"
+            ) from None
         out.append(problem)
     return out
 

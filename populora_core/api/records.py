@@ -7,13 +7,13 @@ import here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel as Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter
 
 # --- models and adapters --------------------------------------------------------------------------
 
@@ -212,18 +212,55 @@ class ExecJob:
 
 @dataclass
 class Problem:
-    """A proposed problem after parsing and validation (valid or not), with its program metrics."""
+    """A proposed problem after parsing and validation (valid or not): what every task's problems have.
+
+    The task owns the rest, its payload: a task subclasses this dataclass with the fields its prompts and grading
+    read (AZR's code tasks: program, inputs, outputs, message; an arithmetic task: a question and its answer) and
+    names the subclass as :attr:`Task.problem_type <populora_core.api.components.Task.problem_type>`. Only
+    ``task_type`` is positional here, so a subclass's own fields come next in its constructor, before these.
+    The core never reads a payload field: it writes them into ``tasks/problems.jsonl`` and reads them back from
+    problem files through :func:`payload_fields` and the task's ``load_problem``, and asks the task whatever
+    else it needs of a problem (its identity, what a step's proposals looked like).
+    """
 
     task_type: str
-    program: str
-    inputs: list[str]
-    outputs: list[str]
-    message: str = ""
+    _: KW_ONLY
     valid: bool = False
     error: str | None = None  # why it is invalid
     proposer: str = ""  # adapter version name that proposed it
-    metrics: dict[str, Any] = field(default_factory=dict)  # ast_depth, cyclomatic, loc
+    #: numbers the task measured on the problem (AZR: ast_depth, cyclomatic, loc); ``metric_<key>`` in its record
+    metrics: dict[str, Any] = field(default_factory=dict)
     signature: str = ""  # normalised shape hash for problem-space coverage
+
+
+#: The fields of :class:`Problem` itself; a subclass's other fields are its task's payload.
+PROBLEM_FIELDS = tuple(f.name for f in fields(Problem))
+
+
+def payload_fields(problem: Problem) -> dict[str, Any]:
+    """The task-owned fields of ``problem`` (those its :class:`Problem` subclass adds), in declaration order: what
+    its record in ``tasks/problems.jsonl`` holds between the proposer and the validity."""
+    return {f.name: getattr(problem, f.name) for f in fields(problem) if f.name not in PROBLEM_FIELDS}
+
+
+_VALIDATORS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _validator(problem_type: Any) -> TypeAdapter[Any]:
+    """One validator per problem type (building one costs more than a record's validation)."""
+    if problem_type not in _VALIDATORS:
+        _VALIDATORS[problem_type] = TypeAdapter(problem_type)
+    return _VALIDATORS[problem_type]
+
+
+def problem_from_record(problem_type: type[Problem], record: Mapping[str, Any]) -> Problem:
+    """A ``problem_type`` from a JSON record (a line of a problem file or of ``tasks/problems.jsonl``): the fields
+    it declares, each checked against its annotation; keys it does not declare (the step, ``metric_*``) are left
+    out. Raises ``ValueError`` (pydantic's ``ValidationError``) naming each field that is missing or of the wrong
+    type: the record does not fit the task's schema."""
+    names = {f.name for f in fields(problem_type)}
+    problem: Problem = _validator(problem_type).validate_python({k: v for k, v in record.items() if k in names})
+    return problem
 
 
 @dataclass

@@ -88,9 +88,13 @@ class PluginManager:
         spec = importlib.util.spec_from_file_location(f"populora_local_plugin_{file.stem}", file)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        # registered before it runs, as an import would: a dataclass (a task's problem type) looks its module up,
+        # and pickles of its objects (a task's checkpointed buffer) name it
+        sys.modules[spec.name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
+            del sys.modules[spec.name]
             raise UserError(f"plugin file {file} failed to import: {type(exc).__name__}: {exc}") from None
         # a file the user names on the command line is meant to act: a misspelled hook or a wrong signature is an
         # error (exit 2), not the warning an installed plugin gets, or the run would start without it

@@ -2,14 +2,16 @@
 
 Besides rewards, ratings and solve rates, a step reports what its proposals looked like, per task type
 (``task/<name>/...``) and over the teachers (``teacher/...``): proposals cut off by ``propose_max_tokens``
-(finish reason "length"), the mean input length of valid proposals, distinct valid programs, proposer prompt
-lengths in tokens, and ``token_nll``, the mean negative log-probability of the sampled proposal tokens under
+(finish reason "length"), distinct valid problems (by the task's ``problem_key``), proposer prompt lengths in
+tokens, and ``token_nll``, the mean negative log-probability of the sampled proposal tokens under
 the model's raw distribution (the engine's per-token log-probs; engines report no full distributions). At
 temperature 1 and top_p 1 it is an unbiased estimate of the teachers' mean per-token entropy; otherwise the
 cross-entropy of the sampling distribution with the model's.
 
-Two optional task members feed it (:class:`~populora_core.api.components.Task`): ``proposer_writes_program`` and
-``proposer_metrics(contexts)``, logged as ``task/<name>/<key>``.
+Optional task members feed it (:class:`~populora_core.api.components.Task`): ``proposer_writes_program``,
+``proposer_metrics(contexts)`` and ``problem_metrics(problems)``, logged as ``task/<name>/<key>``, and
+``teacher_metrics``, the keys of ``Problem.metrics`` averaged per teacher. The loop reads no problem's payload:
+``tasks/problems.jsonl`` records it as the task's problem type declares it (:func:`problem_records`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from ..api.components import Completion, Match, MatchOutcome, Rollout
+from ..api.components import Completion, Match, MatchOutcome, Rollout, payload_fields
+from ..api.errors import PluginError
 from ..api.population import Population
 from .proposals import Proposal
 
@@ -74,10 +77,6 @@ def _token_nll(completions: Iterable[Completion]) -> float | None:
     return -math.fsum(logprobs) / len(logprobs) if logprobs else None
 
 
-def _input_chars(problem: Any) -> float:
-    return statistics.fmean(len(x) for x in problem.inputs)
-
-
 def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) -> dict[str, Any]:
     """What the step's proposals looked like, per task type and over the teachers (see the module docstring)."""
     m: dict[str, Any] = {}
@@ -94,8 +93,7 @@ def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) ->
         m[f"task/{task_name}/not_generated"] = len(completions) - len(generated)
         m[f"task/{task_name}/cut_off"] = cut
         m[f"task/{task_name}/cut_off_rate"] = cut / len(generated) if generated else None
-        m[f"task/{task_name}/input_chars"] = _mean([_input_chars(p) for p in valid if p.inputs])
-        m[f"task/{task_name}/distinct_programs"] = len({p.program for p in valid})
+        m.update({f"task/{task_name}/{k}": v for k, v in task.problem_metrics(valid).items()})
         m[f"task/{task_name}/distinct_signatures"] = len({p.signature for p in valid if p.signature})
         m[f"task/{task_name}/token_nll"] = _token_nll(generated)
         m[f"task/{task_name}/prompt_tokens"] = _mean(prompt_tokens)
@@ -104,7 +102,9 @@ def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) ->
     generated_all = [p.completion for p in proposals if p.completion is not None and not p.completion.dropped]
     m["teacher/cut_off"] = sum(c.finish_reason == "length" for c in generated_all)
     m["teacher/token_nll"] = _token_nll(generated_all)
-    m["teacher/distinct_programs"] = len({p.problem.program for p in written if p.valid and p.problem is not None})
+    m["teacher/distinct_problems"] = len(
+        {(p.task, tasks[p.task].problem_key(p.problem)) for p in written if p.valid and p.problem is not None}
+    )
     return m
 
 
@@ -121,6 +121,7 @@ def step_metrics(
 ) -> dict[str, Any]:
     """The flat dict of one step: per member, per teacher, per task type, per match, and overall."""
     m: dict[str, Any] = {"step": step, "matches": [[x.teacher, x.student] for x in matches]}
+    teacher_keys = list(dict.fromkeys(key for task in tasks.values() for key in task.teacher_metrics))
     for member in population.members.values():
         prefix = f"member/{member.id}"
         m[f"{prefix}/version"] = member.version
@@ -138,9 +139,9 @@ def step_metrics(
         mine = [p for p in proposals if p.teacher.id == teacher.id]
         valid = [p.problem for p in mine if p.valid and p.problem is not None]
         m[f"member/{teacher.id}/validity"] = len(valid) / len(mine) if mine else None
-        # program metrics of the programs the teacher wrote (AZR: deduction and abduction, not induction)
+        # the tasks' teacher metrics of the problems the teacher wrote (AZR: deduction and abduction, not induction)
         own = [p.problem for p in mine if p.valid and p.problem is not None and writes_program(tasks.get(p.task))]
-        for key in ("ast_depth", "cyclomatic", "loc"):
+        for key in teacher_keys:
             m[f"member/{teacher.id}/{key}"] = _mean([p.metrics[key] for p in own if key in p.metrics])
         m[f"member/{teacher.id}/token_nll"] = _token_nll(
             p.completion for p in mine if p.completion is not None and not p.completion.dropped
@@ -161,32 +162,41 @@ def problem_records(
 ) -> list[dict[str, Any]]:
     """One ``tasks/problems.jsonl`` record per proposal, valid or not (loadable with ``datasets``).
 
-    ``finish_reason`` is the completion's ("length": cut off by ``propose_max_tokens``); ``teacher_program``
-    says whether the teacher wrote the program (False for AZR induction, whose programs come from a pool)."""
+    The problem's payload fields (those its task's :class:`~populora_core.api.components.Problem` subclass adds,
+    in declaration order) come after ``proposer_version``; a payload field may not take the name of a record
+    key (a :class:`~populora_core.api.errors.PluginError`). ``finish_reason`` is the completion's ("length": cut
+    off by ``propose_max_tokens``); ``teacher_program`` says whether the teacher wrote the program (False for AZR
+    induction, whose programs come from a pool)."""
     records = []
     for proposal in proposals:
         p = proposal.problem
         assert p is not None, "problem records are written after validation"
         completion = proposal.completion
-        records.append(
-            {
-                "step": step,
-                "task_type": proposal.task,
-                "proposer": proposal.teacher.id,
-                "proposer_version": p.proposer,
-                "program": p.program,
-                "inputs": p.inputs,
-                "outputs": p.outputs,
-                "message": p.message,
-                "valid": p.valid,
-                "error": p.error or "",
-                "matched_student": student_of[proposal.teacher.id].student,
-                "solve_rate": proposal.solve_rate,
-                "signature": p.signature,
-                "finish_reason": completion.finish_reason if completion is not None else None,
-                "completion_tokens": len(completion.token_ids) if completion is not None else None,
-                "teacher_program": writes_program((tasks or {}).get(proposal.task)),
-                **{f"metric_{k}": v for k, v in p.metrics.items()},
-            }
-        )
+        payload = payload_fields(p)
+        clash = sorted(payload.keys() & RECORD_KEYS)
+        if clash:
+            raise PluginError(
+                f"task {proposal.task!r}: its problem type {type(p).__qualname__} has payload fields named like "
+                f"problem record keys ({', '.join(clash)}); rename them"
+            )
+        head = {"step": step, "task_type": proposal.task, "proposer": proposal.teacher.id}
+        head["proposer_version"] = p.proposer
+        tail = {
+            "valid": p.valid,
+            "error": p.error or "",
+            "matched_student": student_of[proposal.teacher.id].student,
+            "solve_rate": proposal.solve_rate,
+            "signature": p.signature,
+            "finish_reason": completion.finish_reason if completion is not None else None,
+            "completion_tokens": len(completion.token_ids) if completion is not None else None,
+            "teacher_program": writes_program((tasks or {}).get(proposal.task)),
+        }
+        records.append({**head, **payload, **tail, **{f"metric_{k}": v for k, v in p.metrics.items()}})
     return records
+
+
+#: The keys of a problem record besides the payload's and ``metric_*``.
+RECORD_KEYS = frozenset(
+    "step task_type proposer proposer_version valid error matched_student solve_rate signature finish_reason "
+    "completion_tokens teacher_program".split()
+)

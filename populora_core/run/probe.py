@@ -20,7 +20,7 @@ def run_probe_set(c: Components) -> dict[str, list[Problem]]:
     path = cfg.file or c.base_model.probe_path
     if not path:
         raise UserError("probe.enabled is true but probe.file is empty and the base model ships no probe set")
-    return probe_set(path, list(c.tasks), cfg.problems_per_type)
+    return probe_set(path, c.tasks, cfg.problems_per_type)
 
 
 def evaluate(c: Components, students: Sequence[Member], step: int, *, include_base: bool) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ abduction-style seeds into both buffers), and programs are not stripped of comme
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from ..api.components import GenerationRequest, Problem
@@ -29,11 +29,12 @@ def make_seed_problems(
     max_rounds: int = 40,
     on_round: Callable[[int, dict[str, int]], None] | None = None,
 ) -> list[Problem]:
-    """Valid, distinct base-model proposals: ``per_type`` of every task type of the run's components."""
+    """Valid, distinct (by the task's ``problem_key``) base-model proposals: ``per_type`` of every task type of the
+    run's components."""
     if per_type < 1:
         raise UserError(f"seeding: per-type count must be at least 1, got {per_type}")
     found: dict[str, list[Problem]] = {name: [] for name in c.tasks}
-    seen: set[tuple[str, str, tuple[str, ...]]] = set()
+    seen: set[tuple[str, Hashable]] = set()
     cfg = c.recipe.rollout
     for round_ in range(1, max_rounds + 1):
         requests, origin = [], []
@@ -55,7 +56,7 @@ def make_seed_problems(
         )
         fresh: dict[str, list[Problem]] = {name: [] for name in c.tasks}
         for (name, _), problem in zip(origin, problems):
-            key = (name, problem.program, tuple(problem.inputs))
+            key = (name, c.tasks[name].problem_key(problem))
             if problem.valid and key not in seen and len(found[name]) + len(fresh[name]) < per_type:
                 seen.add(key)
                 fresh[name].append(problem)

@@ -24,7 +24,7 @@ def load_seed_problems(c: Components) -> dict[str, int] | None:
     cfg = c.recipe.seeds
     if not cfg.enabled:
         return None
-    problems = load_problems(cfg.file)
+    problems = load_problems(cfg.file, c.tasks)
     counts = {}
     for name, task in c.tasks.items():
         own = [p for p in problems if p.task_type == name and p.valid]
