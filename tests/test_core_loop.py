@@ -154,6 +154,41 @@ def test_hooks_see_a_run_view_whose_population_is_a_copy_and_whose_emit_logs(env
     assert all(m["rating"]["mu"] > -100 for m in members), members
 
 
+def test_before_evolution_sees_the_population_but_cannot_change_the_run_through_it(env, tmp_path):
+    """before_evolution's ``population`` is the view's copy: members, ratings, matches and ages as selection is
+    about to see them; a hookimpl that rewrites it (ratings, readiness, ages, members removed) changes nothing."""
+    from populora_core.api.population import Population
+
+    seen: list[tuple[int, Any, dict[str, Any]]] = []
+
+    class Looks:
+        @hookimpl
+        def before_evolution(self, run, step, population):
+            seen.append((step, population is run.population, population.to_dict()))
+
+    class Meddles:
+        @hookimpl
+        def before_evolution(self, run, step, population):
+            assert isinstance(population, Population) and population is run.population
+            for member in population.members.values():
+                member.rating.mu, member.rating.sigma = -1000.0, 0.001
+                member.counters.matches, member.born_step = 0, 10**6
+            population.members.pop(sorted(population.members)[0])
+
+    looked = _run(_manager(Looks()), tmp_path / "looked")
+    meddled = _run(_manager(Meddles()), tmp_path / "meddled")
+    assert [step for step, _, _ in seen] == [2, 4] and all(same for _, same, _ in seen)
+    for _, _, population in seen:  # what selection reads: roles, ratings moved by play, matches counted, ages
+        members = population["members"]
+        assert sorted(m["role"] for m in members) == ["student", "student", "teacher", "teacher"]
+        assert all(m["counters"]["matches"] > 0 and m["rating"]["mu"] != 25.0 for m in members)
+        assert all(isinstance(m["born_step"], int) for m in members)
+    ids = [sorted(m["id"] for m in population["members"]) for _, _, population in seen]
+    assert ids[0] != ids[1]  # step 2's children are members by step 4
+    for name in ("lineage.jsonl", "members.json"):
+        assert (meddled.path / name).read_bytes() == (looked.path / name).read_bytes(), name
+
+
 def test_start_run_and_resume_run_apply_the_recipes_threads_without_the_cli(env, tmp_path, monkeypatch):
     """``runtime.threads`` is applied by start_run and resume_run themselves: a run started or resumed from Python
     (a benchmark, a notebook) runs on the recipe's thread count, not on whatever the caller's process had."""

@@ -24,6 +24,7 @@ import pluggy
 from ..api.hooks import hookimpl
 
 if TYPE_CHECKING:
+    from ..api.population import Population
     from ..api.runview import RunView
 
 __all__ = ["hookimpl", "hookspec"]
@@ -188,8 +189,10 @@ def on_step_end(run: RunView, step: int, metrics: dict[str, Any]) -> None:
 
 
 @hookspec
-def before_evolution(run: RunView, step: int, population: Any) -> None:
-    """Selection and replacement are about to run on ``population`` (a :class:`Population`)."""
+def before_evolution(run: RunView, step: int, population: Population) -> None:
+    """Selection and replacement of step ``step`` are about to run. ``population`` is ``run.population``: a copy
+    of the members as selection will see them (roles, versions, ``rating``, ``counters.matches``, ``born_step``,
+    lineage); changing it changes nothing in the run, as for every lifecycle hook's ``run``."""
 
 
 @hookspec

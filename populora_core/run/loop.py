@@ -134,7 +134,8 @@ class Run:
 
     def _evolve(self, step: int) -> list[dict[str, Any]]:
         """Selection and replacement per sub-population, between the evolution hooks; returns the lineage records."""
-        self.hook.before_evolution(run=self.view(), step=step, population=self.population)
+        view = self.view()  # observers see a copy: selection reads the run's own population
+        self.hook.before_evolution(run=view, step=step, population=view.population)
         events = evolution.evolve(self.components, self.population, step)
         self.dir.append("lineage.jsonl", events)
         self.emit([{"event": "evolution", **e} for e in events])
