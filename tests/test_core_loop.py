@@ -17,7 +17,7 @@ from populora_core.api.adapters import LoraFactors, LoraWeights
 from populora_core.api.runview import RunView
 from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
-from populora_core.run.loop import execute, start_run
+from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.phases import solve
 from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
@@ -152,6 +152,77 @@ def test_hooks_see_a_run_view_whose_population_is_a_copy_and_whose_emit_logs(env
     assert [r["step"] for r in logged] == [1, 2, 3]
     members = json.loads((directory.path / "members.json").read_text())["members"]
     assert all(m["rating"]["mu"] > -100 for m in members), members
+
+
+def test_before_evolution_sees_the_population_but_cannot_change_the_run_through_it(env, tmp_path):
+    """before_evolution's ``population`` is the view's copy: members, ratings, matches and ages as selection is
+    about to see them; a hookimpl that rewrites it (ratings, readiness, ages, members removed) changes nothing."""
+    from populora_core.api.population import Population
+
+    seen: list[tuple[int, Any, dict[str, Any]]] = []
+
+    class Looks:
+        @hookimpl
+        def before_evolution(self, run, step, population):
+            seen.append((step, population is run.population, population.to_dict()))
+
+    class Meddles:
+        @hookimpl
+        def before_evolution(self, run, step, population):
+            assert isinstance(population, Population) and population is run.population
+            for member in population.members.values():
+                member.rating.mu, member.rating.sigma = -1000.0, 0.001
+                member.counters.matches, member.born_step = 0, 10**6
+            population.members.pop(sorted(population.members)[0])
+
+    looked = _run(_manager(Looks()), tmp_path / "looked")
+    meddled = _run(_manager(Meddles()), tmp_path / "meddled")
+    assert [step for step, _, _ in seen] == [2, 4] and all(same for _, same, _ in seen)
+    for _, _, population in seen:  # what selection reads: roles, ratings moved by play, matches counted, ages
+        members = population["members"]
+        assert sorted(m["role"] for m in members) == ["student", "student", "teacher", "teacher"]
+        assert all(m["counters"]["matches"] > 0 and m["rating"]["mu"] != 25.0 for m in members)
+        assert all(isinstance(m["born_step"], int) for m in members)
+    ids = [sorted(m["id"] for m in population["members"]) for _, _, population in seen]
+    assert ids[0] != ids[1]  # step 2's children are members by step 4
+    for name in ("lineage.jsonl", "members.json"):
+        assert (meddled.path / name).read_bytes() == (looked.path / name).read_bytes(), name
+
+
+def test_start_run_and_resume_run_apply_the_recipes_threads_without_the_cli(env, tmp_path, monkeypatch):
+    """``runtime.threads`` is applied by start_run and resume_run themselves: a run started or resumed from Python
+    (a benchmark, a notebook) runs on the recipe's thread count, not on whatever the caller's process had."""
+    import torch
+
+    before = torch.get_num_threads()
+    threads = 2 if before == 1 else 1  # a count this process does not have already
+    seen: list[tuple[int, int, str, str]] = []
+
+    class Threads:
+        @hookimpl
+        def on_step_start(self, run, step):
+            seen.append((step, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], os.environ["MKL_NUM_THREADS"]))
+
+    def caller_has(count: int) -> None:  # the caller's process before each call: another count
+        torch.set_num_threads(count)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            monkeypatch.setenv(var, str(count))
+
+    pm = _manager(Threads())
+    replaced = rf"runtime.threads={threads}: OMP_NUM_THREADS={before}, MKL_NUM_THREADS={before} in the environment"
+    try:
+        caller_has(before)
+        with pytest.warns(UserWarning, match=replaced):
+            _run(pm, tmp_path / "run", ["steps=2", f"runtime.threads={threads}"])
+        assert seen == [(step, threads, str(threads), str(threads)) for step in (1, 2)]
+        caller_has(before)
+        with pytest.warns(UserWarning, match=replaced):
+            run = resume_run(RunDir(tmp_path / "run"), pm, ("steps=3",))
+        assert torch.get_num_threads() == threads
+        execute(run)
+        assert seen[2:] == [(3, threads, str(threads), str(threads))]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_after_rewards_adjustment_is_what_the_trainer_sees(env, tmp_path):

@@ -344,3 +344,25 @@ def test_a_component_missing_a_protocol_member_is_an_error_naming_it_before_the_
         def sleep(self): ...
 
     assert not Engine().row_seeded and Engine().served_dtype is None and Engine().close() is None
+
+
+def test_plugins_shows_each_operators_parents_as_its_registration_declares():
+    """An operator's arity is stated once, at registration; ``populora plugins`` shows that statement."""
+    from populora_core.api import get_registry
+    from populora_core.api.operators import arity_text, operator_arity
+
+    result = run_cli("plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    listed = {r["name"]: r["operator_parents"] for r in json.loads(result.stdout)}
+    registered = [c for c in get_registry() if c.kind == "operator"]
+    assert {c.name for c in registered} >= {"svd", "gaussian", "extrapolate"}
+    for component in registered:
+        low, high = operator_arity(component)
+        assert listed[component.plugin][component.name] == {
+            "min_parents": low,
+            "max_parents": high,
+            "text": arity_text(component),
+        }
+    assert listed["lora_ops"]["svd"]["text"] == "2 or more" and listed["lora_ops"]["gaussian"]["text"] == "exactly 1"
+    text = run_cli("plugins").stdout
+    assert "operator parents: clone exactly 1, " in text and "extrapolate exactly 2" in text

@@ -130,7 +130,8 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypatch):
-    """The recipe's ``runtime.threads`` reaches torch (and the processes the run starts) without the Makefile."""
+    """The recipe's ``runtime.threads`` reaches torch (and the processes the run starts) without the Makefile
+    (apply_runtime: cpu_isa and threads, as ``populora seed`` applies them; runs apply threads in start_run)."""
     import torch
 
     recipe, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=3"])

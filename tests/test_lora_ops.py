@@ -13,8 +13,10 @@ from populora_lora_ops.merge import dense_merge
 from populora_lora_ops.parents import ZeroDeltaWarning
 from populora_lora_ops.synthetic import trained_like
 
+from populora_core.api import get_registry
 from populora_core.api.adapters import LoraFactors, LoraWeights, load_lora, save_lora
 from populora_core.api.errors import UserError
+from populora_core.api.operators import apply_operator
 
 SHAPES = {
     "base_model.model.model.layers.0.self_attn.q_proj": (48, 48),
@@ -34,6 +36,12 @@ def adapter(seed: int, rank: int = RANK, alpha: float = 12.0, dtype: torch.dtype
 def run(name: str, parents: list[LoraWeights], seed: int = 0, **params: object) -> LoraWeights:
     fn_name, model, _ = OPERATORS[name]
     return getattr(ops, fn_name)(parents, model(**params), torch.Generator().manual_seed(seed))
+
+
+def run_checked(name: str, parents: list[LoraWeights], seed: int = 0, **params: object) -> LoraWeights:
+    """The operator as registered, through the core's checks (what the loop and ``populora evolve`` do)."""
+    component = get_registry().get("operator", name)
+    return apply_operator(component, component.parse_params(dict(params)), parents, seed)
 
 
 def parents_for(name: str) -> list[LoraWeights]:
@@ -482,18 +490,36 @@ def test_mismatched_parents_are_refused(what: str) -> None:
         f = p2.modules[k0]
         p2.modules[k0] = LoraFactors(f.A[:, :10], f.B, f.scale)
         key = "shape"
-    for name in ("svd", "dare", "layerwise"):
+    for name in ("svd", "dare", "layerwise"):  # the core checks the parents against each other
         with pytest.raises(UserError, match=key):
-            run(name, [p1, p2])
+            run_checked(name, [p1, p2])
 
 
-def test_wrong_parent_count_is_a_user_error() -> None:
-    with pytest.raises(UserError, match="exactly 1"):
-        run("gaussian", [adapter(1), adapter(2)])
-    with pytest.raises(UserError, match="two or more"):
-        run("svd", [adapter(1)])
+@pytest.mark.parametrize(
+    "name,count,arity",
+    [
+        ("gaussian", 2, "exactly 1 parent(s), got 2 (registered with min_parents=1, max_parents=1)"),
+        ("clone", 3, "exactly 1 parent(s), got 3 (registered with min_parents=1, max_parents=1)"),
+        ("svd", 1, "2 or more parent(s), got 1 (registered with min_parents=2, max_parents=None)"),
+        ("extrapolate", 3, "exactly 2 parent(s), got 3 (registered with min_parents=2, max_parents=2)"),
+        ("svd_subspace", 1, "exactly 2 parent(s), got 1 (registered with min_parents=2, max_parents=2)"),
+    ],
+)
+def test_wrong_parent_count_is_refused_by_the_core_before_the_operator_runs(name, count, arity, monkeypatch) -> None:
+    """The arity is the registration's alone: the core refuses a wrong count, naming the operator, its plugin and
+    its arity, and the operator's function is never called."""
+    fn_name, _, _ = OPERATORS[name]
+    called: list[int] = []
+    monkeypatch.setattr(ops, fn_name, lambda parents, params, generator: called.append(len(parents)))
+    with pytest.raises(UserError) as err:
+        run_checked(name, [adapter(seed) for seed in range(1, count + 1)])
+    assert str(err.value) == f"operator {name!r} (plugin lora_ops) takes {arity}"
+    assert called == []
+
+
+def test_an_operators_own_parameter_checks_stay_its_own() -> None:
     with pytest.raises(UserError, match="weights has 3"):
-        run("svd", [adapter(1), adapter(2)], weights=[1, 2, 3])
+        run_checked("svd", [adapter(1), adapter(2)], weights=[1, 2, 3])
 
 
 def test_round_trip_through_peft_dir(tmp_path) -> None:

@@ -49,6 +49,7 @@ def test_thirdparty_operator_is_listed_and_evolves(installed, tmp_path) -> None:
     assert row["error"] is None
     assert row["source"] == "populora-example-operator" and row["version"] == "0.1.0"
     assert "operator:scale_delta" in row["components"]
+    assert row["operator_parents"] == {"scale_delta": {"min_parents": 1, "max_parents": 1, "text": "exactly 1"}}
 
     shapes = {f"base_model.model.model.layers.{i}.self_attn.q_proj": (16, 16) for i in range(2)}
     parent = trained_like(shapes, 4, 8.0, seed=1)

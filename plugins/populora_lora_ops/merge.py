@@ -22,7 +22,7 @@ import torch
 from populora_core.api.adapters import LoraFactors, LoraWeights
 
 from . import linalg as la
-from .parents import _refactored, _warn_zero_crossover, check_parents
+from .parents import _refactored, _warn_zero_crossover
 
 #: Entries of delta W per parent in one block of rows: a few hundred kB, so the rebuilt rows, the
 #: merged rows and the sketch GEMM stay in this core's cache.
@@ -228,7 +228,6 @@ def _merge_module(
 def delta_merge(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """Sparsify each parent's delta W (random / magnitude / della), combine, refactor to rank r."""
     op = {"random": "dare", "magnitude": "ties", "della": "della"}[params.method]
-    check_parents(parents, 0, op)
     _warn_zero_crossover(parents, op)
     k = len(parents)
     if params.weights is None:

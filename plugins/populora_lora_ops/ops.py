@@ -27,7 +27,6 @@ from .parents import (
     _refactored,
     _refactored_svd,
     _warn_zero_crossover,
-    check_parents,
     module_generators,
     rand,
     randn,
@@ -54,7 +53,6 @@ def _mutation_input(
     parents: list[LoraWeights], params: Any, gen: torch.Generator, op: str
 ) -> tuple[LoraWeights, set[str]]:
     """The parent, with B = 0 modules given a noise floor (``floor``) or listed to skip (``warn``)."""
-    check_parents(parents, 1, op)
     parent = parents[0]
     names = list(parent.modules)
     zero = [n for n, z in zip(names, la.parallel_map(lambda n: _is_zero(parent.modules[n]), names)) if z]
@@ -167,7 +165,6 @@ def svd_structured(parents: list[LoraWeights], params: Any, generator: torch.Gen
 @la.module_parallel
 def layer_gaussian(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """M2: low-rank Gaussian noise of std eps * std(delta W) on a random fraction of the modules."""
-    check_parents(parents, 1, "layer_gaussian")
     names = list(parents[0].modules)
     m = max(1, round(params.fraction * len(names)))
     chosen = {names[int(i)] for i in torch.randperm(len(names), generator=generator, device=generator.device)[:m]}
@@ -259,7 +256,6 @@ def weighted_lowrank(parents: list[LoraWeights], weights: list[float], params: A
 @la.module_parallel
 def svd_crossover(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """Exact best rank-r approximation of the weighted sum of the parents' delta W."""
-    check_parents(parents, 0, "svd")
     _warn_zero_crossover(parents, "svd")
     return weighted_lowrank(parents, _weights(params.weights, len(parents), "svd"), params)
 
@@ -267,7 +263,6 @@ def svd_crossover(parents: list[LoraWeights], params: Any, generator: torch.Gene
 @la.module_parallel
 def extrapolate(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X4: worse + eta (better - worse), eta ~ U(eta_low, eta_high); parents = [better, worse]."""
-    check_parents(parents, 2, "extrapolate")
     _warn_zero_crossover(parents, "extrapolate")
     eta = params.eta_low + (params.eta_high - params.eta_low) * float(
         torch.rand((), generator=generator, device=generator.device)
@@ -278,7 +273,6 @@ def extrapolate(parents: list[LoraWeights], params: Any, generator: torch.Genera
 @la.module_parallel
 def xes(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X5: mean + step * sum_i z_i (delta W_i - mean) / k, z the parents' fitness z-scores."""
-    check_parents(parents, 0, "xes")
     _warn_zero_crossover(parents, "xes")
     k = len(parents)
     fitness = params.fitness if params.fitness is not None else [float(k - i) for i in range(k)]
@@ -294,7 +288,6 @@ def xes(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> 
 @la.module_parallel
 def svd_subspace(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X3: top-k singular triplets of parent 1's delta W plus the top r - k of parent 2's."""
-    check_parents(parents, 2, "svd_subspace")
     _warn_zero_crossover(parents, "svd_subspace")
     names = list(parents[0].modules)
     fss = [(parents[0].modules[n], parents[1].modules[n]) for n in names]
@@ -325,7 +318,6 @@ def _unit(name: str, granularity: str) -> str:
 @la.module_parallel
 def layerwise(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X2: each module's (or layer's) factors copied unchanged from one parent; each parent used."""
-    check_parents(parents, 0, "layerwise")
     k = len(parents)
     units = list(dict.fromkeys(_unit(n, params.granularity) for n in parents[0].modules))
     if len(units) < k:
@@ -350,5 +342,4 @@ def layerwise(parents: list[LoraWeights], params: Any, generator: torch.Generato
 @la.module_parallel
 def clone(parents: list[LoraWeights], params: Any, generator: torch.Generator) -> LoraWeights:
     """X6: an exact copy (the child is a new member; mutate it for exploit-and-explore PBT)."""
-    check_parents(parents, 1, "clone")
     return parents[0].with_modules({name: _copy(f) for name, f in parents[0].items()})

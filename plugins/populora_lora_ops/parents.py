@@ -1,5 +1,7 @@
-"""What the operators share about their parents: compatibility checks, B = 0 detection, refactoring a result to
-the parents' form, and the seeded draws (one generator per module) every random operator makes."""
+"""What the operators share about their parents: B = 0 detection, refactoring a result to the parents' form, and
+the seeded draws (one generator per module) every random operator makes. The parents' count (each operator's
+registered ``min_parents``/``max_parents``) and compatibility are the core's to check, before an operator runs
+(``populora_core.api.operators.apply_operator``)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from typing import Any
 
 import torch
 
-from populora_core.api.adapters import LoraFactors, LoraWeights, check_compatible
-from populora_core.api.errors import UserError
+from populora_core.api.adapters import LoraFactors, LoraWeights
 
 from . import linalg as la
 
@@ -19,18 +20,6 @@ class ZeroDeltaWarning(UserWarning):
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def check_parents(parents: list[LoraWeights], n: int, op: str) -> None:
-    """``n`` parents exactly (0: two or more), all of one rank, alpha and set of target modules."""
-    if not parents:
-        raise UserError(f"{op}: needs at least one parent")
-    if n == 0 and len(parents) < 2:
-        raise UserError(f"{op}: needs two or more parents, got {len(parents)}")
-    if n > 0 and len(parents) != n:
-        raise UserError(f"{op}: needs exactly {n} parent(s), got {len(parents)}")
-    if len(parents) > 1:
-        check_compatible(parents)
 
 
 def _is_zero(f: LoraFactors) -> bool:

@@ -51,7 +51,10 @@ def apply_operator(component: Component, params: Params, parents: list[LoraWeigh
 
     low, high = operator_arity(component)
     if len(parents) < low or (high is not None and len(parents) > high):
-        raise UserError(f"operator {component.name!r} takes {arity_text(component)} parent(s), got {len(parents)}")
+        raise UserError(
+            f"operator {component.name!r} (plugin {component.plugin}) takes {arity_text(component)} parent(s), "
+            f"got {len(parents)} (registered with min_parents={low}, max_parents={high})"
+        )
     check_compatible(parents)
     child = component.factory(parents, params, torch.Generator().manual_seed(int(seed)))
     check_child(component, parents[0], child)

@@ -1,15 +1,18 @@
 """Process settings a recipe asks for that must be in place before torch loads (the ``runtime`` section), and the
 one owner of torch's thread count: no component calls ``torch.set_num_threads`` (a test scans for it).
 
-``threads`` is set once at start, as ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (read when torch loads; children
-inherit them). :func:`set_torch_threads` is for a process the core does not start (a Ray worker);
-:func:`torch_threads` scopes a section that must run torch on fewer threads (an operator's per-module threads).
+``threads`` is set once, by ``start_run``/``resume_run`` (:func:`apply_threads`), whoever starts the run (the
+``populora`` command, a benchmark, a notebook): as ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (read when torch loads;
+children inherit them) and in torch itself where it is already imported. :func:`set_torch_threads` is for a
+process the core does not start (a Ray worker); :func:`torch_threads` scopes a section that must run torch on
+fewer threads (an operator's per-module threads).
 
 ``cpu_isa: avx2`` makes a seed's run reproduce across x86 CPUs: torch's vectorized kernels, MKL's GEMMs and
 oneDNN take their AVX2 code paths even where the CPU has AVX-512, so an AVX-512 box computes what an AVX2 box
 computes (MKL's conditional numerical reproducibility, ``MKL_CBWR``, is documented for exactly this). The
-variables are read once, when the libraries first dispatch, so the ``populora`` command sets them before it
-imports anything that imports torch; Ray workers and other child processes inherit them.
+variables are read once, when the libraries first dispatch, so the ``populora`` command sets them
+(:func:`apply_cpu_isa`) before it imports anything that imports torch; Ray workers and other child processes
+inherit them. A Python caller that imported torch first cannot have them (set them before importing torch).
 """
 
 from __future__ import annotations
@@ -59,10 +62,14 @@ def default_allocator() -> dict[str, str]:
 
 def runtime_env(section: Any) -> dict[str, str]:
     """The environment variables a ``runtime`` section sets."""
-    env = dict(CPU_ISA_ENV[section.cpu_isa])
-    if section.threads is not None:
-        env.update(OMP_NUM_THREADS=str(section.threads), MKL_NUM_THREADS=str(section.threads))
-    return env
+    return {**CPU_ISA_ENV[section.cpu_isa], **threads_env(section)}
+
+
+def threads_env(section: Any) -> dict[str, str]:
+    """The thread variables of a ``runtime`` section (none where ``threads`` is None: the environment decides)."""
+    if section.threads is None:
+        return {}
+    return {"OMP_NUM_THREADS": str(section.threads), "MKL_NUM_THREADS": str(section.threads)}
 
 
 def set_torch_threads(threads: int) -> None:
@@ -86,34 +93,48 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 
 def apply_runtime(section: Any) -> dict[str, str]:
-    """Set the section's variables in ``os.environ`` (children inherit them); returns what it set.
+    """:func:`apply_cpu_isa` then :func:`apply_threads` (a command that starts no run: ``populora seed``)."""
+    return {**apply_cpu_isa(section, stacklevel=4), **apply_threads(section, stacklevel=4)}
+
+
+def apply_cpu_isa(section: Any, *, stacklevel: int = 3) -> dict[str, str]:
+    """Set the section's ``cpu_isa`` variables in ``os.environ`` (children inherit them); returns what it set.
 
     Where torch is already imported in this process its kernels may have dispatched already, so ``cpu_isa`` is not
-    set (a warning says so): this process and the workers it starts keep the same code paths; ``threads`` then
-    goes to torch directly. A variable that already held another value is replaced (the recipe wins), with a
-    warning naming the setting.
+    set (a warning says so): this process and the workers it starts keep the same code paths. A variable that
+    already held another value is replaced (the recipe wins), with a warning naming the setting.
     """
-    env = runtime_env(section)
-    if "torch" in sys.modules:
-        if section.cpu_isa != "native":
-            warnings.warn(
-                f"runtime.cpu_isa={section.cpu_isa} cannot apply: torch is already imported in this process "
-                "(set it before torch loads); the CPU's native code paths are used",
-                stacklevel=3,
-            )
-            env = {k: v for k, v in env.items() if k not in CPU_ISA_ENV[section.cpu_isa]}
-        if section.threads is not None:
-            set_torch_threads(section.threads)
-    replaced: dict[str, list[str]] = {}
-    for key, value in env.items():
-        old = os.environ.get(key)
-        if old is not None and old != value:
-            setting = "threads" if key.endswith("_NUM_THREADS") else "cpu_isa"
-            replaced.setdefault(setting, []).append(f"{key}={old}")
-        os.environ[key] = value
-    for setting, olds in replaced.items():
+    env = dict(CPU_ISA_ENV[section.cpu_isa])
+    if env and "torch" in sys.modules:
+        warnings.warn(
+            f"runtime.cpu_isa={section.cpu_isa} cannot apply: torch is already imported in this process "
+            "(set it before torch loads); the CPU's native code paths are used",
+            stacklevel=stacklevel,
+        )
+        return {}
+    _set_env(section, "cpu_isa", env, stacklevel + 1)
+    return env
+
+
+def apply_threads(section: Any, *, stacklevel: int = 3) -> dict[str, str]:
+    """The section's ``threads``: ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in ``os.environ`` (read when torch loads;
+    the processes the run starts inherit them), and torch's own count where torch is already imported; returns
+    the variables it set (none where ``threads`` is None). ``start_run`` and ``resume_run`` call it first, so a
+    run uses the recipe's thread count whoever starts it. A variable that held another value is replaced (the
+    recipe wins), with a warning naming the setting."""
+    env = threads_env(section)
+    if env and "torch" in sys.modules:
+        set_torch_threads(section.threads)
+    _set_env(section, "threads", env, stacklevel + 1)
+    return env
+
+
+def _set_env(section: Any, setting: str, env: dict[str, str], stacklevel: int) -> None:
+    olds = [f"{key}={os.environ[key]}" for key, value in env.items() if os.environ.get(key, value) != value]
+    os.environ.update(env)
+    if olds:
         value = getattr(section, setting)
         warnings.warn(
-            f"runtime.{setting}={value}: {', '.join(olds)} in the environment replaced (the recipe wins)", stacklevel=3
+            f"runtime.{setting}={value}: {', '.join(olds)} in the environment replaced (the recipe wins)",
+            stacklevel=stacklevel,
         )
-    return env

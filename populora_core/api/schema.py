@@ -211,7 +211,8 @@ class EvalSection(_Strict):
 
 
 class RuntimeSection(_Strict):
-    """Process settings applied by the ``populora`` command before torch loads (populora_core/api/runtime.py)."""
+    """Process settings (populora_core/api/runtime.py): ``cpu_isa`` applied by the ``populora`` command before torch
+    loads, ``threads`` by ``start_run``/``resume_run`` (a run started from Python gets it too)."""
 
     cpu_isa: Literal["native", "avx2"] = Field(
         "native",

@@ -124,12 +124,17 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
     return load_recipe(recipe, list(overrides), manager.registry)
 
 
-def _apply_runtime(section: Any) -> None:
-    """The recipe's ``runtime`` section (CPU kernel paths) and the CUDA allocator's default (expandable segments)
-    into the environment, before anything imports torch."""
-    from ..api.runtime import apply_runtime, default_allocator
+def _apply_runtime(section: Any, *, run: bool = True) -> None:
+    """The recipe's CPU kernel paths (``runtime.cpu_isa``) and the CUDA allocator's default (expandable segments)
+    into the environment, before anything imports torch. ``runtime.threads`` is ``start_run``'s and
+    ``resume_run``'s to apply (a run from Python gets it too); a command that starts no run (``run=False``:
+    ``populora seed``) applies it here."""
+    from ..api.runtime import apply_cpu_isa, apply_runtime, default_allocator
 
-    apply_runtime(section)
+    if run:
+        apply_cpu_isa(section)
+    else:
+        apply_runtime(section)
     default_allocator()
 
 
@@ -261,7 +266,7 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     import tempfile
 
     model, _ = _load_recipe(manager, recipe, overrides)
-    _apply_runtime(model.runtime)
+    _apply_runtime(model.runtime, run=False)
     from ..api.problems import write_problems
     from ..run.assembly import build_components
     from ..run.run_dir import RunDir

@@ -39,19 +39,35 @@ def completion(shell: str) -> None:
     click.echo(completer(root, {}, "populora", "_POPULORA_COMPLETE").source())
 
 
+def _arity(component: Any) -> dict[str, Any]:
+    """An operator's registered arity (``min_parents``, ``max_parents``, as text), or what is wrong with it."""
+    from ..api.errors import PluginError
+    from ..api.operators import arity_text, operator_arity
+
+    try:
+        low, high = operator_arity(component)
+    except PluginError as exc:
+        return {"min_parents": None, "max_parents": None, "text": f"(not usable: {exc})"}
+    return {"min_parents": low, "max_parents": high, "text": arity_text(component)}
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def plugins(manager: Any, as_json: bool) -> None:
-    """List installed plugins, their hooks, components and load errors.
+    """List installed plugins, their hooks, components (each operator's parents as it registered them) and load
+    errors.
 
     \b
       populora plugins
       populora --plugin my_reward.py plugins --json
     """
     by_plugin: dict[str, list[str]] = {}
+    parents: dict[str, dict[str, dict[str, Any]]] = {}  # plugin -> operator -> its registered arity
     for comp in manager.registry:
         by_plugin.setdefault(comp.plugin, []).append(f"{comp.kind}:{comp.name}")
+        if comp.kind == "operator":
+            parents.setdefault(comp.plugin, {})[comp.name] = _arity(comp)
     rows = [
         {
             "name": p.name,
@@ -59,6 +75,7 @@ def plugins(manager: Any, as_json: bool) -> None:
             "version": p.version,
             "hooks": p.hooks,
             "components": by_plugin.get(p.name, []),
+            "operator_parents": parents.get(p.name, {}),
             "error": p.error,
         }
         for p in sorted(manager.plugins.values(), key=lambda p: p.name)
@@ -73,6 +90,9 @@ def plugins(manager: Any, as_json: bool) -> None:
             click.echo(f"    error: {row['error']}")
         if row["components"]:
             click.echo(f"    components: {', '.join(row['components'])}")
+        if row["operator_parents"]:
+            arities = (f"{name} {arity['text']}" for name, arity in row["operator_parents"].items())
+            click.echo(f"    operator parents: {', '.join(arities)}")
         if row["hooks"]:
             click.echo(f"    hooks: {', '.join(row['hooks'])}")
 

@@ -24,6 +24,7 @@ import pluggy
 from ..api.hooks import hookimpl
 
 if TYPE_CHECKING:
+    from ..api.population import Population
     from ..api.runview import RunView
 
 __all__ = ["hookimpl", "hookspec"]
@@ -103,7 +104,9 @@ def register_operators(register: Any) -> None:
     Declare the arity as meta: ``register("svd", fn, params=P, min_parents=2, max_parents=None)``
     (``max_parents=None``: no upper bound; a mutation is ``min_parents=1, max_parents=1``). The loop and
     ``populora evolve`` make children through :func:`populora_core.api.operators.apply_operator`, which checks
-    the parents' count and refuses a child that changes rank, alpha, target modules or shapes.
+    the parents' count against this declaration and their compatibility before the operator runs (so an operator
+    does not check them again; the declaration is its arity's one statement, listed by ``populora plugins``), and
+    refuses a child that changes rank, alpha, target modules or shapes.
     """
 
 
@@ -188,8 +191,10 @@ def on_step_end(run: RunView, step: int, metrics: dict[str, Any]) -> None:
 
 
 @hookspec
-def before_evolution(run: RunView, step: int, population: Any) -> None:
-    """Selection and replacement are about to run on ``population`` (a :class:`Population`)."""
+def before_evolution(run: RunView, step: int, population: Population) -> None:
+    """Selection and replacement of step ``step`` are about to run. ``population`` is ``run.population``: a copy
+    of the members as selection will see them (roles, versions, ``rating``, ``counters.matches``, ``born_step``,
+    lineage); changing it changes nothing in the run, as for every lifecycle hook's ``run``."""
 
 
 @hookspec

@@ -20,6 +20,7 @@ from ..api.components import BaseModel
 from ..api.errors import UserError
 from ..api.population import Population
 from ..api.probe import OUTCOMES
+from ..api.runtime import apply_threads
 from ..api.runview import RunView
 from ..api.schema import Recipe
 from ..plugin.manager import PluginManager
@@ -133,7 +134,8 @@ class Run:
 
     def _evolve(self, step: int) -> list[dict[str, Any]]:
         """Selection and replacement per sub-population, between the evolution hooks; returns the lineage records."""
-        self.hook.before_evolution(run=self.view(), step=step, population=self.population)
+        view = self.view()  # observers see a copy: selection reads the run's own population
+        self.hook.before_evolution(run=view, step=step, population=view.population)
         events = evolution.evolve(self.components, self.population, step)
         self.dir.append("lineage.jsonl", events)
         self.emit([{"event": "evolution", **e} for e in events])
@@ -162,6 +164,13 @@ class Run:
 
 
 def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
+    """A new run in ``run_dir``, initialised and ready for :func:`execute`.
+
+    The recipe's ``runtime.threads`` is applied first (:func:`populora_core.api.runtime.apply_threads`), for
+    this process and the processes the run starts, whoever calls it; ``runtime.cpu_isa`` must be in place before
+    torch loads, which is the caller's (the ``populora`` command sets it before importing torch).
+    """
+    apply_threads(recipe.runtime)
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
     run_dir.create(resolved)
     run: Run | None = None
@@ -202,7 +211,8 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     the components run never changes what a run computes. ``steps=N`` extends the run to N steps: the steps
     after its last are what a run planned for N steps from the start computes (adapters, lineage, problems),
     the last step's evolution included, which a run leaves out at its final step. Nothing else may change; the
-    new values are written to the run's recipe once the run is built.
+    new values are written to the run's recipe once the run is built. The recipe's ``runtime.threads`` is
+    applied as :func:`start_run` applies it.
     """
     from ..recipe.overrides import apply_overrides
     from ..recipe.validate import parse_recipe
@@ -215,6 +225,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
     done = point.step
     check_resume_steps(recipe.steps, done)
+    apply_threads(recipe.runtime)  # as start_run: the recorded recipe's thread count, whoever resumes it
     run_dir.lock()
     try:
         run = Run(recipe, run_dir, manager, resume_step=done)
