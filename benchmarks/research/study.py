@@ -1,11 +1,11 @@
 """Study: population vs the compute-matched single agent on the nano model, over several seeds.
 
-    python -m benchmarks.study                            # seeds 0 1 2, nano_study.yaml vs nano_single_agent.yaml
-    python -m benchmarks.study --recipe long --seeds 0 1 2  # the 120-step recipes (nano_long*.yaml, 4T-4S)
-    python -m benchmarks.study --seeds 0 --quick          # one seed, a few steps
-    python -m benchmarks.study --smoke                    # seed 0, 1 step, tiny probe, into a temp dir (CI)
-    python -m benchmarks.study --out runs/ablate-x KEY=VALUE ...  # an ablation: overrides applied to both arms
-    python -m benchmarks.study --compare runs/study runs/ablate-x  # what the ablation moved, paired by seed
+    python -m benchmarks.research.study                        # seeds 0 1 2, nano_study.yaml vs nano_single_agent.yaml
+    python -m benchmarks.research.study --recipe long --seeds 0 1 2  # the 120-step recipes (nano_long*.yaml, 4T-4S)
+    python -m benchmarks.research.study --seeds 0 --quick        # one seed, a few steps
+    python -m benchmarks.research.study --smoke                  # seed 0, 1 step, tiny probe, into a temp dir (CI)
+    python -m benchmarks.research.study --out runs/ablate-x KEY=VALUE ...  # an ablation: overrides applied to both arms
+    python -m benchmarks.research.study --compare runs/study runs/ablate-x  # what the ablation moved, paired by seed
 
 For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types), two
 runs at a time (``--parallel``: one core each on the 2-core box); a run that was interrupted is resumed
@@ -44,7 +44,7 @@ from populora_report.summary import paired_gain_interval, paired_gain_mde
 
 from populora_core.api.probe import cluster_bootstrap, cluster_mde
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POPULORA = str(Path(sys.executable).parent / "populora")
 RECIPES = {  # --recipe: (population, single agent)
     "short": ("nano_study.yaml", "nano_single_agent.yaml"),

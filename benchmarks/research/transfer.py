@@ -1,16 +1,17 @@
 """Transfer: does a student trained on N distinct problems get better on problems it never saw?
 
-    python -m benchmarks.transfer                     # recipes/nano.yaml; N = 18 / 72 / 288 / 1152, 64 steps each
-    python -m benchmarks.transfer --quick             # 2 steps, tiny pools and held-out set (CI)
-    python -m benchmarks.transfer 'tasks=[{name: induction, params: {style: compact}}]' --samples 12 --sizes 288
+    python -m benchmarks.research.transfer                  # recipes/nano.yaml; N = 18 / 72 / 288 / 1152, 64 steps each
+    python -m benchmarks.research.transfer --quick          # 2 steps, tiny pools and held-out set (CI)
+    python -m benchmarks.research.transfer 'tasks=[{name: induction, params: {style: compact}}]' \\
+        --samples 12 --sizes 288
         # recipe overrides come first: one task type alone, 12 answers a problem, one arm
 
 Why: self-play can only help a student beyond the problems it is handed if what it learns on some problems carries
 over to others. This benchmark removes the teachers and measures that directly. One arm per pool size N: a student
-of the recipe (its engine, trainer, tasks, sampling and update sizes) trained on N distinct problems drawn from
-nano's corpus generator (`populora_nano.corpus`, N split evenly over the recipe's task types, the shipped probe's
-programs excluded), every arm at the same compute: ``--steps`` updates of ``rollout.proposals_per_teacher``
-problems per task type x ``--samples`` answers each (the pool is cycled, each problem equally often). Then
+of the recipe (its engine, trainer, tasks, sampling and update sizes) trained on N distinct problems drawn from nano's
+corpus generator (`benchmarks.research.nano.corpus`, N split evenly over the recipe's task types, the shipped probe's
+programs excluded), every arm at the same compute: ``--steps`` updates of ``rollout.proposals_per_teacher`` problems per
+task type x ``--samples`` answers each (the pool is cycled, each problem equally often). Then
 per-sample accuracy (``--k`` answers at the recipe's temperature) on ``--heldout`` problems per task type whose
 programs are in no pool, against the same for the base (the adapters' step 0), with a 95 % bootstrap interval over
 held-out problems as units (resampled within task types) and the minimum detectable effect of that design (80 %
@@ -40,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASK_TYPES = ("deduction", "abduction", "induction")
 
 
@@ -66,8 +67,7 @@ def draw_problems(
     """Problem sets with ``per_type[i]`` problems of each of ``types`` each, no program shared by two problems
     (across sets too), none in ``exclude``; programs of at most ``max_steps`` steps when given. Also each
     program's number of steps."""
-    import populora_nano.corpus as corpus
-
+    import benchmarks.research.nano.corpus as corpus
     from populora_core.api.components import Problem
 
     need = 3 * sum(per_type)
@@ -182,8 +182,9 @@ class SupervisedArm:
         """One AdamW step on the problems' gold answers (cross-entropy on answer and EOS tokens); its loss."""
         import torch
         from populora_azr.prompts import format_solver_answer
-        from populora_nano.corpus import Example
-        from populora_nano.make_model import encode
+
+        from benchmarks.research.nano.corpus import Example
+        from benchmarks.research.nano.make_model import encode
 
         examples = [Example(t, c.tasks[t].solver_prompt(p), format_solver_answer(t, GOLD[t](p))) for t, p in problems]
         rows = encode(self.tokenizer, examples, self.model.config.max_position_embeddings)

@@ -1,4 +1,4 @@
-"""``benchmarks.gpu_smoke``'s checks can fail, and a failed one fails the run: with two identical adapters the
+"""``benchmarks.gpu.smoke``'s checks can fail, and a failed one fails the run: with two identical adapters the
 "different greedy tokens" check fails, the last line names it, and the process exits 1. The run is
 ``--trainer-only`` in a fresh interpreter, which also shows that mode never imports vLLM (test_benchmarks.py runs
 every check passing, at the same shapes, in ``--smoke`` and ``--smoke --vllm``)."""
@@ -20,7 +20,7 @@ from tests.cli_helpers import REPO
 @pytest.mark.slow
 def test_identical_adapters_fail_their_check_and_the_run_exits_1():
     code = (
-        "import sys; import benchmarks.gpu_smoke as smoke; smoke.ADAPTER_SEEDS = (1, 1); "
+        "import sys; import benchmarks.gpu.smoke as smoke; smoke.ADAPTER_SEEDS = (1, 1); "
         "sys.exit(smoke.main(['--smoke', '--trainer-only']))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -43,7 +43,7 @@ def _gpu(name, free):
 def test_the_smoke_picks_one_gpu_before_cuda_starts():
     """Several GPUs visible: the one with the most free memory (nvidia-smi's PCI order, which CUDA then follows),
     or the first that CUDA_VISIBLE_DEVICES names; one GPU, or one named: left alone."""
-    from benchmarks.gpu_smoke import one_gpu
+    from benchmarks.gpu.smoke import one_gpu
 
     gpus = [_gpu("H200", 1000), _gpu("H200", 140000), _gpu("H200", 9000)]
     env: dict[str, str] = {}
@@ -61,7 +61,7 @@ def test_cuda_visible_devices_naming_no_gpu_is_exit_2_naming_it(monkeypatch, cap
     the variable and its value named; --device cuda without any GPU: exit 2 too."""
     import torch
 
-    import benchmarks.gpu_smoke as smoke
+    import benchmarks.gpu.smoke as smoke
     from populora_core.cli import doctor
 
     monkeypatch.setattr(doctor, "nvidia_smi", lambda: ("550.0", [_gpu("H200", 140000)]))
@@ -80,7 +80,7 @@ def test_a_raising_run_is_a_fail_line_and_vllm_loads_once_the_base_is_released(m
     """A population run that raises is a failed check with its error in the last line (the smoke goes on and
     exits 1), as is a vLLM check that raises; when the vLLM engine is built no model host (base model) is alive
     any more: the hf engine's and the trainer's are gone. vLLM is a fake here (its checks all fail)."""
-    import benchmarks.gpu_smoke as smoke
+    import benchmarks.gpu.smoke as smoke
     from populora_core.plugin.manager import get_manager
 
     registry = get_manager().registry
@@ -127,7 +127,7 @@ def test_a_raising_run_is_a_fail_line_and_vllm_loads_once_the_base_is_released(m
 def test_at_the_7b_shape_the_activation_term_is_held_to_the_band_too():
     """--full-shape: a peak the whole trainer side plans within the band can still fail on the activation term
     alone (the rest of the plan's terms taken as planned); the default shape reports it without failing."""
-    from benchmarks._gpu_checks import against_plan
+    from benchmarks.gpu.checks import against_plan
 
     side_ok = {"side": 90e6, "activations": 30e6}  # 0.9 of the measured 100 MB, but 30 planned for 40 measured
     assert against_plan(100e6, {**side_ok, "check_activations": False})["passed"]
@@ -146,7 +146,7 @@ def test_the_trainer_check_reports_the_reserved_peak_beside_the_allocated_one_on
 
     import torch
 
-    from benchmarks._gpu_checks import trainer_check
+    from benchmarks.gpu.checks import trainer_check
     from populora_core.api.components import LoraSettings, UpdateStats
 
     allocated = iter([1_000_000_000])  # before the update

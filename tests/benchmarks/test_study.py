@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.study import main, paired_gain_interval, summarize
+from benchmarks.research.study import main, paired_gain_interval, summarize
 from tests.synthetic_runs import write_run
 
 
@@ -148,7 +148,7 @@ def test_pooled_differences_resample_problems_with_the_seeds_nested():
     """Two seeds, two problems: in both seeds the best student wins problem 0 and ties problem 1, and the
     population's mean student beats the single agent the same way. Problems are the unit: the resamples
     are {0, 0}, {0, 1}, {1, 1}, so the 95 % interval is [0, +1], not the pooled four (seed, problem) pairs'."""
-    from benchmarks.study import problem_level
+    from benchmarks.research.study import problem_level
 
     def arm(students):
         return {"problems": {"base": {"greedy": [0.0, 0.0]}, "strata": ["a", "a"], **students}}

@@ -11,8 +11,8 @@ import pytest
 from populora_core import UserError, get_registry
 from tests.cli_helpers import run_cli
 
-RECIPE = Path(__file__).parent / "recipes" / "fake_2t2s.yaml"
-FAKE = str(Path(__file__).parent / "fake_stack.py")
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "fake_2t2s.yaml"
+FAKE = str(Path(__file__).resolve().parents[1] / "fake_stack.py")
 
 
 def _cache_with(hub: Path, repo_id: str, model_dir: Path) -> Path:

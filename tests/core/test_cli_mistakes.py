@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli_helpers import kill_inside_step, run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 

@@ -18,7 +18,7 @@ from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import as_if_killed_after
-from tests.test_core_loop import FAKE, RECIPE, _manager
+from tests.core.test_core_loop import FAKE, RECIPE, _manager
 
 
 @pytest.fixture()

@@ -18,8 +18,8 @@ from populora_core.plugin import hookspecs
 from populora_core.plugin.manager import PluginManager
 from populora_core.plugin.registry import KINDS
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 STEPS = 3  # evolution every 2 steps: one evolution, at step 2
 
 

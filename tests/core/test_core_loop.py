@@ -22,7 +22,7 @@ from populora_core.run.phases import solve
 from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 

@@ -16,7 +16,7 @@ from populora_core.api.errors import PluginError
 from populora_core.plugin.manager import PluginLoadWarning, PluginManager
 from tests.cli_helpers import REPO, pip_install_target, run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from populora_core.recipe.overrides import apply_overrides
 from populora_core.recipe.validate import load_recipe
 from tests.cli_helpers import run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
 
 
@@ -271,7 +271,7 @@ def test_the_recipe_keys_page_is_current_and_documents_every_key():
     from populora_core.plugin.manager import get_manager
     from populora_core.recipe.keys import builtin_plugins, model_keys, reference_markdown
 
-    page = Path(__file__).resolve().parents[1] / "docs" / "recipe-keys.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "recipe-keys.md"
     expected = reference_markdown(get_manager().registry, builtin_plugins())
     assert page.read_text() == expected, "docs/recipe-keys.md is stale: run python -m populora_core.recipe.keys"
     assert {"engines", "trl", "azr", "lora_ops"} <= builtin_plugins()

@@ -8,7 +8,7 @@ x86 machine with AVX2 that runs the suite checks that it reproduces them.
 The values change with any change to what a step computes (the loop, prompts, sampling, the trainer). Re-pin
 them after such a change, on any x86 machine, with::
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m tests.test_cross_cpu   # prints PINNED_ADAPTERS to paste below
+    OMP_NUM_THREADS=1 .venv/bin/python -m tests.core.test_cross_cpu   # prints PINNED_ADAPTERS to paste below
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests.cli_helpers import REPO, run_cli
 #: the pinned run: recipes/nano.yaml (runtime.cpu_isa: avx2) with these overrides, one torch thread
 RECIPE = REPO / "recipes" / "nano.yaml"
 OVERRIDES = ("seed=0", "steps=2", "probe.enabled=false")
-#: adapter version -> sha256 of its adapter_model.safetensors, from `python -m tests.test_cross_cpu`
+#: adapter version -> sha256 of its adapter_model.safetensors, from `python -m tests.core.test_cross_cpu`
 PINNED_ADAPTERS: dict[str, str] = {
     "s0@v0": "c76809e946a6c4a37bd8179a0311da07eb9c7227951f431bcafb325328515869",
     "s0@v1": "a682c40e5119f0ec876349ea53fc50d435c5803d7d271b984f88f2b44a96d39d",
@@ -88,7 +88,7 @@ def test_cross_cpu_seed_reproduces_pinned_adapters(tmp_path):
     assert yaml.safe_load((run_dir / "recipe.yaml").read_text())["runtime"] == {"cpu_isa": "avx2", "threads": 1}
     assert hashes == PINNED_ADAPTERS, (
         "this CPU does not reproduce the pinned seed-0 run (or a change altered what a step computes: "
-        "re-pin with `python -m tests.test_cross_cpu`)"
+        "re-pin with `python -m tests.core.test_cross_cpu`)"
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 

@@ -16,7 +16,7 @@ import pytest
 import populora_core
 from populora_core.api.runview import RunView
 
-PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 CORE = Path(populora_core.__file__).parent
 API = "populora_core.api"
 
@@ -284,12 +284,14 @@ def run_reads_beyond_the_view(source: str) -> list[tuple[int, str]]:
     return bad
 
 
+TESTS = Path(__file__).resolve().parents[1]
 HOOK_SOURCES = [
     *PLUGINS.rglob("*.py"),
-    *Path(__file__).parent.glob("*plugin*.py"),
-    *Path(__file__).parent.glob("*_stack.py"),
+    *TESTS.glob("*plugin*.py"),
+    *TESTS.glob("*/test_*plugin*.py"),  # tests/core/test_core_plugins.py's hookimpls
+    *TESTS.glob("*_stack.py"),
 ]
-HOOK_SOURCES += list(Path(__file__).parent.glob("thirdparty_*/**/*.py"))
+HOOK_SOURCES += list(TESTS.glob("thirdparty_*/**/*.py"))
 
 
 @pytest.mark.parametrize("file", sorted(HOOK_SOURCES), ids=lambda p: str(p.relative_to(PLUGINS.parent)))

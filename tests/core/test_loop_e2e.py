@@ -12,7 +12,7 @@ import pytest
 from tests.cli_helpers import POPULORA, REPO, kill_inside_step
 
 pytestmark = pytest.mark.slow
-RECIPE = str(Path(__file__).parent / "recipes" / "tiny_real_2t2s.yaml")
+RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_real_2t2s.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from populora_core.api import schema
 from populora_core.plugin.manager import get_manager
 
-PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 
 
 def _defaulted(model: type[BaseModel]) -> set[str]:

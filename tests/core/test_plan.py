@@ -316,7 +316,7 @@ def _measure_child(work: str) -> None:
 def test_planned_trainer_side_matches_the_measured_cpu_peak(tmp_path, manager):
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux /proc/self/clear_refs to reset the peak RSS")
-    code = f"from tests.test_plan import _measure_child; _measure_child({str(tmp_path)!r})"
+    code = f"from tests.core.test_plan import _measure_child; _measure_child({str(tmp_path)!r})"
     # a fixed mmap threshold: freed tensors go back to the OS, so RSS follows what is alive
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=800)

@@ -13,7 +13,7 @@ from populora_core.cli.commands import cli
 from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 SEVEN_B = [p for p in RECIPES if p.stem.endswith("_7b")]
 RECIPE_DIR = RECIPES[0].parent
 #: population recipe -> its compute-matched single-agent baseline
@@ -193,7 +193,7 @@ EVOLVING = [p for p in RECIPES if "every: 0" not in p.read_text() and "single_ag
 def test_every_shipped_recipe_selects_rather_than_killing_the_newest_child(path):
     """The recipe's own matchmaker, selector, readiness and child rating on simulated members of equal skill:
     the youngest members die about as often as chance says (fresh children under mu - 3 sigma: ~95 %)."""
-    from benchmarks.selection import measure, recipe_settings
+    from benchmarks.research.selection import measure, recipe_settings
 
     pm = PluginManager()
     pm.load_entry_points()

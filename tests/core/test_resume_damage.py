@@ -24,7 +24,7 @@ from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import LOGS, RunDir
 from tests.cli_helpers import run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 LAST, OLDER = "checkpoints/00000004", "checkpoints/00000003"

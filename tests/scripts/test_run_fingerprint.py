@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "run_fingerprint.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "run_fingerprint.py"
 
 
 def _run(*args: Path) -> subprocess.CompletedProcess:

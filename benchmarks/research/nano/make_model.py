@@ -1,12 +1,12 @@
 """Make the ``nano`` base model from scratch: corpus, tokenizer, pretraining, probe set.
 
-    python -m populora_nano.make_model --out DIR --seed 0 [--minutes M] [--steps N]
+    python -m benchmarks.research.nano.make_model --out DIR --seed 0 [--minutes M] [--steps N]
 
 Writes ``DIR/model/`` (LlamaForCausalLM safetensors + tokenizer), ``DIR/probe.jsonl`` (the held-out
 probe problems, drawn from ``--probe-seed`` and excluded from the corpus) and ``DIR/make_model.json``
 (settings, corpus counts, parameter count, steps, timings, final loss).
 
-    python -m populora_nano.make_model --out DIR --extend-probe 200   # a larger probe for the shipped model
+    python -m benchmarks.research.nano.make_model --out DIR --extend-probe 200   # a larger probe for the shipped model
 
 ``--extend-probe N`` trains nothing: it writes ``DIR/probe.jsonl`` with ``N`` problems per task type, the
 shipped probe's problems first (redrawn and checked equal), then more from the same probe generator whose
@@ -54,7 +54,8 @@ def _executor(workers: int) -> Any:
 def extend_probe(args: argparse.Namespace, per_type: int) -> list[dict[str, Any]]:
     """``per_type`` held-out probe problems per task type: the ``--probe-per-type`` ones make_model drew
     first, then problems of further programs of the probe generator that the corpus does not hold."""
-    from . import PROBE_FILE
+    from populora_nano import PROBE_FILE
+
     from . import corpus as C
 
     old = args.probe_per_type
@@ -269,7 +270,9 @@ def _fraction(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m populora_nano.make_model", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.research.nano.make_model", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--probe-seed", type=int, default=20261130)

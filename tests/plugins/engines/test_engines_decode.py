@@ -6,7 +6,7 @@ import pytest
 
 from populora_core.api.components import GenerationRequest, LoraSettings, SamplingParams
 from populora_core.api.modelhost import ModelHost
-from tests.test_engines import PROMPTS, _tokens, make_engine
+from tests.plugins.engines.test_engines import PROMPTS, _tokens, make_engine
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
 

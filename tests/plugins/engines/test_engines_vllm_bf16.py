@@ -22,7 +22,7 @@ LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
 def setup(tmp_path_factory):
     """The tiny vLLM-shaped base, a version written by trr++ with its bf16 copy, and a bf16 engine built as a run
     builds it for grpo with use_rollout_logprobs (``sampling_logprobs``)."""
-    from benchmarks._gpu_checks import _rollouts
+    from benchmarks.gpu.checks import _rollouts
     from populora_core import get_registry
     from tests.tiny_model import build_tiny_model, fresh_adapter
 
@@ -47,9 +47,9 @@ def setup(tmp_path_factory):
 
 
 def test_a_trainer_written_version_is_served_from_its_bf16_copy_with_the_right_logprobs(setup):
-    """benchmarks/_gpu_checks.served_check, the gpu_smoke's check, on the CPU: vLLM in bf16 reads the trainer's
+    """benchmarks/gpu/checks.py.served_check, the gpu_smoke's check, on the CPU: vLLM in bf16 reads the trainer's
     served-bfloat16 copy and its greedy log-probs match a transformers + PEFT forward within 0.1 nat."""
-    from benchmarks._gpu_checks import served_check
+    from benchmarks.gpu.checks import served_check
 
     base, version, engine = setup
     assert engine.served_dtype == "bfloat16"

@@ -15,8 +15,8 @@ from populora_lora_ops.synthetic import trained_like
 from populora_core.api.adapters import load_lora, save_lora
 from tests.cli_helpers import pip_install_target, run_cli
 
-PACKAGE = Path(__file__).parent / "thirdparty_operator"
-TESTS = Path(__file__).parent
+PACKAGE = Path(__file__).resolve().parents[2] / "thirdparty_operator"
+TESTS = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -223,7 +223,7 @@ def test_selection_replaces_the_weakest_more_often_than_chance_when_skills_diffe
 
 def test_the_selection_benchmarks_detectable_effect_is_the_binomial_one():
     """100 replacements at a chance share of 0.5: (1.960 + 0.842) x 0.5 / 10 = 0.140."""
-    from benchmarks.selection import share_mde
+    from benchmarks.research.selection import share_mde
 
     assert share_mde(0.5, 100) == pytest.approx(0.1401, abs=1e-4)
     assert share_mde(0.25, 0) is None

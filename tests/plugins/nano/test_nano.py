@@ -225,7 +225,7 @@ def test_induction_proposal_rate_sets_how_many_programs_teach_message_writing():
     ],
 )
 def test_make_model_rejects_bad_flags_before_any_work(args, message, tmp_path, capsys):
-    from populora_nano.make_model import main
+    from benchmarks.research.nano.make_model import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "model"), *args])
@@ -317,8 +317,8 @@ def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, t
 
 def test_heldout_set_is_unseen_balanced_and_its_gold_grades_right_through_the_evaluator(executor):
     """``nano_heldout``: 50 problems per task type, none of them a probe program (the corpus's are excluded when it is
-    drawn: python -m populora_nano.heldout), types alternating so a limit stays balanced, gold answers graded right
-    by the AZR tasks and wrong ones wrong; nano names it first in its default eval set."""
+    drawn: python -m benchmarks.research.nano.make_heldout), types alternating so a limit stays balanced, gold answers
+    graded right by the AZR tasks and wrong ones wrong; nano names it first in its default eval set."""
     from populora_azr import prompts as P
     from populora_nano.heldout import NanoHeldout
     from populora_nano.probe import load_probe

@@ -247,7 +247,7 @@ def test_a_killed_worker_stops_the_run_clearly_and_resume_completes_it(reference
     address = ray_cluster.get_runtime_context().gcs_address
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "POPULORA_TEST_KILL_STEP": "3"}
     join = f"cluster.params.address={address}"
-    plugin = str(Path(__file__).parent / "ray_kill_plugin.py")
+    plugin = str(Path(__file__).resolve().parents[2] / "ray_kill_plugin.py")
 
     def resume(*plugin_options: str) -> subprocess.CompletedProcess[str]:
         cmd = [POPULORA, *plugin_options, "resume", str(killed), join, "--no-progress"]
@@ -581,7 +581,7 @@ def test_an_engine_serving_in_bf16_is_shipped_only_each_versions_served_copy(tmp
 # --- two nodes without a shared filesystem (keep last: it replaces the module's Ray with a two-node cluster) --------
 
 
-UNSHARED_PLUGIN = str(Path(__file__).parent / "ray_unshared_plugin.py")
+UNSHARED_PLUGIN = str(Path(__file__).resolve().parents[2] / "ray_unshared_plugin.py")
 
 
 def test_two_nodes_without_a_shared_filesystem_give_the_single_process_run(reference, tmp_path):

@@ -29,7 +29,7 @@ from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[2]
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 FIGURE_IDS = (
     "fig-headline",

@@ -12,7 +12,7 @@ from populora_core.api.probe import min_detectable_effect
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[2]
 FAKE = str(TESTS / "fake_stack.py")
 RECIPE = str(TESTS / "recipes" / "fake_2t2s.yaml")
 

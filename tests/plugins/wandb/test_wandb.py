@@ -9,7 +9,7 @@ import yaml
 
 from tests.cli_helpers import as_if_killed_after, run_cli
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[2]
 FAKE = str(TESTS / "fake_stack.py")
 RECIPE = str(TESTS / "recipes" / "fake_2t2s.yaml")
 
