@@ -38,5 +38,5 @@ lint: setup
 	$(PY) -m mypy
 
 bench: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm" tests/test_benchmarks.py
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests/test_benchmarks.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm" tests/benchmarks/test_benchmarks.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests/benchmarks/test_benchmarks.py

@@ -5,7 +5,7 @@ The core is five floors, each a folder that imports only the floors below it: ``
 ``plugin`` (the plugin manager, the registry, the hook specifications), ``recipe`` (reading and validating a
 recipe), ``run`` (the loop and everything a run does) and ``cli`` (the ``populora`` command). Plugins import
 ``populora_core.api`` and its submodules, the modules in :data:`PUBLIC_MODULES`, and nothing else of the core
-(``tests/test_import_rules.py`` enforces it). This package still exports the names plugins took from it before
+(``tests/core/test_import_rules.py`` enforces it). This package still exports the names plugins took from it before
 plugin API 7 (``from populora_core import hookimpl``); ``populora_core.api`` is their place now. Nothing here
 imports torch.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Gather what a bare CUDA image (Python with torch, transformers and peft, and what they bring) lacks for
-# `python -m benchmarks.gpu_smoke --trainer-only` into one folder under 64 MiB, to carry there and put on PYTHONPATH:
+# `python -m benchmarks.gpu.smoke --trainer-only` into one folder under 64 MiB, to carry there and put on PYTHONPATH:
 # this toolkit itself (with its entry points, through which the plugins register) and the dependencies of the
 # smoke's path that torch, transformers and peft do not bring. Never torch, CUDA or triton (checked).
 #
@@ -8,7 +8,7 @@
 #   PYTHON_VERSION=3.12 bash scripts/gpu_smoke_bundle.sh  # for an image whose Python is not this one's
 #
 # Then, on the GPU machine, from the repository root:
-#   PYTHONPATH=FOLDER python -m benchmarks.gpu_smoke --trainer-only
+#   PYTHONPATH=FOLDER python -m benchmarks.gpu.smoke --trainer-only
 # Versions are those of .venv where it has the package (the ones the tests ran with), else pip's newest. Most
 # wheels are pure Python; pydantic-core is compiled, so it is fetched for PYTHON_VERSION (default: the version of
 # .venv's Python, else python3's) and PLATFORM (default manylinux2014_x86_64). vLLM is not gathered (hundreds of
@@ -59,4 +59,4 @@ if [ "$mib" -gt "$LIMIT_MIB" ]; then
     echo "gpu_smoke_bundle: over ${LIMIT_MIB} MiB" >&2
     exit 1
 fi
-echo "on the GPU machine, from the repository root: PYTHONPATH=$OUT python -m benchmarks.gpu_smoke --trainer-only"
+echo "on the GPU machine, from the repository root: PYTHONPATH=$OUT python -m benchmarks.gpu.smoke --trainer-only"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The report's browser test (tests/test_report.py) opens report.html in headless Chromium; without it the test
+# The report's browser test (tests/plugins/report/test_report.py) opens report.html in headless Chromium; without it the test
 # skips. Debian's chromium (about 113 MB to download) when apt-get is at hand; never fails the caller.
 if command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then exit 0; fi
 SUDO=""

@@ -20,7 +20,7 @@ TEACHER_OUTCOME = (
 CONSERVATIVE_K = (
     "rank by mu - k*sigma. 0 (default): by mu, as a member is judged only once ready (evolution.ready_after: its "
     "own matches behind it); k > 0 ranks the less certain, younger members last whatever they do "
-    "(`python -m benchmarks.selection` shows by how much)"
+    "(`python -m benchmarks.research.selection` shows by how much)"
 )
 
 

@@ -1,7 +1,7 @@
 """The ``nano`` base model: a tiny Llama trained here on synthetic AZR-style tasks (see README.md).
 
 Recipes say ``base_model: nano``. The weights and tokenizer ship inside this package (``model/``);
-``make_model.py`` rebuilds them from a seed, ``probe.py`` measures them on the held-out ``probe.jsonl``.
+``benchmarks/research/nano/make_model.py`` rebuilds them from a seed; ``probe.py`` reads the held-out ``probe.jsonl``.
 No heavy imports here.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from populora_core.api import Params, hookimpl
 
-#: Plugins this one imports (its corpus and probe use AZR's prompt builders); the import-rule test checks it.
+#: Plugins this one needs (nano_heldout grades with AZR's tasks); the import-rule test checks its imports.
 PLUGIN_REQUIRES = ("populora_azr",)
 
 #: Where the shipped model and probe set live.
@@ -35,7 +35,7 @@ def nano_base_model(params: NanoParams | None = None) -> Any:
     if not (MODEL_DIR / "config.json").is_file():
         raise UserError(
             f"base_model nano: the model files are missing from {MODEL_DIR} "
-            "(rebuild with: python -m populora_nano.make_model --out plugins/populora_nano)"
+            "(rebuild with: python -m benchmarks.research.nano.make_model --out plugins/populora_nano)"
         )
     return BaseModel(
         path=str(MODEL_DIR), name="nano", dtype="float32", probe_path=str(PROBE_FILE), eval_benchmarks=EVAL_BENCHMARKS

@@ -2,7 +2,7 @@
 
 Read from the run's logs like the report, so the summary of a recorded run is the one its run printed. Every
 change against the base comes with a 95 % paired-bootstrap interval over the probe problems
-(:func:`paired_gain_interval`, also what ``benchmarks.study`` reports), so a user sees when a gain is noise,
+(:func:`paired_gain_interval`, also what ``benchmarks.research.study`` reports), so a user sees when a gain is noise,
 and the best one with the smallest change this probe could detect (:func:`paired_gain_mde`). A probe with
 ``samples`` adds the same for per-sample accuracy.
 """

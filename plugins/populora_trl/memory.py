@@ -1,6 +1,6 @@
 """The trainers' GPU memory terms for ``populora plan`` (registered with ``memory=``): the base, every member's AdamW
 moments, the scratch adapter, and one update's activations with gradient checkpointing off and on, from the
-model's shape alone. tests/test_plan.py checks them against peaks measured on CPU."""
+model's shape alone. tests/core/test_plan.py checks them against peaks measured on CPU."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 This is the bottom floor of the core (``api`` < ``plugin`` < ``recipe`` < ``run`` < ``cli``): its modules import
 only each other, so a plugin that imports ``populora_core.api`` and its submodules depends on no part of the loop,
-the recipe reader or the CLI (``tests/test_import_rules.py`` enforces both). :data:`populora_core.PUBLIC_MODULES`
+the recipe reader or the CLI (``tests/core/test_import_rules.py`` enforces both). :data:`populora_core.PUBLIC_MODULES`
 says what each module is for. Nothing here imports torch.
 
 The names below are the ones plugins used from the top-level ``populora_core`` (which still exports them):

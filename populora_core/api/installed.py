@@ -48,8 +48,8 @@ def cuda_from_version_py(text: str) -> str | None:
 
 def unchecked_vllm(installed: str | None) -> str | None:
     """A warning when the installed GPU ``vllm`` is outside the range its calls were read against
-    (tests/test_vllm_api.py lists them; pyproject's ``vllm`` extra pins the same), else None. ``populora doctor``
-    and the start of anything that builds the vllm engine say it: it may work, or fail on a changed call."""
+    (tests/plugins/engines/test_vllm_api.py lists them; pyproject's ``vllm`` extra pins the same), else None. ``populora
+    doctor`` and the start of anything that builds the vllm engine say it: it may work, or fail on a changed call."""
     if not installed:
         return None
     from packaging.specifiers import SpecifierSet

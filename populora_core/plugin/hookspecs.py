@@ -90,8 +90,8 @@ def register_selectors(register: Any) -> None:
     ``factory(params) -> components.Selector``, whose ``select(members, rng, ready)`` returns the replacements of
     one sub-population. ``ready`` holds the ids of members that may die (PBT readiness, ``evolution.ready_after``);
     the rest still rank and may be parents. The loop refuses a replacement of a member that is not ready.
-    ``python -m benchmarks.selection`` measures a selector on every shipped recipe: whether the youngest die more
-    often than chance when all members are equal, and whether the weakest die when they differ.
+    ``python -m benchmarks.research.selection`` measures a selector on every shipped recipe: whether the youngest die
+    more often than chance when all members are equal, and whether the weakest die when they differ.
     """
 
 

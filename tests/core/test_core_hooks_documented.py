@@ -1,0 +1,200 @@
+"""Every hook is documented with its exact signature (as datasette does), and fires: the core calls each one
+with its documented arguments (a recording plugin on the fake stack), so removing a call fails here."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from populora_core import hookimpl
+from populora_core.api.components import Match, Rollout
+from populora_core.plugin import hookspecs
+from populora_core.plugin.manager import PluginManager
+from populora_core.plugin.registry import KINDS
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
+STEPS = 3  # evolution every 2 steps: one evolution, at step 2
+
+
+def _hooks() -> dict[str, str]:
+    names = PluginManager().hook_names()
+    return {n: f"{n}({', '.join(inspect.signature(getattr(hookspecs, n)).parameters)})" for n in names}
+
+
+def test_every_hook_is_documented_with_its_exact_signature():
+    docs = (REPO / "CONTRIBUTING.md").read_text()
+    documented = {name: sig for sig, name in re.findall(r"^### `((\w+)\([^)]*\))`", docs, flags=re.M)}
+    hooks = _hooks()
+    missing = sorted(set(hooks) - set(documented))
+    assert not missing, f"hooks missing from CONTRIBUTING.md's hook reference: {missing}"
+    wrong = {n: (documented[n], sig) for n, sig in hooks.items() if documented[n] != sig}
+    assert not wrong, f"documented signatures differ from hookspecs.py: {wrong}"
+    stale = sorted(n for n in documented if n not in hooks and n.startswith(("register_", "on_", "after_", "before_")))
+    assert not stale, f"CONTRIBUTING.md documents hooks that do not exist: {stale}"
+
+
+class Recorder:
+    """Implements every lifecycle hook (with its spec's exact arguments) and records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def _seen(self, name: str, args: dict[str, Any]) -> None:
+        self.calls.append((name, {k: v for k, v in args.items() if k != "self"}))
+
+    @hookimpl
+    def on_run_start(self, run):
+        self._seen("on_run_start", locals())
+
+    @hookimpl
+    def on_run_end(self, run, status):
+        self._seen("on_run_end", locals())
+
+    @hookimpl
+    def on_step_start(self, run, step):
+        self._seen("on_step_start", locals())
+
+    @hookimpl
+    def after_matchmaking(self, run, step, matches):
+        self._seen("after_matchmaking", locals())
+
+    @hookimpl
+    def after_rewards(self, run, step, rollouts):
+        self._seen("after_rewards", locals())
+
+    @hookimpl
+    def on_step_end(self, run, step, metrics):
+        self._seen("on_step_end", dict(locals(), metrics=dict(metrics)))
+
+    @hookimpl
+    def before_evolution(self, run, step, population):
+        self._seen("before_evolution", dict(locals(), members=sorted(population.members)))
+
+    @hookimpl
+    def after_evolution(self, run, step, events):
+        self._seen("after_evolution", locals())
+
+    @hookimpl
+    def on_checkpoint(self, run, step, path):
+        state = Path(path, "state.json")  # read now: older checkpoints are pruned later
+        self._seen(
+            "on_checkpoint", dict(locals(), saved_step=state.is_file() and json.loads(state.read_text())["step"])
+        )
+
+
+LIFECYCLE = sorted(n for n in _hooks() if not n.startswith("register_"))
+REGISTRATION = sorted(n for n in _hooks() if n.startswith("register_"))
+
+
+def test_the_recorder_implements_every_lifecycle_hook_with_its_documented_arguments():
+    for name in LIFECYCLE:
+        spec = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        assert list(inspect.signature(getattr(Recorder, name)).parameters)[1:] == spec, name
+    assert set(REGISTRATION) == {*KINDS.values(), "register_commands"}, "a new registration hook needs a test below"
+
+
+@pytest.fixture()
+def fake_run(tiny_model_dir, monkeypatch, tmp_path):
+    """A 3-step run of the fake stack with the recorder: (recorder, run directory)."""
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import execute, start_run
+    from populora_core.run.run_dir import RunDir
+
+    monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
+    pm = PluginManager()
+    pm.load_entry_points()
+    pm.load_file(TESTS / "fake_stack.py")
+    recorder = Recorder()
+    assert pm.add_plugin(recorder, "recorder")
+    recipe, resolved = load_recipe(TESTS / "recipes" / "fake_2t2s.yaml", [f"steps={STEPS}"], pm.registry)
+    directory = RunDir(tmp_path / "run")
+    execute(start_run(recipe, resolved, directory, pm))
+    return recorder, directory
+
+
+def test_every_lifecycle_hook_fires_with_its_documented_arguments(fake_run):
+    from populora_core.api.population import Population
+    from populora_core.api.runview import RunView
+
+    recorder, directory = fake_run
+    calls = recorder.calls
+    fired = {name for name, _ in calls}
+    assert fired == set(LIFECYCLE), f"hooks the run never called: {sorted(set(LIFECYCLE) - fired)}"
+    for name, args in calls:  # each with exactly its spec's arguments, the run object first
+        assert set(args) >= set(inspect.signature(getattr(hookspecs, name)).parameters), name
+        assert isinstance(args["run"], RunView), name
+        assert "step" not in args or isinstance(args["step"], int), name
+
+    def steps(name: str) -> list[int]:
+        return [args["step"] for n, args in calls if n == name]
+
+    assert calls[0][0] == "on_run_start" and calls[-1][0] == "on_run_end"
+    assert calls[-1][1]["status"] == "completed"
+    every_step = list(range(1, STEPS + 1))
+    for name in ("on_step_start", "after_matchmaking", "after_rewards", "on_step_end", "on_checkpoint"):
+        assert steps(name) == every_step, name
+    first_step = [n for n, _ in calls[1:]][: [n for n, _ in calls].index("on_step_end")]
+    assert first_step == ["on_step_start", "after_matchmaking", "after_rewards", "on_step_end"]
+    assert steps("before_evolution") == steps("after_evolution") == [2]
+
+    step_log = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
+    lineage = [r for r in directory.read_log("lineage.jsonl") if r["operator"] != "init"]
+    for name, args in calls:
+        if name == "after_matchmaking":  # the pairs the step log records
+            assert args["matches"] and all(isinstance(m, Match) for m in args["matches"])
+            logged = step_log[args["step"] - 1]["matches"]
+            assert [[m.teacher, m.student] for m in args["matches"]] == logged
+        elif name == "after_rewards":
+            assert args["rollouts"] and all(isinstance(r, Rollout) for r in args["rollouts"])
+        elif name == "on_step_end":  # the flat dict also written to the event log
+            logged = step_log[args["step"] - 1]
+            assert args["metrics"] and all(json.dumps(logged[k]) == json.dumps(v) for k, v in args["metrics"].items())
+        elif name == "before_evolution":
+            assert isinstance(args["population"], Population) and len(args["members"]) == 4
+        elif name == "after_evolution":  # the lineage records of the children born
+            born = [r for r in lineage if r["step"] == args["step"]]
+            assert args["events"] and [e["member"] for e in args["events"]] == [r["member"] for r in born]
+            assert all({"parents", "operator", "params", "seed"} <= set(e) for e in args["events"])
+        elif name == "on_checkpoint":  # a complete checkpoint of that step, at ``path``
+            assert isinstance(args["path"], str) and args["saved_step"] == args["step"]
+
+
+def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatch):
+    """The core calls each ``register_*`` hook of a plugin as it is added; ``register_commands`` when the CLI
+    lists its commands."""
+    from populora_core.cli.commands import PopuloraGroup
+
+    class Registrar:
+        pass
+
+    for hook_name in KINDS.values():
+
+        def register(register, _hook=hook_name):
+            register(f"probe_{_hook}", lambda params: None)
+
+        register.__name__ = hook_name
+        setattr(Registrar, hook_name, staticmethod(hookimpl(register)))
+
+    @hookimpl
+    def register_commands(cli):
+        @cli.command("probe-command")
+        def probe() -> None:
+            """Registered by the test."""
+
+    Registrar.register_commands = staticmethod(register_commands)  # type: ignore[attr-defined]
+
+    pm = PluginManager()
+    assert pm.add_plugin(Registrar(), "registrar")
+    for kind, hook_name in KINDS.items():
+        assert pm.registry.get(kind, f"probe_{hook_name}").plugin == "registrar", hook_name
+    monkeypatch.setattr("populora_core.cli.commands.get_manager", lambda plugin_files=(): pm)
+    group = PopuloraGroup("probe")
+    with click.Context(group) as ctx:
+        assert "probe-command" in group.list_commands(ctx)
