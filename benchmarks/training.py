@@ -139,7 +139,7 @@ def _rss_bytes() -> int:
 def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: str) -> dict[str, Any]:
     """One trr++ update of one ``tokens``-token completion (``variant`` full or chunked) and its peak memory; the
     update's log-probs, entropy and gradient (before the step) are saved to ``work/<variant>.pt``."""
-    import populora_trl.trr as trr_module
+    import populora_trainers.trr as trr_module
     import torch
 
     from populora_core import get_registry

@@ -28,10 +28,10 @@ LOGPROB_TOL = {"float32": 1e-3, "bfloat16": 0.1}
 PLAN_BAND = (0.85, 1.3)
 #: ||g - g_ref|| / ||g_ref|| over every LoRA factor's gradient of one update: the fused forward against PEFT's, and a
 #: padded (masked) micro-batch against each row alone (unmasked). fp32 agrees to rounding
-#: (tests/plugins/trl/test_trainers.py: 1e-4 per element); on a bf16 base the two sum and round in different places:
-#: fused vs PEFT measured 1.5% at worst per factor on the CPU's tiny bf16 model (tests/plugins/trl/test_trainers.py
-#: holds it to 3%), so 5% over all factors leaves room and still tells a wrong scale, a dropped adapter or a mask that
-#: leaks padding (tens of percent)
+#: (tests/plugins/trainers/test_trainers.py: 1e-4 per element); on a bf16 base the two sum and round in different
+#: places: fused vs PEFT measured 1.5% at worst per factor on the CPU's tiny bf16 model
+#: (tests/plugins/trainers/test_trainers.py holds it to 3%), so 5% over all factors leaves room and still tells a
+#: wrong scale, a dropped adapter or a mask that leaks padding (tens of percent)
 GRAD_TOL = {"float32": 1e-4, "bfloat16": 0.05}
 #: the gradient checks' rows, (prompt, completion) tokens: four lengths, so one micro-batch of them is padded
 GRAD_ROWS = ((40, 24), (17, 60), (90, 9), (33, 33))
@@ -236,7 +236,7 @@ def _relative(grads: dict[str, Any], ref: dict[str, Any]) -> tuple[float, float]
 def gradient_checks(build: Any, adapter: Any, dtype: str, scale: int, work: Path) -> dict[str, dict[str, Any]]:
     """The trainer's update on rows of four lengths in one padded micro-batch, by the gradients it steps with:
 
-    - ``gradients_fused``: the fused LoRA forward (populora_trl.forward; on a 16-bit base its 16-bit branch, one
+    - ``gradients_fused``: the fused LoRA forward (populora_trainers.forward; on a 16-bit base its 16-bit branch, one
       fp32 cast per shared input) against PEFT's layer forward;
     - ``padded_path``: the padded, masked micro-batch against every row alone (one row per micro-batch, so
       attention runs unmasked, ``is_causal``): the same loss (the log-probs' sum) and gradients.

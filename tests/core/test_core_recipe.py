@@ -196,7 +196,7 @@ def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params
     rollout = run_cli("keys", "rollout").stdout
     assert "rollout.solver_samples" in rollout and "int  default 8" in rollout and "lora.rank" not in rollout
     trainers = run_cli("keys", "trainer").stdout
-    assert "trainer trr++ (plugin trl)" in trainers and "trainer grpo (plugin trl)" in trainers
+    assert "trainer trr++ (plugin trainers)" in trainers and "trainer grpo (plugin trainers)" in trainers
     trr = run_cli("keys", "trr++").stdout
     assert "params.lr " in trr and "AdamW learning rate" in trr and "params.parallel_updates" in trr
     typo = run_cli("keys", "rolout")
@@ -274,8 +274,8 @@ def test_the_recipe_keys_page_is_current_and_documents_every_key():
     page = Path(__file__).resolve().parents[2] / "docs" / "recipe-keys.md"
     expected = reference_markdown(get_manager().registry, builtin_plugins())
     assert page.read_text() == expected, "docs/recipe-keys.md is stale: run python -m populora_core.recipe.keys"
-    assert {"engines", "trl", "azr", "lora_ops"} <= builtin_plugins()
-    assert "### `trr++` (plugin trl)" in expected and "`trainer.params.lr`" in expected
+    assert {"engines", "trainers", "azr", "lora_ops"} <= builtin_plugins()
+    assert "### `trr++` (plugin trainers)" in expected and "`trainer.params.lr`" in expected
     undocumented = [key for key, _, _, text in model_keys(Recipe) if not text]
     assert not undocumented, f"recipe keys without a description: {undocumented}"
     from tests.cli_helpers import run_cli

@@ -149,7 +149,7 @@ class TRRTrainer(LoraTrainerBase):
 
         Threads share the base weights: every job gets its own adapter slot (loaded before any thread
         starts, saved after all have ended), each thread's fused LoRA forward adds its own slot
-        (populora_trl.forward.fused_adapter), and torch releases the GIL inside its kernels, so a small
+        (populora_trainers.forward.fused_adapter), and torch releases the GIL inside its kernels, so a small
         model's updates use as many cores as threads. Each job runs the operations it runs alone on the
         same values, so adapters and optimizer states are bit-identical to one at a time. Each job's
         ``seconds`` is the wall time of the whole group (they ran together).

@@ -67,7 +67,7 @@ def _same(a, b):
 
 
 def test_advantages_equal_hand_computed_reference():
-    from populora_trl.trr import trr_advantages
+    from populora_trainers.trr import trr_advantages
 
     g1, g2 = "deduction/solve", "induction/propose"
     rs = [
@@ -101,7 +101,7 @@ def test_advantages_equal_hand_computed_reference():
 
 
 def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
-    from populora_trl.trr import prompt_centred_rewards, trr_advantages
+    from populora_trainers.trr import prompt_centred_rewards, trr_advantages
 
     solve, propose, other = "deduction/solve", "deduction/propose", "abduction/solve"
     rs = [
@@ -129,7 +129,7 @@ def test_prompt_baseline_gives_all_same_problems_exactly_zero():
     """Token weighting and lone rollouts made the old second centring shift every all-same sample (+0.04 on
     nano's deduction solves): here all-solved and all-failed problems get exactly 0, informative ones keep
     their sign and order, and a lone rollout is measured against its group's mean raw reward (AZR's)."""
-    from populora_trl.trr import trr_advantages
+    from populora_trainers.trr import trr_advantages
 
     g = "deduction/solve"
     rs = [
@@ -175,7 +175,7 @@ def test_trainer_baseline_param_reaches_the_update(base, adapters, tmp_path):
 def test_advantages_match_verl_masked_whitening():
     """The same numbers from a padded token tensor, written the way veRL whitens (independent path)."""
     import torch
-    from populora_trl.trr import trr_advantages
+    from populora_trainers.trr import trr_advantages
 
     rs = _rollouts("m", n=8, seed=3, groups=("g",))
     adv = trr_advantages(rs, "token")
@@ -274,7 +274,7 @@ def test_epochs_take_clipped_optimizer_steps_over_the_same_rollouts(base, adapte
 
 def test_low_var_kl_is_schulmans_k3():
     import torch
-    from populora_trl.trr import low_var_kl
+    from populora_trainers.trr import low_var_kl
 
     logp = torch.tensor([-1.0, -2.0, -0.5])
     ref = torch.tensor([-1.0, -1.0, -3.0])
@@ -364,7 +364,7 @@ def test_state_is_one_file_per_member_with_a_manifest(base, adapters, tmp_path):
 
 
 def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters, tmp_path):
-    from populora_trl.state import scheduled_lr
+    from populora_trainers.state import scheduled_lr
 
     assert scheduled_lr(1e-3, 5, None) == 1e-3
     assert [scheduled_lr(1.0, k, 4, 0.2) for k in (0, 2, 4, 9)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
@@ -524,7 +524,7 @@ def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_
 
 def test_grpo_micro_batches_match_one_batch_and_advantages_follow_trl(base, adapters, tmp_path):
     import torch
-    from populora_trl.grpo import grpo_advantages
+    from populora_trainers.grpo import grpo_advantages
 
     rollouts = _grpo_rollouts("m0", seed=5)
     adv = torch.tensor(grpo_advantages(rollouts, "group"))
@@ -580,7 +580,7 @@ def test_loraplus_gives_b_factors_a_larger_first_adam_step(base, adapters, tmp_p
 
 
 def test_param_validation_of_the_memory_settings(base):
-    from populora_trl.forward import use_checkpointing
+    from populora_trainers.forward import use_checkpointing
 
     for bad in ({"micro_batch_tokens": 0}, {"gradient_checkpointing": "yes"}, {"logprob_chunk_tokens": 0}):
         with pytest.raises(UserError, match=next(iter(bad))):
@@ -600,7 +600,7 @@ def test_param_validation_of_the_memory_settings(base):
 
 
 def test_micro_batches_by_a_token_budget_keep_the_order_and_count_padding():
-    from populora_trl.batching import micro_batches
+    from populora_trainers.batching import micro_batches
 
     def row(p, c):
         return (Rollout("m", "g", [1] * p, [2] * c, [], 0.0), (p, c))
@@ -619,7 +619,7 @@ def test_micro_batches_by_a_token_budget_keep_the_order_and_count_padding():
 
 
 def test_a_long_row_gets_a_micro_batch_of_its_own_and_the_order_stays():
-    from populora_trl.batching import micro_batches
+    from populora_trainers.batching import micro_batches
 
     def row(p, c):
         return (Rollout("m", "g", [1] * p, [2] * c, [], 0.0), (p, c))
@@ -637,7 +637,7 @@ def test_long_rows_reach_sdpa_without_a_mask_and_train_as_the_padded_batch_does(
     fused causal kernel on CUDA); the loss is normalised over the whole update, so the result is the padded
     batch's up to fp32 rounding. ``auto`` leaves the CPU as it was."""
     import torch
-    from populora_trl.forward import long_row_threshold
+    from populora_trainers.forward import long_row_threshold
 
     assert long_row_threshold("auto", "cpu") is None and long_row_threshold("auto", "cuda:0") == 2048
     rollouts = _rollouts("m0", n=6, seed=4)
@@ -667,7 +667,7 @@ def test_long_rows_reach_sdpa_without_a_mask_and_train_as_the_padded_batch_does(
 
 def _logprob_setup(base, adapter):
     """The host's PeftModel with ``adapter`` in the trainable scratch slot, and one packed micro-batch."""
-    from populora_trl.batching import pack
+    from populora_trainers.batching import pack
 
     from populora_core.api.modelhost import get_host
 
@@ -685,7 +685,7 @@ def test_chunked_logprobs_equal_the_one_piece_computation(base, adapters, temper
     """Values and gradients (through the log-probs, the entropy or both) within fp32 rounding, for chunks of one
     token, a few tokens and all but one position; padded positions are 0 on the chunked path."""
     import torch
-    from populora_trl.logprobs import token_logprobs
+    from populora_trainers.logprobs import token_logprobs
 
     model, params, batch = _logprob_setup(base, adapters[0])
     mask = batch["completion_mask"].bool()
@@ -726,7 +726,7 @@ def test_chunked_logprobs_equal_the_one_piece_computation(base, adapters, temper
 def test_chunked_logprobs_keep_one_chunks_logits_in_backward(base, adapters):
     """The backward recomputes each chunk's logits: autograd never holds a (tokens, vocab) tensor."""
     import torch
-    from populora_trl.logprobs import token_logprobs
+    from populora_trainers.logprobs import token_logprobs
 
     model, params, batch = _logprob_setup(base, adapters[0])
     vocab = model.get_base_model().get_output_embeddings().weight.shape[0]
@@ -778,7 +778,7 @@ def test_token_budget_and_chunked_logprobs_match_one_batch(base, adapters, tmp_p
     The adapters are compared to 1% of an AdamW step: Adam's first step is about lr x sign(g), so an element
     whose gradient is near eps turns fp32 rounding of the gradient into a visible difference of the step."""
     import torch
-    from populora_trl.batching import micro_batches
+    from populora_trainers.batching import micro_batches
 
     rollouts = _rollouts("m0", n=9, seed=8)
     assert len(micro_batches([(r,) for r in rollouts], 8, 24)) > 3  # the budget really splits
@@ -836,7 +836,7 @@ def test_gradient_checkpointing_on_gives_the_same_update_and_is_off_afterwards(b
 def test_grpo_token_budget_micro_batches_match_one_batch(base, adapters, tmp_path):
     """Same gradient as one batch (adapters to 1% of an AdamW step, as above) for the loss types' normalisers."""
     import torch
-    from populora_trl.batching import micro_batches
+    from populora_trainers.batching import micro_batches
 
     rollouts = _grpo_rollouts("m0", seed=6)
     same = lambda r: len(r[0].prompt_token_ids)  # noqa: E731
@@ -856,7 +856,7 @@ def test_grpo_token_budget_micro_batches_match_one_batch(base, adapters, tmp_pat
 def test_gradient_checkpointing_accepts_yaml_on_and_off():
     """An unquoted ``on`` in a recipe is YAML's True: it must mean "on", not fail validation."""
     import yaml
-    from populora_trl import GRPOParams, TRRParams
+    from populora_trainers import GRPOParams, TRRParams
 
     for model in (TRRParams, GRPOParams):
         assert model(**yaml.safe_load("gradient_checkpointing: on")).gradient_checkpointing == "on"
@@ -871,7 +871,7 @@ def test_joined_layout_equals_the_split_layout(base, adapters, chunk):
     """Prompt and completion back to back, right padded: the split layout's log-probs, entropies and LoRA
     gradients within fp32 rounding, on fewer padded tokens (one piece and chunked)."""
     import torch
-    from populora_trl.logprobs import token_logprobs
+    from populora_trainers.logprobs import token_logprobs
 
     model, params, batch = _logprob_setup(base, adapters[0])
     mask = batch["completion_mask"].bool()
@@ -901,7 +901,7 @@ def test_joined_layout_equals_the_split_layout(base, adapters, chunk):
 def test_joined_micro_batches_count_prompt_and_completion_together():
     """Budget rows x longest (prompt + completion): a long prompt with a short completion and a short prompt
     with a long completion fit where the split layout's longest prompt + longest completion does not."""
-    from populora_trl.batching import micro_batches
+    from populora_trainers.batching import micro_batches
 
     from populora_core.api.components import Rollout
 
@@ -931,8 +931,8 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     s2 = peft.update("m0", adapters[0], rollouts, tmp_path / "peft")
     assert s1.loss == pytest.approx(s2.loss, abs=1e-6) and s1.grad_norm == pytest.approx(s2.grad_norm, rel=1e-5)
     assert g1.keys() == g2.keys() and all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
-    from populora_trl.forward import fused_layer_forward
-    from populora_trl.state import SCRATCH
+    from populora_trainers.forward import fused_layer_forward
+    from populora_trainers.state import SCRATCH
 
     layers = [m for m in get_host(base).peft.modules() if hasattr(m, "lora_A")]
     assert layers and not any("forward" in vars(m) for m in layers)  # no instance forward left behind
@@ -953,7 +953,7 @@ def test_fused_lora_forward_on_a_16_bit_base_gives_peft_s_gradients_casting_each
     and casts each layer input to fp32 once: q/k/v read one tensor, so with q, k, v and o targeted each layer
     makes two casts for four modules (PEFT makes four)."""
     import torch
-    from populora_trl import forward
+    from populora_trainers import forward
 
     from tests.tiny_model import fresh_adapter
 
@@ -990,7 +990,7 @@ def test_one_cast_per_input_is_the_same_tensor_until_the_input_changes_or_the_ca
     import weakref
 
     import torch
-    from populora_trl.forward import _cast
+    from populora_trainers.forward import _cast
 
     x = torch.randn(3, 8, dtype=torch.bfloat16)
     first = _cast(x, torch.float32)
@@ -1017,7 +1017,7 @@ def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, ad
     the adapters, the optimizer states and the stats (time aside) of three updates one after another, over
     two steps so the second loads saved moments; afterwards only the scratch slot is active, nothing trains."""
     import torch
-    from populora_trl.state import SCRATCH
+    from populora_trainers.state import SCRATCH
 
     from populora_core.api.components import UpdateJob
     from populora_core.api.modelhost import get_host
@@ -1184,7 +1184,7 @@ def test_the_served_copy_is_written_beside_the_fp32_version_and_changes_nothing_
     """served_dtype: each new version also in bf16 (what vLLM on a GPU serves), in the same atomic write; its fp32
     files are those of the same update without it; auto writes no copy in a float32 run (the CPU)."""
     import torch
-    from populora_trl.state import served_dtype
+    from populora_trainers.state import served_dtype
     from safetensors.torch import load_file
 
     from populora_core.api.adapters import served_copy

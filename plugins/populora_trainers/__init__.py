@@ -65,8 +65,8 @@ class _Common(Params):
     lora_forward: Literal["fused", "peft"] = Field(
         "fused",
         description="fused: the LoRA product added to the base output in one addmm, scaling on the rank-r factor "
-        "(populora_trl.forward.fused_layer_forward, installed by the host for the update); peft: PEFT's LoRA layer "
-        "forward. The same gradients up to fp32 rounding",
+        "(populora_trainers.forward.fused_layer_forward, installed by the host for the update); peft: PEFT's LoRA "
+        "layer forward. The same gradients up to fp32 rounding",
     )
     temperature: float = 1.0  # logits are divided by the rollout temperature before log-probs (veRL)
     served_dtype: Literal["auto", "none", "bfloat16", "float16"] = Field(
