@@ -3,9 +3,9 @@
 No weights are read: config.json is built on the meta device to count parameters per module. The plan composes
 what the recipe's engine and trainer report through their registered ``memory=`` functions
 (:mod:`populora_core.api.memory`: the built-ins' are in ``populora_engines/memory.py`` and
-``populora_trainers/memory.py``) into both phases' peaks per GPU, and adds disk, the verdict and the single changes that would make it fit. The
-core keeps no copy of a component's internals; a component without such a function is planned as holding
-nothing, with a note.
+``populora_trainers/memory.py``) into both phases' peaks per GPU, and adds disk, the verdict and the single
+changes that would make it fit. The core keeps no copy of a component's internals; a component without such a
+function is planned as holding nothing, with a note.
 """
 
 from __future__ import annotations
