@@ -59,6 +59,15 @@ def pip_install_target(package_dir: Path, target: Path, timeout: float | None = 
     )
 
 
+def install_a_copy(package_dir: Path, root: Path) -> Path:
+    """pip-install a copy of a plugin package (its build folders left behind) into ``root/site``: the folder to put on
+    PYTHONPATH, with the package's real entry points, no venv change and nothing to uninstall."""
+    src = root / "src"
+    shutil.copytree(package_dir, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    pip_install_target(src, root / "site", timeout=300)
+    return root / "site"
+
+
 PAUSE_PLUGIN = str(Path(__file__).resolve().parent / "pause_plugin.py")
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cli_helpers import REPO, pip_install_target, run_cli
+from tests.cli_helpers import REPO, install_a_copy, run_cli
 
 PACKAGE = Path(__file__).parent.parent / "thirdparty_task"
 AZR_FIELDS = {"program", "inputs", "outputs", "message"}
@@ -23,13 +22,7 @@ AZR_FIELDS = {"program", "inputs", "outputs", "message"}
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """pip-install a copy of the package into a throwaway target dir (no venv change, nothing to uninstall)."""
-    root = tmp_path_factory.mktemp("thirdparty_task")
-    src = root / "src"
-    shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    target = root / "site"
-    pip_install_target(src, target, timeout=300)
-    return target
+    return install_a_copy(PACKAGE, tmp_path_factory.mktemp("thirdparty_task"))
 
 
 def _recipe(tmp_path: Path, seeds: list[dict]) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from populora_lora_ops.synthetic import trained_like
 
 from populora_core.api.adapters import load_lora, save_lora
-from tests.cli_helpers import pip_install_target, run_cli
+from tests.cli_helpers import install_a_copy, run_cli
 
 PACKAGE = Path(__file__).resolve().parents[2] / "thirdparty_operator"
 TESTS = Path(__file__).resolve().parents[2]
@@ -21,13 +20,7 @@ TESTS = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """pip-install a copy of the package into a throwaway target dir (no venv change, nothing to uninstall)."""
-    root = tmp_path_factory.mktemp("thirdparty")
-    src = root / "src"
-    shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    target = root / "site"
-    pip_install_target(src, target, timeout=300)
-    return target
+    return install_a_copy(PACKAGE, tmp_path_factory.mktemp("thirdparty"))
 
 
 def _run(target: Path, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
