@@ -84,6 +84,9 @@ def kill_inside_step(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as at a terminal: a test runner started in the background (``cmd &``) ignores SIGINT, and an
+        # ignored signal stays ignored across exec, so the run would never see it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + timeout
     while time.time() < deadline and not marker.exists() and proc.poll() is None:

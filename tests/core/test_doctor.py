@@ -251,7 +251,7 @@ def test_nvidia_smi_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_real_doctor_here_is_fast_and_imports_no_torch_without_cuda() -> None:
     """On this machine (the CPU stack from scripts/setup.sh): the real lookups, torch left unimported."""
     code = (
-        "import sys, json; from populora_core import doctor; r = doctor.diagnose(); "
+        "import sys, json; from populora_core.cli import doctor; r = doctor.diagnose(); "
         "print(json.dumps({'torch_imported': 'torch' in sys.modules, 'cuda': r.torch_cuda, "
         "'torch': r.versions['torch']}))"
     )

@@ -120,7 +120,7 @@ def test_nano_is_registered_with_a_clear_error_for_params():
 
 
 def test_corpus_programs_are_deterministic_from_the_seed():
-    from populora_nano import corpus as C
+    from benchmarks.research.nano import corpus as C
 
     a = [C.random_program(random.Random(5)).code for _ in range(3)]
     b = [C.random_program(random.Random(5)).code for _ in range(3)]
@@ -133,7 +133,8 @@ def test_corpus_programs_are_deterministic_from_the_seed():
 def test_corpus_programs_are_valid_in_the_sandbox(executor, tasks):
     """Generated programs and inputs pass the AZR tasks' own validation with the same outputs."""
     from populora_azr import prompts as P
-    from populora_nano import corpus as C
+
+    from benchmarks.research.nano import corpus as C
 
     programs = C.generate_programs(12, random.Random(11), executor, chunk=24)
     assert len(programs) == 12
@@ -156,7 +157,7 @@ def test_corpus_programs_are_valid_in_the_sandbox(executor, tasks):
 
 
 def test_corpus_drops_inputs_that_fail(executor):
-    from populora_nano import corpus as C
+    from benchmarks.research.nano import corpus as C
 
     prog = C.Program("def f(xs):\n    return xs[0] * 2", ("list",), "double the first", 1)
     C.execute([prog], [["[3, 1]", "[]", "[3, 1]", "[5]"]], executor)
@@ -166,7 +167,8 @@ def test_corpus_drops_inputs_that_fail(executor):
 
 def test_rendered_examples_use_the_compact_builders():
     from populora_azr import prompts as P
-    from populora_nano import corpus as C
+
+    from benchmarks.research.nano import corpus as C
 
     prog = C.Program(
         "def f(n):\n    return n + 3",
@@ -193,7 +195,7 @@ def test_rendered_examples_use_the_compact_builders():
 
 
 def test_induction_proposal_rate_sets_how_many_programs_teach_message_writing():
-    from populora_nano import corpus as C
+    from benchmarks.research.nano import corpus as C
 
     progs = [
         C.Program(
