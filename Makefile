@@ -12,7 +12,8 @@ export TOKENIZERS_PARALLELISM := false
 setup:
 	@bash scripts/setup.sh
 
-# nano's runtime.threads (1) is applied by the run itself (start_run), before torch loads
+# nano's runtime.threads (1) is applied by the run itself (start_run); the populora command sets runtime.cpu_isa
+# before torch loads
 quickstart: setup
 	$(VENV)/bin/populora run recipes/nano.yaml --run-dir runs/nano
 

@@ -1,8 +1,8 @@
 """What is installed, read without importing it: a distribution's version, torch's CUDA version (from
 ``torch/version.py`` as text), and whether the GPU vLLM is in the range the vllm engine was checked against.
 
-``populora doctor`` (:mod:`populora_core.cli.commands.doctor`) reports on all of it; the runtime's allocator default and
-the start of the vllm engine read it too.
+``populora doctor`` (:mod:`populora_core.cli.doctor`) reports on all of it; the runtime's allocator default and the
+start of the vllm engine read it too.
 """
 
 from __future__ import annotations

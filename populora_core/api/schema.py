@@ -1,6 +1,6 @@
 """The recipe's typed schema: one pydantic model per section (unknown keys are errors), :class:`Recipe` the whole.
 
-Reading a recipe file (overrides, both validation passes) is :func:`populora_core.recipe.validate.validate.load_recipe`;
+Reading a recipe file (overrides, both validation passes) is :func:`populora_core.recipe.validate.load_recipe`;
 what a hook sees of the recipe is this model (``run.recipe``).
 """
 
