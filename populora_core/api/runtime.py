@@ -60,11 +60,6 @@ def default_allocator() -> dict[str, str]:
     return dict(ALLOCATOR_ENV)
 
 
-def runtime_env(section: Any) -> dict[str, str]:
-    """The environment variables a ``runtime`` section sets."""
-    return {**CPU_ISA_ENV[section.cpu_isa], **threads_env(section)}
-
-
 def threads_env(section: Any) -> dict[str, str]:
     """The thread variables of a ``runtime`` section (none where ``threads`` is None: the environment decides)."""
     if section.threads is None:
@@ -90,11 +85,6 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def apply_runtime(section: Any) -> dict[str, str]:
-    """:func:`apply_cpu_isa` then :func:`apply_threads` (a command that starts no run: ``populora seed``)."""
-    return {**apply_cpu_isa(section, stacklevel=4), **apply_threads(section, stacklevel=4)}
 
 
 def apply_cpu_isa(section: Any, *, stacklevel: int = 3) -> dict[str, str]:

@@ -124,17 +124,14 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
     return load_recipe(recipe, list(overrides), manager.registry)
 
 
-def _apply_runtime(section: Any, *, run: bool = True) -> None:
+def _apply_runtime(section: Any) -> None:
     """The recipe's CPU kernel paths (``runtime.cpu_isa``) and the CUDA allocator's default (expandable segments)
     into the environment, before anything imports torch. ``runtime.threads`` is ``start_run``'s and
-    ``resume_run``'s to apply (a run from Python gets it too); a command that starts no run (``run=False``:
-    ``populora seed``) applies it here."""
-    from ..api.runtime import apply_cpu_isa, apply_runtime, default_allocator
+    ``resume_run``'s to apply (a run from Python gets it too); ``populora seed``, which starts no run, applies it
+    itself."""
+    from ..api.runtime import apply_cpu_isa, default_allocator
 
-    if run:
-        apply_cpu_isa(section)
-    else:
-        apply_runtime(section)
+    apply_cpu_isa(section)
     default_allocator()
 
 
@@ -266,7 +263,10 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
     import tempfile
 
     model, _ = _load_recipe(manager, recipe, overrides)
-    _apply_runtime(model.runtime, run=False)
+    _apply_runtime(model.runtime)
+    from ..api.runtime import apply_threads
+
+    apply_threads(model.runtime)  # before torch loads: no run applies it for this command
     from ..api.problems import write_problems
     from ..run.assembly import build_components
     from ..run.run_dir import RunDir

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from populora_core import RecipeError
-from populora_core.api.runtime import CPU_ISA_ENV, apply_runtime
+from populora_core.api.runtime import CPU_ISA_ENV, apply_cpu_isa, apply_threads
 from populora_core.recipe.validate import load_recipe
 from tests.cli_helpers import REPO, run_cli
 
@@ -106,24 +106,24 @@ def test_cpu_isa_must_be_a_known_path():
     assert result.returncode == 2 and "runtime.cpu_isa" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_apply_runtime_sets_the_paths_before_torch_and_refuses_after(monkeypatch):
+def test_apply_cpu_isa_sets_the_paths_before_torch_and_refuses_after(monkeypatch):
     avx2, _ = load_recipe(RECIPE, ["runtime.threads=null"])
     for var in CPU_VARS:  # set, then deleted: monkeypatch restores a variable only if it saw it
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     monkeypatch.setitem(sys.modules, "torch", object())  # as in a process that already imported torch
     with pytest.warns(UserWarning, match="torch is already imported"):
-        assert apply_runtime(avx2.runtime) == {}
+        assert apply_cpu_isa(avx2.runtime) == {}
     assert all(var not in os.environ for var in CPU_VARS)
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     with pytest.warns(UserWarning, match="runtime.cpu_isa=avx2: MKL_CBWR=COMPATIBLE in the environment replaced"):
-        assert apply_runtime(avx2.runtime) == CPU_ISA_ENV["avx2"]
+        assert apply_cpu_isa(avx2.runtime) == CPU_ISA_ENV["avx2"]
     assert {var: os.environ[var] for var in CPU_VARS} == CPU_ISA_ENV["avx2"]
     native, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=null"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert apply_runtime(native.runtime) == {}
+        assert apply_cpu_isa(native.runtime) == {}
 
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -131,7 +131,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypatch):
     """The recipe's ``runtime.threads`` reaches torch (and the processes the run starts) without the Makefile
-    (apply_runtime: cpu_isa and threads, as ``populora seed`` applies them; runs apply threads in start_run)."""
+    (apply_threads: what start_run, resume_run and ``populora seed`` call)."""
     import torch
 
     recipe, _ = load_recipe(RECIPE, ["runtime.cpu_isa=native", "runtime.threads=3"])
@@ -141,7 +141,7 @@ def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypat
     with pytest.warns(
         UserWarning, match=r"runtime.threads=3: OMP_NUM_THREADS=1, MKL_NUM_THREADS=1 in the environment replaced"
     ):
-        assert apply_runtime(recipe.runtime) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+        assert apply_threads(recipe.runtime) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
     assert [os.environ[v] for v in THREAD_VARS] == ["3", "3"]
     monkeypatch.setitem(sys.modules, "torch", torch)  # already imported: torch itself, and the environment
     before = torch.get_num_threads()
@@ -150,7 +150,7 @@ def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypat
         with pytest.warns(
             UserWarning, match="runtime.threads=2: OMP_NUM_THREADS=3, MKL_NUM_THREADS=3 in the environment replaced"
         ):
-            apply_runtime(recipe2.runtime)
+            apply_threads(recipe2.runtime)
         assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
     finally:
         torch.set_num_threads(before)
