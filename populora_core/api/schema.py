@@ -54,6 +54,13 @@ class PopulationSection(_Strict):
         "must have the recipe's lora rank, alpha and target modules (`populora run --init-from`)",
     )
 
+    cross_evaluation: bool = Field(
+        True,
+        description="a teacher's reward is the learnability of its MATCHED student's solve rate; false (an ablation): "
+        "of its own, each teacher solving its valid proposals rollout.solver_samples times untrained, as the "
+        "single agent does (students still solve and train on them)",
+    )
+
     @property
     def single_agent(self) -> bool:
         """The AZR baseline: each adapter plays both roles, is matched with itself and never evolves. Every part
@@ -69,6 +76,8 @@ class PopulationSection(_Strict):
     def _single_agent_shape(self) -> PopulationSection:
         if self.single_agent and self.teachers != self.students:
             raise ValueError("single_agent mode needs teachers == students (one adapter plays both roles)")
+        if self.single_agent and not self.cross_evaluation:
+            raise ValueError("cross_evaluation: false is a population ablation; a single agent is its own student")
         return self
 
 

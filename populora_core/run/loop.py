@@ -92,8 +92,13 @@ class Run:
             self.hook.after_matchmaking(run=self.view(), step=step, matches=matches)
         proposals, dropped = phases.propose(c, pop, step, timer)
         solved = phases.solve_proposals(c, pop, proposals, matches, step, timer)
+        own_rates = (
+            None
+            if self.recipe.population.cross_evaluation
+            else phases.solve_own_proposals(c, pop, proposals, step, timer)
+        )
         with timer("grade"):
-            rollouts = phases.grade(c, pop, proposals, matches, solved)
+            rollouts = phases.grade(c, pop, proposals, matches, solved, own_rates)
         buffered = phases.solve_buffer(c, pop, step, timer)
         rollouts += [r for answers in buffered.answers for r in answers]
         for member_id, signature in solved.covered + buffered.covered:

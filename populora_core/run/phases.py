@@ -161,6 +161,17 @@ def solve_proposals(
     return solve(c, attempts, step, "sample/solve", n=c.recipe.rollout.solver_samples, timer=timer)
 
 
+def solve_own_proposals(
+    c: Components, population: Population, proposals: list[Proposal], step: int, timer: PhaseTimer
+) -> list[float | None]:
+    """Cross-evaluation off (``population.cross_evaluation: false``): each teacher answers its own valid proposals
+    ``rollout.solver_samples`` times; per valid proposal, in order, the share it got right (None when every answer
+    was dropped). These answers train nobody: they only set the teacher's reward."""
+    attempts = [(p.task, p.teacher, p.problem) for p in proposals if p.valid and p.problem is not None]
+    own = solve(c, attempts, step, "sample/self", n=c.recipe.rollout.solver_samples, timer=timer)
+    return [sum(r.info["correct"] for r in scored) / len(scored) if scored else None for scored in own.answers]
+
+
 def solve_buffer(c: Components, population: Population, step: int, timer: PhaseTimer) -> Solved:
     """AZR's solver batch: buffer problems each student solves once (trained, not estimating)."""
     k = c.recipe.rollout.buffer_problems_per_student
@@ -179,16 +190,24 @@ def solve_buffer(c: Components, population: Population, step: int, timer: PhaseT
 
 
 def grade(
-    c: Components, population: Population, proposals: list[Proposal], matches: list[Match], solved: Solved
+    c: Components,
+    population: Population,
+    proposals: list[Proposal],
+    matches: list[Match],
+    solved: Solved,
+    own_rates: Sequence[float | None] | None = None,
 ) -> list[Rollout]:
-    """Students' solve rates and rollouts, then each teacher's reward from its matched student's rate."""
+    """Students' solve rates and rollouts, then each teacher's reward from its matched student's rate (from its own,
+    ``own_rates`` per valid proposal, when cross-evaluation is off)."""
     student_of = {m.teacher: m.student for m in matches}
     rollouts: list[Rollout] = []
     valid = [(i, p) for i, p in enumerate(proposals) if p.valid]
-    for (i, proposal), scored in zip(valid, solved.answers, strict=True):
+    teacher_rate: dict[int, float | None] = {}
+    for k, ((i, proposal), scored) in enumerate(zip(valid, solved.answers, strict=True)):
         # None when every answer was dropped: the teacher is rewarded as for an unusable problem
         proposal.solve_rate = sum(r.info["correct"] for r in scored) / len(scored) if scored else None
         population.members[student_of[proposal.teacher.id]].counters.estimation_rollouts += len(scored)
+        teacher_rate[i] = proposal.solve_rate if own_rates is None else own_rates[k]
         if c.recipe.rollout.train_on_estimation:
             for r in scored:
                 r.info["problem"] = i
@@ -198,7 +217,7 @@ def grade(
         if p.completion.dropped:
             continue
         p.teacher.counters.tokens += len(p.completion.token_ids)
-        reward = c.tasks[p.task].proposer_reward(p.problem, p.solve_rate if p.valid else None)
+        reward = c.tasks[p.task].proposer_reward(p.problem, teacher_rate.get(i) if p.valid else None)
         rollouts.append(Rollout.of(p.teacher.id, f"{p.task}/propose", p.completion, reward, valid=p.valid, problem=i))
     return rollouts
 

@@ -862,3 +862,69 @@ def test_on_a_terminal_the_bar_ends_before_the_run_summary(env, tmp_path):
     assert "\x1b[2K" in text[:summary], "no live bar was drawn"
     assert "\x1b[?25h" in text[:summary], "the bar was not stopped before the summary"
     assert "\x1b[2K" not in text[summary:], "the bar was redrawn below the summary"
+
+
+@pytest.mark.parametrize("cross_evaluation", [True, False])
+def test_cross_evaluation_off_rewards_each_teacher_by_its_own_answers(env, tmp_path, monkeypatch, cross_evaluation):
+    """The ablation: teachers answer their own valid proposals (stream sample/self, trained on by nobody) and their
+    reward is the learnability of that rate; with it on, the matched student's rate, and teachers answer nothing."""
+    from populora_core.run import phases
+
+    own_calls: list[list[str]] = []
+    rewards: list[float] = []
+    solve_original = phases.solve
+
+    def solve_spy(c, attempts, step, stream, **kw):
+        if stream == "sample/self":
+            own_calls.append([member.id for _, member, _ in attempts])
+        return solve_original(c, attempts, step, stream, **kw)
+
+    class Rewards:
+        @hookimpl
+        def after_rewards(self, run, step, rollouts):
+            rewards.extend(r.reward for r in rollouts if r.group.endswith("/propose") and r.info["valid"])
+
+    monkeypatch.setattr(phases, "solve", solve_spy)
+    if not cross_evaluation:  # every teacher "solves" 1 of 4 of its own: its reward is 1 - 0.25 on each valid one
+        monkeypatch.setattr(
+            phases,
+            "solve_own_proposals",
+            lambda c, pop, proposals, step, timer: [0.25] * sum(p.valid for p in proposals),
+        )
+    directory = _run(
+        _manager(Rewards()),
+        tmp_path / "run",
+        [f"population.cross_evaluation={str(cross_evaluation).lower()}", "steps=2"],
+    )
+    records = [json.loads(x) for x in (directory.path / "tasks" / "problems.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["valid"]]
+    assert valid and len(rewards) == len(valid)
+    if cross_evaluation:
+        assert own_calls == []
+        expected = [1 - r["solve_rate"] if 0 < r["solve_rate"] < 1 else -0.5 for r in valid]
+        assert rewards == pytest.approx(expected)
+    else:
+        assert rewards == pytest.approx([0.75] * len(valid))
+        # the matched student still answered them: its rate is recorded, and differs from the teacher's
+        assert all(r["solve_rate"] is not None for r in valid)
+
+
+def test_cross_evaluation_off_lets_each_teacher_answer_its_own_valid_proposals(env, tmp_path, monkeypatch):
+    from populora_core.run import phases
+
+    own: list[tuple[str, str]] = []
+    solve_original = phases.solve
+
+    def solve_spy(c, attempts, step, stream, **kw):
+        if stream == "sample/self":
+            own.extend((member.id, problem.proposer) for _, member, problem in attempts)
+        return solve_original(c, attempts, step, stream, **kw)
+
+    monkeypatch.setattr(phases, "solve", solve_spy)
+    _run(_manager(), tmp_path / "run", ["population.cross_evaluation=false", "steps=1"])
+    assert own and all(proposer.startswith(member + "@") for member, proposer in own)
+
+
+def test_cross_evaluation_off_is_refused_in_a_single_agent_run(env):
+    with pytest.raises(Exception, match="cross_evaluation: false is a population ablation"):
+        load_recipe(RECIPE, ["population.mode=single_agent", "population.cross_evaluation=false"], _manager().registry)
