@@ -220,14 +220,54 @@ def probe_accuracy(probe: Iterable[dict[str, Any]]) -> dict[str, Any]:
 # --- one run, and an arm pooled over seeds ------------------------------------------------------
 
 
+def shuffled_swings(xs: Sequence[float], ys: Sequence[float], *, shuffles: int = 200, seed: int = 0) -> float | None:
+    """The null of :func:`oscillation`'s swing count: its mean over ``shuffles`` random orders of the same values
+    at the same steps (trend and noise kept, any order in time destroyed). Swings above it are order in time."""
+    import random
+
+    if len(ys) < 7:
+        return None
+    rng, values, counts = random.Random(seed), list(ys), []
+    for _ in range(shuffles):
+        rng.shuffle(values)
+        counts.append(oscillation(xs, values)["swings"])
+    return statistics.fmean(counts)
+
+
+def difficulty_slope(problems: Sequence[dict[str, Any]]) -> float | None:
+    """Slope per step of the teachers' mean proposal difficulty (``metric_level`` of valid proposals, a task that
+    reports levels: the arithmetic world); None for tasks without one."""
+    return slope(*complexity_series(problems, "level"))
+
+
+def training_rewards(steps: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The run's mean training-time solve rate (every student's solver samples, every step) and mean member
+    reward (``member/<id>/reward`` over members and steps): what each arm optimised, as it saw it."""
+    solve = [v for v in (_number(r.get("solve_rate")) for r in steps) if v is not None]
+    rewards = [
+        v
+        for r in steps
+        for k, value in r.items()
+        if k.startswith("member/") and k.endswith("/reward") and (v := _number(value)) is not None
+    ]
+    return {
+        "train/solve_rate": statistics.fmean(solve) if solve else None,
+        "train/reward": statistics.fmean(rewards) if rewards else None,
+    }
+
+
 def measure_run(
     steps: Sequence[dict[str, Any]], problems: Sequence[dict[str, Any]], probe: Sequence[dict[str, Any]]
 ) -> dict[str, float | None]:
     """Every measure of one run as a flat ``name -> value`` mapping (what :func:`pool` averages)."""
     step_numbers = [r["step"] for r in steps if isinstance(r.get("step"), int)]
     out: dict[str, float | None] = {f"complexity_slope/{k}": v for k, v in complexity_trend(problems).items()}
-    swings = oscillation(*solve_rate_series(steps))
+    out["difficulty_slope"] = difficulty_slope(problems)
+    series = solve_rate_series(steps)
+    swings = oscillation(*series)
     out.update({f"oscillation/{k}": swings[k] for k in ("swings", "swings_per_100_steps", "amplitude")})
+    out["oscillation/swings_shuffled"] = shuffled_swings(*series)
+    out.update(training_rewards(steps))
     coverage = coverage_growth(problems, step_numbers)
     out.update({f"coverage/{k}": coverage[k] for k in ("new_per_step", "new_per_valid_proposal")})
     accuracy = probe_accuracy(probe)

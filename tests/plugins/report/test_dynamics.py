@@ -10,12 +10,15 @@ from populora_report.dynamics import (
     complexity_series,
     complexity_trend,
     coverage_growth,
+    difficulty_slope,
     measure_run,
     oscillation,
     pool,
     pooled,
     probe_accuracy,
+    shuffled_swings,
     solve_rate_series,
+    training_rewards,
 )
 
 STEPS = list(range(1, 121))
@@ -151,3 +154,29 @@ def test_pooled_t_interval_and_measure_run():
     assert arm["probe/mean"]["mean"] == pytest.approx(0.3) and arm["probe/mean"]["n"] == 3
     assert arm["oscillation/swings"] == {"mean": 11.0, "low": 11.0, "high": 11.0, "n": 3}
     assert arm["complexity_slope/ast_depth"]["low"] > 0
+
+
+def test_swings_of_an_oscillation_stand_above_their_shuffled_null_and_noise_does_not():
+    sine = _sine(0)
+    assert oscillation(STEPS, sine)["swings"] >= 2 * shuffled_swings(STEPS, sine) + 4
+    rng = random.Random(1)
+    noise = [0.4 + rng.gauss(0, 0.05) for _ in STEPS]
+    assert abs(oscillation(STEPS, noise)["swings"] - shuffled_swings(STEPS, noise)) <= 2
+    assert shuffled_swings(STEPS[:5], sine[:5]) is None
+
+
+def test_difficulty_slope_reads_the_levels_of_valid_proposals_only():
+    problems = [
+        {"step": s, "valid": True, "metric_level": 2 + 0.05 * s + (k % 3 - 1) * 0.1} for s in STEPS for k in range(4)
+    ]
+    problems += [{"step": s, "valid": False, "metric_level": 6} for s in STEPS if s % 2]
+    assert difficulty_slope(problems) == pytest.approx(0.05)
+    assert difficulty_slope(_problems(0.02, seed=0)) is None  # an AZR run reports no level
+
+
+def test_training_rewards_average_every_member_and_step():
+    steps = [
+        {"step": 1, "solve_rate": 0.2, "member/t0/reward": -0.5, "member/s0/reward": 0.5, "member/s0/rating_mu": 9},
+        {"step": 2, "solve_rate": 0.4, "member/t0/reward": 0.5, "member/s0/reward": None},
+    ]
+    assert training_rewards(steps) == {"train/solve_rate": pytest.approx(0.3), "train/reward": pytest.approx(1 / 6)}
