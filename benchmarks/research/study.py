@@ -6,6 +6,9 @@
     python -m benchmarks.research.study --smoke                  # seed 0, 1 step, tiny probe, into a temp dir (CI)
     python -m benchmarks.research.study --out runs/ablate-x KEY=VALUE ...  # an ablation: overrides applied to both arms
     python -m benchmarks.research.study --compare runs/study runs/ablate-x  # what the ablation moved, paired by seed
+    python -m benchmarks.research.study --recipe arith --seeds 0 1 2 3 4     # the arithmetic world: the claims table
+    python -m benchmarks.research.study --recipe arith --out runs/study-arith-no-xeval --reuse-baseline \
+        runs/study-arith --population-overrides population.cross_evaluation=false     # an ablation of one arm
 
 For each seed it runs both recipes (``populora run`` in a subprocess, the same command a user types), two
 runs at a time (``--parallel``: one core each on the 2-core box); a run that was interrupted is resumed
@@ -21,6 +24,10 @@ samples, per-sample accuracy; and the dynamics of
 ``populora_report.dynamics``: the trend of teacher program complexity (slope per step of AST depth,
 cyclomatic complexity, lines of code of valid proposals), solve-rate swings around the trend, and coverage
 growth (new task signatures per step in the last third). Whatever comes out is reported as measured.
+With a held-out evaluator (``--recipe arith``: ``arith_heldout``), each finished run is also evaluated on the
+held-out set per sample (``populora eval``, k = 8) and ``study.md`` opens with the claims table of
+:mod:`benchmarks.research.claims`: population mean, weakest member and best member against the single agent and
+the base, overall and per level, each with its 95 % interval and detectable effect, and the run-level dynamics.
 Last line: one JSON object.
 """
 
@@ -44,12 +51,20 @@ from populora_report.summary import paired_gain_interval, paired_gain_mde
 
 from populora_core.api.probe import cluster_bootstrap, cluster_mde
 
+from . import claims
+from .transfer import cpu_name
+
 REPO = Path(__file__).resolve().parents[2]
 POPULORA = str(Path(sys.executable).parent / "populora")
 RECIPES = {  # --recipe: (population, single agent)
     "short": ("nano_study.yaml", "nano_single_agent.yaml"),
     "long": ("nano_long.yaml", "nano_long_single_agent.yaml"),
+    "arith": ("arith.yaml", "arith_single_agent.yaml"),
 }
+#: --recipe sets whose world has a held-out evaluator with levels: the claims table is measured on it
+HELDOUT = {"arith": "arith_heldout"}
+#: CI runs the smoke of each world (tests/benchmarks/test_benchmarks.py reads this)
+CI_CASES = [["--recipe", "arith"]]
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -157,8 +172,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar=("REFERENCE", "OTHER"),
         help="two finished study folders (same seeds): OTHER - REFERENCE per arm and measure, paired by seed",
     )
+    parser.add_argument(
+        "--population-overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides of the population arm only (an ablation of a population mechanism)",
+    )
+    parser.add_argument(
+        "--reuse-baseline",
+        default=None,
+        metavar="STUDY",
+        help="take the single-agent runs of this finished study folder (same seeds) instead of running them",
+    )
+    parser.add_argument(
+        "--heldout", default=None, help="held-out evaluator for the claims table (arith: arith_heldout)"
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides applied to both recipes")
     args = parser.parse_args(argv)
+    args.heldout = args.heldout or HELDOUT.get(args.recipe)
     if args.compare:
         return compare(Path(args.compare[0]), Path(args.compare[1]))
     population, baseline = RECIPES[args.recipe]
@@ -170,6 +202,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 return study(args, Path(tmp))
         return study(args, Path(args.out))
     return study(args, Path(args.out or ("runs/study" if args.recipe == "short" else f"runs/study-{args.recipe}")))
+
+
+def _reuse_baseline(source: Path, out: Path, seeds: list[int]) -> None:
+    """Link the single-agent runs of a finished study into ``out`` (an ablation of the population arm only)."""
+    for seed in seeds:
+        run = (source / f"baseline-seed{seed}").resolve()
+        if not (run / "summary.json").exists():
+            sys.exit(f"study --reuse-baseline: {run} is not a finished run")
+        link = out / f"baseline-seed{seed}"
+        if not link.exists():
+            link.symlink_to(run, target_is_directory=True)
 
 
 def _run_once(recipe: str, seed: int, run_dir: Path, extra: list[str], env: dict[str, str]) -> None:
@@ -299,10 +342,23 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     extra += args.overrides
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # threads: each recipe's runtime.threads (start_run applies it)
     arms = (("population", args.population), ("baseline", args.baseline))
-    jobs = [(recipe, seed, out / f"{label}-seed{seed}") for label, recipe in arms for seed in seeds]  # longest first
-    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        for future in [pool.submit(_run_once, recipe, seed, run_dir, extra, env) for recipe, seed, run_dir in jobs]:
+    if args.reuse_baseline:
+        _reuse_baseline(Path(args.reuse_baseline), out, seeds)
+    own = {"population": extra + args.population_overrides, "baseline": extra}
+    jobs = [(recipe, seed, out / f"{label}-seed{seed}", own[label]) for label, recipe in arms for seed in seeds]
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:  # longest first
+        for future in [
+            pool.submit(_run_once, recipe, seed, run_dir, more, env) for recipe, seed, run_dir, more in jobs
+        ]:
             future.result()
+        if args.heldout:  # each finished run on the held-out set, per sample (populora eval), two at a time
+            limit = ["--limit", "12"] if args.smoke else []
+            evaluated = [
+                pool.submit(claims.evaluate_heldout, POPULORA, run_dir, args.heldout, env, REPO, limit)
+                for _, _, run_dir, _ in jobs
+            ]
+            for future in evaluated:
+                future.result()
     rows: list[dict[str, Any]] = [
         {"seed": seed, **{label: summarize(out / f"{label}-seed{seed}") for label, _ in arms}} for seed in seeds
     ]
@@ -362,7 +418,7 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             per_seed.append(
                 f"| {r['seed']} | {label} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in values) + " |"
             )
-    report = render_report([run_dir for _, _, run_dir in jobs], out / "report")
+    report = render_report([run_dir for _, _, run_dir, _ in jobs], out / "report")
     summary = {
         "benchmark": "study",
         "recipe": args.recipe,
@@ -383,10 +439,26 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "new_signatures_per_step_single_agent": pb["coverage/new_per_step"],
         "report": str(report),
     }
-    text = "# Population vs single agent on nano\n\n"
+    claims_text, measured = "", {}
+    if args.heldout:
+        outcomes = [
+            {label: claims.arm_outcomes(claims.read_heldout(out / f"{label}-seed{seed}" / "heldout", args.heldout))
+             for label, _ in arms}
+            for seed in seeds
+        ]  # fmt: skip
+        measured = {
+            "heldout": claims.heldout_claims(outcomes),
+            "runs": claims.run_claims(rows, lambda r, arm, key: r[arm]["dynamics"].get(key)),
+        }
+        claims_text = claims.table(measured["heldout"], measured["runs"], len(seeds), args.heldout) + "\n"
+        summary["claims"] = {
+            f"{r['claim']}/{r['level']}": {k: r[k] for k in ("mean", "low", "high", "mde")} for r in measured["heldout"]
+        }
+    text = f"# Population vs single agent on {_base_model(out / f'population-seed{seeds[0]}')}\n\n"
     text += (
         f"Recipes `{Path(args.population).name}` and `{Path(args.baseline).name}`, seeds {', '.join(map(str, seeds))}. "
     )
+    text += f"CPU: {cpu_name()}.\n\n" + claims_text
     text += "Probe accuracy in percent (greedy, held-out probe set); pooled: mean over seeds [95 % t-interval].\n\n"
     text += "\n".join(lines) + "\n"
     text += _nested_table(nested, len(seeds))
@@ -398,12 +470,27 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     (out / "study.md").write_text(text)
     (out / "study.json").write_text(
         json.dumps(
-            {"rows": rows, "pooled": pooled, "paired": paired, "problem_level": nested, "summary": summary}, indent=1
+            {
+                "rows": rows,
+                "pooled": pooled,
+                "paired": paired,
+                "problem_level": nested,
+                "claims": measured,
+                "summary": summary,
+            },
+            indent=1,
         )
     )
     print(text)
     print(json.dumps(summary))
     return summary
+
+
+def _base_model(run_dir: Path) -> str:
+    """The base model a run's recipe names (what the study's title says it measured)."""
+    import yaml
+
+    return str(yaml.safe_load((run_dir / "recipe.yaml").read_text()).get("base_model", "?"))
 
 
 #: what compare pairs: (label, value of one arm's row)

@@ -59,6 +59,7 @@ class ArithHeldout(Evaluator):
 
     name = "arith_heldout"
     category = "math"
+    template = "arith"  # the world's own prompt (world.solver_prompt); what eval's cache key records
     max_tokens = world.MAX_DIGITS + 2
 
     def __init__(self, params: HeldoutParams) -> None:
@@ -105,7 +106,7 @@ class ArithHeldout(Evaluator):
         return {
             "name": self.name,
             "category": self.category,
-            "template": "arith",
+            "template": self.template,
             "max_tokens": self.max_tokens,
             "source": f"{self.dataset()['source']}: {self.file}",
             "licence": "made here (populora_arith.heldout)",

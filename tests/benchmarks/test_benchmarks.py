@@ -52,6 +52,14 @@ def cli_options(source: str) -> set[str] | None:
     return options
 
 
+def ci_cases(source: str) -> list[list[str]]:
+    """A module's ``CI_CASES``: further argument lists its CI mode runs with (``[["--recipe", "arith"]]``)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CI_CASES" for t in node.targets):
+            return [list(case) for case in ast.literal_eval(node.value)]
+    return []
+
+
 def modules(folder: Path, tooling: tuple[str, ...] = TOOLING) -> list[Path]:
     """The modules of ``folder`` and of its subpackages (folders with ``__init__.py``), ``_``-prefixed ones and the
     ``tooling`` folders (relative to ``folder``) left out."""
@@ -84,6 +92,8 @@ def discover(folder: Path = BENCHMARKS, tooling: tuple[str, ...] = TOOLING) -> l
         if "--supervised" in options and mode:  # its second arm, a different training path
             marks = [pytest.mark.slow]
             cases.append(pytest.param(name, [mode, "--supervised"], marks=marks, id=f"{name}-supervised"))
+        for extra in ci_cases(path.read_text()):  # a module's own further cases (the study in another world)
+            cases.append(pytest.param(name, [mode, *extra], marks=pytest.mark.slow, id=f"{name}-{'-'.join(extra[1:])}"))
     return cases
 
 
@@ -107,7 +117,8 @@ def test_discovery_finds_the_benchmarks_and_skips_helpers(tmp_path):
     found = {p.id for p in CASES}
     assert {"generation", "training", "loop", "operators", "sandbox"} <= found
     assert {"research.study", "research.curriculum", "research.selection", "research.transfer", "gpu.smoke"} <= found
-    assert {"research.transfer-supervised", "gpu.smoke-vllm"} <= found
+    assert {"research.transfer-supervised", "gpu.smoke-vllm", "research.study-arith"} <= found
+    assert {"research.arith.make_model", "research.arith.ceiling"} <= found  # the world's build runs in CI too
     assert not any(name.startswith("research.nano") for name in found)  # build tooling, not benchmarks
     for folder in TOOLING:
         assert (BENCHMARKS / folder / "__init__.py").is_file(), f"TOOLING names {folder}, which is not a package"
@@ -120,6 +131,10 @@ def test_discovery_finds_the_benchmarks_and_skips_helpers(tmp_path):
         "    ap.parse_args()\n\nif __name__ == '__main__':\n    main()\n"
     )
     (tmp_path / "bare.py").write_text("if __name__ == '__main__':\n    print('{}')\n")
+    (tmp_path / "worlds.py").write_text(
+        "import argparse\nCI_CASES = [['--world', 'b']]\n\nif __name__ == '__main__':\n"
+        "    argparse.ArgumentParser().add_argument('--smoke')\n"
+    )
     quick = "import argparse\n\nif __name__ == '__main__':\n    argparse.ArgumentParser().add_argument('--quick')\n"
     for sub in ("wing", "wing/tools", "_private", "notapackage"):  # subpackages; tooling, private, plain folders
         (tmp_path / sub).mkdir()
@@ -127,7 +142,8 @@ def test_discovery_finds_the_benchmarks_and_skips_helpers(tmp_path):
             (tmp_path / sub / "__init__.py").write_text("")
         (tmp_path / sub / "deep.py").write_text(quick)
     cases = {p.id: p for p in discover(tmp_path, tooling=("wing/tools",))}
-    assert sorted(cases) == ["bare", "newbench", "newbench-vllm", "wing.deep"]
+    assert sorted(cases) == ["bare", "newbench", "newbench-vllm", "wing.deep", "worlds", "worlds-b"]
+    assert cases["worlds-b"].values == ("worlds", ["--smoke", "--world", "b"])
     assert cases["wing.deep"].values == ("wing.deep", ["--quick"])
     assert "wing.tools.deep" in {p.id for p in discover(tmp_path, tooling=())}
     assert cases["newbench"].values == ("newbench", ["--quick"])

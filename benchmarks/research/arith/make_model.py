@@ -23,7 +23,9 @@ import argparse
 import json
 import random
 import shutil
+import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,31 +122,37 @@ class Stream:
         return Example(world.solver_prompt(a, b), world.answer(a, b))
 
 
-def solve_rates(
+def sample_accuracy(
     model: Any, tokenizer: Any, problems: list[tuple[int, int]], samples: int, seed: int
-) -> dict[int, float]:
-    """Per-sample solve rate per level at temperature 1 (how the run's students sample)."""
+) -> list[float]:
+    """Per problem, the share of ``samples`` answers at temperature 1 (how the run's students sample) that are right."""
     import torch
 
     torch.manual_seed(seed)
-    prompts = [world.solver_prompt(a, b) for a, b in problems]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            max_new_tokens=world.MAX_DIGITS + 2,
-            num_return_sequences=samples,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    right: dict[int, list[int]] = {}
-    for i, text in enumerate(texts):
-        a, b = problems[i // samples]
-        right.setdefault(world.level(a, b), []).append(int(text.strip() == world.answer(a, b)))
-    return {lv: round(sum(v) / len(v), 4) for lv, v in sorted(right.items())}
+    out: list[float] = []
+    for start in range(0, len(problems), 256):
+        chunk = problems[start : start + 256]
+        enc = tokenizer([world.solver_prompt(a, b) for a, b in chunk], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            generated = model.generate(
+                **enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=world.MAX_DIGITS + 2,
+                num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id,
+            )  # fmt: skip
+        texts = tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        for i, (a, b) in enumerate(chunk):
+            answers = texts[i * samples : (i + 1) * samples]
+            out.append(sum(text.strip() == world.answer(a, b) for text in answers) / samples)
+    return out
+
+
+def solve_rates(
+    model: Any, tokenizer: Any, problems: list[tuple[int, int]], samples: int, seed: int
+) -> dict[int, float]:
+    """Per-sample solve rate per level."""
+    right: dict[int, list[float]] = {}
+    for (a, b), acc in zip(problems, sample_accuracy(model, tokenizer, problems, samples, seed), strict=True):
+        right.setdefault(world.level(a, b), []).append(acc)
+    return {lv: round(statistics.fmean(v), 4) for lv, v in sorted(right.items())}
 
 
 def train(
@@ -221,10 +229,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.research.arith.make_model", description=__doc__.split("\n")[0]
     )
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="where to write (required but with --smoke)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heldout-seed", type=int, default=20261204)
-    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--steps", type=int, default=None, help="training steps (required but with --smoke)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=160)
@@ -235,7 +243,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--curve-every", type=int, default=0, help="measure per-level solve rates every K steps")
     ap.add_argument("--snapshots", action="store_true", help="save the model at every curve point")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="20 steps and a curve point into a temporary folder (CI)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.steps, args.curve_every = 20, 20
+        if args.out is None:
+            with tempfile.TemporaryDirectory(prefix="arith-make-model-") as tmp:
+                args.out = Path(tmp)
+                return build(args)
+    if args.out is None or args.steps is None:
+        ap.error("--out and --steps are required (or --smoke)")
+    return build(args)
+
+
+def build(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``main`` describes, for parsed arguments."""
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -308,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     (args.out / "make_model.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"done in {report['total_seconds']}s, final loss {report['final_loss']}")
+    print(json.dumps({k: v for k, v in report.items() if k != "settings"}))
     return report
 
 
