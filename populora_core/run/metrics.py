@@ -15,11 +15,12 @@ Optional task members feed it (:class:`~populora_core.api.components.Task`): ``p
 
 A task that declares ``difficulty_levels`` reports each valid problem's level through ``difficulty(problem)``,
 and every step logs (:func:`difficulty_metrics`) ``member/<teacher>/difficulty``, the mean level of the valid
-proposals that teacher wrote, ``teacher/difficulty`` over all teachers', and ``member/<student>/
-solve_rate_at_level/<L>``, the mean solve rate of the student on the valid proposals of level L it answered as
-matched student (None where it answered none): the paper's dynamics, teachers pushing difficulty up and students'
-solve rates moving per level. With two tasks or more declaring levels each key takes the task's name after the
-member (``member/<id>/<task>/difficulty``, ``teacher/<task>/difficulty``); with one it takes none.
+proposals that teacher wrote, ``teacher/difficulty`` over all teachers', and
+``member/<student>/solve_rate_at_level/<L>``, the mean solve rate of the student on the valid proposals of level
+L it answered as matched student (None where it answered none): the paper's dynamics, teachers pushing
+difficulty up and students' solve rates moving per level. With two tasks or more declaring levels each key
+takes the task's name after the member (``member/<id>/<task>/difficulty``, ``teacher/<task>/difficulty``);
+with one it takes none.
 """
 
 from __future__ import annotations
