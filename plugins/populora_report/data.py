@@ -178,6 +178,29 @@ class RunData:
         """Per task type, (steps, values) of ``task/<name>/<metric>`` (steps where it is absent or None skipped)."""
         return {name: self.series(f"task/{name}/{metric}") for name in self.task_names(metric)}
 
+    # --- difficulty (tasks that declare levels: populora_core/run/metrics.py) -------------------------
+
+    def difficulty_scopes(self) -> list[str]:
+        """Where the steps logged difficulty: ``""`` when one task declares levels (``teacher/difficulty``),
+        ``"<task>/"`` per task when several do (``teacher/<task>/difficulty``); empty: none logged."""
+        scopes: dict[str, None] = {}
+        for rec in self.steps:
+            for key in rec:
+                if key.startswith("teacher/") and key.endswith("difficulty"):
+                    scopes.setdefault(key[len("teacher/") : -len("difficulty")], None)
+        return list(scopes)
+
+    def level_members(self, scope: str) -> dict[str, list[int]]:
+        """Students that logged a solve rate per level in ``scope`` (birth order) -> the levels, ascending."""
+        found: dict[str, set[int]] = defaultdict(set)
+        for rec in self.steps:
+            for key in rec:
+                parts = key.split("/")
+                head, level = "/".join(parts[2:-1]), parts[-1]
+                if parts[0] == "member" and head == f"{scope}solve_rate_at_level" and level.isdigit():
+                    found[parts[1]].add(int(level))
+        return {m: sorted(found[m]) for m in self.member_ids() if m in found}
+
     def proposal_coverage(self) -> tuple[list[int], list[int]]:
         """Cumulative distinct signatures of valid proposals over the whole population."""
         if not self.problems:

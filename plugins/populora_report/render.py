@@ -355,7 +355,7 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = [make(runs, out_dir) for make in FIGURES]
+    figures = [fig for fig in (make(runs, out_dir) for make in FIGURES) if fig is not None]  # None: nothing to draw
     baselines = [r for r in runs if r.is_baseline]
     heads = [headline(r) for r in runs]
     rows = [summarize(r, baselines, head) for r, head in zip(runs, heads)]

@@ -204,13 +204,14 @@ class Executor(Protocol):
 class Task(Protocol[ProblemT]):
     """One task type (AZR: deduction, abduction, induction): prompts, validation, grading, buffer. A task subclasses
     this class to inherit the defaults of its optional members (``problem_type``, ``load_problem``,
-    ``problem_key``, ``problem_metrics``, ``teacher_metrics``, ``grade_many``, ``proposer_writes_program``,
-    ``proposer_metrics``).
+    ``problem_key``, ``problem_metrics``, ``teacher_metrics``, ``difficulty_levels``, ``difficulty``,
+    ``grade_many``, ``proposer_writes_program``, ``proposer_metrics``).
 
     A task need not be about code: its problems are its own :class:`Problem` subclass (``problem_type``, the
     payload schema), and the loop reads none of their payload. What it needs of a problem it asks the task: the
     identity of a problem (``problem_key``), the step's numbers about its proposals (``problem_metrics``,
-    ``teacher_metrics``), and a problem from a file's record (``load_problem``).
+    ``teacher_metrics``), its difficulty (``difficulty``, one of ``difficulty_levels``), and a problem from a
+    file's record (``load_problem``).
     """
 
     name: str
@@ -224,6 +225,16 @@ class Task(Protocol[ProblemT]):
     #: Keys of ``Problem.metrics`` the loop averages per teacher over the valid problems it wrote, logged as
     #: ``member/<id>/<key>`` (AZR: ast_depth, cyclomatic, loc); none by default.
     teacher_metrics: tuple[str, ...] = ()
+    #: The levels this task's problems can have, easiest first (``populora_arith``: the digits of the longer
+    #: operand, 1-6). With levels, the loop logs every step each teacher's mean proposal difficulty and each
+    #: student's solve rate per level (:mod:`populora_core.run.metrics`): whether teachers push difficulty up and
+    #: where students learn. Empty (the default): the task reports no difficulty.
+    difficulty_levels: tuple[int, ...] = ()
+
+    def difficulty(self, problem: ProblemT) -> int | None:
+        """The level of a valid problem, one of :attr:`difficulty_levels` (the loop refuses another value with a
+        ``PluginError``); None: this problem has none. Asked only of a task with levels; None by default."""
+        return None
 
     def load_problem(self, record: Mapping[str, Any]) -> ProblemT:
         """A problem of this task from one record of a problem file (seeds, a probe set, a curriculum); raise

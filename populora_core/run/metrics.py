@@ -12,6 +12,15 @@ Optional task members feed it (:class:`~populora_core.api.components.Task`): ``p
 ``proposer_metrics(contexts)`` and ``problem_metrics(problems)``, logged as ``task/<name>/<key>``, and
 ``teacher_metrics``, the keys of ``Problem.metrics`` averaged per teacher. The loop reads no problem's payload:
 ``tasks/problems.jsonl`` records it as the task's problem type declares it (:func:`problem_records`).
+
+A task that declares ``difficulty_levels`` reports each valid problem's level through ``difficulty(problem)``,
+and every step logs (:func:`difficulty_metrics`) ``member/<teacher>/difficulty``, the mean level of the valid
+proposals that teacher wrote, ``teacher/difficulty`` over all teachers', and
+``member/<student>/solve_rate_at_level/<L>``, the mean solve rate of the student on the valid proposals of level
+L it answered as matched student (None where it answered none): the paper's dynamics, teachers pushing
+difficulty up and students' solve rates moving per level. With two tasks or more declaring levels each key
+takes the task's name after the member (``member/<id>/<task>/difficulty``, ``teacher/<task>/difficulty``);
+with one it takes none.
 """
 
 from __future__ import annotations
@@ -108,6 +117,37 @@ def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) ->
     return m
 
 
+def difficulty_metrics(
+    tasks: Mapping[str, Any], population: Population, matches: Sequence[Match], proposals: Sequence[Proposal]
+) -> dict[str, Any]:
+    """Teachers' proposal difficulty and students' solve rate per level (see the module docstring); nothing for
+    tasks without ``difficulty_levels``. Levels come from the task's ``difficulty``, never from a payload."""
+    graded = {name: task for name, task in tasks.items() if task.difficulty_levels}
+    student_of = {x.teacher: x.student for x in matches}
+    m: dict[str, Any] = {}
+    for task_name, task in graded.items():
+        scope = f"{task_name}/" if len(graded) > 1 else ""
+        levels = tuple(task.difficulty_levels)
+        rated = []  # (teacher, matched student, level, solve rate) of the task's valid proposals with a level
+        for p in proposals:
+            if p.task != task_name or p.problem is None or not p.problem.valid:
+                continue
+            level = task.difficulty(p.problem)
+            if level is None:
+                continue
+            if level not in levels:
+                raise PluginError(f"task {task_name!r}: difficulty {level!r} is not one of its levels {levels}")
+            rated.append((p.teacher.id, student_of.get(p.teacher.id), level, p.solve_rate))
+        m[f"teacher/{scope}difficulty"] = _mean([lv for _, _, lv, _ in rated])
+        for teacher in population.teachers:
+            m[f"member/{teacher.id}/{scope}difficulty"] = _mean([lv for t, _, lv, _ in rated if t == teacher.id])
+        for student in population.students:
+            for level in levels:
+                rates = [r for _, s, lv, r in rated if s == student.id and lv == level and r is not None]
+                m[f"member/{student.id}/{scope}solve_rate_at_level/{level}"] = _mean(rates)
+    return m
+
+
 def step_metrics(
     step: int,
     population: Population,
@@ -150,6 +190,7 @@ def step_metrics(
         mine = [p for p in proposals if p.task == task_name]
         m[f"task/{task_name}/validity"] = sum(p.valid for p in mine) / len(mine) if mine else None
     m.update(proposal_metrics(tasks, proposals))
+    m.update(difficulty_metrics(tasks, population, matches, proposals))
     for o in outcomes:
         m[f"match/{o.teacher}-{o.student}/solve_rate"] = o.solve_rate
     m["solve_rate"] = _mean([r.info["correct"] for r in rollouts if "correct" in r.info])

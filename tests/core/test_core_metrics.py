@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from populora_azr.problems import CodeProblem
 from populora_azr.tasks import CodeIOTask
 
-from populora_core.api.components import Completion, Match, Task
+from populora_core.api.components import Completion, Match, Problem, Task
+from populora_core.api.errors import PluginError
 from populora_core.api.population import Population
 from populora_core.run.metrics import problem_records, step_metrics
 from populora_core.run.proposals import Proposal
@@ -134,3 +136,91 @@ def test_prompt_lengths_and_the_tasks_own_prompt_metrics(step):
     assert m["task/deduction/prompt_tokens_max"] == 99
     assert m["task/deduction/references/shown"] == pytest.approx((6 + 4 + 5 + 6 + 6) / 5)
     assert "task/induction/references/shown" not in m
+
+
+@dataclass
+class _WordProblem(Problem):
+    text: str
+
+
+class _LevelledTask(Task[_WordProblem]):
+    """A task whose difficulty is its word's length (1-3): known only to the task, never in ``Problem.metrics``."""
+
+    problem_type = _WordProblem
+    difficulty_levels = (1, 2, 3)
+
+    def difficulty(self, problem: _WordProblem) -> int:
+        return len(problem.text)
+
+
+class _LevellessTask(_CodeTask):
+    def difficulty(self, problem: Any) -> int:
+        raise AssertionError("the loop asked a task without levels for a difficulty")
+
+
+def _word(task: str, teacher: Any, text: str, solve_rate: float | None, *, valid: bool = True) -> Proposal:
+    problem = _WordProblem(task, text, valid=valid)
+    return Proposal(task, teacher, None, problem=problem, solve_rate=solve_rate)
+
+
+def _levelled_step(tasks: dict[str, Task]) -> dict[str, Any]:
+    """Three teachers, two students (t0 and t2 matched with s0, t1 with s1), the same words for every task in
+    ``tasks`` that declares levels (an invalid one of length 9, outside the levels, and a proposal never parsed
+    besides), one valid program for each task without."""
+    pop = Population.create(3, 2)
+    t0, t1, t2 = pop.teachers
+    matches = [Match(t0.id, "s0"), Match(t1.id, "s1"), Match(t2.id, "s0")]
+    proposals = []
+    for name, task in tasks.items():
+        if not task.difficulty_levels:
+            proposals.append(_proposal(name, t0, "def f(a): return a", ["1"], ctx={"shown": 1}))
+            continue
+        proposals += [
+            _word(name, t0, "a", 1.0),
+            _word(name, t0, "abc", 0.25),
+            _word(name, t0, "abcdefghi", None, valid=False),
+            _word(name, t1, "ab", 0.5),
+            _word(name, t1, "ab", 0.0),
+            _word(name, t1, "abc", None),  # every answer dropped: a level, but no solve rate
+            _word(name, t2, "a", 0.5),
+            _word(name, t2, "abc", 0.75),
+            Proposal(name, t2, None),  # never parsed
+        ]
+    return step_metrics(1, pop, defaultdict(set), tasks, matches, [], proposals, [], {})
+
+
+def _assert_levelled(m: dict[str, Any], scope: str) -> None:
+    assert m[f"member/t0/{scope}difficulty"] == pytest.approx((1 + 3) / 2)
+    assert m[f"member/t1/{scope}difficulty"] == pytest.approx((2 + 2 + 3) / 3)
+    assert m[f"member/t2/{scope}difficulty"] == pytest.approx((1 + 3) / 2)
+    assert m[f"teacher/{scope}difficulty"] == pytest.approx((1 + 3 + 2 + 2 + 3 + 1 + 3) / 7)
+    s0 = [m[f"member/s0/{scope}solve_rate_at_level/{level}"] for level in (1, 2, 3)]
+    s1 = [m[f"member/s1/{scope}solve_rate_at_level/{level}"] for level in (1, 2, 3)]
+    assert s0 == [pytest.approx((1.0 + 0.5) / 2), None, pytest.approx((0.25 + 0.75) / 2)]
+    assert s1 == [None, pytest.approx((0.5 + 0.0) / 2), None]
+
+
+def test_a_task_with_levels_logs_teacher_difficulty_and_solve_rate_per_level():
+    m = _levelled_step({"words": _LevelledTask(), "deduction": _LevellessTask()})
+    _assert_levelled(m, "")
+    assert not any("/words/" in key and ("difficulty" in key or "at_level" in key) for key in m)
+
+
+def test_a_task_without_levels_logs_no_difficulty():
+    m = _levelled_step({"deduction": _LevellessTask()})
+    assert [key for key in m if "difficulty" in key or "solve_rate_at_level" in key] == []
+
+
+def test_two_tasks_with_levels_name_the_task_in_each_key():
+    m = _levelled_step({"words": _LevelledTask(), "letters": _LevelledTask()})
+    _assert_levelled(m, "words/")
+    _assert_levelled(m, "letters/")
+    assert "teacher/difficulty" not in m and "member/t0/difficulty" not in m
+
+
+def test_a_difficulty_outside_the_declared_levels_is_a_plugin_error():
+    class Narrow(_LevelledTask):
+        difficulty_levels = (1, 2)
+
+    with pytest.raises(PluginError, match=r"task 'words': difficulty 3 is not one of its levels \(1, 2\)"):
+        _levelled_step({"words": Narrow()})

@@ -123,14 +123,14 @@ def multi(runs, tmp_path_factory):
     return cwd, res
 
 
-def _assert_self_contained(page: str, out_dir: Path) -> None:
+def _assert_self_contained(page: str, out_dir: Path, pngs: tuple[str, ...] = PNGS) -> None:
     refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", page, flags=re.I)
     assert refs, "the page embeds its figures"
     assert all(r.startswith("data:") or r.startswith("#") for r in refs), [r[:40] for r in refs]
     assert "<link" not in page.lower() and "<script" not in page.lower() and "url(" not in page
     # every figure is embedded byte for byte
     embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    files = {(out_dir / name).read_bytes() for name in PNGS}
+    files = {(out_dir / name).read_bytes() for name in pngs}
     assert {base64.b64decode(e) for e in embedded} == files
 
 
@@ -506,6 +506,85 @@ def test_probe_axes_span_the_data_so_a_point_shows(tmp_path, drawn):
         assert 20 < low < 29 and 31 < high < 40 and ax.get_ylabel().endswith("(%)")
     low, high = drawn["arms.png"].axes[-1].get_ylim()
     assert 20 < low < 29 and 31 < high < 40
+
+
+LEVEL_PNGS = ("difficulty.png", "solve_rate_by_level.png")
+
+
+def _titled(fig, title: str):
+    (ax,) = [ax for ax in fig.axes if ax.get_title() == title]
+    return ax
+
+
+def _lines(ax) -> dict[str, tuple[list[float], list[float]]]:
+    return {str(ln.get_label()): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+
+
+def test_difficulty_figures_draw_every_member_of_a_population_beside_its_single_agent(tmp_path, drawn):
+    """Teachers' proposal difficulty (a line each, all teachers in black) and each student's solve rate per level
+    (a panel each, a line per level), one column per run: the numbers of events.jsonl, drawn as logged."""
+    pop = write_run(tmp_path / "pop", steps=12, levels=4)
+    agent = {"name": "synthetic-single", "mode": "single_agent", "students": {"a0": 0.2}}
+    single = write_run(tmp_path / "single", steps=12, levels=4, **agent)
+    out = tmp_path / "out"
+    page = render_report([pop, single], out).read_text()
+    _assert_self_contained(page, out, PNGS + LEVEL_PNGS)
+    assert '<section id="fig-difficulty">' in page and '<section id="fig-solve-rate-by-level">' in page
+    assert "<h2>Teachers&#x27; proposal difficulty over time</h2>" in page
+    steps = [json.loads(line) for line in (pop / "events.jsonl").read_text().splitlines()]
+    xs = [r["step"] for r in steps]
+
+    teachers = _lines(_titled(drawn["difficulty.png"], "pop (synthetic-2t2s)"))
+    assert set(teachers) == {"t0", "t1", "all teachers"}
+    assert teachers["t0"] == (xs, [r["member/t0/difficulty"] for r in steps])
+    assert teachers["all teachers"] == (xs, [r["teacher/difficulty"] for r in steps])
+    assert set(_lines(_titled(drawn["difficulty.png"], "single (synthetic-single)"))) == {"a0", "all teachers"}
+
+    by_level = drawn["solve_rate_by_level.png"]
+    panels = {ax.get_title() for ax in by_level.axes if ax.axison}
+    assert panels == {"pop (synthetic-2t2s): s0", "pop (synthetic-2t2s): s1", "single (synthetic-single): a0"}
+    s1 = _lines(_titled(by_level, "pop (synthetic-2t2s): s1"))
+    assert list(s1) == ["level 1", "level 2", "level 3", "level 4"]
+    assert s1["level 2"] == (xs, [r["member/s1/solve_rate_at_level/2"] for r in steps])
+    assert s1["level 4"][0] == [x for x in xs if x % 2 == 0]  # a step with none of a level has no point
+    colours = [ln.get_color() for ln in _titled(by_level, "single (synthetic-single): a0").get_lines()]
+    assert colours == [ln.get_color() for ln in _titled(by_level, "pop (synthetic-2t2s): s0").get_lines()]
+    assert len(set(map(str, colours))) == 4  # the levels as colours, the same in every panel
+
+
+def test_difficulty_figures_are_left_out_of_runs_that_logged_no_difficulty(tmp_path, drawn):
+    with_levels, without = write_run(tmp_path / "levels", steps=6, levels=3), write_run(tmp_path / "plain", steps=6)
+    out = tmp_path / "out"
+    page = render_report([with_levels, without], out).read_text()
+    assert "plain (synthetic-2t2s): no proposal difficulty in events.jsonl" in page  # beside a run that has it
+    assert "plain (synthetic-2t2s): no solve rates per level in events.jsonl" in page
+    assert all((out / name).is_file() for name in LEVEL_PNGS)
+    drawn.clear()
+    page = render_report([without], out).read_text()  # rendered again into the same directory
+    assert "fig-difficulty" not in page and "fig-solve-rate-by-level" not in page and "difficulty level" not in page
+    assert "proposal difficulty over time" not in page
+    assert not any((out / name).exists() for name in LEVEL_PNGS) and set(drawn) == set(PNGS)
+    _assert_self_contained(page, out)
+
+
+def test_difficulty_of_several_tasks_is_drawn_per_task(tmp_path, drawn):
+    """Two tasks declaring levels log under their names (``member/<id>/<task>/difficulty``): a row per task."""
+    run_dir = write_run(tmp_path / "two", steps=4)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    for rec in events:
+        for task, level in (("add", 1.0), ("mul", 2.0)):
+            rec |= {f"member/t0/{task}/difficulty": level, f"teacher/{task}/difficulty": level}
+            rec |= {f"member/s0/{task}/solve_rate_at_level/{lv}": 0.5 for lv in (1, 2, 10)}
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+    run = load_run(run_dir)
+    assert run.difficulty_scopes() == ["add/", "mul/"] and run.level_members("mul/") == {"s0": [1, 2, 10]}
+    assert run.level_members("") == {}
+    render_report([run_dir], tmp_path / "out")
+    for task, level in (("add", 1.0), ("mul", 2.0)):
+        lines = _lines(_titled(drawn["difficulty.png"], f"two (synthetic-2t2s) ({task})"))
+        assert lines["t0"] == ([1, 2, 3, 4], [level] * 4)
+        panel = _titled(drawn["solve_rate_by_level.png"], f"two (synthetic-2t2s): s0 ({task})")
+        assert list(_lines(panel)) == ["level 1", "level 2", "level 10"]
 
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
