@@ -34,7 +34,6 @@ class ArithProblem(Problem):
 class ArithTask(Task[ArithProblem]):
     name = "arith"
     problem_type = ArithProblem
-    teacher_metrics = ("level",)
     difficulty_levels = world.LEVELS
 
     def __init__(self, params: Any, rng: Any) -> None:

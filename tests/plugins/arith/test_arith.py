@@ -124,7 +124,7 @@ def test_levels_carries_and_reversed_answers_on_hand_checked_sums(a, b, level, c
 def test_the_task_declares_its_levels_as_its_difficulty():
     task = _task()
     assert task.difficulty_levels == (1, 2, 3, 4, 5, 6) == world.LEVELS
-    assert task.teacher_metrics == ("level",)
+    assert task.teacher_metrics == ()  # member/<t>/difficulty says it; no second copy as member/<t>/level
     (problem,) = task.parse_proposals(["123+4"], [[1]], ["t0@v1"])
     assert task.difficulty(problem) == 3
     assert task.problem_metrics([problem, task._problem(1, 2, "x")]) == {
