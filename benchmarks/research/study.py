@@ -234,6 +234,8 @@ FORMATS = {  # how a pooled measure is printed, by the start of its name; probe 
     "oscillation/amplitude": ".3f",
     "coverage/": ".2f",
     "validity": ".2f",
+    "difficulty_slope": "+.4f",
+    "train/": ".3f",
 }
 
 
@@ -242,7 +244,7 @@ def _stat(stat: dict[str, Any], key: str = "probe/") -> str:
     if stat["mean"] is None:
         return "-"
     fmt = next((f for prefix, f in FORMATS.items() if key.startswith(prefix)), ".1f")
-    scale = 100 if key.startswith("probe/") else 1
+    scale = 100 if key.startswith(("probe/", "heldout/")) else 1
     text = format(scale * stat["mean"], fmt)
     return text if stat["low"] is None else f"{text} [{scale * stat['low']:{fmt}}, {scale * stat['high']:{fmt}}]"
 
@@ -446,6 +448,9 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
              for label, _ in arms}
             for seed in seeds
         ]  # fmt: skip
+        for row, seed_outcomes in zip(rows, outcomes, strict=True):  # what --compare pairs by seed
+            for label, _ in arms:
+                row[label]["heldout"] = seed_outcomes[label]["accuracy"]
         measured = {
             "heldout": claims.heldout_claims(outcomes),
             "runs": claims.run_claims(rows, lambda r, arm, key: r[arm]["dynamics"].get(key)),
@@ -490,7 +495,8 @@ def _base_model(run_dir: Path) -> str:
     """The base model a run's recipe names (what the study's title says it measured)."""
     import yaml
 
-    return str(yaml.safe_load((run_dir / "recipe.yaml").read_text()).get("base_model", "?"))
+    base = yaml.safe_load((run_dir / "recipe.yaml").read_text()).get("base_model", "?")
+    return str(base.get("name", "?") if isinstance(base, dict) else base)  # the resolved recipe: {name, params}
 
 
 #: what compare pairs: (label, value of one arm's row)
@@ -510,6 +516,8 @@ COMPARED: list[tuple[str, Any]] = [
         )
     ],
     ("validity", lambda arm: arm.get("validity_mean")),
+    *[(f"heldout/{key}", lambda arm, k=key: (arm.get("heldout") or {}).get(k)) for key in ("mean", "best", "weakest")],
+    *[(key, lambda arm, k=key: arm["dynamics"].get(k)) for key in ("difficulty_slope", "train/solve_rate")],
 ]
 
 
