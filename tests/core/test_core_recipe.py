@@ -284,3 +284,37 @@ def test_the_recipe_keys_page_is_current_and_documents_every_key():
     assert printed.returncode == 0 and printed.stdout.startswith("# Recipe keys") and "### `trr++`" in printed.stdout
     refused = run_cli("keys", "--markdown", "trainer")
     assert refused.returncode == 2 and "--markdown prints the whole reference" in refused.stderr
+
+
+def test_shipped_recipes_by_name_from_any_folder_list_show_copy_and_unknown_names(tmp_path):
+    """`populora recipes` lists what ships (one line each), `show` prints one, `copy` writes an editable copy; a name
+    that is neither a file nor shipped is exit 2 with did-you-mean and the list; a file of that name wins."""
+    from populora_core.recipe.shipped import SHIPPED_DIR, shipped_recipes
+
+    listed = run_cli("recipes", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(shipped_recipes()) and len(lines) >= 14
+    assert any(line.startswith("nano ") and "quickstart" in line for line in lines)
+    shown = run_cli("recipes", "show", "azr_7b", cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout == (SHIPPED_DIR / "azr_7b.yaml").read_text()
+
+    assert run_cli("validate", "nano", cwd=tmp_path).returncode == 0  # by name, from a folder without recipes/
+    assert run_cli("validate", "nano.yaml", cwd=tmp_path).returncode == 0
+    for args in (("run", "nanoo", "--dry-run"), ("validate", "azr_7bb"), ("recipes", "show", "nano_studdy")):
+        wrong = run_cli(*args, cwd=tmp_path)
+        assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+        assert "did you mean" in wrong.stderr and "shipped recipes: azr_7b, " in wrong.stderr, wrong.stderr
+    outside = run_cli("run", "recipes/nano.yaml", "--dry-run", cwd=tmp_path)  # the clone's path, outside a clone
+    assert outside.returncode == 2 and "`populora run nano` runs the shipped recipe" in outside.stderr
+
+    copied = run_cli("recipes", "copy", "nano", cwd=tmp_path)
+    assert copied.returncode == 0 and (tmp_path / "nano.yaml").read_text() == (SHIPPED_DIR / "nano.yaml").read_text()
+    again = run_cli("recipes", "copy", "nano", cwd=tmp_path)
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    (tmp_path / "mine").mkdir()
+    assert run_cli("recipes", "copy", "nano_study", "mine", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "mine" / "nano_study.yaml").is_file()
+    (tmp_path / "nano.yaml").write_text((tmp_path / "nano.yaml").read_text().replace("steps: 32", "steps: 5"))
+    dry = run_cli("run", "nano.yaml", "--dry-run", cwd=tmp_path)  # the local file wins over the shipped name
+    assert dry.returncode == 0 and "\nsteps: 5\n" in dry.stdout
