@@ -160,7 +160,7 @@ def run(
 
     \b
     Overrides are YAML values at dotted paths; list items by index:
-      populora run recipes/nano.yaml seed=1 steps=8 --run-dir runs/nano-s1
+      populora run recipes/nano.yaml seed=1 steps=12 --run-dir runs/nano-s1
       populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
       populora run recipes/azr_7b.yaml --dry-run     # the recipe as it would run, and whether it fits
       populora run recipes/nano.yaml --init-from runs/nano-single --run-dir runs/nano-warm
@@ -169,6 +169,7 @@ def run(
     if init_from is not None:
         overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
+    short = _warn_short_run(model)
     if dry_run:
         _dry_run(manager, recipe, model, resolved, run_dir)
         return
@@ -185,7 +186,19 @@ def run(
     click.echo(startup, err=True)
     run_obj = start_run(model, resolved, directory, manager)
     directory.log_line(startup)
+    if short:
+        directory.log_line(f"warning: {short}")
     _execute(run_obj, directory, progress)
+
+
+def _warn_short_run(model: Any) -> str | None:
+    """Say on stderr when the recipe's steps leave evolution no chance to make a child; returns the warning."""
+    from ..recipe.validate import evolution_warning
+
+    warning = evolution_warning(model)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    return warning
 
 
 def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], run_dir: str | None) -> None:
@@ -362,6 +375,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
         f"{recipe}: ok ({model.name}, {pop.teachers}T-{pop.students}S "
         f"{pop.mode}, {len(model.component_refs())} components)"
     )
+    _warn_short_run(model)
     slots = pop.adapters
     proposals = pop.teachers * ro.proposals_per_teacher * len(model.tasks)
     samples = proposals * ro.solver_samples

@@ -151,7 +151,7 @@ def export(manager: Any, run_dir: str, member: str, out: str, merge: bool) -> No
     """
     from .export import export as export_member
 
-    click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry)))
+    click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry, manager=manager)))
 
 
 @click.command()

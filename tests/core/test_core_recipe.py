@@ -318,3 +318,41 @@ def test_shipped_recipes_by_name_from_any_folder_list_show_copy_and_unknown_name
     (tmp_path / "nano.yaml").write_text((tmp_path / "nano.yaml").read_text().replace("steps: 32", "steps: 5"))
     dry = run_cli("run", "nano.yaml", "--dry-run", cwd=tmp_path)  # the local file wins over the shipped name
     assert dry.returncode == 0 and "\nsteps: 5\n" in dry.stdout
+
+
+def test_short_runs_warn_that_evolution_makes_no_child_and_name_the_smallest_steps_that_do(tmp_path):
+    """nano (every 4, ready_after 8): steps=4 has no selection before its last step, steps=8 selects at step 4 when
+    nobody has played 8 matches; both warn in `validate` and the dry run, naming steps=9; steps=9 does not warn."""
+    for steps in (4, 8):
+        for args in (("validate", "nano", f"steps={steps}"), ("run", "nano", f"steps={steps}", "--dry-run")):
+            result = run_cli(*args, cwd=tmp_path)
+            assert result.returncode == 0, result.stderr
+            assert f"warning: evolution will make no child in {steps} steps" in result.stderr, result.stderr
+            assert "steps=9 or more makes a child" in result.stderr
+    for steps in (9, 32):
+        quiet = run_cli("validate", "nano", f"steps={steps}", cwd=tmp_path)
+        assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    fast = run_cli("validate", "nano", "steps=4", "evolution.every=1", "evolution.ready_after=2", cwd=tmp_path)
+    assert fast.returncode == 0 and "warning" not in fast.stderr  # selects at steps 2 and 3: a child
+    assert "steps=3 or more" in run_cli("validate", "nano", "steps=2", "evolution.every=1", cwd=tmp_path).stderr
+    single = run_cli("validate", "nano_single_agent", "steps=2", cwd=tmp_path)  # never evolves: nothing to warn
+    assert single.returncode == 0 and "warning" not in single.stderr
+
+
+def test_the_readmes_short_run_examples_make_a_child():
+    """Every `populora run RECIPE ... steps=N` in the README leaves evolution a chance (no short-run warning)."""
+    from populora_core.recipe.validate import evolution_warning
+
+    readme = (TESTS.parent / "README.md").read_text()
+    examples = [
+        line.split("#", 1)[0].split()
+        for line in readme.splitlines()
+        if "populora run " in line and " steps=" in line and not line.startswith("|")
+    ]
+    assert len(examples) >= 2, examples
+    for words in examples:
+        recipe = words[words.index("run") + 1]
+        recipe = {"my.yaml": "nano"}.get(recipe, recipe)  # the README's copy of nano
+        overrides = [w for w in words if "=" in w and not w.startswith("-")]
+        model, _ = load_recipe(recipe if "/" not in recipe else TESTS.parent / recipe, overrides)
+        assert evolution_warning(model) is None, words
