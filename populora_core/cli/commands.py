@@ -169,8 +169,8 @@ def run(
     if init_from is not None:
         overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
-    short = _warn_short_run(model)
     if dry_run:
+        _warn_short_run(model)
         _dry_run(manager, recipe, model, resolved, run_dir)
         return
     _apply_runtime(model.runtime)
@@ -186,6 +186,8 @@ def run(
     click.echo(startup, err=True)
     run_obj = start_run(model, resolved, directory, manager)
     directory.log_line(startup)
+    directory.log_line(run_obj.sources)
+    short = _warn_short_run(model)  # once the run has started: a failed start says only why it failed
     if short:
         directory.log_line(f"warning: {short}")
     _execute(run_obj, directory, progress)
@@ -301,19 +303,19 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 @cli.command(cls=RecipeCommand)
 @click.argument("run_dir", type=click.Path())
 @click.argument("overrides", nargs=-1)
-@click.option("--progress/--no-progress", default=None)
+@click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
 @click.pass_obj
 def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: bool | None) -> None:
     """Continue a run from its last complete checkpoint (one killed before its first starts over).
 
-    OVERRIDES: ``cluster.name=ray cluster.params.workers=4`` (or ``cluster.name=local cluster.params={}``)
-    continue it on other hardware with the same result; ``steps=N`` extends a run (a finished one too) to N
-    steps, computing what a run planned for N steps does after its last step. Nothing else may change.
+    OVERRIDES: 'cluster=ray cluster.params.workers=4' (or 'cluster=local') continue it on other hardware with the
+    same result; 'steps=N' extends a run (a finished one too) to N steps, computing what a run planned for N
+    steps does after its last step. Nothing else may change.
 
     \b
       populora resume runs/nano
       populora resume runs/nano steps=64             # 32 more steps
-      populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
+      populora resume runs/azr-7b cluster=ray cluster.params.workers=4
     """
     from ..recipe.overrides import apply_overrides
     from ..recipe.validate import parse_recipe
@@ -345,6 +347,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     resuming = f"resuming {run_dir} at step {run_obj.step}"
     click.echo(resuming, err=True)
     directory.log_line(resuming + (f" ({' '.join(overrides)})" if overrides else ""))
+    directory.log_line(run_obj.sources)
     _execute(run_obj, directory, progress)
 
 
@@ -356,7 +359,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe (structure, then every component's params) without running it, and print its
     rollout budget per slot and step: what a compute-matched single-agent baseline must equal.
 
-    A slot is one adapter (a population has teachers + students of them; a single agent has ``teachers``,
+    A slot is one adapter (a population has teachers + students of them; a single agent has 'teachers',
     each playing both roles). Per step, for the whole run: proposals = teachers x proposals_per_teacher x
     task types; solver samples <= proposals x solver_samples (only valid proposals are solved); buffer
     solves = students x buffer_problems_per_student x task types; trained rollouts <= proposals + buffer

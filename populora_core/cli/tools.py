@@ -163,8 +163,9 @@ def runs(directory: str, as_json: bool) -> None:
     \b
       populora runs
       populora runs /scratch/study --json
-    Status: running (its process holds the run's lock), finished, stopped (`populora resume` continues it), or
-    unreadable (its recipe.yaml does not parse; the reason is shown).
+    Status: running (its process holds the run's lock), finished, stopped (`populora resume` continues it),
+    damaged (a checkpoint is damaged: the step a resume goes on from, or that none can; `populora resume` sets the
+    damage aside in RUN/damaged/), or unreadable (its recipe.yaml does not parse; the reason is shown).
     """
     from pathlib import Path
 

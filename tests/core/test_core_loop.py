@@ -629,6 +629,9 @@ def test_ctrl_c_names_the_command_that_continues_the_run(env, tmp_path):
     assert int((run_dir / "checkpoints" / "LATEST").read_text()) == 6
     # RUN/run.log: what the terminal showed, without the bar, across the interruption and the resume
     logged = [line.split(" ", 1)[1] for line in (run_dir / "run.log").read_text().splitlines()]
+    sources = [line for line in logged if line.startswith("components: ")]  # each session's plugins and packages
+    assert len(sources) == 2 and all("trainer fake (file:fake_stack: " in line for line in sources), sources
+    logged = [line for line in logged if line not in sources]
     assert logged[0].startswith(f"populora run {RECIPE} -> {run_dir} (")
     assert [line.split(" solve")[0] for line in logged if line.startswith("step ")] == [
         "step 1/6", "step 2/6", "step 3/6", "step 4/6", "step 5/6", "step 6/6",
