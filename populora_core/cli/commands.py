@@ -13,7 +13,7 @@ from .. import __version__
 from ..api.errors import PluginError, UserError
 from ..plugin.manager import get_manager
 from . import tools as cli_tools
-from .tools import complete_override
+from .tools import complete_override, complete_recipe
 
 
 class PopuloraGroup(click.Group):
@@ -136,7 +136,7 @@ def _apply_runtime(section: Any) -> None:
 
 
 @cli.command(cls=RecipeCommand)
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
@@ -260,7 +260,7 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
 
 
 @cli.command(cls=RecipeCommand)
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--out", type=click.Path(), required=True, help="JSONL file to write (Problem records).")
 @click.option("--per-type", type=int, default=256, show_default=True, help="Valid seeds per task type (AZR: 256).")
@@ -352,7 +352,7 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
 
 
 @cli.command(cls=RecipeCommand)
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.pass_obj
 def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:

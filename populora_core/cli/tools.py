@@ -22,6 +22,16 @@ def complete_override(ctx: click.Context, param: click.Parameter, incomplete: st
     return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
 
 
+def complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Shell completion of a RECIPE: the shipped recipes' names, then files (the shell completes those)."""
+    from click.shell_completion import CompletionItem
+
+    from ..recipe.shipped import shipped_recipes
+
+    names = [CompletionItem(name) for name in shipped_recipes() if name.startswith(incomplete)]
+    return [*names, CompletionItem(incomplete, type="file")]
+
+
 @click.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
@@ -99,7 +109,7 @@ def plugins(manager: Any, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option(
     "--gpus", type=int, help="GPUs; members are split over them (default: what the recipe's cluster reserves, else 1)."

@@ -248,6 +248,11 @@ def test_shell_completion_script_and_recipe_keys_complete(tmp_path):
     assert done.stdout.split() == ["plain,rollout.solver_samples", "plain,rollout.solve_max_tokens"]
     commands = run_cli(env={"COMP_WORDS": "populora do", "COMP_CWORD": "1", "_POPULORA_COMPLETE": "bash_complete"})
     assert commands.stdout.split() == ["plain,doctor"]
+    for command in ("run", "validate", "plan", "seed"):  # a RECIPE: the shipped names, then the shell's files
+        named = run_cli(
+            env={"COMP_WORDS": f"populora {command} nano_s", "COMP_CWORD": "2", "_POPULORA_COMPLETE": "bash_complete"}
+        )
+        assert named.stdout.split() == ["plain,nano_single_agent", "plain,nano_study", "file,nano_s"], named.stdout
 
 
 def test_every_command_help_shows_an_example():
