@@ -168,6 +168,39 @@ def make_oracle_engine(params, *, base_model, lora, seed):
     return OracleEngine()
 
 
+class SplitEngine(OracleEngine):
+    """Like :class:`OracleEngine` for the base; an adapter named ``*gsm*`` is right on every gsm8k problem and no
+    aime24 one, ``*aime*`` on the first 2 aime24 problems and no gsm8k one: AVG (aime24 alone: AZR's averages
+    leave GSM8K out) and the mean over both benchmarks rank them in opposite orders."""
+
+    def generate(self, requests, sampling):
+        from populora_evals.evaluators import BENCHMARKS
+
+        from populora_core.api.components import Completion
+
+        gsm = {item["question"] for item in BENCHMARKS["gsm8k"]().items(30)}
+        CALLS.append(len(requests))
+        out = []
+        for req in requests:
+            question, answer, index = next((q, a, i) for q, a, i in self.gold if q in req.prompt)
+            name = req.adapter.name if req.adapter else ""
+            if req.adapter is None:
+                right = index < 5
+            elif "gsm" in name:
+                right = question in gsm
+            else:
+                right = question not in gsm and index < 2
+            text = f" reasoning </think> <answer>\\boxed{{{answer if right else answer + '1'}}}</answer>"
+            out.append(
+                [Completion(text=text, token_ids=[1, 2, 3], logprobs=[0.0] * 3, prompt_token_ids=[0])] * sampling.n
+            )
+        return out
+
+
+def make_split_engine(params, *, base_model, lora, seed):
+    return SplitEngine()
+
+
 def write_run(
     run_dir: Path, base_model: str, members: list[tuple[str, str, int]], *, base_dir: Path | None = None, seed: int = 0
 ) -> Path:

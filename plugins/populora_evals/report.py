@@ -59,12 +59,23 @@ def _fmt(value: float | None, delta: bool = False) -> str:
     return f"{value:+.1f}" if delta else f"{value:.1f}"
 
 
+def cell(results: dict[str, Any], label: str, column: str, value: float | None) -> str:
+    """A table cell: the score (a Δ row: the difference) and, for a benchmark, its 95 % interval over problems."""
+    delta = label.startswith("Δ ")
+    text = _fmt(value, delta)
+    table = results.get("delta_intervals", {}) if delta else results.get("intervals", {})
+    interval = table.get(label[2:] if delta else label, {}).get(column)
+    if value is None or not interval:
+        return text
+    lo, hi = interval
+    return f"{text} [{_fmt(lo, delta)}, {_fmt(hi, delta)}]"
+
+
 def markdown(results: dict[str, Any]) -> str:
     cols = results["columns"]
     lines = ["| model | " + " | ".join(header(results, c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for label, row in table_rows(results):
-        delta = label.startswith("Δ")
-        lines.append(f"| {label} | " + " | ".join(_fmt(row.get(c), delta) for c in cols) + " |")
+        lines.append(f"| {label} | " + " | ".join(cell(results, label, c, row.get(c)) for c in cols) + " |")
     avg = results["averages_of"]
     n = results["settings"]["n"]
     foot = [
@@ -72,8 +83,17 @@ def markdown(results: dict[str, Any]) -> str:
         f"CAvg = mean of {', '.join(avg['code_avg']) or 'none'}; "
         f"MAvg = mean of {', '.join(avg['math_avg']) or 'none'}; AVG = (CAvg + MAvg) / 2 (AZR)."
     ]
+    if results.get("intervals"):
+        foot.append(
+            f"[lo, hi]: {100 * results.get('interval_level', 0.95):.0f} % bootstrap interval with problems as units "
+            "(each problem resampled whole); a Δ row's pairs each problem with the reference's outcome on it."
+        )
     if results.get("best_member"):
-        foot.append(f"Best member: {results['best_member']}; weakest: {results['weakest_member']}.")
+        by = ", ".join(results.get("ranked_by") or []) or "AVG"
+        foot.append(
+            f"Best member: {results['best_member']}; weakest: {results['weakest_member']} (by the mean score over "
+            f"the benchmarks that ran: {by})."
+        )
     for name, info in results["benchmarks"].items():
         too_long = info.get("too_long")
         too_long = f" ({too_long} more longer than the model's context: skipped)" if too_long else ""
@@ -163,5 +183,9 @@ def print_table(results: dict[str, Any]) -> None:
     for c in cols:
         table.add_column(header(results, c), justify="right")
     for label, row in table_rows(results):
-        table.add_row(label, *(_fmt(row.get(c), label.startswith("Δ")) for c in cols))
-    Console(width=max(100, 12 * (len(cols) + 2))).print(table)
+        table.add_row(label, *(cell(results, label, c, row.get(c)) for c in cols))
+    console = Console(width=max(100, 20 * (len(cols) + 2)))
+    console.print(table)
+    if results.get("best_member"):
+        by = ", ".join(results.get("ranked_by") or []) or "AVG"
+        console.print(f"best member: {results['best_member']}, weakest: {results['weakest_member']} (mean over {by})")

@@ -229,7 +229,10 @@ class Evaluation:
             results.update(self._generate_and_grade(ev, items, todo, timing, bar))
         for subject in self.target.subjects:
             _write_samples(self.out / "samples" / _safe(subject.label) / f"{bench.name}.jsonl", results[subject.label])
-        return {label: {k: v for k, v in e.items() if k != "samples"} for label, e in results.items()}
+        return {
+            label: {**{k: v for k, v in e.items() if k != "samples"}, "outcomes": _outcomes(e)}
+            for label, e in results.items()
+        }
 
     def _budgets(self, bench: Benchmark, prompts: list[str]) -> list[int | None]:
         """Each prompt's budget of new tokens: the benchmark's, or what the model's context leaves (rounded down to
@@ -384,6 +387,14 @@ def _entry(bench: Benchmark, items, texts, correct, base_ok, ks) -> dict[str, An
     return entry
 
 
+def _outcomes(entry: dict[str, Any]) -> dict[str, float]:
+    """Each graded problem's outcome (its share of correct samples: 1/0 greedy), by problem id: the units of the
+    intervals and of pairing a member with the base."""
+    return {
+        str(row["id"]): sum(row["correct"]) / len(row["correct"]) for row in entry.get("samples", []) if row["correct"]
+    }
+
+
 def _write_samples(path: Path, entry: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
@@ -440,6 +451,36 @@ def _mean(vals: list[float]) -> float:
     return sum(vals) / len(vals)
 
 
+#: Intervals: 95 % percentile bootstrap over problems, seeded (the run summary's and the report's settings).
+LEVEL, RESAMPLES, BOOTSTRAP_SEED = 0.95, 2000, 0
+
+
+def problem_interval(
+    groups: list[dict[str, float]], reference: list[dict[str, float]] | None = None
+) -> list[float] | None:
+    """The 95 % interval (in %) of the mean score of ``groups`` (one subject, or several averaged), minus that of
+    ``reference`` when given (paired: the same problem for both), with problems as units: each problem's outcome is
+    resampled whole, so how hard the drawn problems are cancels in a difference. None without a shared problem."""
+    from populora_core.api.probe import cluster_bootstrap
+
+    everyone = [*groups, *(reference or [])]
+    if not everyone:
+        return None
+    ids = sorted(set.intersection(*(set(g) for g in everyone)))
+    if not ids:
+        return None
+    units = [[_mean([g[i] for g in groups]) - (_mean([r[i] for r in reference]) if reference else 0.0)] for i in ids]
+    lo, hi = cluster_bootstrap(units, resamples=RESAMPLES, seed=BOOTSTRAP_SEED, level=LEVEL)
+    return [100.0 * lo, 100.0 * hi]
+
+
+def ranking_score(row: dict[str, float | None], benchmarks: list[str]) -> float:
+    """What best and weakest are ranked by: the mean score over the benchmarks that ran, each counted once (AVG
+    leaves out those outside AZR's averages, such as nano_heldout or GSM8K)."""
+    values = [v for b in benchmarks if (v := row.get(b)) is not None]
+    return _mean(values) if values else 0.0
+
+
 def aggregate(
     target: Target,
     benches: list[Benchmark],
@@ -452,6 +493,10 @@ def aggregate(
     columns = [*names, *COLUMNS_AVG]
     subjects = []
     rows: dict[str, dict[str, float | None]] = {}
+    outcomes = {s.label: {b: scores[s.label][b].pop("outcomes", {}) for b in names} for s in target.subjects}
+    intervals: dict[str, dict[str, list[float] | None]] = {
+        s.label: {b: problem_interval([outcomes[s.label][b]]) for b in names} for s in target.subjects
+    }
     for s in target.subjects:
         row = _row({b: scores[s.label][b]["score"] for b in names})
         rows[s.label] = row
@@ -474,24 +519,46 @@ def aggregate(
         summary["population mean"] = _stat(pop, columns, _mean)
         summary["population best"] = _stat(pop, columns, max)
         summary["population weakest"] = _stat(pop, columns, min)
-        ranked = sorted(zip(pop_labels, pop), key=lambda lr: lr[1]["overall"] or 0.0)
+        ran = [b for b in names if any(r.get(b) is not None for r in pop)]
+        ranked = sorted(zip(pop_labels, pop), key=lambda lr: ranking_score(lr[1], ran))
         out["best_member"], out["weakest_member"] = ranked[-1][0], ranked[0][0]
-    base_rows = [rows[s.label] for s in target.subjects if s.group == "baseline"]
+        out["ranked_by"] = ran
+        intervals["population mean"] = {b: problem_interval([outcomes[lbl][b] for lbl in pop_labels]) for b in names}
+    baseline_labels = [s.label for s in target.subjects if s.group == "baseline"]
+    base_rows = [rows[label] for label in baseline_labels]
     if base_rows:
         summary["baseline"] = _stat(base_rows, columns, _mean)
+        intervals["baseline"] = {b: problem_interval([outcomes[lbl][b] for lbl in baseline_labels]) for b in names}
     reference_name = "baseline" if base_rows else "base"
     reference = summary.get("baseline") or rows.get("base")
+    reference_labels = baseline_labels if base_rows else ["base"]
     deltas: dict[str, dict[str, float | None]] = {}
+    delta_intervals: dict[str, dict[str, list[float] | None]] = {}
+
+    def difference(row: dict[str, float | None], ref: dict[str, float | None]) -> dict[str, float | None]:
+        return {
+            c: row[c] - ref[c] if row.get(c) is not None and ref.get(c) is not None else None  # type: ignore[operator]
+            for c in columns
+        }
+
     if reference is not None:
         for name in ("population mean", "population best", "population weakest"):
             if name in summary:
-                deltas[f"{name} - {reference_name}"] = {
-                    c: (
-                        summary[name][c] - reference[c]  # type: ignore[operator]
-                        if summary[name].get(c) is not None and reference.get(c) is not None
-                        else None
-                    )
-                    for c in columns
+                deltas[f"{name} - {reference_name}"] = difference(summary[name], reference)
+        if "population mean" in summary:
+            delta_intervals[f"population mean - {reference_name}"] = {
+                b: problem_interval(
+                    [outcomes[lbl][b] for lbl in pop_labels], [outcomes[lbl][b] for lbl in reference_labels]
+                )
+                for b in names
+            }
+    if "base" in rows:  # each member paired against the base, problem by problem
+        for s in target.subjects:
+            if s.group in ("population", "adapter", "baseline"):
+                key = f"{s.label} - base"
+                deltas[key] = difference(rows[s.label], rows["base"])
+                delta_intervals[key] = {
+                    b: problem_interval([outcomes[s.label][b]], [outcomes["base"][b]]) for b in names
                 }
     out.update(
         {
@@ -523,6 +590,9 @@ def aggregate(
             "summary": summary,
             "deltas": deltas,
             "delta_reference": reference_name,
+            "intervals": intervals,
+            "delta_intervals": delta_intervals,
+            "interval_level": LEVEL,
             "timings": timings,
             "notes": target.notes,
         }

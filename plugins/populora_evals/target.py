@@ -182,6 +182,30 @@ def run_subjects(run_dir: Path, roles: str, group: str, prefix: str = "") -> tup
     return subjects, notes
 
 
+def _check_not_a_missing_folder(target: str) -> None:
+    """A TARGET written as a path that does not exist (``runs/nanoo``: its folder ``runs/`` is here) is named as a
+    missing run directory with the nearest one, not sent to the hub as a model id; a registered name passes."""
+    import difflib
+
+    from populora_core.api import get_registry
+
+    path = Path(target).expanduser()
+    if path.exists() or target in get_registry().names("base_model"):
+        return
+    written_as_path = target.startswith((".", "/", "~")) or target.endswith("/") or target.count("/") > 1
+    parent = path.parent
+    if not written_as_path and not (str(parent) not in ("", ".") and parent.is_dir()):
+        return  # org/name: a hub id
+    siblings = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+    near = difflib.get_close_matches(path.name, siblings, n=1)
+    hint = f"did you mean {parent / near[0]}? " if near else ""
+    held = f"{parent}/ holds: {', '.join(siblings[:12])}" if siblings else f"{parent}/ does not exist"
+    raise UserError(
+        f"{target}: no such run directory, adapter folder or model folder ({hint}{held}); "
+        "`populora runs` lists the runs"
+    )
+
+
 def resolve_target(
     target: str,
     *,
@@ -217,6 +241,8 @@ def resolve_target(
     elif path.is_dir() and (path / "adapter_config.json").is_file():
         raise UserError(f"{path}: adapter_config.json present but no adapter_model.safetensors")
     else:
+        if base_model is None:
+            _check_not_a_missing_folder(target)
         model = resolve_base_model(base_model or target, dtype=dtype)
         subjects = [Subject("base", "base")]
         kind, run_dir, recipe = "base", None, {}

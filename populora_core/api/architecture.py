@@ -57,8 +57,13 @@ class Arch:
         return rank * sum(n * (d_in + d_out) for n, d_in, d_out in self.targets.values())
 
 
+#: The model configs shipped with the package's recipes (``populora_core/recipes/configs``; a data folder, no import).
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "recipes" / "configs"
+
+
 def config_source(name: str, registry: Any, recipe: str | None, params: dict[str, Any] | None = None) -> Path:
-    """config.json of a base model: a registered name or local dir, the HF cache, ``<recipe dir>/configs/``."""
+    """config.json of a base model: a registered name or local dir, the HF cache, ``<recipe dir>/configs/``, the
+    configs shipped beside the package's recipes (a copied or shipped recipe plans offline too)."""
     if name in registry.names("base_model") or Path(name).expanduser().exists():
         path = Path(registry.base_model(name, params).path)
         if (path / "config.json").is_file():
@@ -69,9 +74,12 @@ def config_source(name: str, registry: Any, recipe: str | None, params: dict[str
     cached = try_to_load_from_cache(name, "config.json")  # only the config: planning never downloads weights
     if isinstance(cached, str):
         return Path(cached)
-    committed = Path(recipe or ".").parent / "configs" / f"{name.replace('/', '__')}.json"
+    file_name = f"{name.replace('/', '__')}.json"
+    committed = Path(recipe or ".").parent / "configs" / file_name
     if committed.is_file():
         return committed
+    if (SHIPPED_CONFIGS / file_name).is_file():
+        return SHIPPED_CONFIGS / file_name
     if not constants.HF_HUB_OFFLINE:
         try:
             return Path(hf_hub_download(name, "config.json"))

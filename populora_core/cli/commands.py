@@ -13,7 +13,7 @@ from .. import __version__
 from ..api.errors import PluginError, UserError
 from ..plugin.manager import get_manager
 from . import tools as cli_tools
-from .tools import complete_override
+from .tools import complete_override, complete_recipe
 
 
 class PopuloraGroup(click.Group):
@@ -136,7 +136,7 @@ def _apply_runtime(section: Any) -> None:
 
 
 @cli.command(cls=RecipeCommand)
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--run-dir", type=click.Path(), help="Run directory (default runs/<recipe name>).")
 @click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
@@ -160,7 +160,7 @@ def run(
 
     \b
     Overrides are YAML values at dotted paths; list items by index:
-      populora run recipes/nano.yaml seed=1 steps=8 --run-dir runs/nano-s1
+      populora run recipes/nano.yaml seed=1 steps=12 --run-dir runs/nano-s1
       populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
       populora run recipes/azr_7b.yaml --dry-run     # the recipe as it would run, and whether it fits
       populora run recipes/nano.yaml --init-from runs/nano-single --run-dir runs/nano-warm
@@ -170,6 +170,7 @@ def run(
         overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
     if dry_run:
+        _warn_short_run(model)
         _dry_run(manager, recipe, model, resolved, run_dir)
         return
     _apply_runtime(model.runtime)
@@ -185,7 +186,21 @@ def run(
     click.echo(startup, err=True)
     run_obj = start_run(model, resolved, directory, manager)
     directory.log_line(startup)
+    directory.log_line(run_obj.sources)
+    short = _warn_short_run(model)  # once the run has started: a failed start says only why it failed
+    if short:
+        directory.log_line(f"warning: {short}")
     _execute(run_obj, directory, progress)
+
+
+def _warn_short_run(model: Any) -> str | None:
+    """Say on stderr when the recipe's steps leave evolution no chance to make a child; returns the warning."""
+    from ..recipe.validate import evolution_warning
+
+    warning = evolution_warning(model)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    return warning
 
 
 def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], run_dir: str | None) -> None:
@@ -245,7 +260,7 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
 
 
 @cli.command(cls=RecipeCommand)
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option("--out", type=click.Path(), required=True, help="JSONL file to write (Problem records).")
 @click.option("--per-type", type=int, default=256, show_default=True, help="Valid seeds per task type (AZR: 256).")
@@ -288,19 +303,19 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 @cli.command(cls=RecipeCommand)
 @click.argument("run_dir", type=click.Path())
 @click.argument("overrides", nargs=-1)
-@click.option("--progress/--no-progress", default=None)
+@click.option("--progress/--no-progress", default=None, help="Live display (default: on a TTY).")
 @click.pass_obj
 def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: bool | None) -> None:
     """Continue a run from its last complete checkpoint (one killed before its first starts over).
 
-    OVERRIDES: ``cluster.name=ray cluster.params.workers=4`` (or ``cluster.name=local cluster.params={}``)
-    continue it on other hardware with the same result; ``steps=N`` extends a run (a finished one too) to N
-    steps, computing what a run planned for N steps does after its last step. Nothing else may change.
+    OVERRIDES: 'cluster=ray cluster.params.workers=4' (or 'cluster=local') continue it on other hardware with the
+    same result; 'steps=N' extends a run (a finished one too) to N steps, computing what a run planned for N
+    steps does after its last step. Nothing else may change.
 
     \b
       populora resume runs/nano
       populora resume runs/nano steps=64             # 32 more steps
-      populora resume runs/azr-7b cluster.name=ray cluster.params.workers=4
+      populora resume runs/azr-7b cluster=ray cluster.params.workers=4
     """
     from ..recipe.overrides import apply_overrides
     from ..recipe.validate import parse_recipe
@@ -332,18 +347,19 @@ def resume(manager: Any, run_dir: str, overrides: tuple[str, ...], progress: boo
     resuming = f"resuming {run_dir} at step {run_obj.step}"
     click.echo(resuming, err=True)
     directory.log_line(resuming + (f" ({' '.join(overrides)})" if overrides else ""))
+    directory.log_line(run_obj.sources)
     _execute(run_obj, directory, progress)
 
 
 @cli.command(cls=RecipeCommand)
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.pass_obj
 def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe (structure, then every component's params) without running it, and print its
     rollout budget per slot and step: what a compute-matched single-agent baseline must equal.
 
-    A slot is one adapter (a population has teachers + students of them; a single agent has ``teachers``,
+    A slot is one adapter (a population has teachers + students of them; a single agent has 'teachers',
     each playing both roles). Per step, for the whole run: proposals = teachers x proposals_per_teacher x
     task types; solver samples <= proposals x solver_samples (only valid proposals are solved); buffer
     solves = students x buffer_problems_per_student x task types; trained rollouts <= proposals + buffer
@@ -362,6 +378,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
         f"{recipe}: ok ({model.name}, {pop.teachers}T-{pop.students}S "
         f"{pop.mode}, {len(model.component_refs())} components)"
     )
+    _warn_short_run(model)
     slots = pop.adapters
     proposals = pop.teachers * ro.proposals_per_teacher * len(model.tasks)
     samples = proposals * ro.solver_samples

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,23 +62,61 @@ def probe_accuracy(run_dir: RunDir, version_name: str) -> dict[str, float]:
     return {r["task_type"]: float(r["accuracy"]) for r in mine if r["step"] == last}
 
 
+@dataclass(frozen=True)
+class PortableBase:
+    """How an export names its base so that another machine can find it: ``name`` goes into
+    ``adapter_config.json``'s ``base_model_name_or_path``; ``kind`` is ``registered`` (a name a populora plugin
+    registers, e.g. ``nano``), ``hub`` (a hub id) or ``local`` (a folder: its absolute path, this machine's only)."""
+
+    name: str
+    kind: str
+    path: str  # where this process found the base
+    params: dict[str, Any]
+    plugin_files: tuple[str, ...] = ()  # the --plugin file that registers it, if a file does
+    provider: str = ""  # the plugin (and its package and version) that registers it
+
+
+def portable_base(recipe: dict[str, Any], registry: Any, manager: Any = None) -> PortableBase:
+    """The recipe's base model as an export names it: never the clone's or the cache's path of a registered name or
+    hub id (an adapter would then load only on the machine that made it)."""
+    ref = recipe.get("base_model", {})
+    ref = {"name": ref} if isinstance(ref, str) else ref
+    name, params = str(ref.get("name")), dict(ref.get("params") or {})
+    base = registry.base_model(name, params or None)
+    if name in registry.names("base_model"):
+        plugin = registry.get("base_model", name).plugin
+        info = getattr(manager, "plugins", {}).get(plugin)
+        files = (info.source,) if info is not None and plugin.startswith("file:") else ()
+        provider = f"plugin {plugin}" + (f" ({info.source} {info.version})" if info is not None else "")
+        return PortableBase(name, "registered", base.path, params, files, provider)
+    if Path(name).expanduser().exists():
+        return PortableBase(str(Path(name).expanduser().resolve()), "local", base.path, {})
+    return PortableBase(name, "hub", base.path, {})
+
+
 def card(
     run_dir: RunDir,
     version_name: str,
     record: dict[str, Any] | None,
     recipe: dict[str, Any],
     folder: Path,
-    base_path: str,
+    base: PortableBase,
     merged: bool,
 ) -> str:
-    """The folder's README.md; ``folder`` is where it will be found, ``base_path`` where the base was found."""
-    base = recipe.get("base_model", {}).get("name", "?")
+    """The folder's README.md; ``folder`` is where it will be found."""
+    how = " (merged into these weights)" if merged else " (load this adapter on it)"
+    named = {
+        "registered": f"`{base.name}`, a name registered by {base.provider}: installed with it, on any machine",
+        "hub": f"`{base.name}` (Hugging Face hub id)",
+        "local": f"the local folder `{base.name}`: a path on the machine that made this export; elsewhere load "
+        "your copy of the base and this adapter on it",
+    }[base.kind]
     lines = [
         f"# {version_name} from the PopuLoRA run `{run_dir.path.name}`",
         "",
         f"- run: `{run_dir.path.resolve()}` (recipe `{recipe.get('name', '?')}`, seed {recipe.get('seed')}, "
         f"{recipe.get('steps')} steps)",
-        f"- base model: `{base}`" + (" (merged into these weights)" if merged else " (load this adapter on it)"),
+        f"- base model: {named}{how}",
     ]
     if record is not None:
         rating = record.get("rating", {})
@@ -96,9 +135,10 @@ def card(
         for birth in chain:
             parents = ", ".join(birth.get("parents") or []) or "-"
             lines.append(f"| {birth['step']} | {birth['child']} | {parents} | {birth['operator']} |")
-    # the snippet names this folder and the base where this process found it (never a registered short name
-    # such as "nano", which the hub does not know), so it runs as written on this machine
+    # the snippet names this folder by its absolute path, so it runs from any working folder; a registered base
+    # (the hub does not know "nano") is found through the installed plugin that registers it, wherever that is
     here = folder.resolve()
+    lora_name = version_name.replace("@", "-")
     if merged:
         imports = "from transformers import AutoModelForCausalLM, AutoTokenizer"
         load = [
@@ -106,19 +146,33 @@ def card(
             f'tokenizer = AutoTokenizer.from_pretrained("{here}")',
         ]
         serve = f"vLLM: `vllm serve {here}`"
+    elif base.kind == "registered":
+        lookup = f"get_registry({list(base.plugin_files)!r})" if base.plugin_files else "get_registry()"
+        args = f'"{base.name}"' + (f", {base.params!r}" if base.params else "")
+        imports = (
+            "from peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            "from populora_core.api import get_registry"
+        )
+        load = [
+            f"base = {lookup}.base_model({args}).path  # where the installed plugin keeps {base.name}",
+            f'model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "{here}")',
+            "tokenizer = AutoTokenizer.from_pretrained(base)",
+        ]
+        serve = f"vLLM: `vllm serve BASE --enable-lora --lora-modules {lora_name}={here}` (BASE: the snippet's `base`)"
     else:
         imports = "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer"
         load = [
             f'model = AutoPeftModelForCausalLM.from_pretrained("{here}")  # the base named in adapter_config.json',
-            f'tokenizer = AutoTokenizer.from_pretrained("{base_path}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{base.name}")',
         ]
-        serve = f"vLLM: `vllm serve {base_path} --enable-lora --lora-modules {version_name.replace('@', '-')}={here}`"
+        serve = f"vLLM: `vllm serve {base.name} --enable-lora --lora-modules {lora_name}={here}`"
     usage = ["", "## Use", "", "```python", imports, "", *load, "```", "", serve]
     return "\n".join(lines + usage) + "\n"
 
 
-def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any) -> Path:
-    """Write ``member`` of the run at ``run_path`` to ``out`` (a new or empty folder); returns ``out``."""
+def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any, manager: Any = None) -> Path:
+    """Write ``member`` of the run at ``run_path`` to ``out`` (a new or empty folder); returns ``out``.
+    ``manager`` (optional) names the plugin that registers a registered base, and its file for a ``--plugin``."""
     run_dir = RunDir(run_path)
     if not (run_dir.path / "recipe.yaml").is_file():
         raise UserError(f"{run_path}: not a run directory (no recipe.yaml)")
@@ -128,8 +182,7 @@ def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any) 
     version_name, record = resolve_version(run_dir, member)
     recipe = run_dir.read_recipe()
     source = run_dir.adapter_path(version_name)
-    ref = recipe.get("base_model", {})
-    base = registry.base_model(ref.get("name"), ref.get("params") or None)
+    base = portable_base(recipe, registry, manager)
     with atomic_dir(target, replace=target.exists()) as tmp:
         if merge:
             _merge(base.path, source, tmp)
@@ -137,9 +190,9 @@ def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any) 
             for name in ("adapter_model.safetensors", "adapter_config.json"):
                 shutil.copy2(source / name, tmp / name)
             config = json.loads((tmp / "adapter_config.json").read_text())
-            config["base_model_name_or_path"] = base.path  # where this process found the base
+            config["base_model_name_or_path"] = base.name  # the hub id or registered name; a path only for a folder
             (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
-        (tmp / "README.md").write_text(card(run_dir, version_name, record, recipe, target, base.path, merge))
+        (tmp / "README.md").write_text(card(run_dir, version_name, record, recipe, target, base, merge))
     return target
 
 

@@ -1,5 +1,6 @@
 """The ``populora`` commands that inspect rather than run: plugins, keys, plan, doctor, runs, export, completion,
-recipe-schema. :mod:`populora_core.cli.commands` adds :data:`COMMANDS` to its group; nothing heavy at import."""
+recipe-schema, recipes. :mod:`populora_core.cli.commands` adds :data:`COMMANDS` to its group; nothing heavy at
+import."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ def complete_override(ctx: click.Context, param: click.Parameter, incomplete: st
     from ..recipe.keys import model_keys
 
     return [key for key, *_ in model_keys(Recipe) if key.startswith(incomplete)] if "=" not in incomplete else []
+
+
+def complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Shell completion of a RECIPE: the shipped recipes' names, then files (the shell completes those)."""
+    from click.shell_completion import CompletionItem
+
+    from ..recipe.shipped import shipped_recipes
+
+    names = [CompletionItem(name) for name in shipped_recipes() if name.startswith(incomplete)]
+    return [*names, CompletionItem(incomplete, type="file")]
 
 
 @click.command()
@@ -98,7 +109,7 @@ def plugins(manager: Any, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("recipe", type=click.Path())
+@click.argument("recipe", type=click.Path(), shell_complete=complete_recipe)
 @click.argument("overrides", nargs=-1, shell_complete=complete_override)
 @click.option(
     "--gpus", type=int, help="GPUs; members are split over them (default: what the recipe's cluster reserves, else 1)."
@@ -150,7 +161,7 @@ def export(manager: Any, run_dir: str, member: str, out: str, merge: bool) -> No
     """
     from .export import export as export_member
 
-    click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry)))
+    click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry, manager=manager)))
 
 
 @click.command()
@@ -162,8 +173,9 @@ def runs(directory: str, as_json: bool) -> None:
     \b
       populora runs
       populora runs /scratch/study --json
-    Status: running (its process holds the run's lock), finished, stopped (`populora resume` continues it), or
-    unreadable (its recipe.yaml does not parse; the reason is shown).
+    Status: running (its process holds the run's lock), finished, stopped (`populora resume` continues it),
+    damaged (a checkpoint is damaged: the step a resume goes on from, or that none can; `populora resume` sets the
+    damage aside in RUN/damaged/), or unreadable (its recipe.yaml does not parse; the reason is shown).
     """
     from pathlib import Path
 
@@ -281,4 +293,55 @@ def recipe_schema(manager: Any) -> None:
 
 
 #: the inspecting verbs, added to the ``populora`` group by :mod:`populora_core.cli.commands`
-COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema]
+@click.group(invoke_without_command=True)
+@click.pass_context
+def recipes(ctx: click.Context) -> None:
+    """The recipes this package ships, one line each; each runs by name from any folder (populora run nano).
+
+    \b
+      populora recipes                      # the list
+      populora recipes show azr_7b          # one recipe, as shipped
+      populora recipes copy nano my.yaml    # an editable copy: populora run my.yaml
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..recipe.shipped import shipped_recipes, summary
+
+    shipped = shipped_recipes()
+    width = max((len(name) for name in shipped), default=0)
+    for name, path in shipped.items():
+        click.echo(f"{name:<{width}}  {summary(path)}")
+
+
+@recipes.command("show")
+@click.argument("name")
+def recipes_show(name: str) -> None:
+    """Print the shipped recipe NAME as it ships."""
+    from ..recipe.shipped import shipped_recipe
+
+    click.echo(shipped_recipe(name).read_text(), nl=False)
+
+
+@recipes.command("copy")
+@click.argument("name")
+@click.argument("path", required=False, type=click.Path())
+@click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
+def recipes_copy(name: str, path: str | None, force: bool) -> None:
+    """Write an editable copy of the shipped recipe NAME to PATH (default ./NAME.yaml; a folder: NAME.yaml in it)."""
+    from pathlib import Path
+
+    from ..recipe.shipped import shipped_recipe
+
+    source = shipped_recipe(name)
+    target = Path(path) if path else Path(source.name)
+    if target.is_dir():
+        target = target / source.name
+    if target.exists() and not force:
+        raise UserError(f"{target} exists; choose another PATH or pass --force to overwrite it")
+    if not target.parent.is_dir():
+        raise UserError(f"{target.parent} is not a folder; create it first or choose another PATH")
+    target.write_text(source.read_text())
+    click.echo(f"wrote {target} (the shipped {source.stem}); run it with: populora run {target}")
+
+
+COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema, recipes]

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from ..api.errors import RecipeError, UserError
+from ..api.errors import RecipeError
+from .shipped import resolve_recipe
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -35,9 +36,8 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"recipe not found: {file}")
+    """A recipe file, or the shipped recipe of that name (``nano``): :func:`.shipped.resolve_recipe`."""
+    file = resolve_recipe(path)
     try:
         data = yaml.load(file.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:

@@ -8,7 +8,9 @@ Every error names the recipe file, the YAML path, the component and its plugin.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,37 @@ def _check_evolution(parsed: Recipe, recipe: str) -> None:
             recipe=recipe,
             path="evolution.ready_after",
         )
+
+
+def evolution_warning(parsed: Recipe) -> str | None:
+    """Why evolution will make no child in this run, with the smallest ``steps`` that makes one; None when it can.
+
+    Selection runs at every ``evolution.every``-th step before the last (a last-step child would never train) and
+    replaces only members that have played ``ready_after`` rated matches: a teacher plays one a step, a student on
+    average teachers/students a step (one per teacher that drew it, when that teacher's problem was valid). A run
+    too short for that is valid, but a newcomer's operator plugin would never be called, so it is said."""
+    evo, pop = parsed.evolution, parsed.population
+    if not evo.every or pop.single_agent:
+        return None
+    rates = {"teacher": Fraction(1), "student": Fraction(pop.teachers, max(pop.students, 1))}
+    sizes = {"teacher": pop.teachers, "student": pop.students}
+    evolving = [role for role in evo.subpopulations if role in sizes and sizes[role] >= 2]
+    if not evolving:
+        return None  # _check_evolution's error
+    rate = max(rates[role] for role in evolving)
+    # the first selection at which a member of the fastest role has played ready_after matches
+    first = evo.every * max(1, math.ceil(Fraction(evo.readiness) / rate / evo.every))
+    if first < parsed.steps:
+        return None
+    selections = list(range(evo.every, parsed.steps, evo.every))
+    at = f"at step {', '.join(map(str, selections))}" if selections else "at no step: the last step's is left out"
+    student = f"{float(rates['student']):g}"
+    return (
+        f"evolution will make no child in {parsed.steps} steps: selection runs every {evo.every} steps before the last "
+        f"({at}) and replaces only members that have played {evo.readiness} rated matches (evolution.ready_after; a "
+        f"teacher plays 1 a step, a student about {student}), first reached at step {first}; steps={first + 1} or more "
+        "makes a child (or lower evolution.every or evolution.ready_after)"
+    )
 
 
 def _check_survivors(parsed: Recipe, registry: Registry, recipe: str) -> None:

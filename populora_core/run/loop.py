@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..api.components import BaseModel
-from ..api.errors import UserError
+from ..api.errors import RecipeError, UserError
 from ..api.population import Population
 from ..api.probe import OUTCOMES
 from ..api.runtime import apply_threads
@@ -28,6 +28,7 @@ from . import evolution, phases, state
 from .assembly import build_components
 from .metrics import PhaseTimer, step_metrics
 from .probe import evaluate as evaluate_probe
+from .provenance import missing_plugin, record_sources
 from .run_dir import RunDir
 
 
@@ -52,6 +53,7 @@ class Run:
             recipe.population.teachers, recipe.population.students, shared=recipe.population.single_agent
         )
         self.step = 0
+        self.sources = ""  # the run.log line naming each component's plugin, package and version
         self.coverage: dict[str, set[str]] = defaultdict(set)
         self.evolution_deferred: int | None = None  # the last step, when its evolution was due but left out
         self._last_checkpoint_s = 0.0
@@ -183,6 +185,7 @@ def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager
         run_dir.lock()
         run = Run(recipe, run_dir, manager, base_model=base)
         run.initialise()
+        run.sources = record_sources(recipe, run_dir, manager)
     except BaseException:
         try:
             if run is not None:
@@ -227,7 +230,10 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     check_resume_overrides(overrides)
     point = resume_point(run_dir)
     data = apply_overrides(recipe_for_resume(run_dir), overrides, recipe=recipe_file)
-    recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
+    try:
+        recipe = parse_recipe(data, manager.registry, recipe=recipe_file)
+    except RecipeError as exc:  # a component no installed plugin registers now: name what supplied it
+        raise missing_plugin(exc, run_dir) from None
     done = point.step
     check_resume_steps(recipe.steps, done)
     apply_threads(recipe.runtime)  # as start_run: the recorded recipe's thread count, whoever resumes it
@@ -244,6 +250,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
         run.initialise()
     else:
         run.restore()
+    run.sources = record_sources(recipe, run_dir, manager)
     return run
 
 

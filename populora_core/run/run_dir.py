@@ -59,10 +59,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--run-dir {self.path} is a file, not a directory: choose a new or empty directory")
         if (self.path / "recipe.yaml").exists() and not exist_ok:
-            raise UserError(
-                f"run directory {self.path} already holds a run; "
-                f"use `populora resume {self.path}` or choose another --run-dir"
-            )
+            raise UserError(self._holds_a_run())
         if not exist_ok and self.path.is_dir() and any(self.path.iterdir()):
             raise UserError(
                 f"--run-dir {self.path} holds other files and no run (no recipe.yaml): a run writes and deletes "
@@ -78,6 +75,26 @@ class RunDir:
             raise UserError(
                 f"--run-dir {self.path}: cannot write there ({exc.strerror}: {exc.filename}); choose a writable place"
             ) from None
+
+    def _holds_a_run(self) -> str:
+        """Why ``run`` will not start in this directory, with the command that does what was likely meant: a
+        finished run is extended by ``resume ... steps=N`` (a plain resume has nothing left to do), a stopped one
+        continued by ``resume``."""
+        try:
+            planned = int((yaml.safe_load((self.path / "recipe.yaml").read_text()) or {}).get("steps", 0) or 0)
+        except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+            planned = 0
+        done = self.checkpointed_step()
+        if planned and done >= planned:
+            return (
+                f"run directory {self.path} holds a finished run ({done} of {planned} steps): "
+                f"`populora resume {self.path} steps={planned * 2}` extends it (to any steps=N above {planned}), "
+                "or choose another --run-dir for a new run"
+            )
+        return (
+            f"run directory {self.path} already holds a run ({done} of {planned or '?'} steps checkpointed); "
+            f"`populora resume {self.path}` continues it, or choose another --run-dir"
+        )
 
     def lock(self) -> None:
         """Hold ``RUN/.lock`` while this process runs the run: a second ``run``/``resume`` of the same directory

@@ -79,3 +79,56 @@ def test_ctrl_c_before_the_first_checkpoint_promises_no_checkpoint(env, tmp_path
     said = f"interrupted after step 0, before the first checkpoint: nothing to continue from; `populora resume {run_dir}` starts the run over"  # noqa: E501
     assert said in stderr and "continues from its last checkpoint" not in stderr
     assert said in (run_dir / "run.log").read_text()
+
+
+def test_help_names_damaged_runs_resume_options_and_shows_no_rst_markup():
+    """`runs --help` names every status `populora runs` shows (damaged too); `resume` and `validate` help is plain
+    text (no RST double backticks); `resume --help` writes cluster overrides as the README does (`cluster=ray`) and
+    explains --progress."""
+    runs = run_cli("runs", "--help").stdout
+    assert "damaged" in runs and "RUN/damaged/" in runs
+    for command in ("resume", "validate", "run", "runs", "recipes"):
+        shown = run_cli(command, "--help")
+        assert shown.returncode == 0 and "``" not in shown.stdout, (command, shown.stdout)
+    resume = run_cli("resume", "--help").stdout
+    assert "cluster=ray cluster.params.workers=4" in resume and "cluster.name=" not in resume
+    assert "cluster=ray cluster.params.workers=4" in (TESTS.parent / "README.md").read_text()
+    progress = next(line for line in resume.splitlines() if "--progress" in line)
+    assert "Live display" in progress
+
+
+def test_the_side_by_side_reports_default_folder_is_ignored_by_git():
+    """`populora report A B` writes ./report/ by default: a clone's `git status` stays clean of it."""
+    import shutil
+    import subprocess
+
+    repo = TESTS.parent
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", "report/report.html"], cwd=repo, timeout=60)
+    assert ignored.returncode == 0
+    kept = subprocess.run(["git", "check-ignore", "-q", "plugins/populora_report/render.py"], cwd=repo, timeout=60)
+    assert kept.returncode == 1  # only the top-level folder: the plugin's own sources stay tracked
+
+
+def test_a_run_into_a_finished_run_suggests_extending_it_or_a_new_run_dir(tmp_path, tiny_model_dir):
+    """`populora run` into a finished run: `resume` would do nothing, so the error offers `resume ... steps=N` and
+    another --run-dir; into a stopped run it still offers `resume`."""
+    env = {"POPULORA_TEST_MODEL": str(tiny_model_dir)}
+    run_dir = tmp_path / "run"
+    first = run_cli(
+        "--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), "--no-progress", env=env
+    )
+    assert first.returncode == 0, first.stderr
+    again = run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), env=env)
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
+    error = again.stderr.strip().splitlines()[-1]  # after the start-up line
+    assert error.startswith(f"Error: run directory {run_dir} holds a finished run (1 of 1 steps)"), error
+    assert f"`populora resume {run_dir} steps=2` extends it" in error and "choose another --run-dir" in error
+    assert f"`populora resume {run_dir}` " not in again.stderr  # a plain resume has nothing to do
+    recipe = run_dir / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("steps: 1\n", "steps: 3\n"))  # as a stopped 3-step run leaves it
+    stopped = run_cli("--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(run_dir), env=env)
+    assert stopped.returncode == 2 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert "already holds a run (1 of 3 steps checkpointed)" in stopped.stderr
+    assert f"`populora resume {run_dir}` continues it" in stopped.stderr

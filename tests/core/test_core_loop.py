@@ -629,6 +629,9 @@ def test_ctrl_c_names_the_command_that_continues_the_run(env, tmp_path):
     assert int((run_dir / "checkpoints" / "LATEST").read_text()) == 6
     # RUN/run.log: what the terminal showed, without the bar, across the interruption and the resume
     logged = [line.split(" ", 1)[1] for line in (run_dir / "run.log").read_text().splitlines()]
+    sources = [line for line in logged if line.startswith("components: ")]  # each session's plugins and packages
+    assert len(sources) == 2 and all("trainer fake (file:fake_stack: " in line for line in sources), sources
+    logged = [line for line in logged if line not in sources]
     assert logged[0].startswith(f"populora run {RECIPE} -> {run_dir} (")
     assert [line.split(" solve")[0] for line in logged if line.startswith("step ")] == [
         "step 1/6", "step 2/6", "step 3/6", "step 4/6", "step 5/6", "step 6/6",
@@ -718,6 +721,53 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
     assert nobody.returncode == 2 and "member 's99' is not in" in nobody.stderr and "Traceback" not in nobody.stderr
     pruned = run_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"), env=env)
     assert pruned.returncode == 2 and "kept versions of s0" in pruned.stderr
+
+
+def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_folder(env, tmp_path):
+    """adapter_config.json's base_model_name_or_path is the registered name (``nano``), never the clone's path of it;
+    the card says who registers it and its snippet, run in a fresh process from another folder, loads this member."""
+    import sys
+
+    import torch
+    from peft import PeftModel
+    from populora_nano import MODEL_DIR
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    _run(_manager(), run_dir, ["steps=1", "base_model=nano"])
+    out = tmp_path / "exports" / "s0"
+    done = run_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), env=env)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "nano"
+    card = (out / "README.md").read_text()
+    assert "- base model: `nano`, a name registered by plugin nano (populora-toolkit " in card
+    assert str(MODEL_DIR) not in card  # no path of this clone's (or site-packages') copy of the base
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    probe = "\nimport torch\nprint(model(torch.tensor([[1, 5, 9, 13, 2, 7]])).logits.double().sum().item())\n"
+    loaded = subprocess.run(
+        [sys.executable, "-c", snippet + probe], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float32)
+        expected = PeftModel.from_pretrained(base, str(out))  # this member: base + the exported adapter
+        want = expected(torch.tensor([[1, 5, 9, 13, 2, 7]])).logits.double().sum().item()
+    assert float(loaded.stdout.split()[-1]) == pytest.approx(want, rel=1e-5)
+
+    local = tmp_path / "local-run"
+    _run(_manager(), local, ["steps=1", f"base_model={env['POPULORA_TEST_MODEL']}"])  # a base that is a folder
+    local_out = tmp_path / "local-export"
+    assert run_cli("--plugin", FAKE, "export", str(local), "s0", "--out", str(local_out), env=env).returncode == 0
+    folder = str(Path(env["POPULORA_TEST_MODEL"]).resolve())
+    assert json.loads((local_out / "adapter_config.json").read_text())["base_model_name_or_path"] == folder
+    assert (
+        f"the local folder `{folder}`: a path on the machine that made this export"
+        in (local_out / "README.md").read_text()
+    )
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])

@@ -248,6 +248,11 @@ def test_shell_completion_script_and_recipe_keys_complete(tmp_path):
     assert done.stdout.split() == ["plain,rollout.solver_samples", "plain,rollout.solve_max_tokens"]
     commands = run_cli(env={"COMP_WORDS": "populora do", "COMP_CWORD": "1", "_POPULORA_COMPLETE": "bash_complete"})
     assert commands.stdout.split() == ["plain,doctor"]
+    for command in ("run", "validate", "plan", "seed"):  # a RECIPE: the shipped names, then the shell's files
+        named = run_cli(
+            env={"COMP_WORDS": f"populora {command} nano_s", "COMP_CWORD": "2", "_POPULORA_COMPLETE": "bash_complete"}
+        )
+        assert named.stdout.split() == ["plain,nano_single_agent", "plain,nano_study", "file,nano_s"], named.stdout
 
 
 def test_every_command_help_shows_an_example():
@@ -284,3 +289,75 @@ def test_the_recipe_keys_page_is_current_and_documents_every_key():
     assert printed.returncode == 0 and printed.stdout.startswith("# Recipe keys") and "### `trr++`" in printed.stdout
     refused = run_cli("keys", "--markdown", "trainer")
     assert refused.returncode == 2 and "--markdown prints the whole reference" in refused.stderr
+
+
+def test_shipped_recipes_by_name_from_any_folder_list_show_copy_and_unknown_names(tmp_path):
+    """`populora recipes` lists what ships (one line each), `show` prints one, `copy` writes an editable copy; a name
+    that is neither a file nor shipped is exit 2 with did-you-mean and the list; a file of that name wins."""
+    from populora_core.recipe.shipped import SHIPPED_DIR, shipped_recipes
+
+    listed = run_cli("recipes", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(shipped_recipes()) and len(lines) >= 14
+    assert any(line.startswith("nano ") and "quickstart" in line for line in lines)
+    shown = run_cli("recipes", "show", "azr_7b", cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout == (SHIPPED_DIR / "azr_7b.yaml").read_text()
+
+    assert run_cli("validate", "nano", cwd=tmp_path).returncode == 0  # by name, from a folder without recipes/
+    assert run_cli("validate", "nano.yaml", cwd=tmp_path).returncode == 0
+    for args in (("run", "nanoo", "--dry-run"), ("validate", "azr_7bb"), ("recipes", "show", "nano_studdy")):
+        wrong = run_cli(*args, cwd=tmp_path)
+        assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+        assert "did you mean" in wrong.stderr and "shipped recipes: azr_7b, " in wrong.stderr, wrong.stderr
+    outside = run_cli("run", "recipes/nano.yaml", "--dry-run", cwd=tmp_path)  # the clone's path, outside a clone
+    assert outside.returncode == 2 and "`populora run nano` runs the shipped recipe" in outside.stderr
+
+    copied = run_cli("recipes", "copy", "nano", cwd=tmp_path)
+    assert copied.returncode == 0 and (tmp_path / "nano.yaml").read_text() == (SHIPPED_DIR / "nano.yaml").read_text()
+    again = run_cli("recipes", "copy", "nano", cwd=tmp_path)
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    (tmp_path / "mine").mkdir()
+    assert run_cli("recipes", "copy", "nano_study", "mine", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "mine" / "nano_study.yaml").is_file()
+    (tmp_path / "nano.yaml").write_text((tmp_path / "nano.yaml").read_text().replace("steps: 32", "steps: 5"))
+    dry = run_cli("run", "nano.yaml", "--dry-run", cwd=tmp_path)  # the local file wins over the shipped name
+    assert dry.returncode == 0 and "\nsteps: 5\n" in dry.stdout
+
+
+def test_short_runs_warn_that_evolution_makes_no_child_and_name_the_smallest_steps_that_do(tmp_path):
+    """nano (every 4, ready_after 8): steps=4 has no selection before its last step, steps=8 selects at step 4 when
+    nobody has played 8 matches; both warn in `validate` and the dry run, naming steps=9; steps=9 does not warn."""
+    for steps in (4, 8):
+        for args in (("validate", "nano", f"steps={steps}"), ("run", "nano", f"steps={steps}", "--dry-run")):
+            result = run_cli(*args, cwd=tmp_path)
+            assert result.returncode == 0, result.stderr
+            assert f"warning: evolution will make no child in {steps} steps" in result.stderr, result.stderr
+            assert "steps=9 or more makes a child" in result.stderr
+    for steps in (9, 32):
+        quiet = run_cli("validate", "nano", f"steps={steps}", cwd=tmp_path)
+        assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    fast = run_cli("validate", "nano", "steps=4", "evolution.every=1", "evolution.ready_after=2", cwd=tmp_path)
+    assert fast.returncode == 0 and "warning" not in fast.stderr  # selects at steps 2 and 3: a child
+    assert "steps=3 or more" in run_cli("validate", "nano", "steps=2", "evolution.every=1", cwd=tmp_path).stderr
+    single = run_cli("validate", "nano_single_agent", "steps=2", cwd=tmp_path)  # never evolves: nothing to warn
+    assert single.returncode == 0 and "warning" not in single.stderr
+
+
+def test_the_readmes_short_run_examples_make_a_child():
+    """Every `populora run RECIPE ... steps=N` in the README leaves evolution a chance (no short-run warning)."""
+    from populora_core.recipe.validate import evolution_warning
+
+    readme = (TESTS.parent / "README.md").read_text()
+    examples = [
+        line.split("#", 1)[0].split()
+        for line in readme.splitlines()
+        if "populora run " in line and " steps=" in line and not line.startswith("|")
+    ]
+    assert len(examples) >= 2, examples
+    for words in examples:
+        recipe = words[words.index("run") + 1]
+        recipe = {"my.yaml": "nano"}.get(recipe, recipe)  # the README's copy of nano
+        overrides = [w for w in words if "=" in w and not w.startswith("-")]
+        model, _ = load_recipe(recipe if "/" not in recipe else TESTS.parent / recipe, overrides)
+        assert evolution_warning(model) is None, words

@@ -396,6 +396,51 @@ def test_eval_run_dir_population_baseline_outputs_and_cache(tmp_path, evals_only
     assert F.CALLS == [10]
 
 
+def test_eval_ranks_by_the_benchmarks_that_ran_with_intervals_over_problems_paired_against_the_base(
+    tmp_path, evals_only
+):
+    """Best and weakest by the mean over every benchmark that ran (AVG leaves GSM8K out, as it leaves nano_heldout);
+    each score with its 95 % interval over problems, each member's difference from the base paired by problem."""
+    from populora_evals.cli import run_eval
+    from populora_evals.report import markdown
+
+    base = fake_base(tmp_path)
+    run = F.write_run(tmp_path / "run", str(base), [("s_gsm", "student", 1), ("s_aime", "student", 1)])
+    options = {"benchmarks": "aime24,gsm8k", "engine": "tests.evals_fixtures:make_split_engine", "limit": 10}
+    res = run_eval(target=str(run), quiet=True, **options)
+    rows = {s["label"]: s["row"] for s in res["subjects"]}
+    assert (rows["s_gsm@v1"]["gsm8k"], rows["s_gsm@v1"]["overall"]) == (100.0, 0.0)
+    assert (rows["s_aime@v1"]["aime24"], rows["s_aime@v1"]["overall"]) == (20.0, 20.0)
+    assert res["ranked_by"] == ["aime24", "gsm8k"]
+    assert (res["best_member"], res["weakest_member"]) == ("s_gsm@v1", "s_aime@v1")  # 50 against 10
+
+    intervals = res["intervals"]
+    low, high = intervals["base"]["aime24"]  # 5 of 10 right
+    assert low < 50.0 < high and high - low > 20.0
+    assert intervals["s_gsm@v1"]["aime24"] == [0.0, 0.0] and intervals["s_gsm@v1"]["gsm8k"] == [100.0, 100.0]
+    assert intervals["population mean"]["gsm8k"][0] <= 50.0 <= intervals["population mean"]["gsm8k"][1]
+    paired = res["delta_intervals"]["s_aime@v1 - base"]["aime24"]  # right on 0-1, the base on 0-4: -30
+    assert res["deltas"]["s_aime@v1 - base"]["aime24"] == -30.0 and paired[0] <= -30.0 <= paired[1] <= 0.0
+    gain = res["delta_intervals"]["s_gsm@v1 - base"]["gsm8k"]  # the base 5 of 10, it all 10: +50
+    assert 0.0 < gain[0] <= 50.0 <= gain[1] < 100.0
+    table = markdown(res)
+    assert "| 20.0 [" in table and "| Δ s_aime@v1 - base | -30.0 [" in table
+    assert "Best member: s_gsm@v1; weakest: s_aime@v1 (by the mean score over the benchmarks that ran" in table
+    again = run_eval(target=str(run), quiet=True, **options)  # from the cache: the same intervals
+    assert again["intervals"] == intervals and again["delta_intervals"] == res["delta_intervals"]
+
+
+def test_eval_names_a_missing_run_directory_rather_than_a_hub_model(tmp_path, evals_only, monkeypatch):
+    from populora_evals.cli import run_eval
+
+    F.write_run(tmp_path / "runs" / "nano", str(fake_base(tmp_path)), [("s0", "student", 1)])
+    monkeypatch.chdir(tmp_path)
+    for typo, hint in (("runs/nanoo", "did you mean runs/nano?"), ("./runs/nano-x", "did you mean runs/nano?")):
+        with pytest.raises(UserError, match="no such run directory") as info:
+            run_eval(target=typo, benchmarks="aime24", engine=ORACLE_ENGINE, quiet=True)
+        assert hint in str(info.value) and "Hugging Face" not in str(info.value)
+
+
 def test_eval_single_adapter_and_base_targets(tmp_path, evals_only):
     base = fake_base(tmp_path)
     adapter = F.make_adapter(tmp_path / "my_good_adapter", None, seed=1)

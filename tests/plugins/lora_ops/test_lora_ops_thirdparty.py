@@ -82,3 +82,38 @@ def test_recipe_uses_thirdparty_operator(installed, tiny_model_dir, tmp_path) ->
     children = [e for e in events if e["operator"] != "init"]
     assert children and all(e["operator"] == "scale_delta" for e in children)
     assert all(e["params"]["factor"] == 0.5 for e in children)
+
+
+@pytest.mark.slow
+def test_a_run_records_each_components_package_and_a_resume_without_it_names_the_plugin(
+    installed, tiny_model_dir, tmp_path
+) -> None:
+    """RUN/components.json and run.log name the plugin, package and version of every component; resuming after
+    the operator's package was uninstalled is an exit-2 error naming that package, not only the unknown name."""
+    run_dir = tmp_path / "run"
+    env = {"POPULORA_TEST_MODEL": str(tiny_model_dir)}
+    fake = ("--plugin", str(TESTS / "fake_stack.py"))
+    mix = "evolution.operators=[{name: scale_delta, weight: 1.0, params: {factor: 0.5}}]"
+    recipe = str(TESTS / "recipes" / "fake_2t2s.yaml")
+    res = _run(installed, *fake, "run", recipe, "steps=2", mix, "--run-dir", str(run_dir), extra_env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {row["path"]: row for row in json.loads((run_dir / "components.json").read_text())}
+    assert rows["evolution.operators.0"] == {
+        "path": "evolution.operators.0",
+        "kind": "operator",
+        "name": "scale_delta",
+        "plugin": "example_operator",
+        "package": "populora-example-operator",
+        "version": "0.1.0",
+    }
+    assert rows["matchmaker"]["package"] == "populora-toolkit" and rows["engine"]["plugin"] == "file:fake_stack"
+    log = (run_dir / "run.log").read_text()
+    assert "operator scale_delta (example_operator: populora-example-operator 0.1.0)" in log
+    assert "matchmaker pfsp (matchmaking: populora-toolkit " in log
+
+    gone = installed.parent / "not-installed"  # the package uninstalled: not on the path any more
+    res = _run(gone, *fake, "resume", str(run_dir), "steps=4", extra_env=env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "unknown operator 'scale_delta'" in res.stderr
+    assert "came from plugin example_operator (package populora-example-operator 0.1.0)" in res.stderr
+    assert "reinstall it to resume" in res.stderr

@@ -59,3 +59,16 @@ def test_a_short_nano_run_replaces_only_members_that_played_their_ready_after_ma
     assert min(r["step"] for r in replaced) == 2  # at step 1 nobody has played 2 matches
     for r in replaced:
         assert metrics[r["step"]][f"member/{r['replaced']}/counters/matches"] >= 2, r
+
+
+def test_the_smallest_steps_the_short_run_warning_names_makes_a_child(tmp_path):
+    """nano's every 4 and ready_after 8: `validate nano steps=8` says steps=9 is the smallest run with a child; a
+    9-step run (rollouts shortened, which leaves each teacher's one rated match a step) makes one at step 8."""
+    warned = run_cli("validate", str(REPO / "recipes" / "nano.yaml"), "steps=8")
+    assert "steps=9 or more makes a child" in warned.stderr, warned.stderr
+    run_dir = tmp_path / "run"
+    result = run_recipe(REPO / "recipes" / "nano.yaml", run_dir, *SHORT[2:], "steps=9", "probe.enabled=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: evolution" not in result.stderr
+    lineage = [json.loads(x) for x in (run_dir / "lineage.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lineage if r.get("replaced")][:1] == [8]
