@@ -161,3 +161,24 @@ def test_pooled_differences_resample_problems_with_the_seeds_nested():
     assert nested["greedy/mean_minus_single"]["mean"] == 0.25 and "sampled/best_minus_base" not in nested
     # the design's detectable difference: 2.80 x sd of the two problems' mean differences (1 and 0) / sqrt(2)
     assert best["mde"] == pytest.approx(2.8016 * 0.5**0.5 / 2**0.5, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_an_ablation_of_the_population_arm_reuses_the_single_agents_runs_and_compares_by_seed(tmp_path):
+    """The arithmetic world's ablation path, as the README types it: a study, then one whose population arm runs
+    with cross-evaluation off while the single agent's runs are linked from the first; --compare pairs them,
+    held-out accuracy included. Smoke sizes: that the path runs, not what it measures."""
+    reference, ablation = tmp_path / "study", tmp_path / "no-xeval"
+    main(["--recipe", "arith", "--smoke", "--out", str(reference)])
+    overrides = ["--population-overrides", "population.cross_evaluation=false"]
+    main(["--recipe", "arith", "--smoke", "--out", str(ablation), "--reuse-baseline", str(reference), *overrides])
+    assert (ablation / "baseline-seed0").is_symlink()
+    assert (ablation / "baseline-seed0").resolve() == (reference / "baseline-seed0").resolve()
+    recipe = (ablation / "population-seed0" / "recipe.yaml").read_text()
+    assert "cross_evaluation: false" in recipe
+    assert "cross_evaluation: true" in (reference / "population-seed0" / "recipe.yaml").read_text()
+    rows = json.loads((ablation / "study.json").read_text())["rows"]
+    assert {"mean", "best", "weakest"} <= set(rows[0]["population"]["heldout"])
+    result = main(["--compare", str(reference), str(ablation)])
+    assert result["baseline/heldout/mean_minus_reference"]["mean"] == 0  # the same runs
+    assert "population mean - single agent" in (ablation / "study.md").read_text()
