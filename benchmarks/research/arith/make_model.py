@@ -29,15 +29,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from populora_arith import world
 
-from ..nano.make_model import SPECIALS, check_round_trip, log
+from ..nano.make_model import SPECIALS, check_round_trip, log, tiny_llama
 
 #: Held-out problems per level; level 1 has only 100 problems in all, so it keeps 40 of them out of training.
 HELDOUT_PER_LEVEL = {1: 40, **{lv: 120 for lv in world.LEVELS[1:]}}
 PROBE_PER_LEVEL = 20
+#: Positions the base handles: a proposer prompt of three 6-digit questions and its answer fit in 64
+CONTEXT = 128
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,6 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``main`` describes, for parsed arguments."""
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from populora_core.api.runtime import set_torch_threads
 
@@ -271,22 +272,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     stream = Stream(args.seed, set(heldout) | set(probe), weights, args.propose_share)
     tokenizer = tokenizer_for()
     torch.manual_seed(args.seed)
-    config = cast(Any, LlamaConfig)(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 8 // 3,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.heads,
-        head_dim=args.hidden // args.heads,
-        max_position_embeddings=128,
-        rope_theta=10000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    model = cast(Any, LlamaForCausalLM(config)).to(torch.float32)
+    model = tiny_llama(tokenizer, hidden=args.hidden, layers=args.layers, heads=args.heads, context=CONTEXT)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     curve_rng = random.Random(args.heldout_seed + 1)
@@ -313,7 +299,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(model_dir)
-    tokenizer.model_max_length = 128
+    tokenizer.model_max_length = CONTEXT
     tokenizer.save_pretrained(model_dir)
     check_round_trip(model_dir, [world.proposer_prompt(heldout[:3]), world.solver_prompt(*heldout[0])], tokenizer)
     (args.out / "heldout.jsonl").write_text(_records(heldout))

@@ -250,6 +250,31 @@ def pretrain(
     }
 
 
+def tiny_llama(tokenizer: Any, *, hidden: int, layers: int, heads: int, context: int) -> Any:
+    """A fresh float32 Llama of nano's family (no GQA, MLP 8/3 of the width, tied embeddings) for ``tokenizer``;
+    initialised from torch's global generator, which the caller seeds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # transformers' stubs omit rope_theta, which LlamaConfig still takes (into rope_parameters)
+    config = cast(Any, LlamaConfig)(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=context,
+        rope_theta=10000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    return cast(Any, LlamaForCausalLM(config)).to(torch.float32)  # transformers' stubs type .to() wrongly
+
+
 def check_round_trip(model_dir: Path, texts: list[str], tokenizer: Any) -> None:
     """The saved tokenizer must give the same ids after a reload with ``AutoTokenizer``."""
     from transformers import AutoTokenizer
@@ -352,26 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n_tokens = sum(len(d[0]) for d in data)
     log(f"tokenizer: {len(tokenizer)} tokens; {len(data)} sequences, {n_tokens} tokens")
 
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(args.seed)
-    # transformers' stubs omit rope_theta, which LlamaConfig still takes (into rope_parameters)
-    config = cast(Any, LlamaConfig)(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 8 // 3,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.heads,
-        head_dim=args.hidden // args.heads,
-        max_position_embeddings=args.context,
-        rope_theta=10000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    model = cast(Any, LlamaForCausalLM(config)).to(torch.float32)  # transformers' stubs type .to() wrongly
+    model = tiny_llama(tokenizer, hidden=args.hidden, layers=args.layers, heads=args.heads, context=args.context)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters")
     stats = pretrain(
