@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_arith import world
+from populora_arith.heldout import overlap
 
 from ..nano.make_model import SPECIALS, check_round_trip, log, tiny_llama
 
@@ -63,8 +64,9 @@ def held_out_sets(seed: int) -> tuple[list[tuple[int, int]], list[tuple[int, int
                     taken.add(p)
                     picked.append(p)
             target.extend(picked)
-    if set(heldout) & set(probe):
-        raise RuntimeError("held-out and probe sets overlap")
+    shared = overlap(heldout, {"the probe set": probe})
+    if shared:
+        raise RuntimeError(f"the held-out set is not held out: it shares {shared}")
     return heldout, probe
 
 

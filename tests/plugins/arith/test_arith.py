@@ -239,3 +239,27 @@ def test_a_held_out_file_outside_the_grammar_is_a_user_error_naming_the_line(tmp
         ArithHeldout(HeldoutParams(path=str(held))).items()
     with pytest.raises(UserError, match="no problem file"):
         ArithHeldout(HeldoutParams(path=str(tmp_path / "missing.jsonl"))).items()
+
+
+def test_the_shipped_held_out_and_probe_sets_are_what_the_build_draws_disjoint_and_every_level():
+    from populora_arith import HELDOUT_FILE, PROBE_FILE
+
+    from benchmarks.research.arith.make_model import HELDOUT_PER_LEVEL, PROBE_PER_LEVEL, _records, held_out_sets
+
+    heldout, probe = held_out_sets(20261204)
+    assert HELDOUT_FILE.read_text() == _records(heldout) and PROBE_FILE.read_text() == _records(probe)
+    assert not set(heldout) & set(probe) and len(set(heldout)) == len(heldout) == 640
+    assert {lv: sum(world.level(*p) == lv for p in heldout) for lv in world.LEVELS} == HELDOUT_PER_LEVEL
+    assert {lv: sum(world.level(*p) == lv for p in probe) for lv in world.LEVELS} == dict.fromkeys(
+        world.LEVELS, PROBE_PER_LEVEL
+    )
+
+
+def test_the_bases_training_stream_never_draws_a_held_out_or_probe_problem():
+    from benchmarks.research.arith.make_model import Stream, held_out_sets
+
+    heldout, probe = held_out_sets(20261204)
+    excluded = set(heldout) | set(probe)
+    stream = Stream(0, excluded, {1: 1.0, 2: 1.0}, 0.5)
+    drawn = [stream.problem(1) for _ in range(2000)]
+    assert not set(drawn) & excluded and len(set(drawn)) == 100 - 40 - 20  # level 1: every other problem, only those
