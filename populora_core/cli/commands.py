@@ -164,7 +164,8 @@ def run(
       populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
       populora run recipes/azr_7b.yaml --dry-run     # the recipe as it would run, and whether it fits
       populora run recipes/nano.yaml --init-from runs/nano-single --run-dir runs/nano-warm
-    Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint.
+    Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint. SIGTERM or SIGUSR1 (a
+    scheduler's stop) first checkpoints the newest complete step, then exits 143.
     """
     if init_from is not None:
         overrides = (*overrides, f"population.init_from={init_from}")
@@ -233,11 +234,18 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
 
 def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
     """The steps with the live display, each line also in ``RUN/run.log``; Ctrl-C ends with the command that
-    continues the run (exit 130)."""
+    continues the run (exit 130), SIGTERM or SIGUSR1 with a checkpoint of the newest complete step and that command
+    (exit 143)."""
+    from ..run.stop import EXIT_CODE, StopRequested
     from .progress import execute_with_progress
 
     try:
         execute_with_progress(run_obj, progress=progress)
+    except StopRequested as stop:
+        stopped = _stopped_line(stop, directory)
+        directory.log_line(stopped)
+        click.echo(f"\n{stopped}", err=True)
+        sys.exit(EXIT_CODE)
     except KeyboardInterrupt:
         if directory.checkpointed_step() > 0:
             stopped = (
@@ -257,6 +265,25 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
         raise
     directory.log_line("run complete")
     click.echo(f"run complete: {directory.path}")
+
+
+def _stopped_line(stop: Any, directory: Any) -> str:
+    """What a stop kept, and the command that continues the run."""
+    if stop.in_step is not None:
+        where = f"in step {stop.in_step} (before it trained; that step is redone)"
+    elif stop.finished_step:
+        where = "after finishing the step in progress (checkpoint.stop_grace_s)"
+    else:
+        where = "after the step in progress finished (it was training or checkpointing)"
+    if stop.checkpoint_step is None:
+        return (
+            f"stopped by {stop.signal_name} {where}, before any step completed: nothing to keep; "
+            f"`populora resume {directory.path}` starts the run over"
+        )
+    return (
+        f"stopped by {stop.signal_name} {where}: checkpoint of step {stop.checkpoint_step} kept; "
+        f"`populora resume {directory.path}` continues from it"
+    )
 
 
 @cli.command(cls=RecipeCommand)

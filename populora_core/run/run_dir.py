@@ -193,6 +193,10 @@ class RunDir:
             return []
         return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
 
+    def adapter_names(self) -> list[str]:
+        """The adapter versions on disk (a dot name is a write in progress)."""
+        return sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith("."))
+
     def log_sizes(self) -> dict[str, int]:
         return {log: (self.path / log).stat().st_size if (self.path / log).exists() else 0 for log in LOGS}
 
@@ -205,9 +209,12 @@ class RunDir:
         extra_dirs: dict[str, Any] | None = None,
         keep: int = 2,
         restores: list[str] | tuple[str, ...] = (),
+        log_sizes: dict[str, int] | None = None,
+        adapters: list[str] | None = None,
     ) -> Path:
         """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks, a copy
-        of the recipe and the manifest of it all and of the adapter versions it ``restores``."""
+        of the recipe and the manifest of it all and of the adapter versions it ``restores``. ``log_sizes`` and
+        ``adapters``: the logs' lengths and the adapter versions when the step ended (default: now)."""
         final = self.checkpoints / f"{step:08d}"
         with atomic_dir(final, replace=True) as tmp:
             for name, writer in (extra_dirs or {}).items():
@@ -219,8 +226,8 @@ class RunDir:
             full = dict(
                 state,
                 step=step,
-                log_sizes=self.log_sizes(),
-                adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")),
+                log_sizes=self.log_sizes() if log_sizes is None else log_sizes,
+                adapters=self.adapter_names() if adapters is None else adapters,
                 manifest=manifest(tmp, self.adapters, list(restores)),
             )
             (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
