@@ -124,6 +124,18 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
     return load_recipe(recipe, list(overrides), manager.registry)
 
 
+def _check_files(model: Any, recipe: str, overrides: tuple[str, ...]) -> None:
+    """The files the recipe names (an error, exit 2, before anything is written) and those only eval reads (a
+    warning)."""
+    from ..recipe.validate import check_files
+    from ..run.loop import check_start
+
+    warnings = check_files(model, recipe, overrides)
+    check_start(model, recipe)  # and init_from's adapters for each role
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
 def _apply_runtime(section: Any) -> None:
     """The recipe's CPU kernel paths (``runtime.cpu_isa``) and the CUDA allocator's default (expandable segments)
     into the environment, before anything imports torch. ``runtime.threads`` is ``start_run``'s and
@@ -170,6 +182,7 @@ def run(
     if init_from is not None:
         overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
+    _check_files(model, recipe, overrides)
     if dry_run:
         _warn_short_run(model)
         _dry_run(manager, recipe, model, resolved, run_dir)
@@ -185,7 +198,7 @@ def run(
         f"{resolve_device()})"
     )
     click.echo(startup, err=True)
-    run_obj = start_run(model, resolved, directory, manager)
+    run_obj = start_run(model, resolved, directory, manager, recipe_file=recipe)
     directory.log_line(startup)
     directory.log_line(run_obj.sources)
     short = _warn_short_run(model)  # once the run has started: a failed start says only why it failed
@@ -261,7 +274,15 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
         click.echo(f"\n{stopped}", err=True)
         sys.exit(130)
     except Exception as exc:
+        from ..api.files import is_disk_full
+
         directory.log_line(f"failed after step {run_obj.step}: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, UserError) and is_disk_full(exc, directory.path):
+            where = getattr(exc, "filename", None) or directory.path
+            raise UserError(
+                f"no space left on the device of {where} after step {run_obj.step} ({exc}); the newest checkpoint "
+                f"is intact: free space there, then `populora resume {directory.path}`"
+            ) from None
         raise
     directory.log_line("run complete")
     click.echo(f"run complete: {directory.path}")
@@ -400,6 +421,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     from fractions import Fraction
 
     model, _ = _load_recipe(manager, recipe, overrides)
+    _check_files(model, recipe, overrides)
     pop, ro = model.population, model.rollout
     click.echo(
         f"{recipe}: ok ({model.name}, {pop.teachers}T-{pop.students}S "

@@ -194,6 +194,50 @@ def load_recipe(
     return model, model.model_dump(mode="json")
 
 
+def check_files(model: Recipe, recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Every file a recipe names for its run exists and can be read: ``probe.file``, ``seeds.file``,
+    ``population.init_from`` (a run directory or a folder of PEFT adapter folders). ``populora validate`` and the
+    start check them before a run directory exists: a run that fails on one later leaves a run directory that
+    ``resume`` cannot mend (the key may not change) and ``run`` will not reuse. Returns warnings: the
+    ``eval.data`` files, which only ``populora eval`` reads."""
+    import os
+
+    named: list[tuple[str, str, str]] = []
+    if model.probe.enabled and model.probe.file:
+        named.append(("probe.file", model.probe.file, "file"))
+    if model.seeds.enabled and model.seeds.file:
+        named.append(("seeds.file", model.seeds.file, "file"))
+    if model.population.init_from:
+        named.append(("population.init_from", model.population.init_from, "folder"))
+    for key, value, kind in named:
+        path = Path(value).expanduser()
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        neither = f"{value} is neither a run directory nor a folder of adapters"
+        if not path.exists():
+            problem = f"{neither}: it does not exist{where}" if kind == "folder" else f"{value} does not exist{where}"
+        elif kind == "file" and not path.is_file():
+            problem = f"{value} is not a file"
+        elif kind == "folder" and not path.is_dir():
+            problem = f"{neither}: it is a file"
+        elif not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+            problem = f"{value} is not readable"
+        elif kind == "folder" and not (
+            (path / "members.json").is_file() or any((p / "adapter_config.json").is_file() for p in path.iterdir())
+        ):
+            problem = f"{neither} (no members.json, no PEFT adapter folder in it)"
+        else:
+            continue
+        blamed = next((o for o in reversed(overrides) if o.partition("=")[0] == key), None)
+        raise RecipeError(
+            f"{key}: {problem}", recipe=f"override {blamed} (on {recipe})" if blamed else recipe, path=key
+        )
+    return [
+        f"eval.data.{name}: {value} does not exist (`populora eval` reads it)"
+        for name, value in sorted(model.eval.data.items())
+        if not Path(value).expanduser().exists()
+    ]
+
+
 def _override_at(exc: RecipeError, overrides: list[str] | tuple[str, ...]) -> str | None:
     """The override that set the key a recipe error is about (the most specific one), if any: the error then names
     it, not the recipe file, which may hold a good value there."""

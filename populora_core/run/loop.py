@@ -28,6 +28,7 @@ from . import evolution, phases, state
 from .assembly import build_components
 from .metrics import PhaseTimer, step_metrics
 from .probe import evaluate as evaluate_probe
+from .probe import run_probe_set
 from .provenance import missing_plugin, record_sources
 from .run_dir import RunDir
 from .stop import StopRequested, StopSignals
@@ -215,7 +216,9 @@ class Run:
             self.dir.unlock()
 
 
-def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
+def start_run(
+    recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager, *, recipe_file: str = "recipe"
+) -> Run:
     """A new run in ``run_dir``, initialised and ready for :func:`execute`.
 
     The recipe's ``runtime.threads`` is applied first (:func:`populora_core.api.runtime.apply_threads`), for
@@ -224,11 +227,13 @@ def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager
     """
     apply_threads(recipe.runtime)
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
-    run_dir.create(resolved)
+    check_start(recipe, recipe_file)  # every file the recipe names, before a run directory exists
+    run_dir.create(resolved)  # made and locked in one claim: a start racing it is refused, having written nothing
     run: Run | None = None
     try:
-        run_dir.lock()
         run = Run(recipe, run_dir, manager, base_model=base)
+        if recipe.probe.enabled:  # read and checked now (counts per task type, records that fit the tasks)
+            run_probe_set(run.components)
         run.initialise()
         run.sources = record_sources(recipe, run_dir, manager)
     except BaseException:
@@ -239,6 +244,19 @@ def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager
             run_dir.discard_new()
         raise
     return run
+
+
+def check_start(recipe: Recipe, recipe_file: str = "recipe") -> None:
+    """What a start needs besides its components, checked before a run directory exists: every file the recipe
+    names (:func:`populora_core.recipe.validate.check_files`) and adapters for each role in ``init_from``."""
+    from ..recipe.validate import check_files
+
+    check_files(recipe, recipe_file)
+    if recipe.population.init_from:
+        members = Population.create(
+            recipe.population.teachers, recipe.population.students, shared=recipe.population.single_agent
+        ).members
+        evolution.init_sources(recipe.population.init_from, list(members.values()))
 
 
 def check_resume_overrides(overrides: tuple[str, ...]) -> None:
@@ -282,6 +300,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     done = point.step
     check_resume_steps(recipe.steps, done)
     apply_threads(recipe.runtime)  # as start_run: the recorded recipe's thread count, whoever resumes it
+    run_dir.check_space()  # a disk that cannot hold a checkpoint like the newest: said now, not after a step
     run_dir.lock()
     try:
         run = Run(recipe, run_dir, manager, resume_step=done)
