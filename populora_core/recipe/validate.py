@@ -35,6 +35,7 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
     if registry is not None:
         validate_components(parsed, registry, recipe)
         _check_survivors(parsed, registry, recipe)
+        _check_rollout_logprobs(parsed, registry, recipe)
     return parsed
 
 
@@ -118,6 +119,43 @@ def _check_survivors(parsed: Recipe, registry: Registry, recipe: str) -> None:
                 recipe=recipe,
                 path="evolution.selector.params",
             )
+
+
+def _check_rollout_logprobs(parsed: Recipe, registry: Registry, recipe: str) -> None:
+    """A trainer that reads the engine's log-probs as its old policy (``sampling_logprobs=``: grpo's
+    ``use_rollout_logprobs``) divides its own log-probs by them: sampling that makes the two differ biases every
+    importance ratio. top-p renormalises the engine's over the nucleus it samples from, the trainer's cover the whole
+    vocabulary; another temperature scales one and not the other."""
+    ref = parsed.trainer
+    component = registry.get("trainer", ref.name)
+    reads = component.meta.get("sampling_logprobs")
+    params = ref.build_params()
+    if reads is None or not reads(params):
+        return
+    rollout = parsed.rollout
+    where = {"recipe": recipe, "component": f"trainer {ref.name!r}", "plugin": component.plugin}
+    off = (
+        "trainer.params.use_rollout_logprobs: false (the trainer computes the old log-probs itself)"
+        if hasattr(params, "use_rollout_logprobs")
+        else "a trainer that computes the old log-probs itself"
+    )
+    if rollout.top_p < 1:
+        raise RecipeError(
+            f"rollout.top_p is {rollout.top_p}, and trainer {ref.name!r} reads the engine's log-probs as its old "
+            "policy: the engine's are renormalised over the top-p nucleus, the trainer's cover the whole vocabulary, "
+            f"so every importance ratio is biased; set rollout.top_p: 1, or {off}",
+            path="rollout.top_p",
+            **where,
+        )
+    temperature = getattr(params, "temperature", None)
+    if temperature is not None and float(temperature) != float(rollout.temperature):
+        raise RecipeError(
+            f"rollout.temperature is {rollout.temperature} and trainer.params.temperature {temperature}, and trainer "
+            f"{ref.name!r} reads the engine's log-probs (sampled at {rollout.temperature}) as its old policy against "
+            f"its own (at {temperature}): every importance ratio is biased; set them equal, or {off}",
+            path="trainer.params.temperature",
+            **where,
+        )
 
 
 def _misspelled_base_model(name: str, registered: Iterable[str]) -> str | None:

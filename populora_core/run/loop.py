@@ -26,6 +26,7 @@ from ..api.schema import Recipe
 from ..plugin.manager import PluginManager
 from . import evolution, phases, state
 from .assembly import build_components
+from .devices import check_devices
 from .metrics import PhaseTimer, step_metrics
 from .probe import evaluate as evaluate_probe
 from .probe import run_probe_set
@@ -228,7 +229,10 @@ def start_run(
     apply_threads(recipe.runtime)
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
     check_start(recipe, recipe_file)  # every file the recipe names, before a run directory exists
+    device_warning = check_devices(recipe, manager.registry)  # GPUs torch cannot use: an error if it asks for one
     run_dir.create(resolved)  # made and locked in one claim: a start racing it is refused, having written nothing
+    if device_warning:
+        _warn(run_dir, device_warning)
     run: Run | None = None
     try:
         run = Run(recipe, run_dir, manager, base_model=base)
@@ -244,6 +248,14 @@ def start_run(
             run_dir.discard_new()
         raise
     return run
+
+
+def _warn(run_dir: RunDir, text: str) -> None:
+    """A warning on the terminal (the command line prints warnings) and in run.log."""
+    import warnings
+
+    run_dir.log_line(f"warning: {text}")
+    warnings.warn(text, stacklevel=3)
 
 
 def check_start(recipe: Recipe, recipe_file: str = "recipe") -> None:
@@ -300,6 +312,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     done = point.step
     check_resume_steps(recipe.steps, done)
     apply_threads(recipe.runtime)  # as start_run: the recorded recipe's thread count, whoever resumes it
+    device_warning = check_devices(recipe, manager.registry)
     run_dir.check_space()  # a disk that cannot hold a checkpoint like the newest: said now, not after a step
     run_dir.lock()
     try:
@@ -309,6 +322,8 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
         raise
     if overrides:
         run_dir.write_recipe(recipe.model_dump(mode="json"))
+    if device_warning:
+        _warn(run_dir, device_warning)
     if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
         run_dir.clear()
         run.initialise()
