@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
@@ -49,20 +50,27 @@ class StopSignals:
         self.requested: str | None = None
         self.finishing = False  # the step in progress finishes within the grace period
         self._previous: dict[int, Any] = {}
+        self._timer: tuple[float, tuple[float, float]] | None = None  # when armed, the alarm it replaced
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (*STOP_SIGNALS, signal.SIGALRM):
-                handler = self._on_alarm if sig == signal.SIGALRM else self._on_signal
-                self._previous[sig] = signal.signal(sig, handler)
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous:
+        rearm = None
+        if self._timer is not None:  # the grace's timer: the process's own alarm (if any) is put back
             signal.setitimer(signal.ITIMER_REAL, 0)
-            for sig, handler in self._previous.items():
-                signal.signal(sig, handler)
-            self._previous = {}
+            armed_at, (delay, interval) = self._timer
+            self._timer = None
+            if delay:
+                rearm = (max(1e-3, delay - (time.monotonic() - armed_at)), interval)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        if rearm is not None:
+            signal.setitimer(signal.ITIMER_REAL, *rearm)
 
     def check(self) -> None:
         """Between steps: a stop requested while the last step trained or checkpointed ends the run here."""
@@ -81,7 +89,10 @@ class StopSignals:
         left = self.run.step_time_left()
         if self.grace_s > 0 and left is not None and left <= self.grace_s:
             self.finishing = True
-            signal.setitimer(signal.ITIMER_REAL, self.grace_s)  # the estimate is the last step's: a hard bound
+            # the estimate is the last step's: a timer makes the grace a hard bound (SIGALRM only from now on, so
+            # a process's own alarm, pytest-timeout's say, is disturbed only by a stop)
+            self._previous.setdefault(signal.SIGALRM, signal.signal(signal.SIGALRM, self._on_alarm))
+            self._timer = (time.monotonic(), signal.setitimer(signal.ITIMER_REAL, self.grace_s))
             self.note(
                 f"{name}: finishing the step in progress (about {left:.0f} s left, checkpoint.stop_grace_s "
                 f"{self.grace_s:g}), then a checkpoint and a stop"

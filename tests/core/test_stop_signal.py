@@ -157,6 +157,31 @@ def test_a_second_sigterm_exits_at_once_and_the_run_resumes_from_the_newest_inta
     _same_run(run_dir, reference)
 
 
+def test_a_run_leaves_the_process_signal_handlers_and_alarm_as_it_found_them(tiny_model_dir, tmp_path, monkeypatch):
+    """The stop's handlers are the run's only while it runs: a caller's SIGTERM handler and its alarm (pytest-timeout's,
+    here) are there after it as before."""
+    from populora_core.plugin.manager import PluginManager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import execute, start_run
+
+    monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
+    pm = PluginManager()
+    pm.load_entry_points()
+    pm.load_file(FAKE)
+    recipe, resolved = load_recipe(FAKE_RECIPE, ["steps=2"], pm.registry)
+    mine = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM)}
+    handlers = {sig: signal.getsignal(sig) for sig in mine}
+    before = signal.setitimer(signal.ITIMER_REAL, 600)
+    try:
+        execute(start_run(recipe, resolved, RunDir(tmp_path / "run"), pm))
+        assert {sig: signal.getsignal(sig) for sig in mine} == handlers
+        assert 500 < signal.getitimer(signal.ITIMER_REAL)[0] <= 600
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *before)
+        for sig, handler in mine.items():
+            signal.signal(sig, handler)
+
+
 NANO = ("steps=3", "checkpoint.every=10", "probe.enabled=false", "rollout.proposals_per_teacher=2")
 NANO += ("rollout.solver_samples=2", "evolution.every=2", "evolution.ready_after=0")
 
