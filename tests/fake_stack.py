@@ -73,6 +73,10 @@ class FakeEngine(RolloutEngine):
 
 class FakeTrainerParams(Params):
     lr: float = 0.01
+    # a test's pause inside a checkpoint's write: save_state of step save_pause_step's checkpoint writes the marker
+    # file, then sleeps (a second stop signal lands mid-write)
+    save_pause_step: int = 0
+    save_pause_marker: str = ""
 
 
 class FakeTrainer(Trainer):
@@ -106,6 +110,10 @@ class FakeTrainer(Trainer):
 
     def save_state(self, directory: Path) -> None:
         (Path(directory) / "state.json").write_text(json.dumps(self.state))
+        step = Path(directory).parent.name.lstrip(".").split(".")[0]  # checkpoints/.<step>.<pid>-<hex>/trainer
+        if self.params.save_pause_step and step.isdigit() and int(step) == self.params.save_pause_step:
+            Path(self.params.save_pause_marker).write_text(step)
+            time.sleep(120)
 
     def load_state(self, directory: Path) -> None:
         self.state = json.loads((Path(directory) / "state.json").read_text())

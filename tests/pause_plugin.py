@@ -1,8 +1,9 @@
 """Test plugin: pauses a run inside a chosen step so a test can SIGKILL it at a known point.
 
 ``POPULORA_TEST_PAUSE_STEP=N`` and ``POPULORA_TEST_PAUSE_MARKER=path``: after matchmaking of step N the
-run writes the marker file and sleeps, so the kill lands mid-step (after the step began, before its
-rollouts, updates and checkpoint). The pause changes no state, so a run with and without it is the same.
+run writes the marker file and sleeps (``POPULORA_TEST_PAUSE_S`` seconds, default 120), so the kill lands mid-step
+(after the step began, before its rollouts, updates and checkpoint). The pause changes no state, so a run with and
+without it is the same.
 """
 
 import os
@@ -21,4 +22,4 @@ def after_matchmaking(run, step, matches):
         partial = marker.with_name(marker.name + ".partial")
         partial.write_text(str(step))
         os.replace(partial, marker)
-        time.sleep(120)
+        time.sleep(float(os.environ.get("POPULORA_TEST_PAUSE_S", "120")))

@@ -500,7 +500,18 @@ def one_gpu(environ: Any, gpus: list[Any]) -> str | None:
     return f"{len(gpus)} GPUs visible; the smoke uses GPU {best} ({gpus[best].name}, {gpus[best].free_mib} MiB free)"
 
 
+def run_allocator() -> str:
+    """The CUDA allocator settings a run uses, set as ``populora run`` sets them before torch loads
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` where torch is a CUDA build and none is set): the memory
+    the checks measure is then what a run reserves, not what torch's default allocator would. Returns them."""
+    from populora_core.api.runtime import ALLOCATOR_VARS, default_allocator
+
+    default_allocator()
+    return next((f"{var}={os.environ[var]}" for var in ALLOCATOR_VARS if os.environ.get(var)), "torch's default")
+
+
 def main(argv: list[str] | None = None) -> int:
+    allocator = run_allocator()  # before anything imports torch
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 2T-2S vs one adapter, short completions")
     ap.add_argument("--smoke", action="store_true", help="--quick --device cpu (CI)")
@@ -544,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     pop = 2 if args.quick else 4
     shape = "tiny" if args.quick else "full" if args.full_shape else "small"
     result: dict[str, Any] = {"benchmark": "gpu_smoke", "device": device, "shape": shape, "checks": {}}
+    result["allocator"] = allocator
     from .checks import doctor_check
 
     result["checks"]["doctor"] = doctor_check()

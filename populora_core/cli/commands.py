@@ -124,6 +124,18 @@ def _load_recipe(manager: Any, recipe: str, overrides: tuple[str, ...]) -> tuple
     return load_recipe(recipe, list(overrides), manager.registry)
 
 
+def _check_files(model: Any, recipe: str, overrides: tuple[str, ...]) -> None:
+    """The files the recipe names (an error, exit 2, before anything is written) and those only eval reads (a
+    warning)."""
+    from ..recipe.validate import check_files
+    from ..run.loop import check_start
+
+    warnings = check_files(model, recipe, overrides)
+    check_start(model, recipe)  # and init_from's adapters for each role
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
 def _apply_runtime(section: Any) -> None:
     """The recipe's CPU kernel paths (``runtime.cpu_isa``) and the CUDA allocator's default (expandable segments)
     into the environment, before anything imports torch. ``runtime.threads`` is ``start_run``'s and
@@ -164,11 +176,13 @@ def run(
       populora run recipes/nano.yaml evolution.operators.0.name=svd trainer.params.lr=1.0e-3
       populora run recipes/azr_7b.yaml --dry-run     # the recipe as it would run, and whether it fits
       populora run recipes/nano.yaml --init-from runs/nano-single --run-dir runs/nano-warm
-    Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint.
+    Ctrl-C stops it; `populora resume RUN_DIR` continues from its last checkpoint. SIGTERM or SIGUSR1 (a
+    scheduler's stop) first checkpoints the newest complete step, then exits 143.
     """
     if init_from is not None:
         overrides = (*overrides, f"population.init_from={init_from}")
     model, resolved = _load_recipe(manager, recipe, overrides)
+    _check_files(model, recipe, overrides)
     if dry_run:
         _warn_short_run(model)
         _dry_run(manager, recipe, model, resolved, run_dir)
@@ -184,7 +198,7 @@ def run(
         f"{resolve_device()})"
     )
     click.echo(startup, err=True)
-    run_obj = start_run(model, resolved, directory, manager)
+    run_obj = start_run(model, resolved, directory, manager, recipe_file=recipe)
     directory.log_line(startup)
     directory.log_line(run_obj.sources)
     short = _warn_short_run(model)  # once the run has started: a failed start says only why it failed
@@ -233,11 +247,18 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
 
 def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
     """The steps with the live display, each line also in ``RUN/run.log``; Ctrl-C ends with the command that
-    continues the run (exit 130)."""
+    continues the run (exit 130), SIGTERM or SIGUSR1 with a checkpoint of the newest complete step and that command
+    (exit 143)."""
+    from ..run.stop import EXIT_CODE, StopRequested
     from .progress import execute_with_progress
 
     try:
         execute_with_progress(run_obj, progress=progress)
+    except StopRequested as stop:
+        stopped = _stopped_line(stop, directory)
+        directory.log_line(stopped)
+        click.echo(f"\n{stopped}", err=True)
+        sys.exit(EXIT_CODE)
     except KeyboardInterrupt:
         if directory.checkpointed_step() > 0:
             stopped = (
@@ -253,10 +274,37 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
         click.echo(f"\n{stopped}", err=True)
         sys.exit(130)
     except Exception as exc:
+        from ..api.files import is_disk_full
+
         directory.log_line(f"failed after step {run_obj.step}: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, UserError) and is_disk_full(exc, directory.path):
+            where = getattr(exc, "filename", None) or directory.path
+            raise UserError(
+                f"no space left on the device of {where} after step {run_obj.step} ({exc}); the newest checkpoint "
+                f"is intact: free space there, then `populora resume {directory.path}`"
+            ) from None
         raise
     directory.log_line("run complete")
     click.echo(f"run complete: {directory.path}")
+
+
+def _stopped_line(stop: Any, directory: Any) -> str:
+    """What a stop kept, and the command that continues the run."""
+    if stop.in_step is not None:
+        where = f"in step {stop.in_step} (before it trained; that step is redone)"
+    elif stop.finished_step:
+        where = "after finishing the step in progress (checkpoint.stop_grace_s)"
+    else:
+        where = "after the step in progress finished (it was training or checkpointing)"
+    if stop.checkpoint_step is None:
+        return (
+            f"stopped by {stop.signal_name} {where}, before any step completed: nothing to keep; "
+            f"`populora resume {directory.path}` starts the run over"
+        )
+    return (
+        f"stopped by {stop.signal_name} {where}: checkpoint of step {stop.checkpoint_step} kept; "
+        f"`populora resume {directory.path}` continues from it"
+    )
 
 
 @cli.command(cls=RecipeCommand)
@@ -373,6 +421,7 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     from fractions import Fraction
 
     model, _ = _load_recipe(manager, recipe, overrides)
+    _check_files(model, recipe, overrides)
     pop, ro = model.population, model.rollout
     click.echo(
         f"{recipe}: ok ({model.name}, {pop.teachers}T-{pop.students}S "

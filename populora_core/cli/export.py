@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..api.errors import UserError
-from ..api.files import atomic_dir
+from ..api.files import atomic_dir, remove_stale
 from ..run.run_dir import RunDir
 
 
@@ -170,9 +171,20 @@ def card(
     return "\n".join(lines + usage) + "\n"
 
 
-def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any, manager: Any = None) -> Path:
+def export(
+    run_path: str,
+    member: str,
+    out: str,
+    *,
+    merge: bool,
+    registry: Any,
+    manager: Any = None,
+    note: Callable[[str], None] | None = None,
+) -> Path:
     """Write ``member`` of the run at ``run_path`` to ``out`` (a new or empty folder); returns ``out``.
-    ``manager`` (optional) names the plugin that registers a registered base, and its file for a ``--plugin``."""
+    ``manager`` (optional) names the plugin that registers a registered base, and its file for a ``--plugin``. What
+    an export of ``out`` killed mid-write left (its hidden ``.OUT.<pid>-<hex>/``, a merged model's size) is removed
+    first, and ``note`` says so."""
     run_dir = RunDir(run_path)
     if not (run_dir.path / "recipe.yaml").is_file():
         raise UserError(f"{run_path}: not a run directory (no recipe.yaml)")
@@ -183,6 +195,8 @@ def export(run_path: str, member: str, out: str, *, merge: bool, registry: Any, 
     recipe = run_dir.read_recipe()
     source = run_dir.adapter_path(version_name)
     base = portable_base(recipe, registry, manager)
+    for left, size in remove_stale(target):
+        (note or print)(f"removed {left} ({size:,} bytes), left by an export of {out} that was killed mid-write")
     with atomic_dir(target, replace=target.exists()) as tmp:
         if merge:
             _merge(base.path, source, tmp)

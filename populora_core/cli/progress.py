@@ -43,7 +43,10 @@ def execute_with_progress(run: Run, *, progress: bool | None = None) -> None:
                 print(f"[{run.recipe.name}] {line}", file=sys.stderr, flush=True)
 
         # the bar ends before on_run_end observers print (the report plugin's summary): else it is redrawn below
-        execute(run, on_step=on_step, on_probe=on_probe, on_steps_done=bar.stop)
+        def note(text: str) -> None:  # what a stop signal does, above the bar
+            console.print(text, markup=False, highlight=False)
+
+        execute(run, on_step=on_step, on_probe=on_probe, on_steps_done=bar.stop, note=note)
 
 
 def _fmt(value: float | None) -> str:

@@ -159,9 +159,28 @@ def export(manager: Any, run_dir: str, member: str, out: str, merge: bool) -> No
       populora export runs/nano s0 --out exports/s0
       populora export runs/nano s1@v8 --out exports/s1-merged --merge
     """
+    import signal
+
     from .export import export as export_member
 
-    click.echo(str(export_member(run_dir, member, out, merge=merge, registry=manager.registry, manager=manager)))
+    def stop(signum: int, frame: Any) -> None:  # SIGTERM and SIGHUP end the write as Ctrl-C does: no hidden folder
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        written = export_member(
+            run_dir,
+            member,
+            out,
+            merge=merge,
+            registry=manager.registry,
+            manager=manager,
+            note=lambda text: click.echo(text, err=True),
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(str(written))
 
 
 @click.command()

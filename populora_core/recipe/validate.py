@@ -35,6 +35,7 @@ def parse_recipe(data: dict[str, Any], registry: Registry | None, recipe: str = 
     if registry is not None:
         validate_components(parsed, registry, recipe)
         _check_survivors(parsed, registry, recipe)
+        _check_rollout_logprobs(parsed, registry, recipe)
     return parsed
 
 
@@ -120,6 +121,43 @@ def _check_survivors(parsed: Recipe, registry: Registry, recipe: str) -> None:
             )
 
 
+def _check_rollout_logprobs(parsed: Recipe, registry: Registry, recipe: str) -> None:
+    """A trainer that reads the engine's log-probs as its old policy (``sampling_logprobs=``: grpo's
+    ``use_rollout_logprobs``) divides its own log-probs by them: sampling that makes the two differ biases every
+    importance ratio. top-p renormalises the engine's over the nucleus it samples from, the trainer's cover the whole
+    vocabulary; another temperature scales one and not the other."""
+    ref = parsed.trainer
+    component = registry.get("trainer", ref.name)
+    reads = component.meta.get("sampling_logprobs")
+    params = ref.build_params()
+    if reads is None or not reads(params):
+        return
+    rollout = parsed.rollout
+    where = {"recipe": recipe, "component": f"trainer {ref.name!r}", "plugin": component.plugin}
+    off = (
+        "trainer.params.use_rollout_logprobs: false (the trainer computes the old log-probs itself)"
+        if hasattr(params, "use_rollout_logprobs")
+        else "a trainer that computes the old log-probs itself"
+    )
+    if rollout.top_p < 1:
+        raise RecipeError(
+            f"rollout.top_p is {rollout.top_p}, and trainer {ref.name!r} reads the engine's log-probs as its old "
+            "policy: the engine's are renormalised over the top-p nucleus, the trainer's cover the whole vocabulary, "
+            f"so every importance ratio is biased; set rollout.top_p: 1, or {off}",
+            path="rollout.top_p",
+            **where,
+        )
+    temperature = getattr(params, "temperature", None)
+    if temperature is not None and float(temperature) != float(rollout.temperature):
+        raise RecipeError(
+            f"rollout.temperature is {rollout.temperature} and trainer.params.temperature {temperature}, and trainer "
+            f"{ref.name!r} reads the engine's log-probs (sampled at {rollout.temperature}) as its old policy against "
+            f"its own (at {temperature}): every importance ratio is biased; set them equal, or {off}",
+            path="trainer.params.temperature",
+            **where,
+        )
+
+
 def _misspelled_base_model(name: str, registered: Iterable[str]) -> str | None:
     """The registered name a bare, unknown base model name is close to (``nanoo`` -> ``nano``), else None.
 
@@ -192,6 +230,50 @@ def load_recipe(
         where = f"override {blamed} (on {path})"
         raise RecipeError(exc.detail, recipe=where, path=exc.path, component=exc.component, plugin=exc.plugin) from None
     return model, model.model_dump(mode="json")
+
+
+def check_files(model: Recipe, recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Every file a recipe names for its run exists and can be read: ``probe.file``, ``seeds.file``,
+    ``population.init_from`` (a run directory or a folder of PEFT adapter folders). ``populora validate`` and the
+    start check them before a run directory exists: a run that fails on one later leaves a run directory that
+    ``resume`` cannot mend (the key may not change) and ``run`` will not reuse. Returns warnings: the
+    ``eval.data`` files, which only ``populora eval`` reads."""
+    import os
+
+    named: list[tuple[str, str, str]] = []
+    if model.probe.enabled and model.probe.file:
+        named.append(("probe.file", model.probe.file, "file"))
+    if model.seeds.enabled and model.seeds.file:
+        named.append(("seeds.file", model.seeds.file, "file"))
+    if model.population.init_from:
+        named.append(("population.init_from", model.population.init_from, "folder"))
+    for key, value, kind in named:
+        path = Path(value).expanduser()
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        neither = f"{value} is neither a run directory nor a folder of adapters"
+        if not path.exists():
+            problem = f"{neither}: it does not exist{where}" if kind == "folder" else f"{value} does not exist{where}"
+        elif kind == "file" and not path.is_file():
+            problem = f"{value} is not a file"
+        elif kind == "folder" and not path.is_dir():
+            problem = f"{neither}: it is a file"
+        elif not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+            problem = f"{value} is not readable"
+        elif kind == "folder" and not (
+            (path / "members.json").is_file() or any((p / "adapter_config.json").is_file() for p in path.iterdir())
+        ):
+            problem = f"{neither} (no members.json, no PEFT adapter folder in it)"
+        else:
+            continue
+        blamed = next((o for o in reversed(overrides) if o.partition("=")[0] == key), None)
+        raise RecipeError(
+            f"{key}: {problem}", recipe=f"override {blamed} (on {recipe})" if blamed else recipe, path=key
+        )
+    return [
+        f"eval.data.{name}: {value} does not exist (`populora eval` reads it)"
+        for name, value in sorted(model.eval.data.items())
+        if not Path(value).expanduser().exists()
+    ]
 
 
 def _override_at(exc: RecipeError, overrides: list[str] | tuple[str, ...]) -> str | None:

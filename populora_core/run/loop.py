@@ -26,10 +26,13 @@ from ..api.schema import Recipe
 from ..plugin.manager import PluginManager
 from . import evolution, phases, state
 from .assembly import build_components
+from .devices import check_devices
 from .metrics import PhaseTimer, step_metrics
 from .probe import evaluate as evaluate_probe
+from .probe import run_probe_set
 from .provenance import missing_plugin, record_sources
 from .run_dir import RunDir
+from .stop import StopRequested, StopSignals
 
 
 class Run:
@@ -57,6 +60,14 @@ class Run:
         self.coverage: dict[str, set[str]] = defaultdict(set)
         self.evolution_deferred: int | None = None  # the last step, when its evolution was due but left out
         self._last_checkpoint_s = 0.0
+        # a stop signal (:mod:`.stop`): the step in progress may be ended until it trains; what it ends on is the
+        # snapshot of the complete step before it, the checkpoint a stop writes
+        self.abortable = False
+        self.last_complete: state.Snapshot | None = None
+        self.checkpointed_step = 0  # the step of the newest checkpoint this process wrote or restored
+        self._step_began: float | None = None
+        self.in_step: int | None = None  # the step in progress (None between steps)
+        self._step_s: float | None = None  # the last step's duration in this process (a stop's grace estimate)
 
     def view(self) -> RunView:
         """What hooks receive (:class:`RunView`): the recipe, run directory, steps done, a population copy, emit."""
@@ -80,6 +91,13 @@ class Run:
     def restore(self) -> None:
         """Continue from the latest complete checkpoint."""
         self.step, self.population, self.coverage, self.evolution_deferred = state.restore(self.components)
+        self.checkpointed_step = self.step
+
+    def step_time_left(self) -> float | None:
+        """The step in progress's time left, by the last step's duration in this process (None: no estimate)."""
+        if self._step_s is None or self._step_began is None:
+            return None
+        return max(0.0, self._step_s - (time.perf_counter() - self._step_began))
 
     def run_step(self) -> dict[str, Any]:
         """One step: each phase once, in order, with the lifecycle hooks between; returns the step's metrics."""
@@ -87,7 +105,10 @@ class Run:
         if self.evolution_deferred == self.step:  # `populora resume RUN steps=N`: what a longer run did here
             self._evolve(self.step)
         self.evolution_deferred = None
+        self.last_complete = state.snapshot(c, self.step, pop, self.coverage, None)
         step, timer, step_start = self.step + 1, PhaseTimer(), time.perf_counter()
+        self._step_began, self.in_step = step_start, step
+        self.abortable = True  # until it trains, a stop ends this step and keeps the one before (last_complete)
         self.hook.on_step_start(run=self.view(), step=step)
         with timer("matchmaking"):
             matches = phases.match(c, pop, step)
@@ -108,6 +129,7 @@ class Run:
         with timer("ratings"):
             outcomes = phases.rate(c, pop, matches, proposals)
         self.hook.after_rewards(run=self.view(), step=step, rollouts=rollouts)
+        self.abortable = False  # training changes the trainer's state: from here the step finishes
         with timer("train"):
             c.engine.sleep()
             train_stats = phases.train(c, pop, rollouts)
@@ -137,6 +159,8 @@ class Run:
             start = time.perf_counter()
             self.checkpoint()
             self._last_checkpoint_s = time.perf_counter() - start
+        self._step_s = time.perf_counter() - step_start
+        self.in_step = None
         return metrics
 
     def _evolve(self, step: int) -> list[dict[str, Any]]:
@@ -151,9 +175,32 @@ class Run:
 
     def checkpoint(self) -> None:
         """A complete checkpoint of this step, then the adapter versions ``adapters.keep`` lets go."""
-        path = state.checkpoint(self.components, self.step, self.population, self.coverage, self.evolution_deferred)
-        self.hook.on_checkpoint(run=self.view(), step=self.step, path=str(path))
-        state.prune_adapters(self.dir, self.population, self.recipe.adapters)
+        snap = state.snapshot(self.components, self.step, self.population, self.coverage, self.evolution_deferred)
+        self._write_checkpoint(snap)
+
+    def _write_checkpoint(self, snap: state.Snapshot) -> None:
+        path = state.write_snapshot(self.components, snap)
+        self.checkpointed_step = snap.step
+        self.hook.on_checkpoint(run=self.view(), step=snap.step, path=str(path))
+        state.prune_adapters(self.dir, snap.population, self.recipe.adapters)
+
+    def keep_newest_step(self, stop: StopRequested) -> None:
+        """On a stop signal: a checkpoint of the newest complete step unless one is on disk; what ``stop`` says.
+
+        A step ended before it trained leaves the run as its :attr:`last_complete` snapshot recorded it (the step
+        in progress's logs and adapters are rolled back by the resume); between steps the run is complete as it
+        is. Step 0 (nothing trained yet) is never checkpointed: a resume starts such a run over."""
+        self.abortable = False
+        stop.in_step = self.in_step
+        if self.in_step is not None:  # ended before it trained
+            newest = self.last_complete
+        elif self.step > self.checkpointed_step:
+            newest = state.snapshot(self.components, self.step, self.population, self.coverage, self.evolution_deferred)
+        else:
+            newest = None
+        if newest is not None and newest.step > self.checkpointed_step and newest.step > 0:
+            self._write_checkpoint(newest)
+        stop.checkpoint_step = self.checkpointed_step or None
 
     def probe(self, step: int, *, include_base: bool) -> list[dict[str, Any]]:
         """Solver accuracy per task type of every student (and the base), appended to probe.jsonl."""
@@ -170,7 +217,9 @@ class Run:
             self.dir.unlock()
 
 
-def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager) -> Run:
+def start_run(
+    recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager: PluginManager, *, recipe_file: str = "recipe"
+) -> Run:
     """A new run in ``run_dir``, initialised and ready for :func:`execute`.
 
     The recipe's ``runtime.threads`` is applied first (:func:`populora_core.api.runtime.apply_threads`), for
@@ -179,11 +228,16 @@ def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager
     """
     apply_threads(recipe.runtime)
     base = manager.registry.base_model(recipe.base_model.name, recipe.base_model.params)  # missing: no run dir
-    run_dir.create(resolved)
+    check_start(recipe, recipe_file)  # every file the recipe names, before a run directory exists
+    device_warning = check_devices(recipe, manager.registry)  # GPUs torch cannot use: an error if it asks for one
+    run_dir.create(resolved)  # made and locked in one claim: a start racing it is refused, having written nothing
+    if device_warning:
+        _warn(run_dir, device_warning)
     run: Run | None = None
     try:
-        run_dir.lock()
         run = Run(recipe, run_dir, manager, base_model=base)
+        if recipe.probe.enabled:  # read and checked now (counts per task type, records that fit the tasks)
+            run_probe_set(run.components)
         run.initialise()
         run.sources = record_sources(recipe, run_dir, manager)
     except BaseException:
@@ -194,6 +248,27 @@ def start_run(recipe: Recipe, resolved: dict[str, Any], run_dir: RunDir, manager
             run_dir.discard_new()
         raise
     return run
+
+
+def _warn(run_dir: RunDir, text: str) -> None:
+    """A warning on the terminal (the command line prints warnings) and in run.log."""
+    import warnings
+
+    run_dir.log_line(f"warning: {text}")
+    warnings.warn(text, stacklevel=3)
+
+
+def check_start(recipe: Recipe, recipe_file: str = "recipe") -> None:
+    """What a start needs besides its components, checked before a run directory exists: every file the recipe
+    names (:func:`populora_core.recipe.validate.check_files`) and adapters for each role in ``init_from``."""
+    from ..recipe.validate import check_files
+
+    check_files(recipe, recipe_file)
+    if recipe.population.init_from:
+        members = Population.create(
+            recipe.population.teachers, recipe.population.students, shared=recipe.population.single_agent
+        ).members
+        evolution.init_sources(recipe.population.init_from, list(members.values()))
 
 
 def check_resume_overrides(overrides: tuple[str, ...]) -> None:
@@ -237,6 +312,8 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     done = point.step
     check_resume_steps(recipe.steps, done)
     apply_threads(recipe.runtime)  # as start_run: the recorded recipe's thread count, whoever resumes it
+    device_warning = check_devices(recipe, manager.registry)
+    run_dir.check_space()  # a disk that cannot hold a checkpoint like the newest: said now, not after a step
     run_dir.lock()
     try:
         run = Run(recipe, run_dir, manager, resume_step=done)
@@ -245,6 +322,8 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
         raise
     if overrides:
         run_dir.write_recipe(recipe.model_dump(mode="json"))
+    if device_warning:
+        _warn(run_dir, device_warning)
     if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
         run_dir.clear()
         run.initialise()
@@ -260,21 +339,43 @@ def execute(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_probe: Callable[[], None] | None = None,
     on_steps_done: Callable[[], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> None:
     """Run steps until the recipe's ``steps`` with the run hooks around them; the callbacks are for displays
-    (``on_steps_done``: the steps are over, before ``on_run_end`` observers print their summaries)."""
+    (``on_steps_done``: the steps are over, before ``on_run_end`` observers print their summaries; ``note``: what a
+    stop signal does, as it happens, besides ``RUN/run.log``).
+
+    SIGTERM or SIGUSR1 (:mod:`.stop`) ends the run with a checkpoint of its newest complete step and raises
+    :class:`StopRequested` saying which; hooks see the status ``"interrupted"``, as for Ctrl-C."""
+
+    def say(text: str) -> None:
+        run.dir.log_line(text)
+        (note or _to_stderr)(text)
+
     run.hook.on_run_start(run=run.view())
     status = "failed"
+    stops = StopSignals(run, run.recipe.checkpoint.stop_grace_s, say)
     try:
-        if run.recipe.probe.enabled and run.step == 0:
-            if on_probe is not None:
-                on_probe()
-            run.probe(0, include_base=True)
-        while run.step < run.recipe.steps:
-            metrics = run.run_step()
-            if on_step is not None:
-                on_step(metrics)
-        status = "completed"
+        with stops:
+            if run.recipe.probe.enabled and run.step == 0:
+                if on_probe is not None:
+                    on_probe()
+                run.abortable = True  # nothing to keep yet: a stop ends the probe
+                run.probe(0, include_base=True)
+                run.abortable = False
+            while run.step < run.recipe.steps:
+                stops.check()
+                metrics = run.run_step()
+                if on_step is not None:
+                    on_step(metrics)
+            status = "completed"  # a stop that came in the last step: the run is complete
+    except StopRequested as stop:
+        status = "interrupted"
+        stop.finished_step = stops.finishing and stop.in_step is None
+        with stops:  # a second signal while the checkpoint is written exits at once
+            stops.requested = stop.signal_name
+            run.keep_newest_step(stop)
+        raise
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -285,3 +386,9 @@ def execute(
             run.hook.on_run_end(run=run.view(), status=status)
         finally:
             run.close()
+
+
+def _to_stderr(text: str) -> None:
+    import sys
+
+    print(text, file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..api.errors import UserError
-from ..api.files import atomic_dir, atomic_write_text
+from ..api.files import atomic_dir, atomic_write_text, is_disk_full, tree_bytes
 from .checkpoints import RECIPE_COPY, ResumePoint, find_resume_point, manifest
 
 LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
@@ -41,6 +41,8 @@ class RunDir:
         self.notes: list[str] = []  # what a resume found and did about damage, for the terminal and run.log
         self._damaged: Path | None = None  # RUN/damaged/<time>/ once a resume set something aside
         self._made_folder = False  # create() made the folder itself (a failed start removes it again)
+        self._made_lock_file = False  # lock() made RUN/.lock
+        self._claimed = False  # create() found the folder new or empty with its lock held: what is in it is ours
 
     # --- layout -----------------------------------------------------------------------------
 
@@ -56,16 +58,40 @@ class RunDir:
         return self.adapters / version_name
 
     def create(self, resolved_recipe: dict[str, Any], *, exist_ok: bool = False) -> None:
+        """Claim the folder for a new run, then write its skeleton and recipe.
+
+        The folder is made (``mkdir``, which only one process can do) and locked before anything is checked or
+        written, so of two starts racing on one new ``--run-dir`` one runs and the other is refused having written
+        nothing; :meth:`discard_new` then removes only what this process made."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--run-dir {self.path} is a file, not a directory: choose a new or empty directory")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.mkdir()
+                self._made_folder = True
+            except FileExistsError:
+                pass
+            if self._lock_fd is None:
+                self.lock()
+        except OSError as exc:  # read-only, not ours, a full disk
+            self.discard_new()
+            raise UserError(
+                f"--run-dir {self.path}: cannot write there ({exc.strerror}: {exc.filename}); choose a writable place"
+            ) from None
+        except UserError:  # another process holds it: it is that one's, nothing here is ours to remove
+            self._made_folder = False
+            raise
         if (self.path / "recipe.yaml").exists() and not exist_ok:
+            self._release_claim()
             raise UserError(self._holds_a_run())
-        if not exist_ok and self.path.is_dir() and any(self.path.iterdir()):
+        if not exist_ok and any(entry.name != ".lock" for entry in self.path.iterdir()):
+            self._release_claim()
             raise UserError(
                 f"--run-dir {self.path} holds other files and no run (no recipe.yaml): a run writes and deletes "
                 "files there, so choose a new or empty directory"
             )
-        self._made_folder = not self.path.exists()
+        self._claimed = True
         try:
             for sub in ("adapters", "checkpoints", "tasks"):
                 (self.path / sub).mkdir(parents=True, exist_ok=True)
@@ -96,12 +122,24 @@ class RunDir:
             f"`populora resume {self.path}` continues it, or choose another --run-dir"
         )
 
+    def _release_claim(self) -> None:
+        """Refused after locking: the lock file goes if this process made it, the lock is let go, nothing else."""
+        if self._made_lock_file:
+            (self.path / ".lock").unlink(missing_ok=True)
+            self._made_lock_file = False
+        self.unlock()
+
     def lock(self) -> None:
         """Hold ``RUN/.lock`` while this process runs the run: a second ``run``/``resume`` of the same directory
         would interleave its logs and checkpoints, so it is refused (the lock goes with the process, even on kill)."""
         import fcntl
 
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            made = True
+        except FileExistsError:
+            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            made = False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -113,7 +151,7 @@ class RunDir:
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
+        self._lock_fd, self._made_lock_file = fd, made
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -150,17 +188,30 @@ class RunDir:
         atomic_write_text(self.path / "recipe.yaml", yaml.safe_dump(resolved_recipe, sort_keys=False))
 
     def discard_new(self) -> None:
-        """Remove everything a run that failed to start wrote: :meth:`create` found the folder new or empty, so
-        all in it is the failed start's; a folder the user made empty is left, empty."""
-        self.unlock()
-        if self.path.is_dir():
-            for entry in self.path.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-            if self._made_folder:
+        """Remove everything a run that failed to start wrote: :meth:`create` claimed the folder new or empty under
+        its lock, so all in it is this process's; a folder the user made empty is left, empty. Without the claim
+        (another process holds the folder) nothing is removed."""
+        if not self._claimed or self._lock_fd is None:
+            self.unlock()
+            if self._made_folder and self.path.is_dir() and not any(self.path.iterdir()):
                 self.path.rmdir()
+            return
+        for entry in self.path.iterdir():
+            if entry.name == ".lock":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        if self._made_lock_file or self._made_folder:
+            (self.path / ".lock").unlink(missing_ok=True)  # still held: nobody else can have claimed it
+        self._claimed = False
+        self.unlock()
+        if self._made_folder:
+            try:
+                self.path.rmdir()
+            except OSError:  # someone put something there after the lock file went: theirs
+                pass
 
     def read_recipe(self) -> dict[str, Any]:
         file = self.path / "recipe.yaml"
@@ -193,6 +244,10 @@ class RunDir:
             return []
         return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
 
+    def adapter_names(self) -> list[str]:
+        """The adapter versions on disk (a dot name is a write in progress)."""
+        return sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith("."))
+
     def log_sizes(self) -> dict[str, int]:
         return {log: (self.path / log).stat().st_size if (self.path / log).exists() else 0 for log in LOGS}
 
@@ -205,29 +260,79 @@ class RunDir:
         extra_dirs: dict[str, Any] | None = None,
         keep: int = 2,
         restores: list[str] | tuple[str, ...] = (),
+        log_sizes: dict[str, int] | None = None,
+        adapters: list[str] | None = None,
     ) -> Path:
         """Atomically write ``state`` (JSON) plus component state dirs filled by ``extra_dirs`` callbacks, a copy
-        of the recipe and the manifest of it all and of the adapter versions it ``restores``."""
+        of the recipe and the manifest of it all and of the adapter versions it ``restores``. ``log_sizes`` and
+        ``adapters``: the logs' lengths and the adapter versions when the step ended (default: now)."""
         final = self.checkpoints / f"{step:08d}"
-        with atomic_dir(final, replace=True) as tmp:
-            for name, writer in (extra_dirs or {}).items():
-                sub = tmp / name
-                sub.mkdir()
-                writer(sub)
-            if (self.path / "recipe.yaml").is_file():
-                shutil.copyfile(self.path / "recipe.yaml", tmp / RECIPE_COPY)
-            full = dict(
-                state,
-                step=step,
-                log_sizes=self.log_sizes(),
-                adapters=sorted(p.name for p in self.adapters.iterdir() if not p.name.startswith(".")),
-                manifest=manifest(tmp, self.adapters, list(restores)),
-            )
-            (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
-        atomic_write_text(self.checkpoints / "LATEST", final.name + "\n")
-        atomic_write_text(self.path / "members.json", json.dumps(state.get("population", {}), indent=1))
+        needed = self.check_space(step)
+        try:
+            with atomic_dir(final, replace=True) as tmp:
+                try:
+                    self._fill_checkpoint(tmp, state, step, extra_dirs, restores, log_sizes, adapters)
+                except (OSError, RuntimeError) as exc:
+                    if not is_disk_full(exc, tmp):
+                        raise
+                    raise self._no_space(step, max(needed, tree_bytes(tmp)), during=True) from None
+            atomic_write_text(self.checkpoints / "LATEST", final.name + "\n")
+            atomic_write_text(self.path / "members.json", json.dumps(state.get("population", {}), indent=1))
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise self._no_space(step, needed, during=True) from None
         self._prune(keep)
         return final
+
+    def _fill_checkpoint(
+        self,
+        tmp: Path,
+        state: dict[str, Any],
+        step: int,
+        extra_dirs: dict[str, Any] | None,
+        restores: list[str] | tuple[str, ...],
+        log_sizes: dict[str, int] | None,
+        adapters: list[str] | None,
+    ) -> None:
+        for name, writer in (extra_dirs or {}).items():
+            sub = tmp / name
+            sub.mkdir()
+            writer(sub)
+        if (self.path / "recipe.yaml").is_file():
+            shutil.copyfile(self.path / "recipe.yaml", tmp / RECIPE_COPY)
+        full = dict(
+            state,
+            step=step,
+            log_sizes=self.log_sizes() if log_sizes is None else log_sizes,
+            adapters=self.adapter_names() if adapters is None else adapters,
+            manifest=manifest(tmp, self.adapters, list(restores)),
+        )
+        (tmp / "state.json").write_text(json.dumps(full, default=_json_default))
+
+    def checkpoint_bytes(self) -> int:
+        """The size of the newest checkpoint on disk (0 without one): what the next one needs, about."""
+        newest = self.latest_checkpoint()
+        return tree_bytes(newest) if newest is not None else 0
+
+    def check_space(self, step: int | None = None) -> int:
+        """Refuse a checkpoint the disk cannot hold before writing any of it (the newest one's size is the
+        measure); returns that size. ``step``: the checkpoint about to be written (None: at a resume's start)."""
+        needed = self.checkpoint_bytes()
+        if needed and shutil.disk_usage(self.checkpoints).free < needed:
+            raise self._no_space(step, needed, during=False)
+        return needed
+
+    def _no_space(self, step: int | None, needed: int, *, during: bool) -> UserError:
+        free = shutil.disk_usage(self.checkpoints).free
+        kept = self.latest_checkpoint()
+        what = f"the checkpoint of step {step}" if step is not None else "the next checkpoint"
+        when = "ran out of space while writing it" if during else "does not have it free"
+        intact = f"the checkpoint of step {int(kept.name)} is intact" if kept is not None else "no checkpoint was lost"
+        return UserError(
+            f"no space left for {what} in {self.checkpoints}: it needs about {needed:,} bytes and the disk {when} "
+            f"({free:,} bytes free); {intact}. Free space there (or move the run), then `populora resume {self.path}`"
+        )
 
     def complete_checkpoints(self) -> list[Path]:
         """Every checkpoint on disk whose state reads, oldest first."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..api.errors import UserError
 from ..api.population import Population
@@ -53,24 +55,66 @@ def restore(c: Components) -> tuple[int, Population, dict[str, set[str]], int | 
     return state["step"], Population.from_dict(state["population"]), coverage, state.get("evolution_deferred")
 
 
+@dataclass
+class Snapshot:
+    """What a checkpoint records of a complete step, taken when the step ended: the next step may be stopped before
+    it trains, and its checkpoint is then written from this, whatever the step in progress had changed."""
+
+    step: int
+    population: Population
+    state: dict[str, Any]  # population, coverage, matchmaker, evolution_deferred: copies
+    tasks: dict[str, bytes]  # each task's pickled state
+    log_sizes: dict[str, int]
+    adapters: list[str]
+
+
+def snapshot(
+    c: Components, step: int, population: Population, coverage: dict[str, set[str]], evolution_deferred: int | None
+) -> Snapshot:
+    """The run's state after ``step``, copied (population, coverage, tasks, matchmaker, log lengths, adapters on
+    disk); the trainer's is read when the checkpoint is written, as nothing before training changes it."""
+    members = population.to_dict()
+    state: dict[str, Any] = {
+        "population": members,
+        "coverage": {k: sorted(v) for k, v in coverage.items()},
+        "matchmaker": copy.deepcopy(c.matchmaker.state_dict()),
+        "evolution_deferred": evolution_deferred,
+    }
+    return Snapshot(
+        step,
+        Population.from_dict(members),
+        state,
+        {name: pickle.dumps(task.state_dict()) for name, task in c.tasks.items()},
+        c.run_dir.log_sizes(),
+        c.run_dir.adapter_names(),
+    )
+
+
 def checkpoint(
     c: Components, step: int, population: Population, coverage: dict[str, set[str]], evolution_deferred: int | None
 ) -> Path:
     """Write a complete checkpoint of the run atomically (population, coverage, tasks, matchmaker, trainer)."""
+    return write_snapshot(c, snapshot(c, step, population, coverage, evolution_deferred))
+
+
+def write_snapshot(c: Components, snap: Snapshot) -> Path:
+    """A complete checkpoint of ``snap``'s step, written atomically; the trainer's state as it is now."""
 
     def write_tasks(directory: Path) -> None:
-        for name, task in c.tasks.items():
-            (directory / f"{name}.pkl").write_bytes(pickle.dumps(task.state_dict()))
+        for name, data in snap.tasks.items():
+            (directory / f"{name}.pkl").write_bytes(data)
 
-    state = {
-        "population": population.to_dict(),
-        "coverage": {k: sorted(v) for k, v in coverage.items()},
-        "matchmaker": c.matchmaker.state_dict(),
-        "evolution_deferred": evolution_deferred,
-    }
     extra = {"tasks": write_tasks, "trainer": c.trainer.save_state}
-    restores = [m.version_name for m in population.members.values()]
-    return c.run_dir.write_checkpoint(step, state, extra, keep=c.recipe.checkpoint.keep, restores=restores)
+    restores = [m.version_name for m in snap.population.members.values()]
+    return c.run_dir.write_checkpoint(
+        snap.step,
+        snap.state,
+        extra,
+        keep=c.recipe.checkpoint.keep,
+        restores=restores,
+        log_sizes=snap.log_sizes,
+        adapters=snap.adapters,
+    )
 
 
 def prune_adapters(run_dir: RunDir, population: Population, policy: AdaptersSection) -> list[str]:

@@ -19,11 +19,14 @@ from tests.cli_helpers import REPO
 
 @pytest.mark.slow
 def test_identical_adapters_fail_their_check_and_the_run_exits_1():
-    code = (
+    code = (  # torch's CUDA version read as a CUDA build's: the smoke sets the allocator a run on one uses
         "import sys; import benchmarks.gpu.smoke as smoke; smoke.ADAPTER_SEEDS = (1, 1); "
+        "import populora_core.api.installed as installed; installed.torch_cuda_version = lambda: '13.0'; "
         "sys.exit(smoke.main(['--smoke', '--trainer-only']))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        env.pop(var, None)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -32,6 +35,7 @@ def test_identical_adapters_fail_their_check_and_the_run_exits_1():
     assert check["prompts_whose_tokens_differ"] == 0 and check["first_again_identical"]
     assert sorted(result["checks"]) == ["adapters_hf", "doctor", "gradients_fused", "padded_path", "trainer"]
     assert result["vllm_imported"] is False
+    assert result["allocator"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"  # what a run's trainer uses
 
 
 def _gpu(name, free):

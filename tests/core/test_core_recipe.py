@@ -361,3 +361,33 @@ def test_the_readmes_short_run_examples_make_a_child():
         overrides = [w for w in words if "=" in w and not w.startswith("-")]
         model, _ = load_recipe(recipe if "/" not in recipe else TESTS.parent / recipe, overrides)
         assert evolution_warning(model) is None, words
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "said"),
+    [
+        (
+            ["rollout.top_p=0.9"],
+            "rollout.top_p",
+            "rollout.top_p is 0.9, and trainer 'grpo' reads the engine's log-probs",
+        ),
+        (["rollout.temperature=0.7"], "trainer.params.temperature", "rollout.temperature is 0.7 and trainer.params"),
+    ],
+)
+def test_sampling_that_biases_a_trainers_rollout_logprobs_is_a_recipe_error(overrides, path, said):
+    """grpo with use_rollout_logprobs divides its log-probs by the engine's: top-p or another temperature makes them
+    differ, which biases every importance ratio; the same sampling without that trainer setting is fine."""
+    from populora_core.api import get_registry
+
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "nano.yaml")
+    reads = ['trainer={"name": "grpo", "params": {"use_rollout_logprobs": true}}']
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe, [*reads, *overrides], get_registry())
+    assert err.value.path == path and said in str(err.value), err.value
+    assert "trainer.params.use_rollout_logprobs: false" in str(err.value) and "biased" in str(err.value)
+    load_recipe(recipe, ['trainer={"name": "grpo"}', *overrides], get_registry())  # recomputes the old log-probs
+    equal = [
+        "rollout.temperature=0.7",
+        'trainer={"name": "grpo", "params": {"use_rollout_logprobs": true, "temperature": 0.7}}',
+    ]
+    load_recipe(recipe, equal, get_registry())

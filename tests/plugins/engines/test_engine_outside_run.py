@@ -230,3 +230,38 @@ def test_the_trainer_gets_expandable_segments_unless_the_user_chose(monkeypatch)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     assert default_allocator() == {}
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+
+
+def test_the_vllm_engine_imports_vllm_before_it_asks_torch_about_cuda(fake_gpu, monkeypatch):
+    """vLLM's import sets how torch looks for GPUs (NVML, no CUDA context) and how its workers start: an engine built
+    directly in a fresh process that asked ``torch.cuda`` first would fork a CUDA context into vLLM's workers."""
+    import importlib.abc
+    import importlib.util
+
+    from populora_engines import VLLMEngineParams, vllm_engine
+
+    from populora_core.api import get_registry
+    from populora_core.api.records import LoraSettings
+
+    order: list[str] = []
+    stand_in = sys.modules["vllm"]
+    monkeypatch.delitem(sys.modules, "vllm")  # not imported yet, as in a fresh process
+
+    class Loader(importlib.abc.Loader):
+        def create_module(self, spec):
+            order.append("import vllm")
+            return stand_in
+
+        def exec_module(self, module):
+            pass
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            return importlib.util.spec_from_loader(name, Loader()) if name == "vllm" else None
+
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    monkeypatch.setattr(vllm_engine, "_cuda_available", lambda: order.append("torch.cuda") or True)
+    params = VLLMEngineParams(sleep="never", gpu_memory_utilization=0.5, max_model_len=512)
+    nano = get_registry().base_model("nano")
+    vllm_engine.VLLMEngine(params, base_model=nano, lora=LoraSettings(rank=8, alpha=16.0), seed=0)
+    assert fake_gpu["llm"] and order[:2] == ["import vllm", "torch.cuda"], order

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -339,6 +340,29 @@ def _released(ray, timeout_s: float = 30.0) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+def test_a_sigterm_mid_step_on_ray_keeps_the_step_before_releases_the_workers_and_resumes_to_the_run(
+    reference, ray_cluster, tmp_path
+):
+    """SIGTERM to the driver inside step 3, no checkpoint due: the workers write their members' optimizer states into
+    the stop's checkpoint of step 2, every actor and the placement group are released, exit 143; the resumed run is
+    the single-process run."""
+    from tests.cli_helpers import kill_inside_step
+
+    join = f"cluster.params.address={ray_cluster.get_runtime_context().gcs_address}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run_dir = tmp_path / "stopped"
+    args = ["run", str(NANO_RAY), *FEW_STEPS, "checkpoint.every=10", *RAY_2, join, "--run-dir", str(run_dir)]
+    code, stderr = kill_inside_step([*args, "--no-progress"], env, 3, tmp_path / "paused", sig=signal.SIGTERM)
+    assert code == 143 and "Traceback" not in stderr, stderr[-3000:]
+    assert f"checkpoint of step 2 kept; `populora resume {run_dir}` continues from it" in stderr
+    assert (run_dir / "checkpoints" / "LATEST").read_text().strip() == "00000002"
+    assert _released(ray_cluster)
+    cmd = [POPULORA, "resume", str(run_dir), join, "--no-progress"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(reference, run_dir)
 
 
 def test_placement_on_a_fake_8_gpu_cluster_follows_the_layout_and_releases_everything(ray_cluster, tmp_path):

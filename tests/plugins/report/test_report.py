@@ -625,3 +625,42 @@ def test_the_report_in_a_real_browser(pair, tmp_path):
     assert json.loads(html.unescape(broken.group(1))) == []
     assert [line for line in res.stderr.splitlines() if ":CONSOLE" in line] == []
     assert int(re.search(r'data-width="(\d+)"', res.stdout).group(1)) <= 1400  # no sideways scrolling
+
+
+def test_a_render_killed_midway_leaves_the_previous_report_whole_and_the_next_one_cleans_up(
+    runs, tmp_path, monkeypatch
+):
+    """The report is one set: a render that dies after some figures leaves the previous PNGs and page as they were
+    (never a new figure beside an old report.html); a killed render's hidden folder goes with the next one."""
+    from populora_report import render
+
+    out = tmp_path / "out"
+    render_report([runs["pop"]], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(runs_: object, out_dir: Path) -> None:
+        raise KeyboardInterrupt  # as a Ctrl-C after three figures
+
+    with monkeypatch.context() as patch:
+        patch.setattr(render, "FIGURES", (*render.FIGURES[:3], killed))
+        with pytest.raises(KeyboardInterrupt):
+            render_report([runs["pop"], runs["single"]], out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = tmp_path / f".out.{dead.pid}-0123abcd"  # what a SIGKILL'd render leaves
+    left.mkdir()
+    (left / "headline.png").write_bytes(b"partial")
+    page = render_report([runs["pop"], runs["single"]], out)
+    assert page == out / "report.html" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*PNGS, "summary.json", "dynamics.json", "report.html"])
+
+
+def test_a_report_into_a_folder_with_other_files_is_refused(runs, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"holds files a report does not write \(notes.txt\)"):
+        render_report([runs["pop"]], out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
