@@ -359,8 +359,8 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 pool.submit(claims.evaluate_heldout, POPULORA, run_dir, args.heldout, env, REPO, limit)
                 for _, _, run_dir, _ in jobs
             ]
-            for future in evaluated:
-                future.result()
+            for evaluation in evaluated:
+                evaluation.result()
     rows: list[dict[str, Any]] = [
         {"seed": seed, **{label: summarize(out / f"{label}-seed{seed}") for label, _ in arms}} for seed in seeds
     ]

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train_s = time.time() - t_train
     after = sample_accuracy(model, tokenizer, heldout, args.k, args.seed)
     levels = [f"L{world.level(*p)}" for p in heldout]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label in ["all", *sorted(set(levels))]:
         pairs = [(b, a) for b, a, lv in zip(before, after, levels, strict=True) if label in ("all", lv)]
         clusters = [[a - b] for b, a in pairs]
