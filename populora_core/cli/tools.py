@@ -281,4 +281,25 @@ def recipe_schema(manager: Any) -> None:
 
 
 #: the inspecting verbs, added to the ``populora`` group by :mod:`populora_core.cli.commands`
-COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema]
+@click.command("convert-checkpoints")
+@click.argument("run_dir", type=click.Path())
+def convert_checkpoints(run_dir: str) -> None:
+    """Convert a run written by an older version (pickled task state) once, so that it resumes.
+
+    Each checkpoint's tasks/<name>.pkl becomes tasks/<name>.json (and its manifest entry), read as plain data
+    only: a pickle that names any class or function is refused and nothing of its checkpoint changes.
+
+    \b
+      populora convert-checkpoints runs/nano && populora resume runs/nano
+    """
+    from pathlib import Path
+
+    from ..run.state import convert_checkpoints as convert
+
+    done = convert(Path(run_dir))
+    click.echo(
+        f"converted {len(done)} task state file(s) of {run_dir} to JSON" if done else f"{run_dir}: nothing to convert"
+    )
+
+
+COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema, convert_checkpoints]
