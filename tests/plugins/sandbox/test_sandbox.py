@@ -6,6 +6,7 @@ and leave no process of the sandbox uids and no file of theirs in the host's tem
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -365,7 +366,7 @@ def test_writing_outside_the_work_dir(executor, tmp_path):
         """,
     )
     assert res.status == "ok", res
-    written = eval(res.stdout.splitlines()[0])
+    written = ast.literal_eval(res.stdout.splitlines()[0])
     outside_tmp = {k: v for k, v in written.items() if not k.startswith(("/tmp/", "/dev/shm/"))}
     assert all(v != "written" for v in outside_tmp.values()), written
     for path in written:  # nothing reached the host, not even the private /tmp writes
@@ -429,7 +430,7 @@ def test_reading_the_parents_environment_and_files(executor, tmp_path):
     )
     assert res.status == "ok", res
     assert SECRET not in res.stdout and "PROXY" not in res.stdout.upper()
-    assert eval(res.stdout.splitlines()[1])[0] == str(
+    assert ast.literal_eval(res.stdout.splitlines()[1])[0] == str(
         {"PATH": "/usr/bin:/bin", "HOME": "/tmp/job", "TMPDIR": "/tmp/job", "LANG": "C.UTF-8"}
     )
     assert "test_sandbox" not in res.stdout  # this file (the trainer's code) is hidden
