@@ -201,16 +201,19 @@ def _steps(row: dict[str, Any]) -> str:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def doctor(as_json: bool) -> None:
-    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination.
+@click.pass_obj
+def doctor(manager: Any, as_json: bool) -> None:
+    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory, whether the sandbox's system-call
+    filter is active; exit 1 on a broken combination.
 
     \b
       populora doctor
       populora doctor --json
     """
-    from .doctor import diagnose, format_report, report_json
+    from .doctor import check_components, diagnose, format_report, report_json
 
     report = diagnose()
+    check_components(report, manager.registry)
     click.echo(report_json(report) if as_json else format_report(report))
     if not report.ok:
         sys.exit(1)

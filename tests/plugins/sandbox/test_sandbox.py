@@ -986,3 +986,23 @@ def test_cli_says_whether_the_filter_is_active(tmp_path):
     assert (
         json.loads(off.output.strip().splitlines()[-1])["syscall_filter"] == "off: switched off (syscall_filter: false)"
     )
+
+
+def test_doctor_says_whether_the_filter_is_active(monkeypatch):
+    from click.testing import CliRunner
+    from populora_sandbox import executor as module
+
+    from populora_core.cli.commands import cli
+
+    shown = CliRunner().invoke(cli, ["doctor"])
+    assert "sandbox       system-call filter: active (pyseccomp" in shown.output, shown.output
+    monkeypatch.setattr(module, "SECCOMP_BINDINGS", ("populora_no_such_binding",))
+    data = json.loads(CliRunner().invoke(cli, ["doctor", "--json"]).output)
+    assert data["components"] == {"sandbox": "system-call filter: off"}
+    assert any(
+        w.startswith(
+            "the sandbox cannot install its system-call filter (seccomp): no seccomp binding could be imported"
+        )
+        and w.endswith("(runs with the sandbox refuse to start)")
+        for w in data["warnings"]
+    ), data["warnings"]
