@@ -94,6 +94,7 @@ def restore(c: Components) -> tuple[int, Population, dict[str, set[str]], int | 
     assert point.checkpoint is not None and point.checkpoint.state is not None, "resume_run checks there is one"
     path, state = point.checkpoint.path, point.checkpoint.state
     refuse_pickled(c.run_dir.path, path)
+    population = Population.from_dict(state["population"])  # member ids checked: they name folders
     for name, task in c.tasks.items():
         loaded = read_task_state(path, name)
         try:
@@ -117,7 +118,7 @@ def restore(c: Components) -> tuple[int, Population, dict[str, set[str]], int | 
     set_aside(c.run_dir, point)
     c.run_dir.rollback_to(state)
     coverage = defaultdict(set, {k: set(v) for k, v in state["coverage"].items()})
-    return state["step"], Population.from_dict(state["population"]), coverage, state.get("evolution_deferred")
+    return state["step"], population, coverage, state.get("evolution_deferred")
 
 
 def checkpoint(
@@ -159,7 +160,7 @@ def prune_adapters(run_dir: RunDir, population: Population, policy: AdaptersSect
         needed |= {m.version_name for m in recorded.members.values()}
     pruned = sorted(p.name for p in run_dir.adapters.iterdir() if not p.name.startswith(".") and p.name not in needed)
     for name in pruned:
-        shutil.rmtree(run_dir.adapter_path(name))
+        shutil.rmtree(run_dir.adapters / name)  # a name read from the folder itself
     return pruned
 
 
