@@ -72,16 +72,21 @@ def read_task_state(checkpoint: Path, name: str) -> dict[str, Any]:
     return state
 
 
-def write_task_state(directory: Path, name: str, state: dict[str, Any]) -> None:
-    """``tasks/<name>.json``; a state that is not JSON data is the task plugin's error (a checkpoint holds data)."""
+def task_state_text(name: str, state: dict[str, Any]) -> str:
+    """The text of ``tasks/<name>.json`` (also a copy of the state taken now and written later); a state that is
+    not JSON data is the task plugin's error (a checkpoint holds data)."""
     try:
-        text = json.dumps({"format": TASK_STATE_FORMAT, "task": name, "state": state})
+        return json.dumps({"format": TASK_STATE_FORMAT, "task": name, "state": state})
     except (TypeError, ValueError) as exc:
         raise PluginError(
             f"task {name!r}: state_dict() must return JSON data (dicts, lists, strings, numbers, booleans, None) "
             f"for its checkpoint: {exc}"
         ) from None
-    (directory / f"{name}.json").write_text(text, encoding="utf-8")
+
+
+def write_task_state(directory: Path, name: str, state: dict[str, Any]) -> None:
+    """``directory/<name>.json``: :func:`task_state_text` written."""
+    (directory / f"{name}.json").write_text(task_state_text(name, state), encoding="utf-8")
 
 
 def restore(c: Components) -> tuple[int, Population, dict[str, set[str]], int | None]:

@@ -126,3 +126,15 @@ def test_an_old_checkpoint_is_refused_with_the_command_that_converts_it_once(fin
     assert run.step == 4 and not run.dir.notes  # the manifest records the converted files: intact
     execute(run)
     assert _adapter_hashes(path) == reference
+
+
+def test_a_task_state_that_is_not_json_data_is_the_plugins_error(tmp_path):
+    from populora_core.api.errors import PluginError
+    from populora_core.run.state import write_task_state
+
+    with pytest.raises(PluginError, match=r"task 'count': state_dict\(\) must return JSON data"):
+        write_task_state(tmp_path, "count", {"buffer": [object()]})
+    assert not list(tmp_path.iterdir())
+    (tmp_path / "tasks").mkdir()
+    write_task_state(tmp_path / "tasks", "count", {"buffer": [("a", 1)]})
+    assert read_task_state(tmp_path, "count") == {"buffer": [["a", 1]]}  # JSON: a tuple comes back as a list
