@@ -3,12 +3,13 @@
     python -m benchmarks.sandbox            # 1,200 programs; subprocess reference on 200 of them
     python -m benchmarks.sandbox --quick    # 1,000 programs; subprocess reference on 40 (< 1 min)
     python -m benchmarks.sandbox --smoke    # 200 programs; subprocess reference on 10 (CI: it runs)
+    python -m benchmarks.sandbox --no-syscall-filter   # the same without the seccomp filter: what it costs
 
 A validation is AZR's proposal check with our two-run determinism rule: run ``f(input)`` in two
 separate processes whose hash seeds differ, both must succeed and return the same repr.
 
 * isolated: ``populora_sandbox`` (fork per program from warm zygotes, namespaces, unprivileged uid,
-  rlimits), both runs of all programs in one ``run_batch`` (``hash_variant`` 0 and 1), all cores.
+  rlimits, the seccomp filter), both runs of all programs in one ``run_batch`` (``hash_variant`` 0 and 1), all cores.
 * subprocess: the naive way, ``subprocess.run([python, "-c", program])`` per run (two per program),
   as many in parallel as there are cores. No isolation either (it runs as the caller).
 * UNSAFE exec: ONE long-lived worker that ``exec``s every program in a fresh dict and calls ``f``
@@ -293,6 +294,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--subprocess-programs", type=int, default=None)
     ap.add_argument("--workers", type=int, default=0, help="sandbox zygotes per hash variant (0: cores)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--no-syscall-filter", action="store_true", help="the sandbox without its seccomp filter (the filter's price)"
+    )
     args = ap.parse_args(argv)
 
     from populora_sandbox.executor import SandboxExecutor
@@ -310,7 +314,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     t = time.perf_counter()
-    executor = SandboxExecutor(SandboxParams(workers=args.workers, seed=args.seed))
+    executor = SandboxExecutor(
+        SandboxParams(workers=args.workers, seed=args.seed, syscall_filter=not args.no_syscall_filter)
+    )
     validate_isolated(executor, programs[:8])  # start the second hash family too
     startup = time.perf_counter() - t
     t, cpu0, own0 = time.perf_counter(), executor.cpu_seconds(), time.process_time()
@@ -361,6 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "azr_seed_programs": n_real,
         "subprocess_programs": n_sub,
         "cores": cores,
+        "syscall_filter": bool(isolation.get("syscall_filter")),
         "isolated_per_s": round(n / iso_s, 1),
         "isolated_exec_per_s": round(2 * n / iso_s, 1),
         "subprocess_per_s": round(n_sub / sub_s, 1),

@@ -214,7 +214,7 @@ def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: s
 def _compare(work: Path, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     import torch
 
-    full, chunked = torch.load(work / "full.pt"), torch.load(work / "chunked.pt")
+    full, chunked = torch.load(work / "full.pt", weights_only=True), torch.load(work / "chunked.pt", weights_only=True)
     return {
         "logprob_max_abs_diff": float((full["logp"] - chunked["logp"]).abs().max()),
         "entropy_max_abs_diff": float((full["entropy"] - chunked["entropy"]).abs().max()),

@@ -38,6 +38,16 @@ MSG
 fi
 if [ "${POPULORA_SETUP_CHECK_ONLY:-0}" = 1 ]; then echo "scripts/setup.sh: CPU stack can go into $VENV"; exit 0; fi
 
+# The sandbox's system-call filter: pyseccomp (a dependency) calls the system's libseccomp.so.2 (Debian: libseccomp2,
+# present wherever systemd is). Without it the sandbox refuses to start unless a recipe opts out (syscall_filter: false).
+if ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get install -y -q libseccomp2 >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libseccomp2 >/dev/null 2>&1; } \
+            || echo "warning: could not install libseccomp2: the sandbox will refuse to start (populora doctor says why)" >&2
+    else
+        echo "warning: libseccomp.so.2 not found: install libseccomp (Debian: apt-get install libseccomp2) for the sandbox" >&2
+    fi
+fi
 STAMP="$VENV/.populora-setup-$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)"
 if [ -f "$STAMP" ]; then exit 0; fi
 python3 -m venv "$VENV"

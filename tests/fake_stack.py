@@ -7,6 +7,7 @@ trivially cheap: the engine's "model" reads a number off the adapter weights, th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from populora_core.api.components import (
     Task,
     Trainer,
     UpdateStats,
+    problem_from_record,
 )
 
 
@@ -192,10 +194,10 @@ class CountTask(Task[CountProblem]):
         return [rng.choice(self.buffer) for _ in range(count)] if self.buffer else []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"buffer": list(self.buffer)}
+        return {"buffer": [dataclasses.asdict(p) for p in self.buffer]}  # JSON data: a checkpoint holds data
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer = list(state["buffer"])
+        self.buffer = [problem_from_record(CountProblem, d) for d in state["buffer"]]
 
 
 class NullExecutor(Executor):

@@ -16,6 +16,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from populora_core.api.components import problem_from_record
+
 from .problems import CodeProblem
 
 EVICTIONS = ("oldest", "reject_new")
@@ -42,7 +44,16 @@ def problem_to_dict(p: CodeProblem) -> dict[str, Any]:
 
 
 def problem_from_dict(d: dict[str, Any]) -> CodeProblem:
-    return CodeProblem(**d)
+    """A buffered problem from its checkpoint record, every field checked against its type (``ValueError``
+    otherwise): a checkpoint is data read from disk, never trusted to fit."""
+    if not isinstance(d, dict):
+        raise ValueError(f"buffer state: a problem is an object, not {type(d).__name__}")
+    unknown = set(d) - {f.name for f in dataclasses.fields(CodeProblem)}
+    if unknown:
+        raise ValueError(f"buffer state: unknown problem field(s) {', '.join(sorted(unknown))}")
+    problem = problem_from_record(CodeProblem, d)
+    assert isinstance(problem, CodeProblem)
+    return problem
 
 
 class ProblemBuffer:
@@ -121,7 +132,12 @@ class ProblemBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s data (from a checkpoint's JSON), checked field by field."""
+        if not isinstance(state.get("items"), list) or not isinstance(state.get("generations"), list):
+            raise ValueError("buffer state: items and generations are lists")
         items = [problem_from_dict(d) for d in state["items"]]
+        if not all(type(g) is int for g in state["generations"]):
+            raise ValueError("buffer state: generations are integers")
         generations = [int(g) for g in state["generations"]]
         if len(items) != len(generations):
             raise ValueError("buffer state: items and generations differ in length")

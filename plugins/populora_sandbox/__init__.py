@@ -28,8 +28,25 @@ def register_executors(register: Any) -> None:
         "sandbox",
         make_executor,
         params=SandboxParams,
-        description="Process per program from warm zygotes: namespaces, unprivileged uid, rlimits",
+        description="Process per program from warm zygotes: namespaces, unprivileged uid, rlimits, seccomp",
+        doctor=doctor_check,
     )
+
+
+def doctor_check() -> tuple[str, str, str | None]:
+    """``populora doctor``'s sandbox row: one zygote started as a run would start it, and what it got."""
+    from .cli import filter_status
+    from .executor import SandboxExecutor, SyscallFilterUnavailable
+
+    try:
+        with SandboxExecutor(SandboxParams(workers=1)) as executor:
+            isolation = executor.isolation
+    except SyscallFilterUnavailable as exc:
+        return "sandbox", "system-call filter: off", f"{exc} (runs with the sandbox refuse to start)"
+    spaces = [kind for kind in ("net", "pid", "mount") if isolation.get(f"{kind}_namespace")]
+    binding = isolation.get("syscall_filter_binding")
+    where = f"namespaces {', '.join(spaces)}" if spaces else f"no namespaces ({isolation.get('fallback_reason')})"
+    return "sandbox", f"system-call filter: {filter_status(isolation)} ({binding}); {where}", None
 
 
 @hookimpl

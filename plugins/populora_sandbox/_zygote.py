@@ -52,6 +52,7 @@ _ALLOWED_MODULES = frozenset(sys.modules)
 
 # --- 2. infrastructure, imported after the allowlist snapshot (deleted from sys.modules in children)
 import ctypes  # noqa: E402
+import errno  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -63,6 +64,20 @@ import struct  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
+
+def _import_binding(names: list) -> tuple:
+    """The first seccomp binding that imports (libseccomp's own ``seccomp``, else PyPI's ``pyseccomp``, both over
+    the system libseccomp), imported here in Z: after the mounts its files may be hidden. (module, why not)."""
+    why = "no seccomp binding named"
+    for name in names:
+        try:
+            return __import__(name), None
+        except Exception as exc:
+            why = f"{name}: {type(exc).__name__}: {exc}"
+    return None, why
+
+
+_SECCOMP, _SECCOMP_MISSING = _import_binding(list(_CFG["seccomp_bindings"])) if _CFG["syscall_filter"] else (None, None)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 # libc's fork called with the GIL held (PyDLL). os.fork() would run CPython's at-fork machinery in
 # every child: threading's and random's after-fork hooks alone cost ~110 copy-on-write page faults,
@@ -80,6 +95,69 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PROT_EXEC = 4
+#: Refused with EPERM: what a program that computes has no use for and container escapes start from (namespaces,
+#: mounts, tracing, eBPF, kernel keyrings, perf, modules, kexec, userfaultfd, io_uring, personality) and their kin.
+DENIED_SYSCALLS = (
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "ptrace",
+    "bpf",
+    "keyctl",
+    "perf_event_open",
+    "init_module",
+    "kexec_load",
+    "userfaultfd",
+    "io_uring_setup",
+    "personality",
+    # kin
+    "add_key",
+    "request_key",
+    "finit_module",
+    "delete_module",
+    "kexec_file_load",
+    "io_uring_enter",
+    "io_uring_register",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "chroot",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_getfd",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "syslog",
+    "iopl",
+    "ioperm",
+    "sethostname",
+    "setdomainname",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "fanotify_init",
+    "lookup_dcookie",
+    "vhangup",
+    "uselib",
+)
+#: clone() flags that create namespaces (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): such a clone
+#: is refused (EPERM); clone3 passes its flags in memory a filter cannot read, so it answers ENOSYS and libc falls
+#: back to clone.
+CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _MEMORY_CHECK_S = 0.02  # how often a running program's processes are weighed together
 JOB_FD, RESULT_FD = 3, 4  # the parent's pipes in Z/I
@@ -108,6 +186,44 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         ),
         f"mount {target}",
     )
+
+
+def _install_syscall_filter(cfg: dict) -> dict:
+    """``prctl(PR_SET_NO_NEW_PRIVS)``, then a seccomp filter (default allow) that refuses :data:`DENIED_SYSCALLS`,
+    clone with namespace flags, clone3, and mapping memory executable (``mmap``/``mprotect`` with PROT_EXEC:
+    no native code can be loaded, whatever loader a program finds). Installed once in the process that forks the
+    programs (after its own mounts), inherited by every program and everything it starts. Returns what
+    ``isolation`` reports about it."""
+    info: dict = {"syscall_filter": False, "syscall_filter_reason": None, "syscall_filter_binding": None}
+    if not cfg["syscall_filter"]:
+        info["syscall_filter_reason"] = "switched off (syscall_filter: false)"
+        return info
+    sc = _SECCOMP
+    if sc is None:
+        info["syscall_filter_reason"] = f"no seccomp binding could be imported ({_SECCOMP_MISSING})"
+        return info
+    info["syscall_filter_binding"] = f"{sc.__name__} {getattr(sc, '__version__', '?')}"
+    try:
+        filt = sc.SyscallFilter(sc.ALLOW)
+        eperm = sc.ERRNO(errno.EPERM)
+        skipped = []
+        for name in DENIED_SYSCALLS:
+            try:
+                filt.add_rule(eperm, name)
+            except Exception:  # a call this architecture or libseccomp does not know: nothing to deny
+                skipped.append(name)
+        for flag in CLONE_NAMESPACE_FLAGS:
+            filt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        filt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        for name in ("mmap", "mprotect", "pkey_mprotect"):
+            filt.add_rule(eperm, name, sc.Arg(2, sc.MASKED_EQ, PROT_EXEC, PROT_EXEC))
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        filt.load()
+    except Exception as exc:  # a kernel without seccomp (EINVAL), a broken libseccomp
+        info["syscall_filter_reason"] = f"loading the filter failed: {_describe(exc)}"
+        return info
+    info.update(syscall_filter=True, syscall_filter_skipped=skipped)
+    return info
 
 
 # --- framing ----------------------------------------------------------------------------------------
@@ -265,6 +381,8 @@ def _restrict_imports(workdir: str) -> None:
     os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
     for name in [n for n in sys.modules if n not in _ALLOWED_MODULES]:
         del sys.modules[name]
+    sys.argv[:] = ["<program>"]  # the worker's command line (paths, the trainer's pid) is none of its business
+    sys.orig_argv[:] = ["python"]
     sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", "") == "BuiltinImporter"]
     sys.path[:] = []
     sys.path_hooks[:] = []
@@ -284,6 +402,7 @@ def _describe(exc: BaseException) -> str:
 # --- the serving loop (in I, or in Z without namespaces) --------------------------------------------
 
 _PIPE_W = -1
+_PROC_FD = -1  # I's handle on the namespace's /proc, which programs do not see
 
 
 def _signal_name(sig: int) -> str:
@@ -450,14 +569,17 @@ class Server:
     def _namespace_rss_pages() -> int:
         """Resident pages of every process in our PID namespace but us; 0 while the program is alone
         (one process is bounded by its own RLIMIT_AS already)."""
-        pids = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+        pids = [p for p in os.listdir(_PROC_FD) if p.isdigit() and p != "1"]
         if len(pids) < 2:
             return 0
         total = 0
         for pid in pids:
             try:
-                with open(f"/proc/{pid}/statm", "rb") as fh:
-                    total += int(fh.read().split()[1])
+                fd = os.open(f"{pid}/statm", os.O_RDONLY, dir_fd=_PROC_FD)
+                try:
+                    total += int(os.read(fd, 256).split()[1])
+                finally:
+                    os.close(fd)
             except (OSError, ValueError, IndexError):
                 pass
         return total
@@ -640,6 +762,11 @@ def _setup_mounts(cfg: dict) -> None:
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=755")
         elif os.path.isfile(path):
             _mount("/dev/null", path, None, MS_BIND)  # a file reads as empty
+    # The namespace's own /proc still lists the mounts (the host's), every process's command line (the worker's)
+    # and the network: I keeps a handle on it (to weigh a program's processes) and programs get an empty one.
+    global _PROC_FD
+    _PROC_FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=555")
 
 
 def main() -> None:
@@ -693,6 +820,8 @@ def main() -> None:
             os._exit(1)
     else:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    isolation.update(_install_syscall_filter(cfg))  # in the process that forks the programs, after its mounts
+    isolation["proc_hidden"] = _PROC_FD >= 0
     isolation["uid"] = int(cfg["uid"]) if os.getuid() == 0 else os.getuid()
     server = Server(cfg, isolation)
     if not isolation["pid_namespace"]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from populora_core.api.components import ExecJob, ExecResult, Executor
+from populora_core.api.errors import UserError
 
 from .params import SandboxParams
 
@@ -41,6 +42,19 @@ _STATUSES = ("ok", "error", "timeout", "memory", "killed", "output_too_large")
 
 class SandboxStartError(RuntimeError):
     """A zygote could not start (bad module list, broken interpreter): a setup error, not a program's."""
+
+
+class SyscallFilterUnavailable(SandboxStartError, UserError):
+    """The system-call filter cannot be installed here and the params did not opt out: the sandbox refuses to start
+    (exit 2 from the command line, naming the reason and the opt-out)."""
+
+
+#: seccomp bindings tried in this order in the zygote: libseccomp's own (Debian's python3-seccomp), then PyPI's
+#: pyseccomp (the project's dependency), both over the system's libseccomp.so.2.
+SECCOMP_BINDINGS: tuple[str, ...] = ("seccomp", "pyseccomp")
+#: Where Python libraries live outside the interpreter's own prefixes: hidden from programs like those prefixes,
+#: so no native module a program may not import is on any path it can reach.
+PYTHON_LIBRARY_GLOBS = ("/usr/lib/python*", "/usr/lib64/python*", "/usr/local/lib/python*", "/usr/local/lib64/python*")
 
 
 @dataclass
@@ -92,6 +106,15 @@ class SandboxExecutor(Executor):
         self._lock = threading.Lock()
         self._closed = False
         self._tmp_root = Path(tempfile.gettempdir())
+        if not self.params.syscall_filter:
+            import warnings
+
+            warnings.warn(
+                "sandbox: running model-written programs without the system-call filter (syscall_filter: false): "
+                "they can reach unshare, mount, ptrace, bpf and the rest of the kernel's surface",
+                UserWarning,
+                stacklevel=2,
+            )
         self._cleanup_stale_fallback_dirs()
         self._ensure_variant(0)
         self._isolation: dict[str, Any] = dict(self._pool[0][0].isolation)
@@ -337,12 +360,15 @@ class SandboxExecutor(Executor):
             private = any(extra == t or extra.startswith(t.rstrip("/") + "/") for t in p.tmp_dirs)
             if extra != "/" and extra not in p.visible_top_level and not private and extra not in hide:
                 hide.append(extra)
+        hide += [d for d in _python_library_dirs() if d not in hide]
         return {
             "sys_path": [x for x in sys.path if x and os.path.isdir(x)],
             "modules": list(dict.fromkeys([*_SUPPORT_MODULES, *p.modules, *p.extra_modules])),
             "parent_pid": os.getpid(),
             "pdeathsig": threading.current_thread() is threading.main_thread(),
             "namespaces": p.namespaces,
+            "syscall_filter": p.syscall_filter,
+            "seccomp_bindings": list(SECCOMP_BINDINGS),
             "uid": self._uid(variant, slot),
             "max_file_mb": p.max_file_mb,
             "max_open_files": p.max_open_files,
@@ -405,6 +431,15 @@ class SandboxExecutor(Executor):
                     why = reply.get("error") if isinstance(reply, dict) else "exited at start"
                     raise SandboxStartError(f"sandbox zygote failed to start: {why}")
                 worker.isolation = reply["isolation"]
+                if self.params.syscall_filter and not worker.isolation.get("syscall_filter"):
+                    self._stop(worker)
+                    raise SyscallFilterUnavailable(
+                        "the sandbox cannot install its system-call filter (seccomp): "
+                        f"{worker.isolation.get('syscall_filter_reason')}. Programs would reach unshare, mount, "
+                        "ptrace, bpf and the rest of the kernel's surface; install libseccomp (Debian: libseccomp2) "
+                        "and the binding (pip install pyseccomp), or, on a kernel without seccomp, run without the "
+                        "filter on purpose: executor params `syscall_filter: false`"
+                    )
                 if self.params.require_isolation and not worker.isolation.get("pid_namespace"):
                     self._stop(worker)
                     raise SandboxStartError(
@@ -483,6 +518,21 @@ _SUPPORT_MODULES: tuple[str, ...] = (
     "encodings.raw_unicode_escape",
     "encodings.cp1252",
 )
+
+
+def _python_library_dirs() -> list[str]:
+    """Every Python library folder in reach (this interpreter's stdlib, lib-dynload and site-packages, the base
+    interpreter's, the system's): covered in the programs' mount namespace, after the zygote imported from them."""
+    import glob
+    import sysconfig
+
+    found = set()
+    for scheme_paths in (sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix})):
+        found |= {v for k, v in scheme_paths.items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    found |= {x for x in sys.path if x.endswith(("site-packages", "dist-packages", "lib-dynload"))}
+    for pattern in PYTHON_LIBRARY_GLOBS:
+        found |= set(glob.glob(pattern))
+    return sorted(os.path.realpath(d) for d in found if os.path.isdir(d))
 
 
 def _child_pids(pid: int) -> list[int]:

@@ -83,18 +83,24 @@ class SandboxParams(Params):
             "/etc",
             "/dev",
             "/proc",
-            "/sys",
             "/tmp",
             "/var",
         ],
         description="top-level entries programs may see; every other one (/root, /home, /work, /run, "
-        "/mnt, ...) is covered by an empty read-only tmpfs (files by /dev/null)",
+        "/mnt, /sys: the host's network interfaces, ...) is covered by an empty read-only tmpfs (files by /dev/null); "
+        "/proc is the namespace's own, emptied for programs",
     )
     hide_paths: list[str] = Field(
         default_factory=list, description="more paths to hide; the trainer's cwd and home are added"
     )
     namespaces: bool = Field(True, description="network/PID/mount namespaces; false forces the fallback")
     require_isolation: bool = Field(False, description="fail at start instead of falling back")
+    syscall_filter: bool = Field(
+        True,
+        description="seccomp filter on every program (no namespaces, mounts, ptrace, bpf, keyrings, perf, modules, "
+        "kexec, userfaultfd, io_uring, personality, executable memory); the sandbox refuses to start where it cannot "
+        "be installed; false runs without it on purpose (a kernel without seccomp)",
+    )
     uid_base: int = Field(1_000_000, ge=1000, description="first uid of the unprivileged program uids")
     uid_span: int = Field(16_000_000, ge=256, description="uids available above uid_base")
     seed: int = Field(0, description="derives each hash variant's PYTHONHASHSEED")

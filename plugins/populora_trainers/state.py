@@ -222,10 +222,16 @@ class LoraTrainerBase(Trainer):
         return files
 
     def load_members(self, directory: Path, files: dict[str, str]) -> None:
+        """Tensors and plain data only (``weights_only=True``): a member file that names anything else is refused
+        unread (``pickle.UnpicklingError``), whoever wrote it: a checkpoint cannot run code."""
         import torch
 
+        from populora_core.api.trainer_state import member_file
+
         for member_id, rel in files.items():
-            payload = torch.load(Path(directory) / rel, map_location="cpu", weights_only=False)
+            if rel != member_file(member_id):  # the manifest names where the member's file is, nowhere else
+                raise UserError(f"{Path(directory) / 'manifest.json'}: member {member_id!r} recorded at {rel!r}")
+            payload = torch.load(Path(directory) / rel, map_location="cpu", weights_only=True)
             self.import_member(member_id, payload)
 
     def save_state(self, directory: Path) -> None:

@@ -289,9 +289,15 @@ class Task(Protocol[ProblemT]):
         """Problems for solver training, recent first (AZR's ``max_new``)."""
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (buffers, counters): JSON data only (dicts, lists, strings, numbers, booleans,
+        None), written as ``tasks/<name>.json``; a checkpoint is data, never code."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s data as read back from JSON (tuples as lists); it comes from a run directory
+        on disk, so check it (``ValueError``/``TypeError`` on what does not fit: the resume is refused)."""
+        ...
 
 
 # --- population dynamics ------------------------------------------------------------------------------

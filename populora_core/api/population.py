@@ -54,6 +54,9 @@ class Member:
     born_step: int = 0
 
     def __post_init__(self) -> None:
+        from .files import MEMBER_ID, check_name
+
+        check_name(self.id, MEMBER_ID, "member id")  # it names folders and files of the run directory
         if self.role not in ROLES:
             raise ValueError(f"member {self.id}: role must be one of {ROLES}, not {self.role!r}")
 

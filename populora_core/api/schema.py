@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .components import LoraSettings
 
@@ -252,7 +252,10 @@ LOCAL_CLUSTER = "local"
 
 
 class Recipe(_Strict):
-    name: str = Field(description="the run's name (the default run directory is runs/<name>)")
+    name: str = Field(
+        description="the run's name (the default run directory is runs/<name>): letters, digits, '.', '_', '-', "
+        "starting with a letter or digit"
+    )
     seed: int = Field(0, description="every random draw of the run derives from it (populora_core.api.rng)")
     steps: int = Field(ge=1, description="co-evolution steps to run")
     base_model: ComponentRef = Field(
@@ -292,6 +295,18 @@ class Recipe(_Strict):
         default_factory=lambda: ComponentRef(name=LOCAL_CLUSTER),
         description="where the engine and the trainer run: local (this process) or a registered cluster (ray)",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_stays_in_runs(cls, name: str) -> str:
+        from .files import SAFE_NAME
+
+        if SAFE_NAME.fullmatch(name) is None:
+            raise ValueError(
+                f"{name!r} is not a safe run name: letters, digits, '.', '_', '-', starting with a letter or digit "
+                "(it names the folder runs/<name>; --run-dir chooses any other place)"
+            )
+        return name
 
     @model_validator(mode="after")
     def _local_cluster_takes_no_params(self) -> Recipe:

@@ -46,6 +46,8 @@ def read_manifest(directory: Path, algorithm: str) -> dict[str, Any]:
 
 def member_file(member_id: str) -> str:
     """Where a member's state goes, relative to the trainer folder (member ids are short slugs: ``s3``)."""
-    if not member_id or "/" in member_id or member_id.startswith("."):
+    from .files import MEMBER_ID
+
+    if not isinstance(member_id, str) or MEMBER_ID.fullmatch(member_id) is None:
         raise UserError(f"member id {member_id!r} cannot name a state file")
     return f"members/{member_id}.pt"

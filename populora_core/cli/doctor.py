@@ -63,6 +63,7 @@ class Report:
     broken: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    components: dict[str, str] = field(default_factory=dict)  # what a component's own check says (the sandbox's)
 
     @property
     def ok(self) -> bool:
@@ -202,6 +203,23 @@ def diagnose() -> Report:
     return report
 
 
+def check_components(r: Report, registry: Any) -> None:
+    """Each registered component's own check (``register(..., doctor=fn)``, ``fn() -> (row, what, warning)``): the
+    sandbox says whether its system-call filter installs here. A check that fails is a warning, never a crash."""
+    for component in registry:
+        check = component.meta.get("doctor")
+        if check is None:
+            continue
+        try:
+            row, what, warning = check()
+        except Exception as exc:
+            r.warnings.append(f"{component.kind} {component.name!r} (plugin {component.plugin}) could not check: {exc}")
+            continue
+        r.components[row] = what
+        if warning:
+            r.warnings.append(warning)
+
+
 def _check(r: Report) -> None:
     v = r.versions
     for name in CORE:
@@ -335,6 +353,7 @@ def format_report(r: Report) -> str:
         ("peft", show("peft")),
         ("trl", show("trl")),
         ("ray", show("ray")),
+        *r.components.items(),
     ]
     if r.gpus:
         seen = "" if r.torch_sees_gpus is None else f" (torch sees {r.torch_sees_gpus})"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api.errors import UserError
-from ..api.files import atomic_dir, remove_stale
+from ..api.files import MEMBER_ID, VERSION_NAME, atomic_dir, remove_stale
 from ..run.run_dir import RunDir
 
 
@@ -26,6 +26,11 @@ def resolve_version(run_dir: RunDir, member: str) -> tuple[str, dict[str, Any] |
     members_file = run_dir.path / "members.json"
     if not members_file.is_file():
         raise UserError(f"{run_dir.path}: no members.json (the run has no checkpoint yet); nothing to export")
+    if MEMBER_ID.fullmatch(member) is None and VERSION_NAME.fullmatch(member) is None:
+        raise UserError(
+            f"member {member!r} is neither a member id (s0) nor a version (s0@v3) of {run_dir.path}: "
+            "a member names a folder of the run's adapters/, nothing outside it"
+        )
     members = {m["id"]: m for m in json.loads(members_file.read_text())["members"]}
     member_id, _, version = member.partition("@")
     record = members.get(member_id)

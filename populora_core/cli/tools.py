@@ -232,16 +232,19 @@ def _steps(row: dict[str, Any]) -> str:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def doctor(as_json: bool) -> None:
-    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory; exit 1 on a broken combination.
+@click.pass_obj
+def doctor(manager: Any, as_json: bool) -> None:
+    """Installed torch/CUDA/driver/vLLM/triton/flash-attn, GPUs and free memory, whether the sandbox's system-call
+    filter is active; exit 1 on a broken combination.
 
     \b
       populora doctor
       populora doctor --json
     """
-    from .doctor import diagnose, format_report, report_json
+    from .doctor import check_components, diagnose, format_report, report_json
 
     report = diagnose()
+    check_components(report, manager.registry)
     click.echo(report_json(report) if as_json else format_report(report))
     if not report.ok:
         sys.exit(1)
@@ -363,4 +366,25 @@ def recipes_copy(name: str, path: str | None, force: bool) -> None:
     click.echo(f"wrote {target} (the shipped {source.stem}); run it with: populora run {target}")
 
 
-COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema, recipes]
+@click.command("convert-checkpoints")
+@click.argument("run_dir", type=click.Path())
+def convert_checkpoints(run_dir: str) -> None:
+    """Convert a run written by an older version (pickled task state) once, so that it resumes.
+
+    Each checkpoint's tasks/<name>.pkl becomes tasks/<name>.json (and its manifest entry), read as plain data
+    only: a pickle that names any class or function is refused and nothing of its checkpoint changes.
+
+    \b
+      populora convert-checkpoints runs/nano && populora resume runs/nano
+    """
+    from pathlib import Path
+
+    from ..run.state import convert_checkpoints as convert
+
+    done = convert(Path(run_dir))
+    click.echo(
+        f"converted {len(done)} task state file(s) of {run_dir} to JSON" if done else f"{run_dir}: nothing to convert"
+    )
+
+
+COMMANDS = [completion, plugins, plan, export, runs, doctor, keys, recipe_schema, recipes, convert_checkpoints]

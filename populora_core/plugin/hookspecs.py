@@ -50,6 +50,10 @@ def register_executors(register: Any) -> None:
 
     ``plugin_files`` (a factory may leave it out): the absolute paths of the ``--plugin`` files this process
     loaded, for an executor that builds another one in other processes (the ``ray`` executor's actors).
+
+    Optional ``doctor=fn() -> (row, what, warning or None)`` (any kind may register one): a quick check of this
+    machine that ``populora doctor`` shows as a row, the warning among its warnings (the sandbox: whether its
+    system-call filter installs here).
     """
 
 

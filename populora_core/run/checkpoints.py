@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..api.errors import UserError
+
 #: The copy of the run's resolved recipe each checkpoint keeps (not ``recipe.yaml``: ``populora runs`` finds runs
 #: by that name).
 RECIPE_COPY = "run-recipe.yaml"
 _STATE = "state.json"
+#: How a run directory written by a version that pickled its task state is converted (the refusal names it).
+CONVERT_COMMAND = "populora convert-checkpoints"
 
 
 def file_record(path: Path) -> dict[str, Any]:
@@ -169,3 +173,23 @@ def _latest_name(folder: Path) -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     return name if name.isdigit() else None
+
+
+def pickled_task_state(checkpoint: Path) -> list[Path]:
+    """The pickled task state files of a checkpoint written before task state was JSON (empty: none)."""
+    folder = checkpoint / "tasks"
+    return sorted(folder.glob("*.pkl")) if folder.is_dir() else []
+
+
+def refuse_pickled(run: Path, checkpoint: Path) -> None:
+    """Refuse to resume from a checkpoint of an older version whose task state is pickled, naming the command that
+    converts it; nothing is read."""
+    files = pickled_task_state(checkpoint)
+    if files:
+        names = ", ".join(str(f.relative_to(run)) for f in files)
+        raise UserError(
+            f"checkpoint {checkpoint.name} of {run} holds pickled task state ({names}), written by an older "
+            "version: this one does not unpickle run directories (unpickling runs whatever the file says). "
+            f"Convert the run once with `{CONVERT_COMMAND} {run}` (it reads plain data only and refuses anything "
+            "else), then resume again. Nothing was changed"
+        )

@@ -320,15 +320,15 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     except BaseException:
         run_dir.unlock()
         raise
-    if overrides:
-        run_dir.write_recipe(recipe.model_dump(mode="json"))
     if device_warning:
         _warn(run_dir, device_warning)
     if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
         run_dir.clear()
         run.initialise()
     else:
-        run.restore()
+        run.restore()  # reads every component's state before changing anything: a refusal leaves the run as it was
+    if overrides:
+        run_dir.write_recipe(recipe.model_dump(mode="json"))
     run.sources = record_sources(recipe, run_dir, manager)
     return run
 

@@ -11,17 +11,20 @@ import yaml
 
 from ..api.errors import UserError
 from ..api.files import atomic_write_text
-from .checkpoints import RECIPE_COPY, ResumePoint
+from .checkpoints import RECIPE_COPY, ResumePoint, refuse_pickled
 from .run_dir import RunDir
 
 
 def resume_point(run_dir: RunDir) -> ResumePoint:
     """Where a resume of ``run_dir`` goes on from, after the checks that refuse one before anything changes: a
-    read-only run directory, a damaged run without an intact checkpoint (both exit 2, nothing changed)."""
+    read-only run directory, a damaged run without an intact checkpoint, a checkpoint of an older version with pickled
+    task state (all exit 2, nothing changed)."""
     run_dir.check_writable()
     point = run_dir.resume_point()
     if point.checkpoint is None and point.ever_checkpointed:
         raise UserError(point.refusal())
+    if point.checkpoint is not None:
+        refuse_pickled(run_dir.path, point.checkpoint.path)
     return point
 
 

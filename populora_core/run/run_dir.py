@@ -55,7 +55,10 @@ class RunDir:
         return self.path / "checkpoints"
 
     def adapter_path(self, version_name: str) -> Path:
-        return self.adapters / version_name
+        """``adapters/<id>@v<k>``; any other name (``../../OTHER/adapters/t0@v3``) is refused, exit 2 naming it."""
+        from ..api.files import VERSION_NAME, check_name, inside
+
+        return inside(self.adapters, check_name(version_name, VERSION_NAME, "adapter version"), "adapter version")
 
     def create(self, resolved_recipe: dict[str, Any], *, exist_ok: bool = False) -> None:
         """Claim the folder for a new run, then write its skeleton and recipe.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -103,3 +105,48 @@ def test_sigkill_mid_step_then_resume_matches_the_uninterrupted_run(env, referen
     assert json.loads((run_dir / "members.json").read_text()) == json.loads(
         (reference_run / "members.json").read_text()
     )
+
+
+class _Payload:
+    """Unpickling this runs ``touch MARKER``: what a hostile checkpoint would do with os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_tensor_file_with_a_pickled_payload_is_refused_and_the_run_is_not_lost(env, reference_run, tmp_path):
+    """Issue 51 on the real stack: a member's optimizer file in the newest checkpoint replaced by a torch file whose
+    pickle runs code, the manifest rewritten to match. The resume is refused (exit 2) with nothing run or changed;
+    with that checkpoint moved out, as the message says, the run resumes from the one before to the adapters of
+    the uninterrupted run."""
+    import torch
+
+    from tests.core.test_checkpoint_data import _unchanged, plant
+
+    run_dir = tmp_path / "planted"
+    shutil.copytree(reference_run, run_dir)
+    last = run_dir / "checkpoints" / "00000003"
+    member = sorted((last / "trainer" / "members").iterdir())[0]
+    state = torch.load(member, weights_only=True)
+    marker = tmp_path / "PWNED"
+    buffer = io.BytesIO()
+    torch.save({**state, "extra": {"payload": _Payload(marker)}}, buffer)
+    plant(last, str(member.relative_to(last)), buffer.getvalue())
+    before = _unchanged(run_dir)
+    args = [POPULORA, "resume", str(run_dir), "steps=4", "--no-progress"]
+    refused = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "holds more than tensors and plain data, refused unread" in refused.stderr
+    assert f"move {last} out of {last.parent}" in refused.stderr
+    assert not marker.exists(), "resume unpickled the planted payload"
+    assert _unchanged(run_dir) == before
+    shutil.move(last, tmp_path / "set-aside")
+    _populora(env, "resume", str(run_dir), "--no-progress")
+    assert not marker.exists()
+    for name in sorted(p.name for p in (reference_run / "adapters").iterdir()):
+        a, b = _tensors(reference_run / "adapters" / name), _tensors(run_dir / "adapters" / name)
+        assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a), f"{name} differs after resume"
+    assert (run_dir / "lineage.jsonl").read_text() == (reference_run / "lineage.jsonl").read_text()

@@ -6,6 +6,7 @@ and leave no process of the sandbox uids and no file of theirs in the host's tem
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -365,7 +366,7 @@ def test_writing_outside_the_work_dir(executor, tmp_path):
         """,
     )
     assert res.status == "ok", res
-    written = eval(res.stdout.splitlines()[0])
+    written = ast.literal_eval(res.stdout.splitlines()[0])
     outside_tmp = {k: v for k, v in written.items() if not k.startswith(("/tmp/", "/dev/shm/"))}
     assert all(v != "written" for v in outside_tmp.values()), written
     for path in written:  # nothing reached the host, not even the private /tmp writes
@@ -429,7 +430,7 @@ def test_reading_the_parents_environment_and_files(executor, tmp_path):
     )
     assert res.status == "ok", res
     assert SECRET not in res.stdout and "PROXY" not in res.stdout.upper()
-    assert eval(res.stdout.splitlines()[1])[0] == str(
+    assert ast.literal_eval(res.stdout.splitlines()[1])[0] == str(
         {"PATH": "/usr/bin:/bin", "HOME": "/tmp/job", "TMPDIR": "/tmp/job", "LANG": "C.UTF-8"}
     )
     assert "test_sandbox" not in res.stdout  # this file (the trainer's code) is hidden
@@ -579,6 +580,261 @@ def test_many_hostile_programs_in_one_batch(executor):
     assert {r.value for r in res[::2]} == {"42"}
 
 
+# --- the kernel's surface: the system-call filter, loadable extensions, what programs see (issue 51) -----------
+
+# The zygote's own ctypes is in every program's process image (reachable through the frames above the program):
+# programs get it here so that each system call below is asked of the kernel, and refused by the filter.
+_IN_PROCESS_CTYPES = """
+import sys
+frame = sys._getframe()
+while 'ctypes' not in frame.f_globals:
+    frame = frame.f_back
+ctypes = frame.f_globals['ctypes']
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+
+def call(nr, *args):
+    ctypes.set_errno(0)
+    ret = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    return (ret, ctypes.get_errno())
+"""
+# x86_64 numbers: (name, number, args), each asked with arguments that would succeed or fail on their own merits
+_DENIED_CALLS = [
+    ("unshare(CLONE_NEWUSER)", 272, (0x10000000,)),
+    ("unshare(CLONE_NEWNS)", 272, (0x00020000,)),
+    ("unshare(CLONE_NEWNET)", 272, (0x40000000,)),
+    ("clone(CLONE_NEWUSER|SIGCHLD)", 56, (0x10000000 | 17, 0, 0, 0, 0)),
+    ("clone(CLONE_NEWPID|SIGCHLD)", 56, (0x20000000 | 17, 0, 0, 0, 0)),
+    ("setns", 308, (0, 0x40000000)),
+    ("mount", 165, (0, 0, 0, 0, 0)),
+    ("umount2", 166, (0, 0)),
+    ("pivot_root", 155, (0, 0)),
+    ("ptrace(PTRACE_TRACEME)", 101, (0, 0, 0, 0)),
+    ("bpf", 321, (0, 0, 0)),
+    ("keyctl", 250, (0, 0, 0)),
+    ("add_key", 248, (0, 0, 0, 0, 0)),
+    ("perf_event_open", 298, (0, 0, -1, -1, 0)),
+    ("init_module", 175, (0, 0, 0)),
+    ("finit_module", 313, (-1, 0, 0)),
+    ("kexec_load", 246, (0, 0, 0, 0)),
+    ("userfaultfd", 323, (0,)),
+    ("io_uring_setup", 425, (1, 0)),
+    ("personality(PER_LINUX32)", 135, (0x0008,)),
+    ("open_by_handle_at", 304, (-1, 0, 0)),
+    ("process_vm_readv", 310, (1, 0, 0, 0, 0, 0)),
+    ("fsopen", 430, (0, 0)),
+    ("chroot", 161, (0,)),
+]
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_every_denied_system_call_is_refused_with_eperm(executor):
+    assert executor.isolation["syscall_filter"] is True, executor.isolation
+    assert executor.isolation["syscall_filter_reason"] is None
+    code = _IN_PROCESS_CTYPES + "\nout = {}\n"
+    for name, nr, args in _DENIED_CALLS:
+        code += f"out[{name!r}] = call({nr}, *{args!r})\n"
+    code += "out['clone3'] = call(435, 0, 0)\nout['getpid'] = call(39)\nprint(repr(out))\n"
+    res = _run(executor, code)
+    assert res.status == "ok", res
+    got = ast.literal_eval(res.stdout)
+    assert {name: got[name] for name, _nr, _args in _DENIED_CALLS} == {name: (-1, 1) for name, *_ in _DENIED_CALLS}
+    assert got["clone3"] == (-1, 38)  # ENOSYS: its flags are in memory a filter cannot read; libc falls back to clone
+    assert got["getpid"][0] > 0 and got["getpid"][1] == 0  # everything else is still answered
+    _healthy(executor)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_the_issues_namespace_escape_chain_is_refused_at_each_step(executor):
+    """The issue's program got ctypes, then unshare(CLONE_NEWUSER), CLONE_NEWNS and a tmpfs mount all succeeded."""
+    res = _run(
+        executor,
+        _IN_PROCESS_CTYPES
+        + """
+libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+steps = [call(272, 0x10000000), call(272, 0x00020000)]
+ctypes.set_errno(0)
+steps.append((libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno()))
+ctypes.set_errno(0)
+steps.append((libc.unshare(0x10000000 | 0x00020000), ctypes.get_errno()))
+print(steps)
+""",
+    )
+    assert res.status == "ok", res
+    assert ast.literal_eval(res.stdout) == [(-1, 1)] * 4  # EPERM each time
+    _assert_clean(executor)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_no_native_code_can_be_mapped_and_other_abis_are_killed(executor):
+    """mmap/mprotect with PROT_EXEC are refused, so no shared library can be loaded, whatever loader a program
+    finds; a call through the x32 ABI (another syscall table) kills the program (libseccomp's bad-arch action)."""
+    loaded = {line.split()[-1] for line in Path(f"/proc/{_init_pids(executor)[0]}/maps").read_text().splitlines()}
+    unloaded = next(
+        str(p)
+        for p in sorted(Path("/usr/lib/x86_64-linux-gnu").glob("lib*.so.*"))
+        if p.is_file() and str(p) not in loaded and os.path.realpath(p) not in loaded
+    )
+    res = executor.run_batch(
+        [
+            ExecJob(
+                _IN_PROCESS_CTYPES
+                + f"""
+rwx = libc.mmap(None, 4096, 7, 0x22, -1, 0)
+rwx_errno = ctypes.get_errno()
+rw = libc.mmap(None, 4096, 3, 0x22, -1, 0)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+ctypes.set_errno(0)
+protect = (libc.mprotect(rw, 4096, 5), ctypes.get_errno())
+try:
+    ctypes.CDLL({unloaded!r})
+    opened = 'loaded'
+except OSError as exc:
+    opened = str(exc)
+print(repr([rwx == 2 ** 64 - 1, rwx_errno, rw != 2 ** 64 - 1, protect, opened]))
+"""
+            ),
+            ExecJob(_IN_PROCESS_CTYPES + "call(0x40000000 | 272, 0x10000000)"),
+        ]
+    )
+    assert res[0].status == "ok", res[0]
+    assert ast.literal_eval(res[0].stdout) == [
+        True,
+        1,
+        True,
+        (-1, 1),
+        f"{unloaded}: failed to map segment from shared object",
+    ]
+    assert res[1].status == "killed" and res[1].error == "Killed: SIGSYS", res[1]
+    _healthy(executor)
+
+
+def test_the_issues_extension_loader_walk_around_fails(executor):
+    """The issue: _ctypes loaded from the system Python's lib-dynload through ExtensionFileLoader, PathFinder put
+    back, ctypes imported. Every Python library folder is hidden from programs, so there is nothing to load."""
+    system = sorted(Path("/usr/lib").glob("python3*/lib-dynload/_ctypes.*.so"))
+    base = sorted(Path(sys.base_prefix).glob("lib/python3*/lib-dynload/_sqlite3.*.so"))  # not imported by the zygote
+    targets = [str(p) for p in (system + base)]
+    if not targets:
+        pytest.skip("no other Python's lib-dynload here")
+    res = _run(
+        executor,
+        f"""
+        import sys, _frozen_importlib_external as ext
+        out = []
+        for path in {targets!r}:
+            name = path.rsplit('/', 1)[1].split('.')[0]
+            loader = ext.ExtensionFileLoader(name, path)
+            try:
+                loader.create_module(ext.spec_from_file_location(name, path, loader=loader))
+                out.append('loaded')
+            except ImportError as exc:
+                out.append(str(exc))
+        sys.meta_path.append(ext.PathFinder)
+        sys.path[:] = {sorted({str(Path(t).parents[1]) for t in targets})!r}
+        try:
+            import ctypes.util
+            out.append('imported')
+        except ImportError as exc:
+            out.append(type(exc).__name__ + ': ' + str(exc))
+        print(repr(out))
+        """,
+    )
+    assert res.status == "ok", res
+    assert ast.literal_eval(res.stdout) == [
+        *[f"{t}: cannot open shared object file: No such file or directory" for t in targets],
+        "ModuleNotFoundError: No module named 'ctypes'",
+    ]
+
+
+def test_no_view_of_the_mounts_the_interfaces_or_the_workers_command_line(executor):
+    if not executor.isolation["mount_namespace"]:
+        pytest.skip("needs the mount namespace (root)")
+    res = _run(
+        executor,
+        """
+        import os, sys
+        out = {}
+        for path in ['/proc/mounts', '/proc/self/mounts', '/proc/self/mountinfo', '/etc/mtab', '/proc/net/dev',
+                     '/proc/self/cmdline', '/proc/1/cmdline', '/proc/self/environ', '/sys/class/net']:
+            try:
+                out[path] = os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read().decode()
+            except OSError as exc:
+                out[path] = type(exc).__name__
+        out['/proc'] = os.listdir('/proc')
+        out['/sys'] = os.listdir('/sys')
+        out['argv'] = [sys.argv, sys.orig_argv]
+        print(repr(out))
+        """,
+    )
+    assert res.status == "ok", res
+    seen = ast.literal_eval(res.stdout)
+    assert seen == {
+        **{path: "FileNotFoundError" for path in seen if path.startswith(("/proc/", "/etc/", "/sys/"))},
+        "/proc": [],
+        "/sys": [],
+        "argv": [["<program>"], ["python"]],
+    }
+    assert executor.isolation["proc_hidden"] is True
+    _healthy(executor)  # I still weighs a program's processes through its own handle on /proc
+    bomb = _run(
+        executor,
+        "import os\nfor _ in range(6):\n    if os.fork() == 0:\n        x = bytearray(150 * 1024 * 1024)\n"
+        "        import time\n        time.sleep(30)\nimport time\ntime.sleep(30)",
+        memory_mb=400,
+        timeout_s=10.0,
+    )
+    assert bomb.status == "memory", bomb
+
+
+def test_without_the_filter_the_sandbox_refuses_to_start_unless_the_params_opt_out(monkeypatch):
+    """A machine where the filter cannot be installed (here: no binding imports): the sandbox says why and refuses,
+    naming the opt-out; with ``syscall_filter: false`` it runs, and says the filter is off."""
+    from populora_sandbox import executor as module
+
+    from populora_core.api.errors import UserError
+
+    monkeypatch.setattr(module, "SECCOMP_BINDINGS", ("populora_no_such_binding",))
+    with pytest.raises(module.SyscallFilterUnavailable) as refused:
+        module.SandboxExecutor(_params(workers=1))
+    assert isinstance(refused.value, UserError)
+    assert str(refused.value).startswith(
+        "the sandbox cannot install its system-call filter (seccomp): no seccomp binding could be imported "
+        "(populora_no_such_binding: ModuleNotFoundError: No module named 'populora_no_such_binding')"
+    )
+    assert "executor params `syscall_filter: false`" in str(refused.value)
+    with pytest.warns(UserWarning, match="without the system-call filter"):
+        ex = module.SandboxExecutor(_params(workers=1, syscall_filter=False))
+    with ex:
+        assert ex.isolation["syscall_filter"] is False
+        assert ex.isolation["syscall_filter_reason"] == "switched off (syscall_filter: false)"
+        _healthy(ex)
+
+
+_NO_BINDING_PLUGIN = """
+import populora_sandbox.executor
+
+populora_sandbox.executor.SECCOMP_BINDINGS = ("populora_no_such_binding",)  # a machine without the filter
+"""
+
+
+def test_a_run_refuses_to_start_without_the_filter_naming_the_opt_out(tiny_model_dir, tmp_path):
+    from tests.cli_helpers import run_cli
+
+    plugin = tmp_path / "no_filter.py"
+    plugin.write_text(_NO_BINDING_PLUGIN)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny_real_2t2s.yaml"
+    run_dir = tmp_path / "run"
+    args = ["--plugin", str(plugin), "run", str(recipe), f"base_model={tiny_model_dir}", "--run-dir", str(run_dir)]
+    refused = run_cli(*args, "--no-progress")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "the sandbox cannot install its system-call filter (seccomp)" in refused.stderr
+    assert "executor params `syscall_filter: false`" in refused.stderr
+    assert not run_dir.exists()
+
+
 # --- worker failures and the parent dying -------------------------------------------------------------
 
 
@@ -713,3 +969,40 @@ def test_cli_runs_one_file(tmp_path):
     assert result == {**result, "status": "error", "error": "ValueError: bad input"}
     missing = runner.invoke(cli, ["sandbox", str(tmp_path / "missing.py")])
     assert missing.exit_code == 2 and "missing.py" in missing.output
+
+
+def test_cli_says_whether_the_filter_is_active(tmp_path):
+    from click.testing import CliRunner
+
+    from populora_core.cli.commands import cli
+
+    prog = tmp_path / "prog.py"
+    prog.write_text("x = 1\n")
+    runner = CliRunner()
+    result = json.loads(runner.invoke(cli, ["sandbox", str(prog)]).output.strip().splitlines()[-1])
+    assert result["syscall_filter"] == "active"
+    off = runner.invoke(cli, ["sandbox", str(prog), "--no-syscall-filter"])
+    assert off.exit_code == 0, off.output
+    assert (
+        json.loads(off.output.strip().splitlines()[-1])["syscall_filter"] == "off: switched off (syscall_filter: false)"
+    )
+
+
+def test_doctor_says_whether_the_filter_is_active(monkeypatch):
+    from click.testing import CliRunner
+    from populora_sandbox import executor as module
+
+    from populora_core.cli.commands import cli
+
+    shown = CliRunner().invoke(cli, ["doctor"])
+    assert "sandbox       system-call filter: active (pyseccomp" in shown.output, shown.output
+    monkeypatch.setattr(module, "SECCOMP_BINDINGS", ("populora_no_such_binding",))
+    data = json.loads(CliRunner().invoke(cli, ["doctor", "--json"]).output)
+    assert data["components"] == {"sandbox": "system-call filter: off"}
+    assert any(
+        w.startswith(
+            "the sandbox cannot install its system-call filter (seccomp): no seccomp binding could be imported"
+        )
+        and w.endswith("(runs with the sandbox refuse to start)")
+        for w in data["warnings"]
+    ), data["warnings"]

@@ -363,6 +363,44 @@ def test_state_is_one_file_per_member_with_a_manifest(base, adapters, tmp_path):
         make("trainer", "grpo", base).load_state(tmp_path / "ckpt")
 
 
+class _Payload:
+    """Unpickling this runs ``touch MARKER``: a member file as a hostile checkpoint would hold it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_member_file_with_a_pickled_payload_is_refused_unread(base, adapters, tmp_path):
+    """Member files load with torch.load(weights_only=True): tensors and plain data only, whoever wrote them; and
+    only from where the member's file belongs (a manifest cannot point a load elsewhere)."""
+    import json
+    import pickle
+
+    import torch
+
+    trainer = make("trainer", "trr++", base, lr=1e-3)
+    trainer.update("m0", adapters[0], _rollouts("m0", seed=1), tmp_path / "m0_v1")
+    trainer.save_state(tmp_path / "ckpt")
+    marker = tmp_path / "PWNED"
+    state = trainer.export_member("m0")
+    torch.save({**state, "extra": {"payload": _Payload(marker)}}, tmp_path / "ckpt" / "members" / "m0.pt")
+    restored = make("trainer", "trr++", base, lr=1e-3)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        restored.load_state(tmp_path / "ckpt")
+    assert not marker.exists()
+    torch.save(state, tmp_path / "elsewhere.pt")
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    manifest["members"]["m0"] = "../elsewhere.pt"
+    (tmp_path / "ckpt" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=r"member 'm0' recorded at '../elsewhere.pt'"):
+        restored.load_state(tmp_path / "ckpt")
+
+
 def test_cosine_lr_decay_follows_each_members_own_optimizer_steps(base, adapters, tmp_path):
     from populora_trainers.state import scheduled_lr
 
