@@ -40,7 +40,8 @@ PUBLIC_MODULES = {
     "fresh adapters",
     "populora_core.api.runview": "RunView, what every lifecycle hook receives as ``run``",
     "populora_core.api.population": "members, ratings, lineage, compute counters, selection_history of a lineage",
-    "populora_core.api.problems": "files of Problem records",
+    "populora_core.api.problems": "files of Problem records; ProblemFileEvaluator, the data an evaluator of one "
+    "shipped problem file reports",
     "populora_core.api.errors": "UserError, RecipeError, PluginError",
     "populora_core.api.files": "atomic writes of a file or a folder (atomic_write_text/bytes, atomic_path, atomic_dir)",
     "populora_core.api.runtime": "the one owner of torch's thread count: set_torch_threads (a worker process), "

@@ -8,7 +8,6 @@ naming the problems. Items alternate levels, so ``--limit N`` keeps every level.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import Field
 
 from populora_core.api import Params, UserError
 from populora_core.api.components import Evaluator, Executor
+from populora_core.api.problems import ProblemFileEvaluator
 
 from . import HELDOUT_FILE, PROBE_FILE, world
 
@@ -54,11 +54,12 @@ class HeldoutParams(Params):
     path: str | None = Field(None, description="another JSONL file of arith problems instead of heldout.jsonl")
 
 
-class ArithHeldout(Evaluator):
+class ArithHeldout(ProblemFileEvaluator, Evaluator):
     """Answers graded exactly, per level; no executor."""
 
     name = "arith_heldout"
     category = "math"
+    package = "populora_arith"
     template = "arith"  # the world's own prompt (world.solver_prompt); what eval's cache key records
     max_tokens = world.MAX_DIGITS + 2
 
@@ -84,33 +85,6 @@ class ArithHeldout(Evaluator):
                 if k < len(by_level[lv])
             ]
         return self._items if limit is None else self._items[:limit]
-
-    def dataset_hash(self) -> str:
-        return hashlib.sha256(self.file.read_bytes()).hexdigest()
-
-    def data_files(self) -> dict[str, str]:
-        return {str(self.file): self.dataset_hash()}
-
-    def dataset(self) -> dict[str, Any]:
-        where = (
-            {"source": "file", "path": str(self.file.resolve())}
-            if self.params.path
-            else {"source": "shipped", "package": "populora_arith"}
-        )
-        return {**where, "files": {self.file.name: self.dataset_hash()}, "n_problems": len(self.items()), "skipped": 0}
-
-    def skipped(self) -> list[str]:
-        return []
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "category": self.category,
-            "template": self.template,
-            "max_tokens": self.max_tokens,
-            "source": f"{self.dataset()['source']}: {self.file}",
-            "licence": "made here (populora_arith.heldout)",
-        }
 
     def prompt(self, item: dict[str, Any]) -> str:
         return world.solver_prompt(item["a"], item["b"])

@@ -12,7 +12,6 @@ hands over. Items alternate task types, so ``--limit N`` keeps the three balance
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from pydantic import Field
 
 from populora_core.api import Params, UserError
 from populora_core.api.components import Evaluator, Executor, Problem
+from populora_core.api.problems import ProblemFileEvaluator
 
 HELDOUT_FILE = Path(__file__).resolve().parent / "heldout.jsonl"
 TASK_TYPES = ("deduction", "abduction", "induction")
@@ -34,11 +34,12 @@ class HeldoutParams(Params):
     timeout_s: float | None = Field(None, gt=0, description="seconds per graded program (None: the tasks' default)")
 
 
-class NanoHeldout(Evaluator):
+class NanoHeldout(ProblemFileEvaluator, Evaluator):
     """Greedy answers graded by the AZR tasks; category ``code`` (programs run in the executor)."""
 
     name = "nano_heldout"
     category = "code"
+    package = "populora_nano"
     template = "compact"  # the AZR prompt style nano was trained on
 
     def __init__(self, params: HeldoutParams) -> None:
@@ -63,33 +64,6 @@ class NanoHeldout(Evaluator):
                 if k < len(by_type[t])
             ]
         return self._items if limit is None else self._items[:limit]
-
-    def data_files(self) -> dict[str, str]:
-        return {str(self.file): hashlib.sha256(self.file.read_bytes()).hexdigest()}
-
-    def dataset_hash(self) -> str:
-        return next(iter(self.data_files().values()))
-
-    def dataset(self) -> dict[str, Any]:
-        where = (
-            {"source": "file", "path": str(self.file.resolve())}
-            if self.params.path
-            else {"source": "shipped", "package": "populora_nano"}
-        )
-        return {**where, "files": {self.file.name: self.dataset_hash()}, "n_problems": len(self.items()), "skipped": 0}
-
-    def skipped(self) -> list[str]:
-        return []
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "category": self.category,
-            "template": self.template,
-            "max_tokens": self.max_tokens,
-            "source": f"{self.dataset()['source']}: {self.file}",
-            "licence": "made here (populora_nano.heldout)",
-        }
 
     def _tasks(self, executor: Executor | None) -> dict[str, Any]:
         from populora_core.api import get_registry

@@ -9,6 +9,7 @@ A record is a JSON object with the problem's ``task_type``, the payload fields o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,3 +74,48 @@ def write_problems(problems: list[Problem], path: str | Path) -> Path:
     out = Path(path)
     atomic_write_text(out, "".join(json.dumps(dataclasses.asdict(p), sort_keys=True) + "\n" for p in problems))
     return out
+
+
+class ProblemFileEvaluator:
+    """What an evaluator whose problems are one file shipped in its plugin (or a user's file instead) tells
+    ``populora eval`` about its data: the file's identity, its source and a description. A subclass sets ``file``,
+    ``params.path`` (the user's file, or None), ``package`` (the shipping plugin's) and the Evaluator's own
+    ``name``, ``category``, ``template``, ``max_tokens`` and ``items``."""
+
+    file: Path
+    params: Any
+    package: str
+    name: str
+    category: str
+    template: str
+    max_tokens: int
+
+    def items(self, limit: int | None = None) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def data_files(self) -> dict[str, str]:
+        return {str(self.file): hashlib.sha256(self.file.read_bytes()).hexdigest()}
+
+    def dataset_hash(self) -> str:
+        return next(iter(self.data_files().values()))
+
+    def dataset(self) -> dict[str, Any]:
+        where = (
+            {"source": "file", "path": str(self.file.resolve())}
+            if self.params.path
+            else {"source": "shipped", "package": self.package}
+        )
+        return {**where, "files": {self.file.name: self.dataset_hash()}, "n_problems": len(self.items()), "skipped": 0}
+
+    def skipped(self) -> list[str]:
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "category": self.category,
+            "template": self.template,
+            "max_tokens": self.max_tokens,
+            "source": f"{self.dataset()['source']}: {self.file}",
+            "licence": f"made here ({self.package})",
+        }
