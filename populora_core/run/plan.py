@@ -368,7 +368,7 @@ def plan_engine_alone(
     model's config.json; ``held``: what other processes hold there."""
     arch = load_arch(Path(base_model.path) / "config.json", list(lora.target_modules), base_model.dtype)
     data = {
-        "name": f"engine {name} alone",
+        "name": "engine-alone",  # a plan's name, never a folder; it must still be a safe run name
         "steps": 1,
         "base_model": base_model.name or base_model.path,
         "engine": {"name": name, "params": dict(params)},

@@ -92,10 +92,11 @@ def test_cross_cpu_seed_reproduces_pinned_adapters(tmp_path):
     )
 
 
-def test_nano_recipes_pin_avx2_and_the_others_stay_native():
+def test_the_cpu_bases_recipes_pin_avx2_and_the_others_stay_native():
     for recipe in sorted((REPO / "recipes").glob("*.yaml")):
         model, _ = load_recipe(recipe)
-        expected = "avx2" if recipe.name.startswith("nano") else "native"
+        # the recipes of the bases that run on a CPU (nano, the arithmetic world's arith_nano)
+        expected = "avx2" if recipe.name.startswith(("nano", "arith")) else "native"
         assert model.runtime.cpu_isa == expected, recipe.name
 
 

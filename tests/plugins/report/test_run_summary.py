@@ -198,12 +198,13 @@ def test_populora_run_ends_with_the_summary(env, tmp_path):
     assert result.stdout.splitlines()[-1] == f"run complete: {run_dir}"
 
 
-def test_a_user_error_mid_run_exits_2_without_a_summary(env, tmp_path):
+def test_a_user_error_at_the_start_exits_2_without_a_summary_or_a_run_directory(env, tmp_path):
+    """A probe the recipe cannot have is found before anything is written (issue 49: failed starts leave nothing)."""
     run_dir = tmp_path / "run"
     result = run_cli("--plugin", FAKE, "run", RECIPE, "probe.enabled=true", "--run-dir", str(run_dir), env=env)
     assert result.returncode == 2
     assert "probe.enabled is true but probe.file is empty" in result.stderr and "Traceback" not in result.stderr
-    assert (run_dir / "recipe.yaml").is_file() and not (run_dir / "summary.json").exists()
+    assert not run_dir.exists()
     assert "populora report" not in result.stdout
 
 
