@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     manager = get_manager()
     # one cluster for every Ray row; ray.init takes a level name too (its stubs say int only)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=cast(Any, "warning"))
+    # address="local": never the newest `ray start` on this machine (a test's cluster, in CI)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=cast(Any, "warning"))
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="populora-scaling-") as tmp:

@@ -80,23 +80,37 @@ def connect(
     local_gpus: int | None = None,
     setting: str = "cluster.params.address",
 ) -> bool:
-    """Join ``address`` (or the Ray this process already joined), else start a local cluster here.
+    """Join ``address`` (or the Ray this process already joined, or ``$RAY_ADDRESS``), else start a local cluster.
 
-    Returns whether this call started Ray (whoever did shuts it down). ``setting`` names the address key.
+    An empty address never joins a cluster Ray finds on its own (the newest ``ray start`` on this machine, which
+    is how Ray reads ``address=None``): a run that asked for a local cluster gets its own, sized as asked.
+    ``$RAY_ADDRESS`` is honoured as Ray's jobs set it. Returns whether this call started Ray (whoever did shuts it
+    down). ``setting`` names the address key.
     """
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
-    if address:
-        check_reachable(address, connect_timeout_s, setting)
-        kwargs["address"] = address
+    from_env = os.environ.get("RAY_ADDRESS", "") if not address else ""
+    if from_env and (local_cpus is not None or local_gpus is not None):
+        sizing = setting.rpartition(".")[0] + ".local_cpus / local_gpus"
+        raise UserError(f"{sizing} size a local cluster, but RAY_ADDRESS={from_env!r} names one to join: drop one")
+    if address or from_env:
+        where = address or from_env
+        check_reachable(where, connect_timeout_s, setting if address else "RAY_ADDRESS")
+        kwargs["address"] = where
     else:
-        kwargs.update(num_cpus=local_cpus, num_gpus=local_gpus)
+        kwargs.update(address="local", num_cpus=local_cpus, num_gpus=local_gpus)
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-        where = f"at {address!r}" if address else "on this machine"
-        named = setting if address else setting.rpartition(".")[0] + ".local_cpus / local_gpus"
+        where = f"at {kwargs['address']!r}" if kwargs["address"] != "local" else "on this machine"
+        named = (
+            setting
+            if address
+            else "RAY_ADDRESS"
+            if from_env
+            else setting.rpartition(".")[0] + ".local_cpus / local_gpus"
+        )
         raise UserError(f"{named}: cannot start or reach a Ray cluster {where}: {first_line(exc)}") from None
     return True
 

@@ -58,6 +58,46 @@ FAKE_GPUS = 8
 # --- no Ray needed ------------------------------------------------------------------------------------
 
 
+class RecordingRay:
+    """Stands in for the ray module: records what ``connect`` asks ``ray.init`` for."""
+
+    def __init__(self) -> None:
+        self.init_kwargs: dict = {}
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **kwargs) -> None:
+        self.init_kwargs = kwargs
+
+
+def test_an_empty_address_starts_a_cluster_of_its_own_never_the_newest_ray_start(monkeypatch):
+    """Ray reads ``address=None`` as "join the newest `ray start` here" (a test's cluster, in CI, which then
+    refused num_cpus); an empty address asks for a local cluster sized as the recipe says."""
+    from populora_ray.cluster import connect
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray = RecordingRay()
+    assert connect(ray, "", 10.0, local_cpus=3, local_gpus=None) is True
+    assert ray.init_kwargs["address"] == "local" and ray.init_kwargs["num_cpus"] == 3
+
+
+def test_ray_address_in_the_environment_is_joined_as_ray_jobs_set_it(monkeypatch):
+    from populora_ray.cluster import connect
+
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    ray = RecordingRay()
+    connect(ray, "", 10.0)
+    assert ray.init_kwargs["address"] == "auto" and "num_cpus" not in ray.init_kwargs
+    with pytest.raises(
+        UserError, match=r"cluster\.params\.local_cpus / local_gpus size a local cluster, but RAY_ADDRESS='auto'"
+    ):
+        connect(RecordingRay(), "", 10.0, local_cpus=2)
+    ray = RecordingRay()
+    connect(ray, "auto", 10.0)  # the recipe's address wins
+    assert ray.init_kwargs["address"] == "auto"
+
+
 def test_new_members_go_to_the_emptiest_worker():
     placement = MemberPlacement(2)
     assert [placement.place(m) for m in ("t0", "t1", "s0", "s1")] == [0, 1, 0, 1]
@@ -132,7 +172,7 @@ def test_without_ray_the_core_and_the_cli_work_and_a_ray_recipe_is_a_clear_error
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, num_gpus=FAKE_GPUS, include_dashboard=False, logging_level="warning")
+    ray.init(address="local", num_cpus=2, num_gpus=FAKE_GPUS, include_dashboard=False, logging_level="warning")
     yield ray
     ray.shutdown()
 
