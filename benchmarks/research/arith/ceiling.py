@@ -29,7 +29,7 @@ from populora_arith.heldout import read_problems
 from populora_core.api.probe import cluster_bootstrap, cluster_mde
 
 from ..transfer import cpu_name
-from .make_model import Stream, sample_accuracy
+from .make_model import Stream, completion_loss, sample_accuracy
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -46,27 +46,10 @@ def train_gold(model: Any, tokenizer: Any, stream: Stream, steps: int, batch: in
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
-    vocab, eos, pad = tokenizer.get_vocab(), tokenizer.eos_token_id, tokenizer.pad_token_id
     losses = []
     model.train()
     for _ in range(steps):
-        rows = [
-            ([vocab[c] for c in ex.prompt], [vocab[c] for c in ex.completion] + [eos])
-            for ex in (stream.solution() for _ in range(batch))
-        ]
-        width = max(len(p) + len(c) for p, c in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attend = torch.zeros((len(rows), width), dtype=torch.long)
-        weight = torch.zeros((len(rows), width))
-        for r, (p, c) in enumerate(rows):
-            ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-            attend[r, : len(p) + len(c)] = 1
-            weight[r, len(p) : len(p) + len(c)] = 1.0
-        logits = model(input_ids=ids, attention_mask=attend).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none"
-        ).view(len(rows), width - 1)
-        loss = (nll * weight[:, 1:]).sum() / weight[:, 1:].sum()
+        loss = completion_loss(model, tokenizer, [stream.solution() for _ in range(batch)], masked=True)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -89,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--levels", default="1,2,3,4,5,6", help="levels of the training problems (comma list)")
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "arith.yaml", help="whose lora section")
+    ap.add_argument("--model", type=Path, default=MODEL_DIR, help="the base (a make_model snapshot); the shipped one")
     ap.add_argument("--smoke", action="store_true", help="5 steps, 4 problems a level, k = 2: that it runs (CI)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -105,8 +89,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     heldout = read_problems(HELDOUT_FILE)
     if args.limit:
         heldout = [p for lv in world.LEVELS for p in [q for q in heldout if world.level(*q) == lv][: args.limit]]
-    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
-    base = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)  # one tokenizer for every snapshot (make_model's)
+    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     before = sample_accuracy(base, tokenizer, heldout, args.k, args.seed)
     lora = lora_section(args.recipe)
     torch.manual_seed(args.seed)
@@ -157,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lr": args.lr,
         "levels_trained": trained_levels,
         "trained": "full" if args.full else f"lora rank {lora['rank']}",
+        "model": str(args.model),
         "k": args.k,
         "train_seconds": round(train_s, 1),
         "seconds": round(time.time() - t0, 1),

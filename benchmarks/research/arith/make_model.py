@@ -159,6 +159,33 @@ def solve_rates(
     return {lv: round(statistics.fmean(v), 4) for lv, v in sorted(right.items())}
 
 
+def completion_loss(model: Any, tokenizer: Any, examples: list[Example], *, masked: bool) -> Any:
+    """Mean cross-entropy over the completions (and EOS) of a right-padded batch, prompts unweighted.
+
+    ``masked``: pass an attention mask. The base is trained without one (pads sit after every weighted token, so
+    causal attention never lets them in) and its build stays bit for bit what it was; an adapter trained on top
+    (the ceiling) masks, as a run's trainer does.
+    """
+    import torch
+
+    vocab, pad, eos = tokenizer.get_vocab(), tokenizer.pad_token_id, tokenizer.eos_token_id
+    rows = [([vocab[c] for c in ex.prompt], [vocab[c] for c in ex.completion] + [eos]) for ex in examples]
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attend = torch.zeros((len(rows), width), dtype=torch.long)
+    weight = torch.zeros((len(rows), width))
+    for r, (p, c) in enumerate(rows):
+        ids[r, : len(p) + len(c)] = torch.tensor(p + c)
+        attend[r, : len(p) + len(c)] = 1
+        weight[r, len(p) : len(p) + len(c)] = 1.0
+    logits = model(input_ids=ids, **({"attention_mask": attend} if masked else {})).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none"
+    ).view(len(rows), width - 1)
+    w = weight[:, 1:]
+    return (nll * w).sum() / w.sum()
+
+
 def train(
     model: Any,
     tokenizer: Any,
@@ -177,27 +204,12 @@ def train(
 
     torch.manual_seed(seed + 2)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    vocab = tokenizer.get_vocab()
     warmup, start, curve, losses = 50, time.time(), [], []
     for step in range(1, steps + 1):
-        rows = [
-            ([vocab[c] for c in ex.prompt], [vocab[c] for c in ex.completion] + [eos]) for ex in stream.batch(batch)
-        ]
-        width = max(len(p) + len(c) for p, c in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        weight = torch.zeros((len(rows), width))
-        for r, (p, c) in enumerate(rows):
-            ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-            weight[r, len(p) : len(p) + len(c)] = 1.0
+        examples = stream.batch(batch)
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, step / warmup)
-        logits = model(input_ids=ids).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none"
-        ).view(len(rows), width - 1)
-        w = weight[:, 1:]
-        loss = (nll * w).sum() / w.sum()
+        loss = completion_loss(model, tokenizer, examples, masked=False)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
