@@ -180,10 +180,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="overrides of the population arm only (an ablation of a population mechanism)",
     )
     parser.add_argument(
+        "--baseline-overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides of the single-agent arm only (another baseline, e.g. another compute matching)",
+    )
+    parser.add_argument(
         "--reuse-baseline",
         default=None,
         metavar="STUDY",
         help="take the single-agent runs of this finished study folder (same seeds) instead of running them",
+    )
+    parser.add_argument(
+        "--reuse-population",
+        default=None,
+        metavar="STUDY",
+        help="take the population runs of this finished study folder (same seeds) instead of running them",
     )
     parser.add_argument(
         "--heldout", default=None, help="held-out evaluator for the claims table (arith: arith_heldout)"
@@ -204,13 +217,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return study(args, Path(args.out or ("runs/study" if args.recipe == "short" else f"runs/study-{args.recipe}")))
 
 
-def _reuse_baseline(source: Path, out: Path, seeds: list[int]) -> None:
-    """Link the single-agent runs of a finished study into ``out`` (an ablation of the population arm only)."""
+def _reuse_arm(label: str, source: Path, out: Path, seeds: list[int]) -> None:
+    """Link one arm's runs of a finished study into ``out``: an ablation of the other arm alone."""
     for seed in seeds:
-        run = (source / f"baseline-seed{seed}").resolve()
+        run = (source / f"{label}-seed{seed}").resolve()
         if not (run / "summary.json").exists():
-            sys.exit(f"study --reuse-baseline: {run} is not a finished run")
-        link = out / f"baseline-seed{seed}"
+            sys.exit(f"study --reuse-{label}: {run} is not a finished run")
+        link = out / f"{label}-seed{seed}"
         if not link.exists():
             link.symlink_to(run, target_is_directory=True)
 
@@ -344,9 +357,10 @@ def study(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     extra += args.overrides
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # threads: each recipe's runtime.threads (start_run applies it)
     arms = (("population", args.population), ("baseline", args.baseline))
-    if args.reuse_baseline:
-        _reuse_baseline(Path(args.reuse_baseline), out, seeds)
-    own = {"population": extra + args.population_overrides, "baseline": extra}
+    for label, source in (("baseline", args.reuse_baseline), ("population", args.reuse_population)):
+        if source:
+            _reuse_arm(label, Path(source), out, seeds)
+    own = {"population": extra + args.population_overrides, "baseline": extra + args.baseline_overrides}
     jobs = [(recipe, seed, out / f"{label}-seed{seed}", own[label]) for label, recipe in arms for seed in seeds]
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:  # longest first
         for future in [

@@ -164,7 +164,7 @@ def test_pooled_differences_resample_problems_with_the_seeds_nested():
 
 
 @pytest.mark.slow
-def test_an_ablation_of_the_population_arm_reuses_the_single_agents_runs_and_compares_by_seed(tmp_path):
+def test_an_ablation_of_one_arm_reuses_the_other_arms_runs_and_compares_by_seed(tmp_path):
     """The arithmetic world's ablation path, as the README types it: a study, then one whose population arm runs
     with cross-evaluation off while the single agent's runs are linked from the first; --compare pairs them,
     held-out accuracy included. Smoke sizes: that the path runs, not what it measures."""
@@ -182,3 +182,10 @@ def test_an_ablation_of_the_population_arm_reuses_the_single_agents_runs_and_com
     result = main(["--compare", str(reference), str(ablation)])
     assert result["baseline/heldout/mean_minus_reference"]["mean"] == 0  # the same runs
     assert "population mean - single agent" in (ablation / "study.md").read_text()
+    # the other way round: another single agent (here more answers a question) against the same population runs
+    other = tmp_path / "other-baseline"
+    more = ["--baseline-overrides", "rollout.solver_samples=3"]
+    main(["--recipe", "arith", "--smoke", "--out", str(other), "--reuse-population", str(reference), *more])
+    assert (other / "population-seed0").resolve() == (reference / "population-seed0").resolve()
+    assert "solver_samples: 3" in (other / "baseline-seed0" / "recipe.yaml").read_text()
+    assert "solver_samples: 3" not in (reference / "baseline-seed0" / "recipe.yaml").read_text()
