@@ -141,7 +141,7 @@ def _apply_runtime(section: Any) -> None:
     into the environment, before anything imports torch. ``runtime.threads`` is ``start_run``'s and
     ``resume_run``'s to apply (a run from Python gets it too); ``populora seed``, which starts no run, applies it
     itself."""
-    from ..api.runtime import apply_cpu_isa, default_allocator
+    from ..services.runtime import apply_cpu_isa, default_allocator
 
     apply_cpu_isa(section)
     default_allocator()
@@ -188,9 +188,9 @@ def run(
         _dry_run(manager, recipe, model, resolved, run_dir)
         return
     _apply_runtime(model.runtime)
-    from ..api.modelhost import resolve_device
     from ..run.loop import start_run
     from ..run.run_dir import RunDir
+    from ..services.modelhost import resolve_device
 
     directory = RunDir(run_dir or f"runs/{model.name}")
     startup = (
@@ -226,7 +226,7 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
 
     click.echo(f"# populora run {recipe} -> {run_dir or f'runs/{model.name}'} (dry run: nothing runs or is written)")
     click.echo(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False).rstrip())
-    from ..api.modelhost import resolve_device
+    from ..services.modelhost import resolve_device
 
     engine_device = str(model.engine.params.get("device", "auto"))
     try:
@@ -274,7 +274,7 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
         click.echo(f"\n{stopped}", err=True)
         sys.exit(130)
     except Exception as exc:
-        from ..api.files import is_disk_full
+        from ..services.files import is_disk_full
 
         directory.log_line(f"failed after step {run_obj.step}: {type(exc).__name__}: {exc}")
         if not isinstance(exc, UserError) and is_disk_full(exc, directory.path):
@@ -327,13 +327,13 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 
     model, _ = _load_recipe(manager, recipe, overrides)
     _apply_runtime(model.runtime)
-    from ..api.runtime import apply_threads
+    from ..services.runtime import apply_threads
 
     apply_threads(model.runtime)  # before torch loads: no run applies it for this command
-    from ..api.problems import write_problems
     from ..run.assembly import build_components
     from ..run.run_dir import RunDir
     from ..run.seeding import make_seed_problems
+    from ..services.problems import write_problems
 
     def report(round_: int, counts: dict[str, int]) -> None:
         done = ", ".join(f"{name} {count}/{per_type}" for name, count in counts.items())

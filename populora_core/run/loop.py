@@ -19,11 +19,11 @@ from typing import Any
 from ..api.components import BaseModel
 from ..api.errors import RecipeError, UserError
 from ..api.population import Population
-from ..api.probe import OUTCOMES
-from ..api.runtime import apply_threads
 from ..api.runview import RunView
 from ..api.schema import Recipe
 from ..plugin.manager import PluginManager
+from ..services.probe import OUTCOMES
+from ..services.runtime import apply_threads
 from . import evolution, phases, state
 from .assembly import build_components
 from .devices import check_devices
@@ -222,7 +222,7 @@ def start_run(
 ) -> Run:
     """A new run in ``run_dir``, initialised and ready for :func:`execute`.
 
-    The recipe's ``runtime.threads`` is applied first (:func:`populora_core.api.runtime.apply_threads`), for
+    The recipe's ``runtime.threads`` is applied first (:func:`populora_core.services.runtime.apply_threads`), for
     this process and the processes the run starts, whoever calls it; ``runtime.cpu_isa`` must be in place before
     torch loads, which is the caller's (the ``populora`` command sets it before importing torch).
     """

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ..api.errors import UserError
-from ..api.files import atomic_write_text
+from ..services.files import atomic_write_text
 from .checkpoints import RECIPE_COPY, ResumePoint, refuse_pickled
 from .run_dir import RunDir
 

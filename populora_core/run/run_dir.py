@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..api.errors import UserError
-from ..api.files import atomic_dir, atomic_write_text, is_disk_full, tree_bytes
+from ..services.files import atomic_dir, atomic_write_text, is_disk_full, tree_bytes
 from .checkpoints import RECIPE_COPY, ResumePoint, find_resume_point, manifest
 
 LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
@@ -56,7 +56,7 @@ class RunDir:
 
     def adapter_path(self, version_name: str) -> Path:
         """``adapters/<id>@v<k>``; any other name (``../../OTHER/adapters/t0@v3``) is refused, exit 2 naming it."""
-        from ..api.files import VERSION_NAME, check_name, inside
+        from ..api.names import VERSION_NAME, check_name, inside
 
         return inside(self.adapters, check_name(version_name, VERSION_NAME, "adapter version"), "adapter version")
 

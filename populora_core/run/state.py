@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..api.errors import PluginError, UserError
 from ..api.population import Population
-from ..api.problems import load_problems
+from ..services.problems import load_problems
 from .checkpoints import pickled_task_state, refuse_pickled
 from .recovery import set_aside
 
@@ -230,7 +230,7 @@ def convert_checkpoints(run: Path) -> list[Path]:
     class or function is refused (:class:`UserError`) and nothing of that checkpoint is changed."""
     import io
 
-    from ..api.files import atomic_write_text
+    from ..services.files import atomic_write_text
     from .checkpoints import file_record
 
     folder = run / "checkpoints"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from populora_core.api.adapters import adapter_hash, init_lora, is_adapter_dir, load_lora, save_lora
 from populora_core.api.errors import UserError
 from populora_core.api.population import Member, Population
 from populora_core.run.run_dir import RunDir
+from populora_core.services.adapters import adapter_hash, init_lora, is_adapter_dir, load_lora, save_lora
 
 
 def test_checkpoint_is_atomic_and_latest_always_complete(tmp_path, monkeypatch):

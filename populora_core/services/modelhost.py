@@ -17,9 +17,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import SHAPE_KEYS, LoraWeights, config_difference, from_state_dict, load_lora, save_lora
-from .components import AdapterRef, BaseModel
-from .errors import UserError, run_all
+from ..api.components import AdapterRef, BaseModel
+from ..api.errors import UserError, run_all
+from ..api.lora import SHAPE_KEYS, LoraWeights, config_difference
+from .adapters import from_state_dict, load_lora, save_lora
 
 if TYPE_CHECKING:
     import torch
@@ -415,7 +416,7 @@ class ModelHost:
         self, key: str, out_dir: str | Path, config: dict[str, Any] | None = None, *, served_dtype: str | None = None
     ) -> Path:
         """Write slot ``key`` as a new PEFT directory (atomic; refuses to overwrite a version), in fp32, plus its
-        copy in ``served_dtype`` when given (populora_core.api.adapters.served_copy)."""
+        copy in ``served_dtype`` when given (populora_core.services.adapters.served_copy)."""
         with self.lock:
             config = dict(config if config is not None else self._configs[key])
             config["inference_mode"] = True
