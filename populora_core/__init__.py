@@ -45,6 +45,8 @@ PUBLIC_MODULES = {
     "populora_core.api.memory": "what an engine's or trainer's register(..., memory=fn) receives (PlanContext, Arch) "
     "and reports to populora plan",
     "populora_core.services": "what a plugin calls to do its work (the modules below); torch only inside functions",
+    "populora_core.services.device": "where and in what dtype a base model loads (resolve_device, resolve_dtype, "
+    "load_kwargs)",
     "populora_core.services.modelhost": "the process-wide shared base model that engines and trainers add adapters "
     "to (get_host)",
     "populora_core.services.adapters": "PEFT adapter directories <-> LoraWeights (and their served copies), hashes, "

@@ -299,7 +299,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     """
     from ..recipe.overrides import apply_overrides
     from ..recipe.validate import parse_recipe
-    from .recovery import recipe_for_resume, resume_point
+    from .recovery import recipe_for_resume, resume_point, start_over
 
     recipe_file = str(run_dir.path / "recipe.yaml")
     check_resume_overrides(overrides)
@@ -323,7 +323,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     if device_warning:
         _warn(run_dir, device_warning)
     if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
-        run_dir.clear()
+        start_over(run_dir)
         run.initialise()
     else:
         run.restore()  # reads every component's state before changing anything: a refusal leaves the run as it was

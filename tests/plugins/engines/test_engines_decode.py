@@ -459,7 +459,7 @@ def test_a_bare_cuda_device_loads_onto_the_current_device_not_local_rank(monkeyp
     transformers would read a bare ``cuda`` device_map as ``cuda:$LOCAL_RANK``. Fake CUDA: current device 2."""
     import torch
 
-    from populora_core.services.modelhost import load_kwargs
+    from populora_core.services.device import load_kwargs
 
     monkeypatch.setenv("LOCAL_RANK", "5")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
@@ -473,7 +473,7 @@ def test_an_accelerator_loads_the_base_straight_onto_it(tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from populora_core.services.modelhost import load_kwargs
+    from populora_core.services.device import load_kwargs
 
     assert load_kwargs("cuda:0", torch.bfloat16) == {"dtype": torch.bfloat16, "device_map": "cuda:0"}
     assert load_kwargs("cpu", torch.float32) == {"dtype": torch.float32}
