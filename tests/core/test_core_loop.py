@@ -494,7 +494,7 @@ class MiscountingMatchmakers:
 
     @hookimpl
     def register_matchmakers(self, register):
-        from populora_core.components import Match, Matchmaker
+        from populora_core.api.components import Match, Matchmaker
 
         class Miscounting(Matchmaker):
             def __init__(self, params, twice):
