@@ -62,7 +62,7 @@ def run(
 
     from populora_core import build_engine, get_registry
     from populora_core.api.components import BaseModel, GenerationRequest, LoraSettings, SamplingParams
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
     from tests.tiny_model import build_tiny_model, fresh_adapter
 
     n_adapters, per_adapter, max_tokens = (8, 4, 32) if quick else (8, 8, 64)

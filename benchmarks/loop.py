@@ -193,10 +193,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from populora_core.api.architecture import load_arch
     from populora_core.plugin.manager import get_manager
     from populora_core.recipe.validate import load_recipe
     from populora_core.run.run_dir import RunDir
+    from populora_core.services.architecture import load_arch
 
     steps = 2 if args.smoke else 3 if args.quick else args.steps
     overrides = [f"steps={steps}", "probe.enabled=false"]

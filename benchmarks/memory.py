@@ -47,7 +47,7 @@ def rss_bytes(field: str = "VmRSS") -> int:
 
 def make_files(work: Path, hidden: int, layers: int, count: int, rank: int) -> None:
     """Child process: the model and ``count`` adapter directories (random A, non-zero B)."""
-    from populora_core.api.adapters import init_lora, save_lora
+    from populora_core.services.adapters import init_lora, save_lora
     from tests.tiny_model import build_tiny_model
 
     base = build_tiny_model(work / "model", hidden=hidden, layers=layers, heads=hidden // 64, kv_heads=1)

@@ -315,7 +315,7 @@ def bench_rank(
     from populora_lora_ops import OPERATORS, SvdCrossoverParams, ops
     from populora_lora_ops.synthetic import module_names, trained_like
 
-    from populora_core.api.adapters import load_lora, save_lora
+    from populora_core.services.adapters import load_lora, save_lora
 
     named = module_names(layers, shapes)
     alpha = 2.0 * rank

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
     from tests.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:

@@ -38,7 +38,7 @@ def _process_state_restored(request):
     torch = sys.modules.get("torch")
     if torch is not None and threads is not None and torch.get_num_threads() != threads:
         leaked.append(f"torch threads {torch.get_num_threads()} (was {threads})")
-        from populora_core.api.runtime import set_torch_threads
+        from populora_core.services.runtime import set_torch_threads
 
         set_torch_threads(threads)
     if leaked:
@@ -56,7 +56,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def qwen7b():
     """Qwen2.5-7B's shape from its committed config (every projection targeted): what the 7B plans are made on."""
-    from populora_core.api.architecture import load_arch
+    from populora_core.services.architecture import load_arch
     from tests.cli_helpers import REPO
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -45,7 +45,7 @@ class FakeEngine(RolloutEngine):
         self.params = params
 
     def generate(self, requests: Any, sampling: Any) -> list[list[Completion]]:
-        from populora_core.api.adapters import load_lora
+        from populora_core.services.adapters import load_lora
 
         time.sleep(self.params.delay_s)
         out = []
@@ -90,7 +90,8 @@ class FakeTrainer(Trainer):
     def update(self, member_id: str, adapter: Any, rollouts: Any, out_dir: Path) -> UpdateStats:
         import torch
 
-        from populora_core.api.adapters import LoraFactors, load_lora, save_lora
+        from populora_core.api.lora import LoraFactors
+        from populora_core.services.adapters import load_lora, save_lora
 
         mean = sum(r.reward for r in rollouts) / len(rollouts)
         ema = 0.9 * self.state.get(member_id, 0.0) + 0.1 * mean
@@ -252,7 +253,7 @@ def noise_mutation(parents: list[Any], params: NoiseParams, generator: Any) -> A
     """Parent plus Gaussian noise on B (a mutation for loop tests)."""
     import torch
 
-    from populora_core.api.adapters import LoraFactors
+    from populora_core.api.lora import LoraFactors
 
     (p,) = parents
     return p.with_modules(
@@ -269,7 +270,7 @@ class BlendParams(Params):
 
 def b_blend(parents: list[Any], params: BlendParams, generator: Any) -> Any:
     """First parent's A with a blend of the parents' B (a crossover for loop tests only)."""
-    from populora_core.api.adapters import LoraFactors
+    from populora_core.api.lora import LoraFactors
 
     a, b = parents
     return a.with_modules(

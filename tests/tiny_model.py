@@ -71,8 +71,8 @@ def build_tiny_model(
 
 def fresh_adapter(base: Any, name: str, lora: Any, *, seed: int, out_dir: str | Path) -> Any:
     """A version-0 adapter written exactly as the loop writes one (``init_lora`` + ``save_lora``)."""
-    from populora_core.api.adapters import fresh_lora, save_lora
     from populora_core.api.components import AdapterRef
+    from populora_core.services.adapters import fresh_lora, save_lora
 
     save_lora(fresh_lora(base.path, lora, seed=seed), out_dir)
     return AdapterRef(name, str(out_dir))

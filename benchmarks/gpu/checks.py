@@ -130,8 +130,8 @@ def trainer_check(
     makes the one-time allocations (the scratch adapter slot, kernels' workspaces), as tests/core/test_plan.py does."""
     import torch
 
-    from populora_core.api.adapters import fresh_lora, save_lora
     from populora_core.api.components import AdapterRef
+    from populora_core.services.adapters import fresh_lora, save_lora
 
     vocab = int(trainer.host.base_model.config.vocab_size)
     seeds = iter(range(100))
@@ -333,7 +333,7 @@ def served_check(
     """A version the trainer wrote (an update of a check adapter) served by vLLM, log-probs checked as in
     :func:`logprob_check`; when the engine serves in 16 bits (bf16 on a GPU) it must have read the trainer's
     ``served-<dtype>`` copy, handed over as it is."""
-    from populora_core.api.adapters import served_copy
+    from populora_core.services.adapters import served_copy
 
     served = served_copy(version.path, engine.served_dtype)
     check = logprob_check(engine, model_dir, version, max_tokens, device, dtype)

@@ -264,12 +264,13 @@ def overrides_for(
 def run_variant(
     args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str, single: bool = False
 ) -> dict[str, Any]:
-    from populora_core.api import modelhost
-    from populora_core.api.architecture import load_arch
-    from populora_core.api.memory import CUDA_CONTEXT, visible_gpu_bytes
+    from populora_core.api.memory import CUDA_CONTEXT
     from populora_core.plugin.manager import get_manager
     from populora_core.recipe.validate import load_recipe
     from populora_core.run.plan import plan_recipe
+    from populora_core.services import modelhost
+    from populora_core.services.architecture import load_arch
+    from populora_core.services.gpu import visible_gpu_bytes
 
     manager = get_manager()
     overrides = overrides_for(args, engine, pop, model_dir, device, single)
@@ -351,14 +352,14 @@ def component_checks(
 ) -> dict[str, dict[str, Any]]:
     """The hf engine's and the trainer's checks, then (``vllm``) the vLLM engine's, each component built from the
     recipe as a run builds it and released before the next one loads."""
-    from populora_core.api import modelhost
-    from populora_core.api.adapters import fresh_lora, save_lora
-    from populora_core.api.architecture import load_arch
     from populora_core.api.components import AdapterRef
-    from populora_core.api.memory import visible_gpu_bytes
     from populora_core.plugin.manager import get_manager
     from populora_core.recipe.validate import load_recipe
     from populora_core.run.plan import plan_recipe
+    from populora_core.services import modelhost
+    from populora_core.services.adapters import fresh_lora, save_lora
+    from populora_core.services.architecture import load_arch
+    from populora_core.services.gpu import visible_gpu_bytes
 
     from .checks import (
         adapter_check,
@@ -475,7 +476,7 @@ def write_version(trainer: Any, adapter: Any, out: Path) -> dict[str, Any]:
 def _live_hosts(model_dir: Path) -> int:
     """Model hosts of the smoke's base (each holds a copy) still referenced after the hf engine and the trainer
     are gone."""
-    from populora_core.api.modelhost import ModelHost
+    from populora_core.services.modelhost import ModelHost
 
     gc.collect()
     return sum(type(o) is ModelHost and Path(o.base.path) == model_dir for o in gc.get_objects())
@@ -504,7 +505,7 @@ def run_allocator() -> str:
     """The CUDA allocator settings a run uses, set as ``populora run`` sets them before torch loads
     (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` where torch is a CUDA build and none is set): the memory
     the checks measure is then what a run reserves, not what torch's default allocator would. Returns them."""
-    from populora_core.api.runtime import ALLOCATOR_VARS, default_allocator
+    from populora_core.services.runtime import ALLOCATOR_VARS, default_allocator
 
     default_allocator()
     return next((f"{var}={os.environ[var]}" for var in ALLOCATOR_VARS if os.environ.get(var)), "torch's default")
@@ -572,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             result["checks"][name] = {**check, "seconds": round(time.perf_counter() - start, 1)}
             print(f"{'PASS' if check['passed'] else 'FAIL'} {name} ({result['checks'][name]['seconds']} s)", flush=True)
             if "error" in check:  # what the raising run left loaded
-                from populora_core.api import modelhost
+                from populora_core.services import modelhost
 
                 modelhost._HOSTS.clear()
                 _release(device)

@@ -5,8 +5,8 @@ Held-out accuracy is measured by the command a user types, ``populora eval RUN -
 --temperature 1.0`` (per sample: the share of a problem's k answers that are right), into ``RUN/heldout/``; a run
 already evaluated is read again. Differences are paired per problem and seed; a problem's cluster holds its
 difference in every seed (seeds nested in problems), resampled whole by the cluster bootstrap, within its level
-when all levels pool (:func:`populora_core.api.probe.cluster_bootstrap`), with the design's minimum detectable
-effect at 80 % power (:func:`~populora_core.api.probe.cluster_mde`). The run-level dynamics (difficulty slope,
+when all levels pool (:func:`populora_core.services.statistics.cluster_bootstrap`), with the design's minimum detectable
+effect at 80 % power (:func:`~populora_core.services.statistics.cluster_mde`). The run-level dynamics (difficulty slope,
 swings against their shuffled-steps null, coverage growth, training-time solve rate and reward) are one number per
 run: pooled over seeds with a 95 % t-interval, their detectable effect ``(t + z_0.8) sd / sqrt(seeds)``.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from populora_report import dynamics
 
-from populora_core.api.probe import cluster_bootstrap, cluster_mde
+from populora_core.services.statistics import cluster_bootstrap, cluster_mde
 
 #: Samples per held-out problem and their temperature (the students' own sampling).
 K = 8

@@ -31,7 +31,7 @@ from typing import Any
 
 from populora_report.summary import paired_gain_interval, paired_gain_mde
 
-from populora_core.api.probe import cluster_bootstrap, cluster_mde
+from populora_core.services.statistics import cluster_bootstrap, cluster_mde
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -63,7 +63,7 @@ def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
 def share_mde(chance: float, replacements: float) -> float | None:
     """The smallest departure from a chance share ``chance`` that ``replacements`` Bernoulli draws detect (80 %
     power, two-sided 5 %); None without replacements."""
-    from populora_core.api.probe import min_detectable_effect
+    from populora_core.services.statistics import min_detectable_effect
 
     if replacements < 1:
         return None

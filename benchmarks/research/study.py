@@ -18,7 +18,7 @@ arms side by side) under ``--out``: per seed and pooled over seeds with a 95 % t
 the population's students (mean, best, weakest) vs the base and the single agent, the best student's gain
 over the base with a 95 % paired-bootstrap interval over the probe problems (the run summary's
 ``populora_report.summary.paired_gain_interval``); pooled over seeds, the same differences with the probe
-problem as the unit and the seeds nested in it (``populora_core.api.probe.cluster_bootstrap``), each with the
+problem as the unit and the seeds nested in it (``populora_core.services.statistics.cluster_bootstrap``), each with the
 smallest difference its design can detect at 80 % power (``cluster_mde``), for greedy and, when the probe
 samples, per-sample accuracy; and the dynamics of
 ``populora_report.dynamics``: the trend of teacher program complexity (slope per step of AST depth,
@@ -49,7 +49,7 @@ from populora_report import dynamics
 from populora_report.render import render_report
 from populora_report.summary import paired_gain_interval, paired_gain_mde
 
-from populora_core.api.probe import cluster_bootstrap, cluster_mde
+from populora_core.services.statistics import cluster_bootstrap, cluster_mde
 
 from . import claims
 from .transfer import cpu_name

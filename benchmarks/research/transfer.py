@@ -132,7 +132,7 @@ def per_sample_accuracy(c: Any, member: Any, problems: dict[str, list[Any]], k: 
 
 def greedy_accuracy(c: Any, problems: dict[str, list[Any]], adapters: list[Any]) -> list[float]:
     """Each adapter's greedy accuracy (mean over task types), one answer per problem."""
-    from populora_core.api.probe import greedy_grades
+    from populora_core.services.probe import greedy_grades
 
     graded = greedy_grades(c.engine, c.tasks, problems, adapters, c.recipe.rollout.solve_max_tokens)
     return [statistics.fmean(statistics.fmean(g.correct for g in v) for v in per.values()) for per in graded]
@@ -151,7 +151,7 @@ def paired_gain(arm: dict[str, list[float]], base: dict[str, list[float]], seed:
     """Arm - base on the held-out problems: the mean over task types, its 95 % interval from the core's cluster
     bootstrap (problems the units, resampled within their task type, each pair kept together) and the design's
     minimum detectable effect (80 % power, two-sided 5 %), both as every study of the project computes them."""
-    from populora_core.api.probe import cluster_bootstrap, cluster_mde
+    from populora_core.services.statistics import cluster_bootstrap, cluster_mde
 
     types = [t for t in arm if arm[t]]
     diffs = [[a - b] for t in types for a, b in zip(arm[t], base[t], strict=True)]

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from populora_core.api import Params, UserError
 from populora_core.api.components import Evaluator, Executor
-from populora_core.api.problems import ProblemFileEvaluator
+from populora_core.services.problems import ProblemFileEvaluator
 
 from . import HELDOUT_FILE, PROBE_FILE, world
 

@@ -15,7 +15,7 @@ from populora_core.api import Params, hookimpl
 
 
 class HFEngineParams(Params):
-    """transformers + PEFT generation on the process-wide shared base (populora_core.api.modelhost)."""
+    """transformers + PEFT generation on the process-wide shared base (populora_core.services.modelhost)."""
 
     device: str = "auto"  # auto: cuda when available, else cpu
     token_budget: int = 32768  # rows x (prompt + max_tokens) tokens per generate() batch

@@ -53,14 +53,14 @@ def _stop_check(tokenizer: Any, stop: Sequence[str]) -> Any:
 
 
 class HFEngine(RolloutEngine):
-    """transformers + PEFT rollout engine over :func:`populora_core.api.modelhost.get_host`."""
+    """transformers + PEFT rollout engine over :func:`populora_core.services.modelhost.get_host`."""
 
     @classmethod
     def factory(cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> HFEngine:
         return cls(params, base_model=base_model, lora=lora, seed=seed)
 
     def __init__(self, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
-        from populora_core.api.modelhost import get_host
+        from populora_core.services.modelhost import get_host
 
         self.params = params
         self.base_model = base_model

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from populora_core.api.adapters import served_copy
 from populora_core.api.components import (
     AdapterRef,
     BaseModel,
@@ -32,6 +31,7 @@ from populora_core.api.components import (
 )
 from populora_core.api.errors import UserError
 from populora_core.api.rng import hashed_seed
+from populora_core.services.adapters import served_copy
 
 from .completions import check_sampling, encode_prompts, not_generated
 from .memory import VLLM_RANKS, vllm_rank_slot
@@ -139,7 +139,7 @@ class AdapterCopies:
 
     def place(self, key: str, src: Path, pinned: set[str]) -> Path:
         """Where vLLM reads ``key``'s adapter (at ``src``) from: the copy in ``dtype`` its trainer wrote beside it
-        (populora_core.api.adapters.served_copy), else a copy of ours, made now if it fits, else ``src``."""
+        (populora_core.services.adapters.served_copy), else a copy of ours, made now if it fits, else ``src``."""
         served = served_copy(src, self.dtype)
         if served is not None:
             return served

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api.components import GenerationRequest, SamplingParams
-from populora_core.api.files import atomic_write_text
+from populora_core.services.files import atomic_write_text
 
 from .evaluators import AZR_CODE, AZR_MATH, CODE_STAND_INS, Benchmark
 from .passk import summarize
@@ -461,7 +461,7 @@ def problem_interval(
     """The 95 % interval (in %) of the mean score of ``groups`` (one subject, or several averaged), minus that of
     ``reference`` when given (paired: the same problem for both), with problems as units: each problem's outcome is
     resampled whole, so how hard the drawn problems are cancels in a difference. None without a shared problem."""
-    from populora_core.api.probe import cluster_bootstrap
+    from populora_core.services.statistics import cluster_bootstrap
 
     everyone = [*groups, *(reference or [])]
     if not everyone:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api import UserError
-from populora_core.api.adapters import CONFIG_FILE, adapter_hash, is_adapter_dir
 from populora_core.api.components import AdapterRef, BaseModel, LoraSettings
+from populora_core.services.adapters import CONFIG_FILE, adapter_hash, is_adapter_dir
 
 
 @dataclass

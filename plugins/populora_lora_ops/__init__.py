@@ -1,7 +1,7 @@
 """LoRA weight-space evolution operators (PopuLoRA's replace step) and the ``populora evolve`` command.
 
 Operators are pure functions ``op(parents, params, generator) -> LoraWeights`` over plain tensors
-(see :mod:`populora_core.api.adapters`); no base model is needed. Everything that can be exact on
+(see :mod:`populora_core.api.lora`); no base model is needed. Everything that can be exact on
 delta W = s * B @ A is exact (canonical SVD via QR of both factors, best rank-r of weighted sums);
 the dense merges (dare/ties/della) run one module at a time in a compiled kernel and refactor to rank r.
 This module imports no torch: params models and registration only.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api.errors import UserError
-from populora_core.api.files import atomic_dir
+from populora_core.services.files import atomic_dir
 
 LINEAGE_FILE = "lineage.json"
 
@@ -44,8 +44,8 @@ def evolve(
     from pydantic import ValidationError
 
     from populora_core.api import format_validation_error
-    from populora_core.api.adapters import adapter_hash, load_lora, write_peft_files
-    from populora_core.api.operators import apply_operator
+    from populora_core.services.adapters import adapter_hash, load_lora, write_peft_files
+    from populora_core.services.operators import apply_operator
 
     comp = registry.get("operator", operator)
     try:

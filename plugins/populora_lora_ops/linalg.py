@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from populora_core.api.runtime import torch_threads
+from populora_core.services.runtime import torch_threads
 
 Svd = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # U (d_out x k), S (k), Vh (k x d_in)
 

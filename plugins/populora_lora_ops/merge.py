@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from populora_core.api.adapters import LoraFactors, LoraWeights
+from populora_core.api.lora import LoraFactors, LoraWeights
 
 from . import linalg as la
 from .parents import _refactored, _warn_zero_crossover

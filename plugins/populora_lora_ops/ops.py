@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from populora_core.api.adapters import LoraFactors, LoraWeights
 from populora_core.api.errors import UserError
+from populora_core.api.lora import LoraFactors, LoraWeights
 
 from . import linalg as la
 from .merge import delta_merge

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from populora_core.api.adapters import LoraFactors, LoraWeights
+from populora_core.api.lora import LoraFactors, LoraWeights
 
 from . import linalg as la
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from populora_core.api.adapters import LoraFactors, LoraWeights
+from populora_core.api.lora import LoraFactors, LoraWeights
 
 #: Qwen2.5-7B: hidden 3584, intermediate 18944, 28 layers, 28 query heads / 4 KV heads of 128.
 QWEN25_7B_SHAPES: dict[str, tuple[int, int]] = {  # module -> (d_out, d_in)

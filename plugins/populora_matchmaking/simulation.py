@@ -17,7 +17,8 @@ from typing import Any
 
 from populora_core.api.components import MatchOutcome
 from populora_core.api.operators import child_rating, count_matches, ready_ids, select
-from populora_core.api.population import Population, selection_history
+from populora_core.api.population import Population
+from populora_core.services.statistics import selection_history
 
 BETA = 25.0 / 6.0
 

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from populora_core.api import Params, UserError
 from populora_core.api.components import Evaluator, Executor, Problem
-from populora_core.api.problems import ProblemFileEvaluator
+from populora_core.services.problems import ProblemFileEvaluator
 
 HELDOUT_FILE = Path(__file__).resolve().parent / "heldout.jsonl"
 TASK_TYPES = ("deduction", "abduction", "induction")

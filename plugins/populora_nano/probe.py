@@ -40,7 +40,7 @@ PROPOSER_MAX_TOKENS = 256
 def load_probe(path: str | Path | None = None) -> list[CodeProblem]:
     """The probe problems as valid :class:`Problem` objects (JSON lines of Problem fields)."""
     from populora_core.api.errors import UserError
-    from populora_core.api.problems import load_problems
+    from populora_core.services.problems import load_problems
 
     path = Path(path) if path is not None else PROBE_FILE
     problems: list[CodeProblem] = []
@@ -89,7 +89,7 @@ def evaluate_probe(
     "n": {task: count}, "proposal_validity": {task: rate}}}``; task types without problems (or without
     a task in ``tasks``) are left out. One ``engine.generate`` call per answer budget serves every adapter.
     """
-    from populora_core.api.probe import greedy_grades
+    from populora_core.services.probe import greedy_grades
 
     names = list(adapters)
     out: dict[str, dict[str, Any]] = {name: {"solver_accuracy": {}, "formatted": {}, "n": {}} for name in names}

@@ -159,7 +159,7 @@ class RayCluster(Cluster):
 
     def _write_worker_list(self) -> None:
         """``RUN/ray_workers.json``: each worker's index, role, pid and node, to find (or kill) a worker's process."""
-        from populora_core.api.files import atomic_write_text
+        from populora_core.services.files import atomic_write_text
 
         workers = [
             {"index": w.index, "role": w.role, "pid": w.info.get("pid"), "node": w.info.get("node")}
@@ -215,7 +215,7 @@ class RayCluster(Cluster):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         # the recipe's runtime.cpu_isa (set by the populora command) reaches workers on a remote cluster too
         cpu_paths = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
-        allocator = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the trainers' (populora_core.api.runtime)
+        allocator = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the trainers' (populora_core.services.runtime)
         for var in ("HF_HUB_OFFLINE", "HF_HOME", "PYTHONPATH", *cpu_paths, *allocator):
             if var in os.environ:
                 env[var] = os.environ[var]

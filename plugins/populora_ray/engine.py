@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.api.adapters import served_copy
 from populora_core.api.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
+from populora_core.services.adapters import served_copy
 
 from .transfer import absolute
 

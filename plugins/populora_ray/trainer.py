@@ -7,7 +7,7 @@ the member it replaces, on that member's worker; when it inherits its parent's o
 (``export_member`` -> ``import_member``). A member that moves to balance a step's work takes its state along
 the same way. Checkpoints: every worker writes its own members' files into the checkpoint folder on the
 shared run directory (``transfer: object_store``: into its mirror, and the driver fetches them), then the
-driver writes the manifest (populora_core.api.trainer_state), so a checkpoint loads on any number of workers, or
+driver writes the manifest (populora_core.services.trainer_state), so a checkpoint loads on any number of workers, or
 in a single process.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api.components import AdapterRef, Rollout, Trainer, UpdateJob, UpdateStats
-from populora_core.api.trainer_state import read_manifest, write_manifest
+from populora_core.services.trainer_state import read_manifest, write_manifest
 
 from .placement import MemberPlacement
 from .transfer import absolute

@@ -5,7 +5,7 @@ With ``cluster.params.transfer: object_store`` each worker keeps a private mirro
 directory (``mirror / <driver path>``): the driver ships the adapter versions a call reads before the call
 (once per worker: versions are immutable) and fetches back what a worker wrote (new adapter versions, its
 members' checkpoint files). The run directory on the driver stays the one complete record, as it is with a
-shared filesystem. A version and each of its served copies (``served-bfloat16``, populora_core.api.adapters) travel
+shared filesystem. A version and each of its served copies (``served-bfloat16``, populora_core.services.adapters) travel
 as separate units: an engine that serves in that dtype needs only the copy, a trainer only the fp32 files.
 Pure file helpers here; the calls live in cluster.py and worker.py.
 """
@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from populora_core.api.adapters import SERVED_PREFIX
-from populora_core.api.files import atomic_write_bytes
+from populora_core.services.adapters import SERVED_PREFIX
+from populora_core.services.files import atomic_write_bytes
 
 #: driver path (a file or a directory) -> its files: relative name ("" for the path itself) -> bytes
 Bundle = dict[str, dict[str, bytes]]

@@ -3,7 +3,7 @@
 The class is plain Python (``ray.remote`` is applied by the cluster at start-up, so importing this module
 needs no Ray). Components are built from the worker's own plugin registry by name (the driver's ``--plugin``
 files are loaded here first), with the context the driver would have handed their factories, and share the
-worker's one base model (populora_core.api.modelhost), as the engine and trainer of a single process do. Every
+worker's one base model (populora_core.services.modelhost), as the engine and trainer of a single process do. Every
 method returns its result with the seconds it spent inside, so the driver can tell Ray's overhead from the work.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api.components import AdapterRef, GenerationRequest, SamplingParams, UpdateJob
-from populora_core.api.memory import visible_gpu_bytes
+from populora_core.services.gpu import visible_gpu_bytes
 
 from . import transfer
 
@@ -74,7 +74,7 @@ class PopulationWorker:
     def build(self, kind: str, name: str, params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
         """Build the recipe's engine or trainer here; returns what the driver needs to know about it."""
         from populora_core.api import get_registry
-        from populora_core.api.runtime import set_torch_threads
+        from populora_core.services.runtime import set_torch_threads
 
         set_torch_threads(self.threads)  # Ray sets OMP_NUM_THREADS from the actor's CPUs; results depend on it
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from populora_core.api import UserError
-from populora_core.api.files import atomic_dir, remove_stale
+from populora_core.services.files import atomic_dir, remove_stale
 
 from . import dynamics
 from .compare import COMPUTE_MATCHED, Comparison, comparisons, headline, slots

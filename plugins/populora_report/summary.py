@@ -14,8 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from populora_core.api.population import selection_history
-from populora_core.api.probe import cluster_bootstrap, cluster_mde
+from populora_core.services.statistics import cluster_bootstrap, cluster_mde, selection_history
 
 from .data import load_run
 
@@ -46,7 +45,7 @@ def paired_gain_interval(
     ``member`` and ``base`` map task type -> per-problem outcomes in probe order (1/0 greedy, or a share of
     correct samples). Problems are resampled in pairs (the same problem for both, so how hard the drawn
     problems are cancels) and within each task type (the probe's strata, so every resample keeps the probe's
-    mix): :func:`populora_core.api.probe.cluster_bootstrap` with one run per problem. The statistic is the
+    mix): :func:`populora_core.services.statistics.cluster_bootstrap` with one run per problem. The statistic is the
     accuracy over all problems, which is the mean over task types when each has as many problems (the
     probe's case). Seeded: the same outcomes give the same interval. None when outcomes are missing or do
     not pair up (probe records written before they were recorded). For the best of several students the
@@ -60,7 +59,7 @@ def paired_gain_interval(
 
 def paired_gain_mde(member: dict[str, list[float]], base: dict[str, list[float]]) -> float | None:
     """The smallest change (80 % power, two-sided 5 %) this paired comparison over the probe problems can
-    detect, from the spread of its per-problem differences (:func:`populora_core.api.probe.cluster_mde`)."""
+    detect, from the spread of its per-problem differences (:func:`populora_core.services.statistics.cluster_mde`)."""
     return cluster_mde(_paired(member, base)[0])
 
 

@@ -2,7 +2,7 @@
 
 ``trr++``: AZR's Task-Relative REINFORCE++; ``grpo``: TRL's GRPO loss family driven by rollouts the
 toolkit generated. Both keep one AdamW state per member and train in a scratch adapter slot of the
-process-wide base (populora_core.api.modelhost), so no member's weights are ever modified in place. No
+process-wide base (populora_core.services.modelhost), so no member's weights are ever modified in place. No
 torch/transformers/trl import here.
 """
 

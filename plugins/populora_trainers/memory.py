@@ -7,8 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from populora_core.api.architecture import Arch, params_text
-from populora_core.api.memory import CUDA_CONTEXT, PlanContext, TrainerMemory
+from populora_core.api.memory import CUDA_CONTEXT, Arch, PlanContext, TrainerMemory, params_text
 
 from .forward import long_row_threshold, use_checkpointing
 

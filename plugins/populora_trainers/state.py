@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from populora_core.api.adapters import SERVED_DTYPES
 from populora_core.api.components import AdapterRef, BaseModel, LoraSettings, Rollout, Trainer
 from populora_core.api.errors import UserError
-from populora_core.api.files import atomic_path
+from populora_core.services.adapters import SERVED_DTYPES
+from populora_core.services.files import atomic_path
 
 from .forward import fused_layer_forward, use_checkpointing
 
@@ -70,7 +70,7 @@ class LoraTrainerBase(Trainer):
         return False  # the loss recomputes the old policy's log-probs itself
 
     def __init__(self, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
-        from populora_core.api.modelhost import get_host
+        from populora_core.services.modelhost import get_host
 
         self.params = params
         self.base_model = base_model
@@ -205,10 +205,10 @@ class LoraTrainerBase(Trainer):
             self._load_member_extra(member_id, state["extra"])
 
     def save_members(self, directory: Path, member_ids: Sequence[str]) -> dict[str, str]:
-        """One torch file per member (populora_core.api.trainer_state's layout), each written atomically."""
+        """One torch file per member (populora_core.services.trainer_state's layout), each written atomically."""
         import torch
 
-        from populora_core.api.trainer_state import member_file
+        from populora_core.services.trainer_state import member_file
 
         files = {}
         for member_id in member_ids:
@@ -226,7 +226,7 @@ class LoraTrainerBase(Trainer):
         unread (``pickle.UnpicklingError``), whoever wrote it: a checkpoint cannot run code."""
         import torch
 
-        from populora_core.api.trainer_state import member_file
+        from populora_core.services.trainer_state import member_file
 
         for member_id, rel in files.items():
             if rel != member_file(member_id):  # the manifest names where the member's file is, nowhere else
@@ -236,15 +236,15 @@ class LoraTrainerBase(Trainer):
 
     def save_state(self, directory: Path) -> None:
         """Every member's optimizer state in its own file plus the manifest (written last)."""
-        from populora_core.api.trainer_state import write_manifest
+        from populora_core.services.trainer_state import write_manifest
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_manifest(directory, self.algorithm, self.save_members(directory, self.members()))
 
     def load_state(self, directory: Path) -> None:
-        """Every member of the manifest (populora_core.api.trainer_state's layout)."""
-        from populora_core.api.trainer_state import read_manifest
+        """Every member of the manifest (populora_core.services.trainer_state's layout)."""
+        from populora_core.services.trainer_state import read_manifest
 
         for member_id in self.members():
             self.forget(member_id)

@@ -1,13 +1,15 @@
-"""The plugin API: everything a plugin may import from the core, and nothing above it.
+"""The plugin API's contracts: what a plugin implements or receives, and nothing above it.
 
-This is the bottom floor of the core (``api`` < ``plugin`` < ``recipe`` < ``run`` < ``cli``): its modules import
-only each other, so a plugin that imports ``populora_core.api`` and its submodules depends on no part of the loop,
-the recipe reader or the CLI (``tests/core/test_import_rules.py`` enforces both). :data:`populora_core.PUBLIC_MODULES`
-says what each module is for. Nothing here imports torch.
+This is the bottom floor of the core (``api`` < ``services`` < ``plugin`` < ``recipe`` < ``run`` < ``cli``): its
+modules import only each other, and never torch, transformers or peft, not even inside a function, so reading a
+contract costs nothing. What a plugin calls to do its work (the shared base model, adapter files, atomic writes,
+the probe, statistics, torch's threads) is the floor above, :mod:`populora_core.services`.
+:data:`populora_core.PUBLIC_MODULES` says what each module of both is for (``tests/core/test_import_rules.py``
+enforces the floors and the no-torch rule).
 
-The names below are the ones plugins used from the top-level ``populora_core`` (which still exports them):
-``hookimpl``, the params base classes, the errors, :func:`get_registry` and :func:`build_engine`. The last two
-reach the upper floors, so they import them inside the call, never when this package is imported.
+The names below are the package's own: ``hookimpl``, the params base classes, the errors, :func:`get_registry` and
+:func:`build_engine` (``populora_core`` re-exports this list). The last two reach the upper floors, so they import
+them inside the call, never when this package is imported.
 """
 
 from typing import Any
@@ -43,6 +45,6 @@ def build_engine(name: str, params: Any, **context: Any) -> Any:
     """Engine ``name`` built outside a run (``populora eval``, a benchmark): on a GPU its ``auto`` settings chosen by
     a plan of the engine alone there. Keywords: ``who`` (the builder, named in its log line and errors),
     ``base_model``, ``lora``, ``seed``, ``log`` (a callable for the choice), and the engine's own context."""
-    from ..run.assembly import build_engine as build
+    from ..run.assembly import plan_and_build_engine
 
-    return build(name, params, **context)
+    return plan_and_build_engine(name, params, **context)

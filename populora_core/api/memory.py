@@ -4,18 +4,18 @@
 The plan owns the composition and the verdict; each engine and trainer plugin owns its own terms (an engine's
 weights copy, LoRA slots, caches, what it keeps while the trainer updates; a trainer's base, optimizer state and
 an update's activations), so the core holds no copy of their internals. A function is pure arithmetic on the
-model's shape (:class:`~populora_core.api.architecture.Arch`) and the component's params (defaults filled in): no
-torch, no GPU.
+model's shape (:class:`Arch`, read from its config by :mod:`populora_core.services.architecture`) and the
+component's params (defaults filled in): no torch, no GPU (the GPU itself is :mod:`populora_core.services.gpu`).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .architecture import GIB, Arch
-from .errors import UserError
+#: bytes in a GiB
+GIB = 2**30
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 #: one plan table row: (what, bytes, detail)
 Row = tuple[str, float, str]
@@ -26,6 +26,36 @@ CUDA_CONTEXT = 2**29
 #: share of the GPU an ``auto`` choice leaves free: torch's caching allocator reserves more than the plan's
 #: allocated figures (fragmentation, blocks rounded up), and vLLM refuses to start without the memory it was given
 AUTO_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the plan needs of a decoder: sizes, base parameters, and the LoRA-targeted linears."""
+
+    source: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    params: int
+    targets: dict[str, tuple[int, int, int]]  # module kind -> (count, d_in, d_out)
+    dtype: str = "auto"  # the base's dtype on the GPU; auto = bfloat16
+
+    def lora_params(self, rank: int) -> int:
+        return rank * sum(n * (d_in + d_out) for n, d_in, d_out in self.targets.values())
+
+
+def dtype_bytes(dtype: Any) -> int:
+    return _DTYPE_BYTES.get(str(dtype), 2)
+
+
+def params_text(n: float) -> str:
+    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 @dataclass(frozen=True)
@@ -95,53 +125,3 @@ class TrainerMemory:
     candidates: list[str] = field(default_factory=list)
     host_rows: list[Row] = field(default_factory=list)  # host RAM per process, beyond Python and the libraries
     host: float = 0.0  # their peak (they need not coincide)
-
-
-def visible_gpu_bytes() -> int:
-    """Total memory of this process's first GPU as torch sees it (0 without CUDA): what a plan is made for."""
-    import torch
-
-    if not torch.cuda.is_available():
-        check_visible_devices()
-        return 0
-    return int(torch.cuda.get_device_properties(0).total_memory)
-
-
-def visible_gpu_memory() -> tuple[int, int]:
-    """(free, total) bytes of this process's first GPU now ((0, 0) without CUDA). Reading free memory creates this
-    process's CUDA context, so it is for a process about to use the GPU anyway."""
-    import torch
-
-    if not visible_gpu_bytes():
-        return 0, 0
-    free, total = torch.cuda.mem_get_info(0)
-    return int(free), int(total)
-
-
-def gpu_held_by_others(free: int, total: int, own: int) -> int:
-    """Bytes of the GPU that neither are free nor are this process's ``own`` (its CUDA context, which its plan
-    counts): another process's, which a plan on the total would promise to ours. 0 when none."""
-    return max(0, total - free - own)
-
-
-def gpu_memory_line(free: int, total: int, held: int) -> str:
-    """The run.log line saying which figure a plan was made on."""
-    figures = f"GPU memory at start: {total / GIB:.1f} GiB total, {free / GIB:.1f} GiB free"
-    if held:
-        return f"{figures}; {held / GIB:.1f} GiB held by other processes: planned on free memory (a row for them)"
-    return f"{figures}; nothing held by other processes: planned on total memory"
-
-
-def check_visible_devices() -> None:
-    """CUDA_VISIBLE_DEVICES that names no GPU leaves a CUDA torch without one: a GPU recipe would run on the CPU
-    (days for a 7B) without a word, so it is an error naming the variable. Empty or -1: the CPU on purpose."""
-    import torch
-
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None or value.strip() in ("", "-1") or torch.version.cuda is None or torch.cuda.is_available():
-        return
-    raise UserError(
-        f"CUDA_VISIBLE_DEVICES={value} names no GPU this process can use (torch {torch.__version__}, a CUDA build, "
-        "sees none): name GPUs `nvidia-smi -L` lists by index or UUID, or set CUDA_VISIBLE_DEVICES= (empty) to run "
-        "on the CPU on purpose"
-    )

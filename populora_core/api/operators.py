@@ -1,10 +1,6 @@
-"""The public half of evolution: how many parents an operator takes, the one checked way to make a child, and
-how selection is asked (readiness, a child's first rating, the selector's answer checked).
-
-:func:`apply_operator` is used by the loop and by ``populora evolve``: it checks the parents' count against the
-operator's declared arity and their shapes against each other, runs the operator with a seeded generator, and
-checks that the child has the parents' rank, alpha, target modules and shapes before anything saves it.
-torch is imported inside functions only.
+"""The public half of evolution: how many parents an operator takes, and how selection is asked (readiness, a
+child's first rating, the selector's answer checked). Making a child (:func:`apply_operator`, which runs the
+operator with a seeded torch generator) is :mod:`populora_core.services.operators`.
 """
 
 from __future__ import annotations
@@ -15,10 +11,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .adapters import LoraWeights, check_compatible, shape_difference
 from .components import MatchOutcome, Replacement
-from .errors import PluginError, UserError
-from .params import Component, Params, accepted_arguments
+from .errors import PluginError
+from .params import Component, accepted_arguments
 from .population import Member, Rating
 
 
@@ -43,32 +38,6 @@ def arity_text(component: Component) -> str:
     if high is None:
         return f"{low} or more"
     return f"exactly {low}" if low == high else f"{low} to {high}"
-
-
-def apply_operator(component: Component, params: Params, parents: list[LoraWeights], seed: int) -> LoraWeights:
-    """One child of ``parents`` (best first) by ``component``, checked before anyone saves it."""
-    import torch
-
-    low, high = operator_arity(component)
-    if len(parents) < low or (high is not None and len(parents) > high):
-        raise UserError(
-            f"operator {component.name!r} (plugin {component.plugin}) takes {arity_text(component)} parent(s), "
-            f"got {len(parents)} (registered with min_parents={low}, max_parents={high})"
-        )
-    check_compatible(parents)
-    child = component.factory(parents, params, torch.Generator().manual_seed(int(seed)))
-    check_child(component, parents[0], child)
-    return child
-
-
-def check_child(component: Component, parent: LoraWeights, child: Any) -> None:
-    """A child keeps its parents' rank, alpha, target modules and every module's shapes."""
-    where = f"operator {component.name!r} (plugin {component.plugin})"
-    if not isinstance(child, LoraWeights):
-        raise PluginError(f"{where} returned {type(child).__name__}, not LoraWeights")
-    diff = shape_difference(parent, child, arrow="->")
-    if diff is not None:
-        raise PluginError(f"{where} changed {diff}")
 
 
 def count_matches(members: Mapping[str, Member], outcomes: Sequence[MatchOutcome]) -> None:

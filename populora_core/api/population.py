@@ -54,7 +54,7 @@ class Member:
     born_step: int = 0
 
     def __post_init__(self) -> None:
-        from .files import MEMBER_ID, check_name
+        from .names import MEMBER_ID, check_name
 
         check_name(self.id, MEMBER_ID, "member id")  # it names folders and files of the run directory
         if self.role not in ROLES:
@@ -140,52 +140,3 @@ class Population:
     def from_dict(cls, d: dict[str, Any]) -> Population:
         members = {m["id"]: Member.from_dict(m) for m in d["members"]}
         return cls(members, dict(d["next_index"]))
-
-
-def selection_history(lineage: list[dict[str, Any]]) -> dict[str, Any]:
-    """Did selection compare members, or always kill the newest child? Read from ``lineage.jsonl`` records.
-
-    Replaying the records, for every replacement after a role's first evolution step: whether the member replaced
-    was (one of) the youngest of its role (born at the role's latest birth step, when older members lived too),
-    the share of such members in the role (what chance gives), and, per evolution step, whether the set of members
-    that survived it differs from the set that survived the role's previous one.
-    """
-    born: dict[str, int] = {}
-    role_of: dict[str, str] = {}
-    by_step: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for record in lineage:
-        role = record.get("role") or record["member"].rstrip("0123456789")  # older logs: the id's prefix
-        if not record.get("replaced"):
-            born[record["member"]] = int(record["step"])
-            role_of[record["member"]] = role
-        else:
-            by_step.setdefault((int(record["step"]), role), []).append(record)
-    hits = counted = 0
-    chance = 0.0
-    changes = comparisons = 0
-    last_survivors: dict[str, set[str]] = {}
-    for (step, role), records in sorted(by_step.items()):
-        living = {m: b for m, b in born.items() if role_of[m] == role}
-        dead = {r["replaced"] for r in records}
-        survivors = set(living) - dead
-        if role in last_survivors:
-            comparisons += 1
-            changes += survivors != last_survivors[role]
-            newest = max(living.values())
-            youngest = {m for m, b in living.items() if b == newest} if newest > min(living.values()) else set()
-            for d in dead:
-                counted += 1
-                hits += d in youngest
-                chance += len(youngest) / len(living)
-        last_survivors[role] = survivors
-        for r in records:
-            born.pop(r["replaced"], None)
-            born[r["member"]] = step
-            role_of[r["member"]] = role
-    return {
-        "replacements_after_first": counted,
-        "youngest_replaced": hits,
-        "youngest_replaced_by_chance": chance,
-        "survivor_changes": changes,
-        "survivor_comparisons": comparisons,
-    }

@@ -299,7 +299,7 @@ class Recipe(_Strict):
     @field_validator("name")
     @classmethod
     def _name_stays_in_runs(cls, name: str) -> str:
-        from .files import SAFE_NAME
+        from .names import SAFE_NAME
 
         if SAFE_NAME.fullmatch(name) is None:
             raise ValueError(

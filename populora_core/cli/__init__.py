@@ -1,5 +1,5 @@
-"""Floor 5, the ``populora`` command: its verbs (:mod:`.commands`, :mod:`.tools`), the progress line, export,
-``populora doctor`` and the printed plan. May import every floor below; nothing imports it.
+"""Floor 6, the ``populora`` command: its verbs (:mod:`.commands`, :mod:`.tools`), its group (:mod:`.group`), the
+progress line, export, ``populora doctor`` and the printed plan. May import every floor below; nothing imports it.
 
 ``main`` is the console script's entry (``populora = "populora_core.cli.commands:main"``; installs made before
 the floors name ``populora_core.cli:main``, which still works)."""

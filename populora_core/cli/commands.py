@@ -10,97 +10,11 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..api.errors import PluginError, UserError
+from ..api.errors import UserError
 from ..plugin.manager import get_manager
 from . import tools as cli_tools
+from .group import PopuloraGroup, RecipeCommand, plugin_options_first, warning_line
 from .tools import complete_override, complete_recipe
-
-
-class PopuloraGroup(click.Group):
-    """Adds plugin commands lazily and turns user errors into a message and exit code 2."""
-
-    def _plugin_commands(self, ctx: click.Context) -> None:
-        """Let plugins add commands once per plugin manager (tests may swap the manager in one process)."""
-        try:
-            manager = get_manager(_plugin_files_from_argv())
-        except (UserError, PluginError) as exc:
-            _fail(exc)
-        if getattr(self, "_commands_from", None) is manager:
-            return
-        self._commands_from = manager
-        manager.hook.register_commands(cli=self)
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        self._plugin_commands(ctx)
-        return super().list_commands(ctx)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        cmd = super().get_command(ctx, cmd_name)
-        if cmd is None:
-            self._plugin_commands(ctx)
-            cmd = super().get_command(ctx, cmd_name)
-        return cmd
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (UserError, PluginError) as exc:
-            _fail(exc)
-
-
-class RecipeCommand(click.Command):
-    """A command that takes recipe overrides: ``--steps 2`` (an option it does not have, named like a recipe key) is
-    answered with the override to write instead of click's "Did you mean '--help'?"."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        given_args = list(args)  # the parser consumes its list
-        try:
-            return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            from ..api.schema import Recipe
-
-            key = exc.option_name.lstrip("-").split("=", 1)[0].replace("-", "_")
-            if key.split(".")[0] not in Recipe.model_fields:
-                raise
-            given = next((a for a in given_args if a.split("=", 1)[0] == exc.option_name), exc.option_name)
-            if "=" in given:
-                value = given.split("=", 1)[1]
-            else:
-                following = given_args[given_args.index(given) + 1 :] if given in given_args else []
-                value = following[0] if following and not following[0].startswith("-") else "VALUE"
-            first = (self.params[0].name or "recipe").upper()
-            raise UserError(
-                f"populora {ctx.info_name} has no option {exc.option_name}: recipe keys are overrides, "
-                f"write `{key}={value}` (populora {ctx.info_name} {first} {key}={value})"
-            ) from None
-
-
-def _fail(exc: Exception) -> None:
-    click.echo(f"Error: {exc}", err=True)
-    sys.exit(getattr(exc, "exit_code", 2))
-
-
-def _split_plugin_options(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the ``--plugin`` files, the other arguments): ``--plugin FILE`` is global, read early so plugin commands
-    and components can come from it, and accepted after the command too, as users of other CLIs expect."""
-    files: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--plugin" and i + 1 < len(argv):
-            files.append(argv[i + 1])
-            i += 2
-            continue
-        if argv[i].startswith("--plugin="):
-            files.append(argv[i].split("=", 1)[1])
-        else:
-            rest.append(argv[i])
-        i += 1
-    return files, rest
-
-
-def _plugin_files_from_argv() -> list[str]:
-    return _split_plugin_options(sys.argv[1:])[0]
 
 
 @click.group(cls=PopuloraGroup)
@@ -141,7 +55,7 @@ def _apply_runtime(section: Any) -> None:
     into the environment, before anything imports torch. ``runtime.threads`` is ``start_run``'s and
     ``resume_run``'s to apply (a run from Python gets it too); ``populora seed``, which starts no run, applies it
     itself."""
-    from ..api.runtime import apply_cpu_isa, default_allocator
+    from ..services.runtime import apply_cpu_isa, default_allocator
 
     apply_cpu_isa(section)
     default_allocator()
@@ -188,9 +102,9 @@ def run(
         _dry_run(manager, recipe, model, resolved, run_dir)
         return
     _apply_runtime(model.runtime)
-    from ..api.modelhost import resolve_device
     from ..run.loop import start_run
     from ..run.run_dir import RunDir
+    from ..services.device import resolve_device
 
     directory = RunDir(run_dir or f"runs/{model.name}")
     startup = (
@@ -226,7 +140,7 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
 
     click.echo(f"# populora run {recipe} -> {run_dir or f'runs/{model.name}'} (dry run: nothing runs or is written)")
     click.echo(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False).rstrip())
-    from ..api.modelhost import resolve_device
+    from ..services.device import resolve_device
 
     engine_device = str(model.engine.params.get("device", "auto"))
     try:
@@ -274,7 +188,7 @@ def _execute(run_obj: Any, directory: Any, progress: bool | None) -> None:
         click.echo(f"\n{stopped}", err=True)
         sys.exit(130)
     except Exception as exc:
-        from ..api.files import is_disk_full
+        from ..services.files import is_disk_full
 
         directory.log_line(f"failed after step {run_obj.step}: {type(exc).__name__}: {exc}")
         if not isinstance(exc, UserError) and is_disk_full(exc, directory.path):
@@ -327,13 +241,13 @@ def seed(manager: Any, recipe: str, overrides: tuple[str, ...], out: str, per_ty
 
     model, _ = _load_recipe(manager, recipe, overrides)
     _apply_runtime(model.runtime)
-    from ..api.runtime import apply_threads
+    from ..services.runtime import apply_threads
 
     apply_threads(model.runtime)  # before torch loads: no run applies it for this command
-    from ..api.problems import write_problems
     from ..run.assembly import build_components
     from ..run.run_dir import RunDir
     from ..run.seeding import make_seed_problems
+    from ..services.problems import write_problems
 
     def report(round_: int, counts: dict[str, int]) -> None:
         done = ", ".join(f"{name} {count}/{per_type}" for name, count in counts.items())
@@ -448,16 +362,6 @@ def validate(manager: Any, recipe: str, overrides: tuple[str, ...]) -> None:
     )
 
 
-def _warning_line(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
-    return f"Warning: {message}\n"
-
-
-def _plugin_options_first(argv: list[str]) -> list[str]:
-    """``--plugin`` options moved before the command (``populora run R --plugin F`` fails no more)."""
-    files, rest = _split_plugin_options(argv)
-    return [arg for file in files for arg in ("--plugin", file)] + rest
-
-
 for _command in cli_tools.COMMANDS:  # the verbs that inspect (cli_tools imports nothing from here)
     cli.add_command(_command)
 
@@ -467,8 +371,8 @@ def main() -> None:
     # the libraries' own bars (transformers' "Loading weights", hub downloads) would interleave with the run's
     # display and fill logs; the run shows its own progress
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    warnings.formatwarning = _warning_line
-    cli(args=_plugin_options_first(sys.argv[1:]), prog_name="populora")
+    warnings.formatwarning = warning_line
+    cli(args=plugin_options_first(sys.argv[1:]), prog_name="populora")
 
 
 if __name__ == "__main__":

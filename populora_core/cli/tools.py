@@ -198,7 +198,7 @@ def runs(directory: str, as_json: bool) -> None:
     """
     from pathlib import Path
 
-    from ..run.run_dir import list_runs
+    from ..run.listing import list_runs
 
     if not Path(directory).is_dir():
         raise UserError(f"{directory}: no such directory (runs go to runs/<recipe name> unless --run-dir says)")

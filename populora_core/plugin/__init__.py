@@ -1,2 +1,2 @@
-"""Floor 2, the plugin machinery: the plugin manager (entry points, plugin files, load errors), the component
-registry (names, collisions, provenance) and the hook specifications. Imports only ``populora_core.api``."""
+"""Floor 3, the plugin machinery: the plugin manager (entry points, plugin files, load errors), the component
+registry (names, collisions, provenance) and the hook specifications. Imports ``api`` and ``services``."""

@@ -104,10 +104,10 @@ def register_operators(register: Any) -> None:
     """Register LoRA weight-space operators.
 
     ``factory`` is the operator itself, a pure function
-    ``op(parents: list[adapters.LoraWeights], params, generator: torch.Generator) -> LoraWeights``.
+    ``op(parents: list[lora.LoraWeights], params, generator: torch.Generator) -> LoraWeights``.
     Declare the arity as meta: ``register("svd", fn, params=P, min_parents=2, max_parents=None)``
     (``max_parents=None``: no upper bound; a mutation is ``min_parents=1, max_parents=1``). The loop and
-    ``populora evolve`` make children through :func:`populora_core.api.operators.apply_operator`, which checks
+    ``populora evolve`` make children through :func:`populora_core.services.operators.apply_operator`, which checks
     the parents' count against this declaration and their compatibility before the operator runs (so an operator
     does not check them again; the declaration is its arity's one statement, listed by ``populora plugins``), and
     refuses a child that changes rank, alpha, target modules or shapes.

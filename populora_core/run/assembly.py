@@ -231,7 +231,8 @@ def planned_engine_params(
     (the free memory, less this process's CUDA context, which the trainer's terms count); run.log says which."""
     import warnings
 
-    from ..api.memory import CUDA_CONTEXT, gpu_held_by_others, gpu_memory_line, visible_gpu_memory
+    from ..api.memory import CUDA_CONTEXT
+    from ..services.gpu import gpu_held_by_others, gpu_memory_line, visible_gpu_memory
     from .plan import cluster_gpus, plan_model
 
     params = recipe.engine.build_params()
@@ -263,7 +264,7 @@ def planned_engine_params(
     return params, None
 
 
-def build_engine(
+def plan_and_build_engine(
     name: str,
     params: Mapping[str, Any],
     *,
@@ -280,8 +281,8 @@ def build_engine(
     in that line and, when no plan could be made and the engine refuses ``auto``, in the error."""
     import warnings
 
-    from ..api.memory import gpu_held_by_others, visible_gpu_memory
     from ..plugin.manager import get_registry
+    from ..services.gpu import gpu_held_by_others, visible_gpu_memory
     from .plan import plan_engine_alone
 
     registry = get_registry()
@@ -316,7 +317,7 @@ def warn_unchecked_vllm(engine: str) -> None:
         return
     import warnings
 
-    from ..api.installed import unchecked_vllm, version
+    from ..services.installed import unchecked_vllm, version
 
     outside = unchecked_vllm(version("vllm"))
     if outside:
@@ -332,7 +333,7 @@ def refuse_idle_gpus(visible: int | None = None) -> None:
     if visible is None:
         import torch
 
-        from ..api.memory import check_visible_devices
+        from ..services.gpu import check_visible_devices
 
         check_visible_devices()  # CUDA_VISIBLE_DEVICES hiding every GPU: an error before anything is built
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

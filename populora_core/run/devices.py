@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ..api.errors import UserError
-from ..api.installed import GPU_INSTALL, MIN_DRIVER, nvidia_gpus, torch_cuda_version, version
+from ..services.installed import GPU_INSTALL, MIN_DRIVER, nvidia_gpus, torch_cuda_version, version
 
 
 def gpu_wanted(recipe: Any, registry: Any) -> str | None:

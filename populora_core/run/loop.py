@@ -19,11 +19,11 @@ from typing import Any
 from ..api.components import BaseModel
 from ..api.errors import RecipeError, UserError
 from ..api.population import Population
-from ..api.probe import OUTCOMES
-from ..api.runtime import apply_threads
 from ..api.runview import RunView
 from ..api.schema import Recipe
 from ..plugin.manager import PluginManager
+from ..services.probe import OUTCOMES
+from ..services.runtime import apply_threads
 from . import evolution, phases, state
 from .assembly import build_components
 from .devices import check_devices
@@ -222,7 +222,7 @@ def start_run(
 ) -> Run:
     """A new run in ``run_dir``, initialised and ready for :func:`execute`.
 
-    The recipe's ``runtime.threads`` is applied first (:func:`populora_core.api.runtime.apply_threads`), for
+    The recipe's ``runtime.threads`` is applied first (:func:`populora_core.services.runtime.apply_threads`), for
     this process and the processes the run starts, whoever calls it; ``runtime.cpu_isa`` must be in place before
     torch loads, which is the caller's (the ``populora`` command sets it before importing torch).
     """
@@ -299,7 +299,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     """
     from ..recipe.overrides import apply_overrides
     from ..recipe.validate import parse_recipe
-    from .recovery import recipe_for_resume, resume_point
+    from .recovery import recipe_for_resume, resume_point, start_over
 
     recipe_file = str(run_dir.path / "recipe.yaml")
     check_resume_overrides(overrides)
@@ -323,7 +323,7 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     if device_warning:
         _warn(run_dir, device_warning)
     if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
-        run_dir.clear()
+        start_over(run_dir)
         run.initialise()
     else:
         run.restore()  # reads every component's state before changing anything: a refusal leaves the run as it was

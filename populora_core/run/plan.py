@@ -17,9 +17,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..api.architecture import GIB, Arch, config_source, dtype_bytes, load_arch, parse_memory
 from ..api.errors import UserError
-from ..api.memory import AUTO_MARGIN, EngineMemory, PlanContext, TrainerMemory, visible_gpu_bytes
+from ..api.memory import AUTO_MARGIN, GIB, Arch, EngineMemory, PlanContext, TrainerMemory, dtype_bytes
+from ..services.architecture import config_source, load_arch, parse_memory
+from ..services.gpu import visible_gpu_bytes
 
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 

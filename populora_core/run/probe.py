@@ -1,5 +1,5 @@
 """A run's probe: its held-out probe set and the probe records of its students (the loop calls :func:`evaluate`
-before the first step and after the last); the evaluation itself is :mod:`populora_core.api.probe`.
+before the first step and after the last); the evaluation itself is :mod:`populora_core.services.probe`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from ..api.components import Problem, SamplingParams
 from ..api.errors import UserError
 from ..api.population import Member
-from ..api.probe import ProbeTarget, probe_records, probe_set
+from ..services.probe import ProbeTarget, probe_records, probe_set
 from .assembly import Components
 
 

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from ..api.errors import RecipeError
-from ..api.files import atomic_write_text
 from ..api.schema import Recipe
+from ..services.files import atomic_write_text
 from .run_dir import RunDir
 
 FILE = "components.json"

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..api.errors import UserError
-from ..api.files import atomic_dir, atomic_write_text, is_disk_full, tree_bytes
+from ..services.files import atomic_dir, atomic_write_text, is_disk_full, tree_bytes
 from .checkpoints import RECIPE_COPY, ResumePoint, find_resume_point, manifest
 
 LOGS = ("events.jsonl", "lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl")
@@ -56,7 +56,7 @@ class RunDir:
 
     def adapter_path(self, version_name: str) -> Path:
         """``adapters/<id>@v<k>``; any other name (``../../OTHER/adapters/t0@v3``) is refused, exit 2 naming it."""
-        from ..api.files import VERSION_NAME, check_name, inside
+        from ..api.names import VERSION_NAME, check_name, inside
 
         return inside(self.adapters, check_name(version_name, VERSION_NAME, "adapter version"), "adapter version")
 
@@ -373,64 +373,8 @@ class RunDir:
             self._resume_point = find_resume_point(self.path, hashes=True)
         return self._resume_point
 
-    def check_writable(self) -> None:
-        """A run writes into its folder, its subfolders and its logs: refuse a read-only one before anything."""
-        places = [self.path, *(self.path / sub for sub in ("adapters", "checkpoints", "tasks"))]
-        places += [self.path / name for name in (*LOGS, "members.json", "recipe.yaml", "run.log")]
-        for place in places:
-            if place.exists() and not os.access(place, os.W_OK):
-                raise UserError(
-                    f"{place} is not writable: a run writes there; make the run directory writable "
-                    f"(`chmod -R u+w {self.path}`) or copy it to a writable place and resume the copy"
-                )
-
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
         return json.loads((path / "state.json").read_text())
-
-    def clear(self) -> None:
-        """Undo everything a run wrote after its recipe (a run killed before its first checkpoint starts over)."""
-        for sub in (self.adapters, self.checkpoints):
-            sub.mkdir(exist_ok=True)
-        self.rollback_to({"log_sizes": dict.fromkeys(LOGS, 0), "adapters": []})
-        for entry in self.checkpoints.iterdir():
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink()
-
-    def rollback_to(self, state: dict[str, Any]) -> None:
-        """Undo everything written after a checkpoint: truncate logs, delete newer adapter versions. A log shorter
-        than the checkpoint recorded lost lines already: it is kept, cut after its last whole line, and noted."""
-        for log, size in state["log_sizes"].items():
-            file = self.path / log
-            length = file.stat().st_size if file.exists() else 0
-            if length > size:
-                with open(file, "r+") as fh:
-                    fh.truncate(size)
-            elif length < size:
-                self._keep_damaged_log(log, length, size)
-        keep = set(state["adapters"])
-        for entry in self.adapters.iterdir():
-            if entry.name not in keep:
-                shutil.rmtree(entry, ignore_errors=True)
-
-    def _keep_damaged_log(self, log: str, length: int, recorded: int) -> None:
-        file = self.path / log
-        torn = ""
-        if length:
-            data = file.read_bytes()
-            whole = data.rfind(b"\n") + 1
-            if whole < length:  # a torn last line would break every reader of the log
-                kept = self.damaged_folder() / f"{log}.torn-line"
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                kept.write_bytes(data[whole:])
-                with open(file, "r+b") as fh:
-                    fh.truncate(whole)
-                torn = f"; its torn last line is kept in {kept}"
-        self.notes.append(
-            f"{log} has {length} bytes where the checkpoint recorded {recorded}: lines written before it were lost "
-            f"(the run goes on and appends; its figures miss those records){torn}"
-        )
 
     def damaged_folder(self) -> Path:
         if self._damaged is None:
@@ -448,64 +392,3 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def list_runs(root: str | os.PathLike[str], depth: int = 3) -> list[dict[str, Any]]:
-    """Every run directory under ``root`` (``recipe.yaml`` up to ``depth`` levels down): what ``populora runs``
-    shows. ``status``: running (another process holds its lock), finished, stopped (``populora resume`` goes on),
-    unreadable (its recipe.yaml does not parse), damaged (a checkpoint is damaged: from which step a resume goes
-    on, or that none can)."""
-    found: list[dict[str, Any]] = []
-    base = Path(root)
-    for recipe_file in sorted(base.glob("recipe.yaml")) + sorted(
-        p for level in range(1, depth + 1) for p in base.glob("/".join(["*"] * level) + "/recipe.yaml")
-    ):
-        run_dir = RunDir(recipe_file.parent)
-        try:
-            recipe = yaml.safe_load(recipe_file.read_text()) or {}
-            problem = None if isinstance(recipe, dict) else "recipe.yaml: not a mapping"
-        except (OSError, yaml.YAMLError) as exc:  # listed, not hidden: the user may have edited it by hand
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or type(exc).__name__
-            problem = f"recipe.yaml{where}: {why}"
-        if problem is not None:
-            found.append(
-                {
-                    "path": str(run_dir.path),
-                    "recipe": "?",
-                    **dict.fromkeys(("seed", "steps_done", "steps", "best_minus_base"), None),
-                    "best_minus_base_interval": None,
-                    "status": f"unreadable: {problem} (fix it, or remove the run)",
-                }
-            )
-            continue
-        planned = int(recipe.get("steps", 0) or 0)
-        point = find_resume_point(run_dir.path, hashes=False)
-        done = point.step
-        pid = run_dir.running_pid()
-        if pid is not None:
-            status = f"running (pid {pid})"
-        elif point.damaged:
-            status = f"damaged (resumes from step {done})" if point.checkpoint else "damaged (no intact checkpoint)"
-        else:
-            status = "finished" if planned and done >= planned else "stopped"
-        summary: dict[str, Any] = {}
-        if (run_dir.path / "summary.json").is_file():
-            try:
-                summary = json.loads((run_dir.path / "summary.json").read_text())
-            except (OSError, json.JSONDecodeError):
-                summary = {}
-        found.append(
-            {
-                "path": str(run_dir.path),
-                "recipe": recipe.get("name", "?"),
-                "seed": recipe.get("seed"),
-                "steps_done": done,
-                "steps": planned,
-                "status": status,
-                "best_minus_base": summary.get("best_minus_base"),
-                "best_minus_base_interval": summary.get("best_minus_base_interval"),
-            }
-        )
-    return found

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..api.errors import PluginError, UserError
 from ..api.population import Population
-from ..api.problems import load_problems
+from ..services.problems import load_problems
 from .checkpoints import pickled_task_state, refuse_pickled
-from .recovery import set_aside
+from .recovery import roll_back, set_aside
 
 if TYPE_CHECKING:
     from ..api.schema import AdaptersSection
@@ -123,7 +123,7 @@ def restore(c: Components) -> tuple[int, Population, dict[str, set[str]], int | 
             f"checkpoint before it, move {path} out of {path.parent} and resume again"
         ) from None
     set_aside(c.run_dir, point)
-    c.run_dir.rollback_to(state)
+    roll_back(c.run_dir, state)
     coverage = defaultdict(set, {k: set(v) for k, v in state["coverage"].items()})
     return state["step"], population, coverage, state.get("evolution_deferred")
 
@@ -230,7 +230,7 @@ def convert_checkpoints(run: Path) -> list[Path]:
     class or function is refused (:class:`UserError`) and nothing of that checkpoint is changed."""
     import io
 
-    from ..api.files import atomic_write_text
+    from ..services.files import atomic_write_text
     from .checkpoints import file_record
 
     folder = run / "checkpoints"

@@ -21,7 +21,7 @@ from tests.cli_helpers import REPO
 def test_identical_adapters_fail_their_check_and_the_run_exits_1():
     code = (  # torch's CUDA version read as a CUDA build's: the smoke sets the allocator a run on one uses
         "import sys; import benchmarks.gpu.smoke as smoke; smoke.ADAPTER_SEEDS = (1, 1); "
-        "import populora_core.api.installed as installed; installed.torch_cuda_version = lambda: '13.0'; "
+        "import populora_core.services.installed as installed; installed.torch_cuda_version = lambda: '13.0'; "
         "sys.exit(smoke.main(['--smoke', '--trainer-only']))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

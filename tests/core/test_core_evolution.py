@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from populora_core import PluginError, UserError
-from populora_core.api.adapters import LoraFactors, LoraWeights
-from populora_core.api.operators import apply_operator, operator_arity
+from populora_core.api.lora import LoraFactors, LoraWeights
+from populora_core.api.operators import operator_arity
 from populora_core.api.params import Component, NoParams
+from populora_core.services.operators import apply_operator
 
 
 def _weights(rank: int = 2, alpha: float = 4.0, d: int = 6, seed: int = 0) -> LoraWeights:

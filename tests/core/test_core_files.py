@@ -1,8 +1,8 @@
-"""populora_core.api.files: a write lands whole or not at all, and leaves no temporary behind."""
+"""populora_core.services.files: a write lands whole or not at all, and leaves no temporary behind."""
 
 import pytest
 
-from populora_core.api.files import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text
+from populora_core.services.files import atomic_dir, atomic_path, atomic_write_bytes, atomic_write_text
 
 
 def test_a_file_is_replaced_whole_and_a_failed_write_keeps_the_old_one(tmp_path):

@@ -169,7 +169,7 @@ def test_every_lifecycle_hook_fires_with_its_documented_arguments(fake_run):
 def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatch):
     """The core calls each ``register_*`` hook of a plugin as it is added; ``register_commands`` when the CLI
     lists its commands."""
-    from populora_core.cli.commands import PopuloraGroup
+    from populora_core.cli.group import PopuloraGroup
 
     class Registrar:
         pass
@@ -194,7 +194,7 @@ def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatc
     assert pm.add_plugin(Registrar(), "registrar")
     for kind, hook_name in KINDS.items():
         assert pm.registry.get(kind, f"probe_{hook_name}").plugin == "registrar", hook_name
-    monkeypatch.setattr("populora_core.cli.commands.get_manager", lambda plugin_files=(): pm)
+    monkeypatch.setattr("populora_core.cli.group.get_manager", lambda plugin_files=(): pm)
     group = PopuloraGroup("probe")
     with click.Context(group) as ctx:
         assert "probe-command" in group.list_commands(ctx)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from populora_core import PluginError, hookimpl
-from populora_core.api.adapters import LoraFactors, LoraWeights
+from populora_core.api.lora import LoraFactors, LoraWeights
 from populora_core.api.runview import RunView
 from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
@@ -494,7 +494,7 @@ class MiscountingMatchmakers:
 
     @hookimpl
     def register_matchmakers(self, register):
-        from populora_core.components import Match, Matchmaker
+        from populora_core.api.components import Match, Matchmaker
 
         class Miscounting(Matchmaker):
             def __init__(self, params, twice):

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from populora_core.api.adapters import adapter_hash, init_lora, is_adapter_dir, load_lora, save_lora
 from populora_core.api.errors import UserError
 from populora_core.api.population import Member, Population
+from populora_core.run.recovery import roll_back
 from populora_core.run.run_dir import RunDir
+from populora_core.services.adapters import adapter_hash, init_lora, is_adapter_dir, load_lora, save_lora
 
 
 def test_checkpoint_is_atomic_and_latest_always_complete(tmp_path, monkeypatch):
@@ -39,7 +40,7 @@ def test_rollback_truncates_logs_and_drops_newer_adapters(tmp_path):
     run.append("events.jsonl", [{"step": 2}])
     run.append("tasks/problems.jsonl", [{"p": 1}])
     (run.adapters / "s0@v1").mkdir()
-    run.rollback_to(state)
+    roll_back(run, state)
     assert run.read_log("events.jsonl") == [{"step": 1}]
     assert run.read_log("tasks/problems.jsonl") == []
     assert sorted(p.name for p in run.adapters.iterdir()) == ["s0@v0"]

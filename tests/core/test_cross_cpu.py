@@ -1,6 +1,6 @@
 """A seed's run is the same on every x86 CPU: the nano recipes' ``runtime: {cpu_isa: avx2}``.
 
-The recipe section makes torch, MKL and oneDNN take their AVX2 code paths (``populora_core/api/runtime.py``), so
+The recipe section makes torch, MKL and oneDNN take their AVX2 code paths (``populora_core/services/runtime.py``), so
 an AVX-512 box computes what an AVX2 box does. The pinned test runs the quickstart recipe for two steps (seed
 0, one thread, no probe) and compares the sha256 of every adapter version with values committed here: any
 x86 machine with AVX2 that runs the suite checks that it reproduces them.
@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from populora_core import RecipeError
-from populora_core.api.runtime import CPU_ISA_ENV, apply_cpu_isa, apply_threads
 from populora_core.recipe.validate import load_recipe
+from populora_core.services.runtime import CPU_ISA_ENV, apply_cpu_isa, apply_threads
 from tests.cli_helpers import REPO, run_cli
 
 #: the pinned run: recipes/nano.yaml (runtime.cpu_isa: avx2) with these overrides, one torch thread
@@ -160,14 +160,15 @@ def test_runtime_threads_set_once_before_torch_loads_or_in_torch_after(monkeypat
 
 
 def test_no_component_sets_the_thread_count_but_the_core_runtime():
-    """One owner: torch.set_num_threads appears only in populora_core/api/runtime.py (plugins call its functions)."""
+    """One owner: torch.set_num_threads appears only in populora_core/services/runtime.py (plugins call its
+    functions)."""
     callers = [
         f"{path.relative_to(REPO)}:{node.lineno}"
         for path in [*(REPO / "populora_core").rglob("*.py"), *(REPO / "plugins").rglob("*.py")]
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Attribute) and node.attr in ("set_num_threads", "set_num_interop_threads")
     ]
-    assert callers and all(c.startswith("populora_core/api/runtime.py:") for c in callers), callers
+    assert callers and all(c.startswith("populora_core/services/runtime.py:") for c in callers), callers
 
 
 if __name__ == "__main__":  # re-pin: print the constant from a fresh run

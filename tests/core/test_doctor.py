@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from populora_core.api import installed
 from populora_core.cli import doctor
 from populora_core.cli.commands import cli
+from populora_core.services import installed
 from tests.cli_helpers import REPO, run_cli
 
 CPU_STACK = {

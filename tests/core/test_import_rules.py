@@ -1,13 +1,13 @@
-"""Plugins import only the core's api floor (``populora_core.api`` and its submodules) and the plugins they declare in
-``PLUGIN_REQUIRES``; each floor of the core imports only the floors below it (api < plugin < recipe < run < cli);
-the old public paths of plugin API 6 still import, with a FutureWarning."""
+"""Plugins import only the core's public floors (``populora_core.api``, ``populora_core.services`` and their
+submodules) and the plugins they declare in ``PLUGIN_REQUIRES``; each floor of the core imports only the floors below
+it (api < services < plugin < recipe < run < cli); the api floor imports no torch, transformers or peft, not even
+inside a function."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import importlib.util
-import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from populora_core.api.runview import RunView
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 CORE = Path(populora_core.__file__).parent
 API = "populora_core.api"
+#: The core's public floors, what a plugin may import
+PUBLIC = (API, "populora_core.services")
 
 
 def _is_module(name: str) -> bool:
@@ -41,12 +43,12 @@ def imported_modules(source: str) -> list[tuple[int, str]]:
     return found
 
 
-def in_api(name: str) -> bool:
-    return name == API or name.startswith(API + ".")
+def is_public(name: str) -> bool:
+    return any(name == floor or name.startswith(floor + ".") for floor in PUBLIC)
 
 
 def violations(package: Path, plugins_dir: Path = PLUGINS) -> list[str]:
-    """Imports in one plugin package of the core outside its api floor or of a plugin it does not declare."""
+    """Imports in one plugin package of the core outside its public floors or of a plugin it does not declare."""
     own = package.name
     declared = set(getattr(importlib.import_module(own), "PLUGIN_REQUIRES", ()))
     plugins = {p.name for p in plugins_dir.iterdir() if (p / "__init__.py").is_file()}
@@ -54,8 +56,8 @@ def violations(package: Path, plugins_dir: Path = PLUGINS) -> list[str]:
     for file in sorted(package.rglob("*.py")):
         for line, name in imported_modules(file.read_text()):
             top, where = name.split(".")[0], f"{file.relative_to(plugins_dir)}:{line}"
-            if top == "populora_core" and not in_api(name):
-                bad.append(f"{where}: {name} is outside {API}, the only part of the core a plugin may import")
+            if top == "populora_core" and not is_public(name):
+                bad.append(f"{where}: {name} is outside {' and '.join(PUBLIC)}, the core a plugin may import")
             elif top in plugins and top not in (own, *declared):
                 bad.append(f"{where}: {name} belongs to plugin {top}, which {own}.PLUGIN_REQUIRES does not declare")
     return bad
@@ -66,27 +68,37 @@ def test_plugin_imports_only_public_core_modules_and_declared_plugins(package):
     assert violations(package) == []
 
 
-def test_public_modules_are_the_api_floor():
-    """PUBLIC_MODULES documents every module a plugin may import: the api package and each of its modules."""
-    api_modules = {API} | {f"{API}.{p.stem}" for p in (CORE / "api").glob("*.py") if p.stem != "__init__"}
-    assert set(populora_core.PUBLIC_MODULES) == api_modules
+def test_public_modules_are_the_api_and_services_floors():
+    """PUBLIC_MODULES documents every module a plugin may import: the api and services packages and their modules."""
+    public = set(PUBLIC)
+    for floor in PUBLIC:
+        public |= {f"{floor}.{p.stem}" for p in (CORE / floor.rpartition(".")[2]).glob("*.py") if p.stem != "__init__"}
+    assert set(populora_core.PUBLIC_MODULES) == public
     for name in populora_core.PUBLIC_MODULES:
         assert _is_module(name), name
 
 
-@pytest.mark.filterwarnings("ignore:populora_core.components moved:FutureWarning")  # the rogue imports an old path
+def test_the_top_level_package_exports_the_api_list():
+    """One export list: ``populora_core`` re-exports ``populora_core.api.__all__``, the same objects."""
+    from populora_core import api
+
+    assert set(populora_core.__all__) == {*api.__all__, "PLUGIN_API_VERSION", "PUBLIC_MODULES", "__version__"}
+    assert all(getattr(populora_core, name) is getattr(api, name) for name in api.__all__)
+
+
 def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monkeypatch):
     plugins = tmp_path / "plugins"
     for name, source in {
         "populora_rogue": (
             "from populora_core.api import hookimpl, Params\n"
             "from populora_core.api.components import Problem\n"
+            "from populora_core.services.modelhost import get_host\n"
             "from populora_core.run.loop import Run\n"
             "import populora_core.plugin.registry\n"
             "from populora_core.run import run_dir\n"
             "from populora_helper import thing\n"
             "from populora_core import hookimpl\n"
-            "from populora_core.components import Problem\n"
+            "import populora_core.recipe.overrides\n"
         ),
         "populora_polite": "PLUGIN_REQUIRES = ('populora_helper',)\nfrom populora_helper import thing\n",
         "populora_helper": "thing = 1\n",
@@ -94,16 +106,16 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
         (plugins / name).mkdir(parents=True)
         (plugins / name / "__init__.py").write_text(source)
     monkeypatch.syspath_prepend(str(plugins))
-    outside = "is outside populora_core.api, the only part of the core a plugin may import"
+    outside = "is outside populora_core.api and populora_core.services, the core a plugin may import"
     assert violations(plugins / "populora_rogue", plugins) == [
-        f"populora_rogue/__init__.py:3: populora_core.run.loop {outside}",
-        f"populora_rogue/__init__.py:4: populora_core.plugin.registry {outside}",
-        f"populora_rogue/__init__.py:5: populora_core.run {outside}",
-        f"populora_rogue/__init__.py:5: populora_core.run.run_dir {outside}",
-        "populora_rogue/__init__.py:6: populora_helper belongs to plugin populora_helper, "
+        f"populora_rogue/__init__.py:4: populora_core.run.loop {outside}",
+        f"populora_rogue/__init__.py:5: populora_core.plugin.registry {outside}",
+        f"populora_rogue/__init__.py:6: populora_core.run {outside}",
+        f"populora_rogue/__init__.py:6: populora_core.run.run_dir {outside}",
+        "populora_rogue/__init__.py:7: populora_helper belongs to plugin populora_helper, "
         "which populora_rogue.PLUGIN_REQUIRES does not declare",
-        f"populora_rogue/__init__.py:7: populora_core {outside}",
-        f"populora_rogue/__init__.py:8: populora_core.components {outside}",
+        f"populora_rogue/__init__.py:8: populora_core {outside}",
+        f"populora_rogue/__init__.py:9: populora_core.recipe.overrides {outside}",
     ]
     assert violations(plugins / "populora_polite", plugins) == []
 
@@ -111,7 +123,7 @@ def test_a_private_core_import_or_an_undeclared_plugin_is_caught(tmp_path, monke
 # --- the core's floors ---------------------------------------------------------------------------
 
 #: The core's floors, bottom first: a module of a floor imports only its own floor and those below it.
-FLOORS = ("api", "plugin", "recipe", "run", "cli")
+FLOORS = ("api", "services", "plugin", "recipe", "run", "cli")
 #: The one sanctioned upward arrow: ``populora_core.api.get_registry`` and ``build_engine`` reach the plugin
 #: manager and the run's assembly inside the call, never when the api is imported.
 LAZY_UPWARD = {("api/__init__.py", "populora_core.plugin.manager"), ("api/__init__.py", "populora_core.run.assembly")}
@@ -161,33 +173,38 @@ def _module_file(root: Path, dotted: str) -> Path | None:
 
 
 def floor_of(root: Path, dotted: str) -> str | None:
-    """The floor a module of the package is on. The top-level package counts as the plugin floor (it imports the
-    api and plugin floors to re-export their names); an old-path shim is on none (None)."""
+    """The floor a module of the package is on. The top-level package counts as the floor above api (it imports the
+    api floor to re-export its names, so an api module importing it reaches above itself); a module outside every
+    floor's folder is on none (None)."""
     rest = dotted.split(".")[1:]
     if not rest:
-        return "plugin"
+        return FLOORS[1]
     return rest[0] if rest[0] in FLOORS else None
 
 
 def upward_imports(root: Path = CORE, lazy_upward: set[tuple[str, str]] = LAZY_UPWARD) -> list[str]:
     """``file:line: ...`` for every import of a floor module that reaches a floor above its own (the top-level
-    package counts as the plugin floor) or an old-path shim. Deferred imports count: a reader follows them."""
+    package counts as the floor above api) or a module outside the floors, and every module outside them (the
+    top-level package excepted). Deferred imports count: a reader follows them."""
     bad = []
     for file in sorted(root.rglob("*.py")):
         where = file.relative_to(root).as_posix()
         module = module_of(root, file)[0]
         floor = floor_of(root, module)
-        if module == root.name or floor is None:
-            continue  # the top-level package and the old-path shims sit beside the floors and import them
+        if module == root.name:
+            continue  # the top-level package sits beside the floors and re-exports the api
+        if floor is None:
+            bad.append(f"{root.name}/{where}: outside every floor ({', '.join(FLOORS)})")
+            continue
         for line, target, deferred in imports_of(root, file):
             above = floor_of(root, target)
             what = f"{root.name}/{where}:{line}: {floor} imports {target}"
             if (where, target) in lazy_upward and deferred:
                 continue
             if above is None:
-                bad.append(f"{what}, an old path kept for plugins")
+                bad.append(f"{what}, a module outside the floors")
             elif FLOORS.index(above) > FLOORS.index(floor):
-                top = " (the top-level package, which imports the plugin floor)" if target == root.name else ""
+                top = " (the top-level package, which imports the api floor)" if target == root.name else ""
                 bad.append(f"{what}{top}, a floor above it ({above})")
     return bad
 
@@ -205,6 +222,8 @@ def test_an_upward_import_is_caught_with_its_line(tmp_path):
         "api/params.py": "from .errors import UserError\nfrom ..run import loop\n",
         "api/rng.py": "def f():\n    from populora_core.cli.main import main\n",
         "api/probe.py": "from .. import UserError\n",
+        "services/__init__.py": "",
+        "services/gpu.py": "from ..api.errors import UserError\nfrom ..plugin import manager\n",
         "plugin/__init__.py": "",
         "plugin/manager.py": "from ..api.errors import UserError\n",
         "run/__init__.py": "",
@@ -218,11 +237,13 @@ def test_an_upward_import_is_caught_with_its_line(tmp_path):
         (root / name).write_text(source)
     assert upward_imports(root, {("api/__init__.py", "populora_core.plugin.manager")}) == [
         "populora_core/api/params.py:2: api imports populora_core.run.loop, a floor above it (run)",
-        "populora_core/api/probe.py:1: api imports populora_core (the top-level package, which imports the plugin "
-        "floor), a floor above it (plugin)",
+        "populora_core/api/probe.py:1: api imports populora_core (the top-level package, which imports the api "
+        "floor), a floor above it (services)",
         "populora_core/api/rng.py:2: api imports populora_core.cli.main, a floor above it (cli)",
+        "populora_core/rng.py: outside every floor (api, services, plugin, recipe, run, cli)",
         "populora_core/run/loop.py:2: run imports populora_core.cli.main, a floor above it (cli)",
-        "populora_core/run/loop.py:3: run imports populora_core.rng, an old path kept for plugins",
+        "populora_core/run/loop.py:3: run imports populora_core.rng, a module outside the floors",
+        "populora_core/services/gpu.py:2: services imports populora_core.plugin.manager, a floor above it (plugin)",
     ]
     sources["api/params.py"] = "from .errors import UserError\n"
     (root / "api/params.py").write_text(sources["api/params.py"])
@@ -232,35 +253,57 @@ def test_an_upward_import_is_caught_with_its_line(tmp_path):
     )
 
 
-@pytest.mark.parametrize("old", sorted(populora_core.MOVED_MODULES))
-def test_an_old_public_path_warns_and_is_the_moved_module(old, monkeypatch):
-    new = populora_core.MOVED_MODULES[old]
-    moved = importlib.import_module(new)
-    monkeypatch.delitem(sys.modules, old, raising=False)
-    monkeypatch.delattr(populora_core, old.rpartition(".")[2], raising=False)
-    with pytest.warns(FutureWarning, match=rf"^{old} moved to {new}; the old path goes in plugin API 8$"):
-        shim = importlib.import_module(old)
-    assert shim is moved
-    public = [name for name in vars(moved) if not name.startswith("_")]
-    assert public and all(getattr(shim, name) is getattr(moved, name) for name in public)
+#: What the api floor never imports, not even inside a function: reading a contract must cost nothing.
+HEAVY = ("torch", "transformers", "peft", "safetensors", "vllm", "trl")
 
 
-def test_the_top_level_package_still_exports_what_plugins_took_from_it():
-    import warnings
+def heavy_imports(root: Path = CORE) -> list[str]:
+    """``file:line: ...`` for every import of a heavy library in the api floor, deferred ones included; an import
+    under ``if TYPE_CHECKING:`` is for type checkers only and never runs, so it does not count."""
+    bad = []
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from populora_core import Params, PluginError, UserError, format_validation_error, get_registry, hookimpl
-    from populora_core import api
+    def visit(node: ast.AST, where: str, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(other, where, in_function)
+                continue
+            names = []
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names = [child.module]
+            for name in names:
+                if name.split(".")[0] in HEAVY:
+                    when = "inside a function" if in_function else "at import"
+                    bad.append(f"{where}:{child.lineno}: the api floor imports {name} ({when})")
+            visit(child, where, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
-    assert (Params, PluginError, UserError, format_validation_error, hookimpl) == (
-        api.Params,
-        api.PluginError,
-        api.UserError,
-        api.format_validation_error,
-        api.hookimpl,
+    for file in sorted((root / "api").rglob("*.py")):
+        visit(ast.parse(file.read_text()), f"{root.name}/{file.relative_to(root).as_posix()}", False)
+    return bad
+
+
+def test_the_api_floor_imports_no_heavy_library_even_inside_a_function():
+    assert heavy_imports() == []
+
+
+def test_a_heavy_import_in_the_api_floor_is_caught_with_its_line(tmp_path):
+    root = tmp_path / "populora_core"
+    (root / "api").mkdir(parents=True)
+    (root / "services").mkdir()
+    (root / "api" / "lora.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+        "def f():\n    import torch\n    from peft import LoraConfig\n"
     )
-    assert get_registry() is api.get_registry()
+    (root / "api" / "memory.py").write_text("import safetensors.torch\nfrom transformers import AutoConfig\n")
+    (root / "services" / "gpu.py").write_text("import torch\n")  # the services floor may
+    assert heavy_imports(root) == [
+        "populora_core/api/lora.py:5: the api floor imports torch (inside a function)",
+        "populora_core/api/lora.py:6: the api floor imports peft (inside a function)",
+        "populora_core/api/memory.py:1: the api floor imports safetensors.torch (at import)",
+        "populora_core/api/memory.py:2: the api floor imports transformers (at import)",
+    ]
 
 
 LIFECYCLE_HOOKS = {"on_run_start", "on_run_end", "on_step_start", "after_matchmaking", "after_rewards"} | {

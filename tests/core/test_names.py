@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from populora_core.api.errors import UserError
-from populora_core.api.files import MEMBER_ID, SAFE_NAME, VERSION_NAME, check_name
+from populora_core.api.names import MEMBER_ID, SAFE_NAME, VERSION_NAME, check_name
 from tests.cli_helpers import REPO, run_cli
 from tests.core import test_resume_damage as damage
 from tests.core.test_resume_damage import FAKE, LAST, _files, _resume

@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
-from populora_core.api.architecture import GIB, load_arch, parse_memory
 from populora_core.api.errors import UserError
+from populora_core.api.memory import GIB
 from populora_core.cli.plan_view import format_plan
 from populora_core.run.plan import plan_recipe
+from populora_core.services.architecture import load_arch, parse_memory
 from tests.cli_helpers import REPO, run_cli
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
@@ -151,7 +152,7 @@ def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
 
 
 def test_config_resolution(manager, tmp_path):
-    from populora_core.api.architecture import config_source
+    from populora_core.services.architecture import config_source
 
     nano = config_source("nano", manager.registry, None)
     assert nano.name == "config.json" and nano.parent.name == "model"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from populora_core.api.probe import cluster_bootstrap, cluster_mde, min_detectable_effect
+from populora_core.services.statistics import cluster_bootstrap, cluster_mde, min_detectable_effect
 
 
 def test_cluster_bootstrap_draws_whole_problems():

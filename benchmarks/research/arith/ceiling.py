@@ -26,7 +26,7 @@ from typing import Any
 from populora_arith import HELDOUT_FILE, MODEL_DIR, PROBE_FILE, world
 from populora_arith.heldout import read_problems
 
-from populora_core.api.probe import cluster_bootstrap, cluster_mde
+from populora_core.services.statistics import cluster_bootstrap, cluster_mde
 
 from ..transfer import cpu_name
 from .make_model import Stream, completion_loss, sample_accuracy
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from populora_core.api.runtime import set_torch_threads
+    from populora_core.services.runtime import set_torch_threads
 
     set_torch_threads(1)
     t0 = time.time()

@@ -277,7 +277,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from populora_core.api.runtime import set_torch_threads
+    from populora_core.services.runtime import set_torch_threads
 
     set_torch_threads(args.threads)
     t0 = time.time()

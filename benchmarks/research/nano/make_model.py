@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from populora_core.api.runtime import set_torch_threads
+    from populora_core.services.runtime import set_torch_threads
 
     set_torch_threads(args.threads)
     t0 = time.time()

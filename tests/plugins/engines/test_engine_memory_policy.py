@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from populora_core.api.architecture import GIB
 from populora_core.api.errors import UserError
-from populora_core.api.memory import AUTO_MARGIN
+from populora_core.api.memory import AUTO_MARGIN, GIB
 from populora_core.run.plan import plan_recipe
 from tests.cli_helpers import REPO
 

@@ -1,7 +1,7 @@
 """An engine built outside a run (``populora eval``, a benchmark) on a GPU: its ``auto`` settings come from a plan of
 the engine alone there (``populora_core.build_engine``), and the run's own plan measures the GPU at start.
 
-The GPU is faked: ``populora_core.api.memory.visible_gpu_memory`` reports its (free, total) bytes, the vllm engine's
+The GPU is faked: ``populora_core.services.gpu.visible_gpu_memory`` reports its (free, total) bytes, the vllm engine's
 ``_cuda_available`` says yes, and a stand-in ``vllm`` module records what ``vllm.LLM`` was given, then stops the
 first generation call (the engine is built by then).
 """
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from populora_core.api.architecture import GIB
 from populora_core.api.errors import UserError
+from populora_core.api.memory import GIB
 from tests import evals_fixtures as F
 from tests.cli_helpers import REPO
 
@@ -36,10 +36,10 @@ def fake_gpu(monkeypatch):
     keyword arguments each ``vllm.LLM`` got."""
     from populora_engines import vllm_engine
 
-    import populora_core.api.memory as memory
+    import populora_core.services.gpu as gpu
 
     state: dict = {"total": 80 * GIB, "free": 80 * GIB, "llm": []}
-    monkeypatch.setattr(memory, "visible_gpu_memory", lambda: (state["free"], state["total"]))
+    monkeypatch.setattr(gpu, "visible_gpu_memory", lambda: (state["free"], state["total"]))
     monkeypatch.setattr(vllm_engine, "_cuda_available", lambda: True)
 
     class LLM:
@@ -152,7 +152,7 @@ def _qwen_base(tmp_path: Path):
 
 
 def test_the_run_plans_on_free_memory_when_other_processes_hold_some(plugins, tmp_path, monkeypatch):
-    import populora_core.api.memory as memory
+    import populora_core.services.gpu as gpu
     from populora_core.api.memory import CUDA_CONTEXT
     from populora_core.recipe.validate import load_recipe
     from populora_core.run.assembly import planned_engine_params
@@ -163,13 +163,13 @@ def test_the_run_plans_on_free_memory_when_other_processes_hold_some(plugins, tm
     run_dir.path.mkdir()
     log = run_dir.path / "run.log"
     # free = total less this process's CUDA context (the trainer's terms count it): planned on total
-    monkeypatch.setattr(memory, "visible_gpu_memory", lambda: (141 * GIB - CUDA_CONTEXT, 141 * GIB))
+    monkeypatch.setattr(gpu, "visible_gpu_memory", lambda: (141 * GIB - CUDA_CONTEXT, 141 * GIB))
     alone, _ = planned_engine_params(model, plugins.registry, _qwen_base(tmp_path / "a"), None, run_dir)
     assert "GPU memory at start: 141.0 GiB total, 140.5 GiB free; nothing held by other processes: planned on " in (
         log.read_text()
     )
     # another process holds 30 GiB: a row for it, and a smaller share for vLLM
-    monkeypatch.setattr(memory, "visible_gpu_memory", lambda: (111 * GIB - CUDA_CONTEXT, 141 * GIB))
+    monkeypatch.setattr(gpu, "visible_gpu_memory", lambda: (111 * GIB - CUDA_CONTEXT, 141 * GIB))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         shared, _ = planned_engine_params(model, plugins.registry, _qwen_base(tmp_path / "b"), None, run_dir)
@@ -180,7 +180,7 @@ def test_the_run_plans_on_free_memory_when_other_processes_hold_some(plugins, tm
 def test_cuda_visible_devices_naming_no_gpu_is_an_error_naming_it(monkeypatch):
     import torch
 
-    from populora_core.api.memory import visible_gpu_bytes
+    from populora_core.services.gpu import visible_gpu_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build of torch that sees no GPU
@@ -200,7 +200,7 @@ def test_cuda_visible_devices_naming_no_gpu_is_an_error_naming_it(monkeypatch):
 
 
 def test_a_vllm_outside_the_checked_range_warns_where_the_engine_is_built(monkeypatch):
-    import populora_core.api.installed as installed
+    import populora_core.services.installed as installed
     from populora_core.run.assembly import warn_unchecked_vllm
 
     monkeypatch.setattr(installed, "version", lambda dist: "0.35.1" if dist == "vllm" else None)
@@ -216,8 +216,8 @@ def test_a_vllm_outside_the_checked_range_warns_where_the_engine_is_built(monkey
 def test_the_trainer_gets_expandable_segments_unless_the_user_chose(monkeypatch):
     import os
 
-    import populora_core.api.installed as installed
-    from populora_core.api.runtime import ALLOCATOR_ENV, default_allocator
+    import populora_core.services.installed as installed
+    from populora_core.services.runtime import ALLOCATOR_ENV, default_allocator
 
     for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         monkeypatch.setenv(var, "")  # restored after the test, whatever default_allocator sets

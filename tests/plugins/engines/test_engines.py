@@ -53,7 +53,7 @@ def test_mixed_batch_equals_one_adapter_at_a_time(base, adapters):
 
 def test_one_version_name_at_two_paths_serves_each_paths_weights(base, adapters):
     """Two runs in one process both have an ``s0@v0``: each request gets the weights at its own path."""
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     engine = make_engine("hf", base)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
@@ -141,7 +141,7 @@ def test_stop_strings_and_finish_reasons(base, adapters):
 
 
 def test_new_version_serves_new_weights(base, adapters, tmp_path):
-    from populora_core.api.adapters import load_lora, save_lora
+    from populora_core.services.adapters import load_lora, save_lora
 
     engine = make_engine("hf", base)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
@@ -339,7 +339,7 @@ def test_a_version_written_with_its_served_copy_is_handed_to_vllm_as_it_is(adapt
 
     from populora_engines.vllm_engine import AdapterCopies, write_adapter_copy
 
-    from populora_core.api.adapters import load_lora, save_lora, served_copy
+    from populora_core.services.adapters import load_lora, save_lora, served_copy
 
     weights = load_lora(adapters[0].path)
     version = save_lora(weights, tmp_path / "v1", served_dtype="bfloat16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from populora_core.api.components import GenerationRequest, LoraSettings, SamplingParams
-from populora_core.api.modelhost import ModelHost
+from populora_core.services.modelhost import ModelHost
 from tests.plugins.engines.test_engines import PROMPTS, _tokens, make_engine
 
 LORA = LoraSettings(rank=8, alpha=16.0, init_std=0.3)
@@ -172,7 +172,7 @@ def _decode(base, prompts, keys, adapter_keys, **kw):
     from populora_engines.batched_lora import batched_adapters
     from populora_engines.decode import decode
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     with torch.no_grad(), batched_adapters(host, adapter_keys) as rows:
@@ -184,7 +184,7 @@ def test_narrowed_batches_and_shared_prefill_give_each_row_its_tokens_alone(base
     gets what it gets decoded alone, and rows sharing a prompt prefill once with the same result."""
     from populora_engines.decode import row_key
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     tok = host.tokenizer
@@ -397,7 +397,7 @@ def test_the_hf_engine_decodes_through_the_fused_step_under_peft(base, adapters,
     import populora_engines.fused as fused_module
 
     from populora_core.api.components import BaseModel
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     base = BaseModel(str(shutil.copytree(base.path, tmp_path / "base")))
     host = get_host(base)
@@ -459,7 +459,7 @@ def test_a_bare_cuda_device_loads_onto_the_current_device_not_local_rank(monkeyp
     transformers would read a bare ``cuda`` device_map as ``cuda:$LOCAL_RANK``. Fake CUDA: current device 2."""
     import torch
 
-    from populora_core.api.modelhost import load_kwargs
+    from populora_core.services.device import load_kwargs
 
     monkeypatch.setenv("LOCAL_RANK", "5")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
@@ -473,7 +473,7 @@ def test_an_accelerator_loads_the_base_straight_onto_it(tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from populora_core.api.modelhost import load_kwargs
+    from populora_core.services.device import load_kwargs
 
     assert load_kwargs("cuda:0", torch.bfloat16) == {"dtype": torch.bfloat16, "device_map": "cuda:0"}
     assert load_kwargs("cpu", torch.float32) == {"dtype": torch.float32}

@@ -98,7 +98,8 @@ CALLS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "source",
         ("expandable_was_enabled",),
         "all three turn PYTORCH_CUDA_ALLOC_CONF's expandable_segments off around the sleep pools and back on "
-        "after, so the trainer's expandable segments (populora_core.api.runtime.ALLOCATOR_ENV) are safe beside them",
+        "after, so the trainer's expandable segments (populora_core.services.runtime.ALLOCATOR_ENV) are safe beside "
+        "them",
     ),
 }
 
@@ -170,7 +171,7 @@ def test_vllm_api_versions_read_are_the_pinned_range():
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
-    from populora_core.api.installed import CHECKED_VLLM
+    from populora_core.services.installed import CHECKED_VLLM
 
     pinned = SpecifierSet(CHECKED_VLLM)
     assert all(v in pinned for v in VERSIONS_READ)

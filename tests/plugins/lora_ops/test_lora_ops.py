@@ -14,9 +14,10 @@ from populora_lora_ops.parents import ZeroDeltaWarning
 from populora_lora_ops.synthetic import trained_like
 
 from populora_core.api import get_registry
-from populora_core.api.adapters import LoraFactors, LoraWeights, load_lora, save_lora
 from populora_core.api.errors import UserError
-from populora_core.api.operators import apply_operator
+from populora_core.api.lora import LoraFactors, LoraWeights
+from populora_core.services.adapters import load_lora, save_lora
+from populora_core.services.operators import apply_operator
 
 SHAPES = {
     "base_model.model.model.layers.0.self_attn.q_proj": (48, 48),

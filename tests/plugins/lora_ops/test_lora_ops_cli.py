@@ -10,8 +10,9 @@ import torch
 from click.testing import CliRunner
 from populora_lora_ops.synthetic import trained_like
 
-from populora_core.api.adapters import LoraFactors, adapter_hash, load_lora, save_lora
+from populora_core.api.lora import LoraFactors
 from populora_core.cli.commands import cli
+from populora_core.services.adapters import adapter_hash, load_lora, save_lora
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

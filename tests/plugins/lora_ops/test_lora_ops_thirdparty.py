@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from populora_lora_ops.synthetic import trained_like
 
-from populora_core.api.adapters import load_lora, save_lora
+from populora_core.services.adapters import load_lora, save_lora
 from tests.cli_helpers import install_a_copy, run_cli
 
 PACKAGE = Path(__file__).resolve().parents[2] / "thirdparty_operator"

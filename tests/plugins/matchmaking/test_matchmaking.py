@@ -292,7 +292,7 @@ def test_a_selector_that_ignores_readiness_is_refused():
 
 
 def test_selection_history_counts_youngest_replacements_and_survivor_changes():
-    from populora_core.api.population import selection_history
+    from populora_core.services.statistics import selection_history
 
     def child(step, member, replaced, role="student"):
         return {"step": step, "member": member, "role": role, "replaced": replaced}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from populora_report.summary import format_summary, paired_gain_interval, run_summary, write_summary
 
-from populora_core.api.probe import min_detectable_effect
+from populora_core.services.statistics import min_detectable_effect
 from tests.cli_helpers import run_cli
 from tests.synthetic_runs import write_run
 

@@ -52,7 +52,7 @@ def _rollouts(member, n=6, seed=0, groups=("deduction/solve", "abduction/propose
 
 
 def _tensors(path):
-    from populora_core.api.adapters import load_lora
+    from populora_core.services.adapters import load_lora
 
     return {k: (f.A.clone(), f.B.clone()) for k, f in load_lora(path).items()}
 
@@ -207,7 +207,7 @@ def _base_weights(host):
 def test_update_changes_only_the_target_adapter(base, adapters, tmp_path):
     import torch
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     engine = make("engine", "hf", base)
@@ -334,7 +334,7 @@ def test_optimizer_state_round_trip_is_bit_exact(base, adapters, tmp_path):
 
 
 def test_state_is_one_file_per_member_with_a_manifest(base, adapters, tmp_path):
-    from populora_core.api.trainer_state import read_manifest
+    from populora_core.services.trainer_state import read_manifest
 
     trainer = make("trainer", "trr++", base, lr=1e-3)
     for m, a in (("m0", adapters[0]), ("m2", adapters[2])):
@@ -450,7 +450,7 @@ def _target_mass(base, adapter, prompts, target):
     import torch
     from populora_engines.batched_lora import batched_adapters
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     key = host.ensure(adapter)
@@ -539,7 +539,7 @@ def _grpo_rollouts(member, seed=0):
 def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_path, loss_type):
     import torch
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     files = {a.name: _tensors(a.path) for a in adapters}
@@ -707,7 +707,7 @@ def _logprob_setup(base, adapter):
     """The host's PeftModel with ``adapter`` in the trainable scratch slot, and one packed micro-batch."""
     from populora_trainers.batching import pack
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     trainer = make("trainer", "trr++", base)
     _, params = trainer._activate(adapter)
@@ -845,7 +845,7 @@ def _count_layer_calls(host):
 def test_gradient_checkpointing_on_gives_the_same_update_and_is_off_afterwards(base, adapters, tmp_path, name):
     import torch
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     rollouts = _grpo_rollouts("m0", seed=3) if name == "grpo" else _rollouts("m0", n=8, seed=3)
@@ -957,7 +957,7 @@ def test_fused_lora_forward_gives_peft_s_gradients_and_is_undone_after_the_updat
     with the KL term's adapters-off reference in the loss, and PEFT's own forward back after the update."""
     import torch
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     rollouts = _rollouts("m0", n=9, seed=5)
     common = dict(lr=1e-3, micro_batch_size=4)
@@ -1058,7 +1058,7 @@ def test_parallel_updates_in_threads_are_bit_identical_to_one_at_a_time(base, ad
     from populora_trainers.state import SCRATCH
 
     from populora_core.api.components import UpdateJob
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     common = dict(lr=1e-2, micro_batch_size=4, entropy_coef=0.01)
     one = make("trainer", "trr++", base, **common)
@@ -1129,7 +1129,7 @@ def test_the_host_owns_its_modes_and_refuses_overlap(base, adapters, tmp_path):
     during a training block (or the reverse) is an error, not a race on a shared model."""
     import threading
 
-    from populora_core.api.modelhost import get_host
+    from populora_core.services.modelhost import get_host
 
     host = get_host(base)
     trainer = make("trainer", "trr++", base, gradient_checkpointing="on")
@@ -1225,7 +1225,7 @@ def test_the_served_copy_is_written_beside_the_fp32_version_and_changes_nothing_
     from populora_trainers.state import served_dtype
     from safetensors.torch import load_file
 
-    from populora_core.api.adapters import served_copy
+    from populora_core.services.adapters import served_copy
 
     assert served_dtype("auto", torch.bfloat16) == "bfloat16" and served_dtype("auto", torch.float16) == "float16"
     assert served_dtype("auto", torch.float32) is None and served_dtype("none", torch.bfloat16) is None

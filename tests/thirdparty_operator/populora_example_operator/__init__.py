@@ -24,7 +24,7 @@ def scale_delta(parents, params, generator):  # type: ignore[no-untyped-def]
     """delta W' = factor * exp(jitter * z) * delta W per module (z ~ N(0, 1) from ``generator``)."""
     import torch  # heavy imports inside the function: `populora --help` stays fast
 
-    from populora_core.api.adapters import LoraFactors
+    from populora_core.api.lora import LoraFactors
 
     (parent,) = parents
     modules = {}

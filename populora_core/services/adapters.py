@@ -1,9 +1,9 @@
-"""LoRA adapters as plain data, read from and written to standard PEFT adapter directories.
+"""LoRA adapters (:mod:`populora_core.api.lora`'s plain data) read from and written to standard PEFT directories,
+their served copies, their hash, and fresh adapters.
 
-``LoraWeights`` is ``{module name -> LoraFactors(A, B, scale)}`` plus the adapter config, so operators
-are pure functions over tensors and need no base model. Directories hold ``adapter_config.json`` and
-``adapter_model.safetensors`` exactly as PEFT writes them, so ``PeftModel.from_pretrained`` and
-vLLM's ``LoRARequest`` load them unchanged. torch is imported inside functions only.
+Directories hold ``adapter_config.json`` and ``adapter_model.safetensors`` exactly as PEFT writes them, so
+``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load them unchanged. torch, safetensors, transformers and
+peft are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UserError
+from ..api.errors import UserError
+from ..api.lora import A_SUFFIX, B_SUFFIX, LoraFactors, LoraWeights, lora_scale
 from .files import atomic_dir
 
 if TYPE_CHECKING:
     import torch
 
-    from .components import LoraSettings
+    from ..api.components import LoraSettings
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -32,57 +31,6 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 SERVED_PREFIX = "served-"
 #: the 16-bit dtypes a served copy may be in (torch's names)
 SERVED_DTYPES = ("bfloat16", "float16")
-_A_SUFFIX = ".lora_A.weight"
-_B_SUFFIX = ".lora_B.weight"
-
-
-@dataclass
-class LoraFactors:
-    """One module's update: delta W = scale * B @ A, A is (r, d_in), B is (d_out, r)."""
-
-    A: torch.Tensor
-    B: torch.Tensor
-    scale: float
-
-    def delta(self) -> torch.Tensor:
-        """The dense delta W (d_out x d_in). Only for tests and small modules."""
-        return self.scale * (self.B.float() @ self.A.float())
-
-
-@dataclass
-class LoraWeights:
-    """All modules of one adapter plus its PEFT config (rank, alpha, targets, base model)."""
-
-    modules: dict[str, LoraFactors]
-    config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rank(self) -> int:
-        return int(self.config.get("r", next(iter(self.modules.values())).A.shape[0]))
-
-    @property
-    def alpha(self) -> float:
-        return float(self.config.get("lora_alpha", self.rank))
-
-    def items(self) -> Iterator[tuple[str, LoraFactors]]:
-        return iter(self.modules.items())
-
-    def with_modules(self, modules: dict[str, LoraFactors]) -> LoraWeights:
-        return replace(self, modules=modules, config=dict(self.config))
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The factors under PEFT's key names (what ``adapter_model.safetensors`` holds)."""
-        out = {}
-        for name, f in self.modules.items():
-            out[name + _A_SUFFIX], out[name + _B_SUFFIX] = f.A, f.B
-        return out
-
-
-def lora_scale(config: dict[str, Any]) -> float:
-    """PEFT's scaling: alpha / r, or alpha / sqrt(r) with rsLoRA."""
-    r = float(config["r"])
-    alpha = float(config.get("lora_alpha", r))
-    return alpha / (r**0.5) if config.get("use_rslora") else alpha / r
 
 
 def is_adapter_dir(path: str | os.PathLike[str]) -> bool:
@@ -124,9 +72,9 @@ def from_state_dict(tensors: dict[str, torch.Tensor], config: dict[str, Any], wh
     scale = lora_scale(config)
     modules: dict[str, LoraFactors] = {}
     for key, a in tensors.items():
-        if key.endswith(_A_SUFFIX):
-            name = key[: -len(_A_SUFFIX)]
-            b = tensors.get(name + _B_SUFFIX)
+        if key.endswith(A_SUFFIX):
+            name = key[: -len(A_SUFFIX)]
+            b = tensors.get(name + B_SUFFIX)
             if b is None:
                 raise UserError(f"{where}: {name} has lora_A but no lora_B")
             modules[name] = LoraFactors(a, b, scale)
@@ -171,7 +119,7 @@ def served_copy(path: str | os.PathLike[str], dtype: str | None) -> Path | None:
 
 def write_peft_files(weights: LoraWeights, directory: str | os.PathLike[str], *, dtype: Any = None) -> None:
     """The PEFT files of ``weights`` into an existing folder (to add files of one's own inside an
-    :func:`populora_core.api.files.atomic_dir`; :func:`save_lora` writes a whole version)."""
+    :func:`populora_core.services.files.atomic_dir`; :func:`save_lora` writes a whole version)."""
     from safetensors.torch import save_file
 
     folder = Path(directory)
@@ -181,51 +129,6 @@ def write_peft_files(weights: LoraWeights, directory: str | os.PathLike[str], *,
     config.setdefault("peft_type", "LORA")
     config.setdefault("task_type", "CAUSAL_LM")
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
-
-
-#: The PEFT config keys that fix an adapter's shape: operators combine, and a child keeps, only adapters that
-#: agree on them (``target_modules`` compared as a set).
-SHAPE_KEYS = ("r", "lora_alpha", "use_rslora", "target_modules")
-
-
-def config_difference(
-    a: dict[str, Any], b: dict[str, Any], keys: Sequence[str] = SHAPE_KEYS
-) -> tuple[str, Any, Any] | None:
-    """The first of ``keys`` on which two PEFT configs differ, with both values; None when they agree."""
-    for key in keys:
-        x, y = a.get(key), b.get(key)
-        if key == "target_modules":
-            x, y = sorted(x or []), sorted(y or [])
-        if x != y:
-            return key, x, y
-    return None
-
-
-def shape_difference(a: LoraWeights, b: LoraWeights, arrow: str = "vs") -> str | None:
-    """How two adapters differ in shape (``"r: 4 vs 8"``; ``a``'s side first), None when they agree: a config
-    key of :data:`SHAPE_KEYS`, the set of modules, or a module's factor shapes."""
-    config = config_difference(a.config, b.config)
-    if config is not None:
-        key, x, y = config
-        return f"{key}: {x!r} {arrow} {y!r}"
-    if set(a.modules) != set(b.modules):
-        return f"the set of target modules (e.g. {sorted(set(a.modules) ^ set(b.modules))[:3]})"
-    for name, f in a.modules.items():
-        g = b.modules[name]
-        if tuple(f.A.shape) != tuple(g.A.shape) or tuple(f.B.shape) != tuple(g.B.shape):
-            return (
-                f"the shape of {name}: A {tuple(f.A.shape)} {arrow} {tuple(g.A.shape)}, "
-                f"B {tuple(f.B.shape)} {arrow} {tuple(g.B.shape)}"
-            )
-    return None
-
-
-def check_compatible(parents: list[LoraWeights]) -> None:
-    """Operators combine only adapters of one shape: same rank, alpha and target modules."""
-    for i, other in enumerate(parents[1:], start=2):
-        diff = shape_difference(parents[0], other)
-        if diff is not None:
-            raise UserError(f"parent 1 and parent {i} differ in {diff}")
 
 
 def adapter_hash(path: str | os.PathLike[str]) -> str:
@@ -280,11 +183,11 @@ def init_lora(
     scale = lora_scale(peft_config)
     modules: dict[str, LoraFactors] = {}
     for key, meta in meta_state.items():
-        if not key.endswith(_A_SUFFIX):
+        if not key.endswith(A_SUFFIX):
             continue
-        name = key[: -len(_A_SUFFIX)]
+        name = key[: -len(A_SUFFIX)]
         r, d_in = meta.shape
-        d_out = meta_state[name + _B_SUFFIX].shape[0]
+        d_out = meta_state[name + B_SUFFIX].shape[0]
         bound = 1.0 / math.sqrt(d_in)  # kaiming_uniform_(a=sqrt(5)) on an (r, d_in) weight
         a = (torch.rand(r, d_in, generator=gen) * 2 - 1) * bound
         b = torch.randn(d_out, r, generator=gen) * init_std if init_std > 0 else torch.zeros(d_out, r)

@@ -17,61 +17,21 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import SHAPE_KEYS, LoraWeights, config_difference, from_state_dict, load_lora, save_lora
-from .components import AdapterRef, BaseModel
-from .errors import UserError, run_all
+from ..api.components import AdapterRef, BaseModel
+from ..api.errors import UserError, run_all
+from ..api.lora import SHAPE_KEYS, LoraWeights, config_difference
+from .adapters import from_state_dict, load_lora, save_lora
+from .device import load_kwargs, resolve_device, resolve_dtype
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 #: A PEFT slot serves another adapter only when it has the same shape and the same dropout (trainers use it).
 _SLOT_KEYS = (*SHAPE_KEYS, "lora_dropout")
 
 
-def resolve_device(device: str = "auto") -> str:
-    """``auto``: the first CUDA device when there is one, else the CPU."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """``auto`` is float32 on CPU (bf16 kernels are slow there and change greedy tokens), bf16 on GPU."""
-    import torch
-
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    if dtype not in table:
-        raise UserError(f"base_model.dtype: unknown dtype {dtype!r} (known: auto, {', '.join(table)})")
-    return table[dtype]
-
-
 def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return config_difference(a, b, _SLOT_KEYS) is None
-
-
-def load_kwargs(device: str, dtype: Any) -> dict[str, Any]:
-    """``from_pretrained`` arguments: on an accelerator the weights go straight to it (``device_map``), so a node
-    of 8 workers does not first hold 8 host copies of a 7B base (~120 GB); on the CPU the plain load. A bare
-    ``cuda`` is the current CUDA device, where the rest of the host's tensors go: transformers reads it as
-    ``cuda:$LOCAL_RANK``, another GPU under launchers that set LOCAL_RANK without narrowing the visible ones."""
-    if device == "cpu":
-        return {"dtype": dtype}
-    if device == "cuda":
-        import torch
-
-        device = f"cuda:{torch.cuda.current_device()}"
-    return {"dtype": dtype, "device_map": device}
 
 
 class ModelHost:
@@ -415,7 +375,7 @@ class ModelHost:
         self, key: str, out_dir: str | Path, config: dict[str, Any] | None = None, *, served_dtype: str | None = None
     ) -> Path:
         """Write slot ``key`` as a new PEFT directory (atomic; refuses to overwrite a version), in fp32, plus its
-        copy in ``served_dtype`` when given (populora_core.api.adapters.served_copy)."""
+        copy in ``served_dtype`` when given (populora_core.services.adapters.served_copy)."""
         with self.lock:
             config = dict(config if config is not None else self._configs[key])
             config["inference_mode"] = True

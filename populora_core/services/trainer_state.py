@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..api.errors import UserError
+from ..api.names import MEMBER_ID
 from .files import atomic_write_text
 
 MANIFEST = "manifest.json"
@@ -46,8 +47,6 @@ def read_manifest(directory: Path, algorithm: str) -> dict[str, Any]:
 
 def member_file(member_id: str) -> str:
     """Where a member's state goes, relative to the trainer folder (member ids are short slugs: ``s3``)."""
-    from .files import MEMBER_ID
-
     if not isinstance(member_id, str) or MEMBER_ID.fullmatch(member_id) is None:
         raise UserError(f"member id {member_id!r} cannot name a state file")
     return f"members/{member_id}.pt"

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from .components import Problem
-from .errors import UserError
+from ..api.components import Problem
+from ..api.errors import UserError
 from .files import atomic_write_text
 
 

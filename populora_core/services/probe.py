@@ -4,23 +4,20 @@ The loop calls :func:`populora_core.run.probe.evaluate` before the first step an
 recipe): greedy accuracy, and with ``probe.samples: k`` per-sample accuracy of k answers at ``probe.temperature``
 beside it.
 ``populora_nano.probe`` uses :func:`greedy_grades` for the model card. Records carry each problem's outcome
-in probe order, so two members can be compared problem by problem (paired statistics): a probe problem is
-the unit of every interval (:func:`cluster_bootstrap`), the runs and samples on it are nested in it, and
-:func:`min_detectable_effect` says how large a difference a design can see.
+in probe order, so two members can be compared problem by problem (paired statistics,
+:mod:`populora_core.services.statistics`).
 """
 
 from __future__ import annotations
 
-import math
-import random
 import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task
-from .errors import UserError
+from ..api.components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task, per_task
+from ..api.errors import UserError
 from .problems import load_problems
 
 #: A probe record's per-problem lists (greedy outcome; count of correct samples): probe.jsonl keeps them, events do not.
@@ -69,7 +66,7 @@ def greedy_grades(
     """Per adapter (in order), each task type's grades of one greedy answer per problem."""
     sampling = SamplingParams(n=1, temperature=0.0, seed=0)
     graded = sampled_grades(engine, tasks, problems, adapters, max_tokens, sampling)
-    return [{name: [g for (g,) in per_problem] for name, per_problem in per_task.items()} for per_task in graded]
+    return [{name: [g for (g,) in per_problem] for name, per_problem in by_task.items()} for by_task in graded]
 
 
 def sampled_grades(
@@ -110,7 +107,6 @@ def _graded(
     tasks: Mapping[str, Task], task_names: list[str], answered: list[tuple[Problem, list[str]]]
 ) -> list[list[Grade]]:
     """Each problem's answers' grades, every task's answers checked in one executor batch."""
-    from .components import per_task
 
     def batch(task: Task, idx: list[int]) -> list[list[Grade]]:
         return task.grade_many([answered[i] for i in idx])
@@ -136,9 +132,9 @@ def probe_records(
         else None
     )
     records = []
-    for k, (target, per_task) in enumerate(zip(targets, grades)):
+    for k, (target, by_task) in enumerate(zip(targets, grades)):
         for task_name in problems:
-            if not per_task.get(task_name):
+            if not by_task.get(task_name):
                 continue
             record = {
                 "step": step,
@@ -146,9 +142,9 @@ def probe_records(
                 "version": target.version,
                 "role": target.role,
                 "task_type": task_name,
-                "accuracy": statistics.fmean(g.correct for g in per_task[task_name]),
-                "n": len(per_task[task_name]),
-                "correct": [int(g.correct) for g in per_task[task_name]],
+                "accuracy": statistics.fmean(g.correct for g in by_task[task_name]),
+                "n": len(by_task[task_name]),
+                "correct": [int(g.correct) for g in by_task[task_name]],
             }
             if sampled is not None and sampling is not None:
                 counts = [sum(g.correct for g in answers) for answers in sampled[k][task_name]]
@@ -158,60 +154,3 @@ def probe_records(
                 record["sample_correct"] = counts
             records.append(record)
     return records
-
-
-def cluster_bootstrap(
-    clusters: Sequence[Sequence[float]],
-    *,
-    strata: Sequence[Hashable] | None = None,
-    resamples: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile interval (``level``) of the mean of all observations, resampling whole clusters.
-
-    A cluster is one probe problem; its observations are what every run on it got (a paired difference per
-    run or seed, or per sample). All of a problem's runs share its difficulty, so they are drawn together:
-    resampling (run, problem) pairs as if independent narrows the interval by up to sqrt(runs per problem)
-    when the runs agree. With ``strata`` (one label per cluster, e.g. the task type) clusters are drawn within
-    their stratum, each keeping its count. The statistic pools the drawn observations (the mean of cluster
-    means when every cluster has as many). Seeded: the same data give the same interval.
-    """
-    if not clusters or any(len(c) == 0 for c in clusters):
-        raise ValueError("cluster_bootstrap needs at least one cluster and an observation in each")
-    groups: dict[Hashable, list[tuple[float, int]]] = defaultdict(list)
-    for c, label in zip(clusters, strata if strata is not None else [None] * len(clusters), strict=True):
-        groups[label].append((sum(c), len(c)))
-    rng = random.Random(seed)
-    means = []
-    for _ in range(resamples):
-        total, count = 0.0, 0
-        for members in groups.values():
-            for s, n in rng.choices(members, k=len(members)):
-                total, count = total + s, count + n
-        means.append(total / count)
-    means.sort()
-    tail = (1 - level) / 2
-    return means[int(tail * resamples)], means[int((1 - tail) * resamples) - 1]
-
-
-def min_detectable_effect(sd: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest true mean difference a two-sided level-``alpha`` test detects with probability ``power``
-    in a paired design of ``n`` independent units (probe problems) whose differences have standard deviation
-    ``sd``: ``(z_{1-alpha/2} + z_power) * sd / sqrt(n)``, about 2.80 sd / sqrt(n) at 5 % and 80 % (normal
-    approximation). For paired 1/0 outcomes ``sd**2`` is the share of discordant problems minus the squared
-    mean difference; with runs nested in a problem, ``sd`` is that of the per-problem mean differences."""
-    if n < 1:
-        raise ValueError("min_detectable_effect needs n >= 1")
-    z = statistics.NormalDist()
-    return (z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * sd / math.sqrt(n)
-
-
-def cluster_mde(clusters: Sequence[Sequence[float]], *, alpha: float = 0.05, power: float = 0.8) -> float | None:
-    """:func:`min_detectable_effect` of a paired design over problems, ``sd`` estimated from the clusters'
-    mean differences; None with fewer than two clusters or none that differ (no spread to estimate it from:
-    two identical models say nothing about the noise of two that differ)."""
-    means = [statistics.fmean(c) for c in clusters if len(c)]
-    if len(means) < 2 or len(set(means)) == 1:
-        return None
-    return min_detectable_effect(statistics.stdev(means), len(means), alpha=alpha, power=power)

@@ -1,21 +1,19 @@
-"""A base model's shape from its config.json alone (meta device, no weights): what ``populora plan`` sizes.
-
-Also the memory-size parsing of its flags and where a hub model's config comes from offline.
+"""A base model's shape (:class:`populora_core.api.memory.Arch`) from its config.json alone (meta device, no weights):
+what ``populora plan`` sizes. Also the memory-size parsing of its flags and where a hub model's config comes from
+offline. torch and transformers are imported inside functions only.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..api.errors import UserError
+from ..api.memory import Arch
 
-GIB = 2**30
 _UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 _CONFIG_NAMES = {  # Arch field -> transformers config attribute
     "layers": "num_hidden_layers",
     "hidden": "hidden_size",
@@ -34,27 +32,6 @@ def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
     if not match or float(match.group(1)) <= 0:
         raise UserError(f"{flag}: {text!r} is not a memory size (e.g. 80GiB, 141GiB, 80GB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-@dataclass(frozen=True)
-class Arch:
-    """What the plan needs of a decoder: sizes, base parameters, and the LoRA-targeted linears."""
-
-    source: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    max_positions: int
-    params: int
-    targets: dict[str, tuple[int, int, int]]  # module kind -> (count, d_in, d_out)
-    dtype: str = "auto"  # the base's dtype on the GPU; auto = bfloat16
-
-    def lora_params(self, rank: int) -> int:
-        return rank * sum(n * (d_in + d_out) for n, d_in, d_out in self.targets.values())
 
 
 #: The model configs shipped with the package's recipes (``populora_core/recipes/configs``; a data folder, no import).
@@ -118,12 +95,3 @@ def load_arch(config_file: str | Path, target_modules: list[str] | tuple[str, ..
     sizes["intermediate"] = sizes["intermediate"] or 4 * sizes["hidden"]
     params = sum(p.numel() for p in model.parameters())
     return Arch(str(file), params=params, targets=targets, dtype=dtype, **sizes)
-
-
-def dtype_bytes(dtype: Any) -> int:
-    return _DTYPE_BYTES.get(str(dtype), 2)
-
-
-def params_text(n: float) -> str:
-    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
