@@ -228,7 +228,7 @@ class EvalSection(_Strict):
 
 
 class RuntimeSection(_Strict):
-    """Process settings (populora_core/api/runtime.py): ``cpu_isa`` applied by the ``populora`` command before torch
+    """Process settings (populora_core/services/runtime.py): ``cpu_isa`` applied by the ``populora`` command before torch
     loads, ``threads`` by ``start_run``/``resume_run`` (a run started from Python gets it too)."""
 
     cpu_isa: Literal["native", "avx2"] = Field(
