@@ -112,6 +112,11 @@ def _release_task(r: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
+# MBPP+ release files store inputs as JSON, so tuples, sets and complex numbers arrive as lists and
+# strings; EvalPlus turns them back per task before running anything (its mbpp_deserialize_inputs).
+# The same tasks and conversions, written here as: which argument becomes what.
+
+
 def _tup(x: Any) -> Any:
     return tuple(x)
 
