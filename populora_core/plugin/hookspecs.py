@@ -278,7 +278,8 @@ def register_commands(cli: click.Group) -> None:
 def on_run_start(run: RunView) -> None:
     """A run starts or resumes.
 
-    Called once per ``execute``, before the base-model probe of a new run and before its first step.
+    Called once as ``populora run`` starts a run or ``populora resume`` resumes one, before a new run's base-model
+    probe and its first step.
 
     :param run: the run as hooks see it: ``recipe``, ``run_dir``, ``steps_done`` (0 for a new run, the
         checkpoint's step for a resumed one), a copy of the ``population``, and ``emit(records)``.
