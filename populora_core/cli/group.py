@@ -25,7 +25,7 @@ class PopuloraGroup(click.Group):
         if getattr(self, "_commands_from", None) is manager:
             return
         self._commands_from = manager
-        manager.hook.register_commands(cli=self)
+        manager.hook.register_commands.call_historic(kwargs={"cli": self})  # plugins added later: as they are added
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         self._plugin_commands(ctx)

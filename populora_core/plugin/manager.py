@@ -121,6 +121,8 @@ class PluginManager:
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:
+            if self.pm.is_registered(plugin):  # a historic hook's replay (register_commands) raised in it
+                self.pm.unregister(plugin)
             self._failed(name, source, version, f"register failed: {type(exc).__name__}: {exc}")
             return False
         try:

@@ -1,5 +1,7 @@
-"""Every hook is documented with its exact signature (as datasette does), and fires: the core calls each one
-with its documented arguments (a recording plugin on the fake stack), so removing a call fails here."""
+"""Every hook is documented parameter by parameter in its hookspec (as pytest's are), CONTRIBUTING.md's hook
+reference is those docstrings, and every hook fires: the core calls each one with its documented arguments (a
+recording plugin on the fake stack), so removing a call fails here. ``register_commands`` is historic, and no
+lifecycle hook stops at a first answer."""
 
 from __future__ import annotations
 
@@ -28,16 +30,78 @@ def _hooks() -> dict[str, str]:
     return {n: f"{n}({', '.join(inspect.signature(getattr(hookspecs, n)).parameters)})" for n in names}
 
 
-def test_every_hook_is_documented_with_its_exact_signature():
+def undocumented(spec: Any) -> list[str]:
+    """What a hookspec's docstring leaves out: each parameter without its ``:param name:``, a ``:param`` of no
+    parameter, and a missing ``:returns:``."""
+    doc = inspect.getdoc(spec) or ""
+    params = list(inspect.signature(spec).parameters)
+    documented = re.findall(r"^:param (\w+):", doc, flags=re.M)
+    problems = [f"{spec.__name__}: parameter {p!r} is not documented" for p in params if p not in documented]
+    problems += [f"{spec.__name__}: documents {p!r}, not a parameter" for p in documented if p not in params]
+    if not re.search(r"^:returns: \S", doc, flags=re.M):
+        problems.append(f"{spec.__name__}: says nothing of its return value (:returns:)")
+    return problems
+
+
+def test_every_parameter_of_every_hook_is_documented_in_its_hookspec():
+    problems = [p for name in _hooks() for p in undocumented(getattr(hookspecs, name))]
+    assert not problems, problems
+
+
+def test_the_docs_check_finds_a_planted_undocumented_parameter():
+    @hookspecs.hookspec
+    def on_synthetic(run, step, planted):
+        """A synthetic hook.
+
+        :param run: the run.
+        :param step: the step.
+        :param stale: a parameter the hook does not have.
+        :returns: nothing.
+        """
+
+    @hookspecs.hookspec
+    def on_silent(run):
+        """A synthetic hook that says nothing of its parameter or its return value."""
+
+    assert undocumented(on_synthetic) == [
+        "on_synthetic: parameter 'planted' is not documented",
+        "on_synthetic: documents 'stale', not a parameter",
+    ]
+    assert undocumented(on_silent) == [
+        "on_silent: parameter 'run' is not documented",
+        "on_silent: says nothing of its return value (:returns:)",
+    ]
+
+
+def reference(name: str) -> str:
+    """A hook's entry in CONTRIBUTING.md's hook reference: its signature, then its hookspec's docstring (each
+    ``:param x:`` and ``:returns:`` a list item)."""
+    lines = []
+    for line in (inspect.getdoc(getattr(hookspecs, name)) or "").splitlines():
+        line = re.sub(r"^:param (\w+):", r"- ``\1``:", line)
+        line = re.sub(r"^:returns:", "- returns:", line)
+        lines.append(re.sub(r"^    ", "  ", line))
+    return f"### `{_hooks()[name]}`\n\n" + "\n".join(lines) + "\n"
+
+
+def test_contributing_s_hook_reference_is_the_hookspecs_docstrings():
+    """Each hook's entry in CONTRIBUTING.md starts with its signature and docstring, word for word (notes on the
+    built-in components may follow); no hook is missing and none is documented that does not exist."""
     docs = (REPO / "CONTRIBUTING.md").read_text()
-    documented = {name: sig for sig, name in re.findall(r"^### `((\w+)\([^)]*\))`", docs, flags=re.M)}
+    section = docs.split("## Hook reference\n", 1)[1].split("\n## ", 1)[0]
+    entries = {m.group(1): m.group(0) for m in re.finditer(r"^### `(\w+)\(.*?(?=^###? |\Z)", section, re.M | re.S)}
     hooks = _hooks()
-    missing = sorted(set(hooks) - set(documented))
-    assert not missing, f"hooks missing from CONTRIBUTING.md's hook reference: {missing}"
-    wrong = {n: (documented[n], sig) for n, sig in hooks.items() if documented[n] != sig}
-    assert not wrong, f"documented signatures differ from hookspecs.py: {wrong}"
-    stale = sorted(n for n in documented if n not in hooks and n.startswith(("register_", "on_", "after_", "before_")))
-    assert not stale, f"CONTRIBUTING.md documents hooks that do not exist: {stale}"
+    assert sorted(entries) == sorted(hooks), "CONTRIBUTING.md's hook reference lists other hooks than hookspecs.py"
+    differ = [name for name in hooks if not entries[name].startswith(reference(name))]
+    assert not differ, f"entries that differ from the hookspecs' docstrings: {differ}\n" + "\n".join(
+        reference(n) for n in differ
+    )
+    assert re.findall(r"^### `(\w+)\(", section, re.M) == _source_order(), "not in hookspecs.py's order"
+
+
+def _source_order() -> list[str]:
+    hooks = _hooks()
+    return [name for name in vars(hookspecs) if name in hooks]
 
 
 class Recorder:
@@ -198,3 +262,64 @@ def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatc
     group = PopuloraGroup("probe")
     with click.Context(group) as ctx:
         assert "probe-command" in group.list_commands(ctx)
+
+
+def _command_plugin(command: str, *, fails: bool = False) -> object:
+    class Commands:
+        @hookimpl
+        def register_commands(self, cli):
+            if fails:
+                raise RuntimeError("no commands today")
+
+            @cli.command(command)
+            def added() -> None:
+                """Registered by the test."""
+
+    return Commands()
+
+
+def test_register_commands_is_historic_a_plugin_added_later_still_adds_its_commands(monkeypatch):
+    from populora_core.cli.group import PopuloraGroup
+
+    assert hookspecs.register_commands.populora_spec["historic"]  # type: ignore[attr-defined]
+    pm = PluginManager()
+    assert pm.add_plugin(_command_plugin("early"), "early")
+    monkeypatch.setattr("populora_core.cli.group.get_manager", lambda plugin_files=(): pm)
+    group = PopuloraGroup("probe")
+    with click.Context(group) as ctx:
+        assert "early" in group.list_commands(ctx) and "late" not in group.list_commands(ctx)
+        assert pm.add_plugin(_command_plugin("late"), "late")  # a --plugin file loaded into the same manager
+        assert {"early", "late"} <= set(group.list_commands(ctx))
+        # a late plugin whose command hook fails is a row of its own, and none of its hooks stays registered
+        with pytest.warns(UserWarning, match="plugin broken .* disabled: .*no commands today"):
+            assert not pm.add_plugin(_command_plugin("broken", fails=True), "broken")
+        assert not pm.pm.has_plugin("broken") and pm.plugins["broken"].error
+        assert "broken" not in group.list_commands(ctx)
+
+
+def test_no_lifecycle_hook_stops_at_a_first_answer():
+    """Every hookimpl of a lifecycle hook runs, in turn, whatever the others return (none is ``firstresult``: the
+    loop reads no answer), so two observers of the same hook both see every call."""
+    seen: list[tuple[str, str]] = []
+
+    def observer(label: str) -> object:
+        class Observer:
+            pass
+
+        for name in LIFECYCLE:
+
+            def impl(_name: str = name) -> str:  # declares none of the hook's arguments, as a hookimpl may
+                seen.append((label, _name))
+                return label  # an answer the loop must not stop at
+
+            setattr(Observer, name, staticmethod(hookimpl(specname=name)(impl)))
+        return Observer()
+
+    pm = PluginManager()
+    assert pm.add_plugin(observer("first"), "first") and pm.add_plugin(observer("second"), "second")
+    for name in LIFECYCLE:
+        spec = getattr(hookspecs, name)
+        assert not spec.populora_spec["firstresult"] and not spec.populora_spec["historic"], name
+        kwargs = {p: None for p in inspect.signature(spec).parameters}
+        assert sorted(getattr(pm.hook, name)(**kwargs)) == ["first", "second"], name
+    assert sorted(seen) == sorted((label, name) for label in ("first", "second") for name in LIFECYCLE)

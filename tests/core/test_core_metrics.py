@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from populora_azr.code_io import CodeIOTask
 from populora_azr.problems import CodeProblem
-from populora_azr.tasks import CodeIOTask
 
 from populora_core.api.components import Completion, Match, Problem, Task
 from populora_core.api.errors import PluginError

@@ -27,7 +27,7 @@ EXEC_ALLOWED: dict[str, dict[str, str]] = {
     "plugins/populora_sandbox/_zygote.py": {
         "_child": "the sandbox itself: the forked, filtered, unprivileged child that runs a model-written program",
     },
-    "plugins/populora_azr/tasks.py": {
+    "plugins/populora_azr/sandbox_code.py": {
         "_sandbox_equality": "the project's own FIXED_HELPERS text (a constant), the same the sandbox runs",
     },
     "tests/core/test_core_loop.py": {

@@ -383,7 +383,7 @@ def execute(
     1); an input survives when both agree, the AZR value check passes, the output is not ``None`` and
     its repr is at most ``max_output_chars`` characters. Duplicate inputs are dropped.
     """
-    from populora_azr.tasks import FIXED_HELPERS
+    from populora_azr.sandbox_code import FIXED_HELPERS
 
     from populora_core.api.components import ExecJob
 

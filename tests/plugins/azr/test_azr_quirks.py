@@ -13,7 +13,7 @@ import pytest
 from populora_azr import checks
 from populora_azr import prompts as P
 from populora_azr.problems import CodeProblem
-from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
+from populora_azr.sandbox_code import COMPAT_TRUNCATE, azr_truncate
 
 from tests.azr_support import build_task, build_tasks, load_seeds, shared_executor
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 from populora_azr import prompts as P
-from populora_azr.tasks import COMPAT_TRUNCATE, azr_truncate
+from populora_azr.sandbox_code import COMPAT_TRUNCATE, azr_truncate
 
 from tests.azr_support import build_task, load_seeds, shared_executor
 

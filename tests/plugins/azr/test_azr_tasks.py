@@ -200,7 +200,7 @@ def test_deduction_checks_literal_answers_without_the_sandbox_and_as_the_sandbox
     """A deduction answer is literal data: parsing and comparing it runs no program, so the task decides it in
     process (a fork saved per distinct answer). Each verdict equals the sandbox job's on the same pair; a literal
     nested past LITERAL_DEPTH still goes to the sandbox."""
-    from populora_azr.tasks import FIXED_HELPERS, literal_verdict
+    from populora_azr.sandbox_code import FIXED_HELPERS, literal_verdict
 
     jobs = []
     for gold, text in DEDUCTION_CASES:
@@ -491,7 +491,7 @@ def test_induction_draws_only_from_its_own_runs_tasks_with_a_shared_executor(ex)
     import itertools
     import weakref
 
-    from populora_azr import tasks as tasks_module
+    from populora_azr import code_io, code_task, induction, sandbox_code
 
     first = build_tasks(("deduction", "abduction", "induction"), ex)
     second = build_tasks(("deduction", "abduction", "induction"), ex)
@@ -506,8 +506,9 @@ def test_induction_draws_only_from_its_own_runs_tasks_with_a_shared_executor(ex)
     assert not ours & {p.program for p in second["induction"].program_pool()}
     assert [p.program for p in alone.program_pool()] == ["def f(a):\n    return a"]
     stateful = (dict, set, weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet, itertools.count)
-    assert not [n for n, v in vars(tasks_module).items() if not n.startswith("__") and isinstance(v, stateful)]
-    assert not [n for n in vars(tasks_module) if "PEER" in n.upper()]
+    for module in (code_io, code_task, induction, sandbox_code):  # every module of the three tasks
+        assert not [n for n, v in vars(module).items() if not n.startswith("__") and isinstance(v, stateful)]
+        assert not [n for n in vars(module) if "PEER" in n.upper()]
 
 
 def test_induction_alone_uses_problems_handed_to_it(ex):

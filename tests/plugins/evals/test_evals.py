@@ -130,7 +130,8 @@ def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
     import pickle
     import zlib
 
-    from populora_evals import data
+    from populora_evals.data.livecodebench import lcb_tests
+    from populora_evals.data.records import SkippedRecordWarning
 
     row = dict(F.LCB_ROWS[0])
     row["private_test_cases"] = base64.b64encode(zlib.compress(pickle.dumps(UserError("x")))).decode()
@@ -138,11 +139,11 @@ def test_bad_lcb_tests_and_pickled_classes_are_refused(tmp_path):
     path.write_text(json.dumps(row) + "\n")
     (item,) = bench("livecodebench", path=str(path)).items()  # private tests are read when graded
     with pytest.raises(pickle.UnpicklingError, match=r"refusing to load"):
-        data.lcb_tests(item)
+        lcb_tests(item)
     row["public_test_cases"] = row["private_test_cases"]
     path.write_text(json.dumps(row) + "\n")
     with (
-        pytest.warns(data.SkippedRecordWarning),
+        pytest.warns(SkippedRecordWarning),
         pytest.raises(UserError, match=r"livecodebench: no record of .*refusing"),
     ):
         bench("livecodebench", path=str(path)).items()

@@ -100,13 +100,13 @@ def test_hub_rows_become_the_items_the_graders_use(hub_cache):
 
 
 def test_livecodebench_hub_reads_release_v5_only_and_filters_dates(hub_cache):
-    from populora_evals import data
+    from populora_evals.data.livecodebench import lcb_tests
 
     F.populate_hub(hub_cache, ["livecodebench"])
     b = bench("livecodebench")
     assert [it["id"] for it in b.items()] == ["lcb/abc001_a", "lcb/1"]  # test.jsonl + test5.jsonl, not test6
     assert sorted(b.dataset()["files"]) == ["test.jsonl", "test5.jsonl"]
-    assert [len(data.lcb_tests(it)) for it in b.items()] == [3, 2]  # private tests decompressed when graded
+    assert [len(lcb_tests(it)) for it in b.items()] == [3, 2]  # private tests decompressed when graded
     recent = bench("livecodebench", start_date="2024-01-01").items()
     assert [it["id"] for it in recent] == ["lcb/1"]
 

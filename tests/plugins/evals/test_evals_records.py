@@ -49,7 +49,7 @@ def bench(name, **params):
 
 def loaded(name, path, **params):
     """The benchmark's items, and the warnings about skipped records loading them raised."""
-    from populora_evals.data import SkippedRecordWarning
+    from populora_evals.data.records import SkippedRecordWarning
 
     b = bench(name, path=str(path), **params)
     with warnings.catch_warnings(record=True) as caught:
@@ -152,12 +152,12 @@ def test_lcb_date_window_is_lcb_runners(tmp_path):
 
 
 def test_lcb_private_tests_stay_compressed_until_graded(tmp_path, executor):
-    from populora_evals import data
+    from populora_evals.data.livecodebench import lcb_tests
 
     b = bench("livecodebench", path=str(F.write_lcb(tmp_path)), timeout_s=2)
     items = b.items()
     assert all("tests" not in it and "raw" not in it["private_tests"] for it in items)  # only where the line is
-    assert [len(data.lcb_tests(it)) for it in items] == [3, 2]
+    assert [len(lcb_tests(it)) for it in items] == [3, 2]
     wrap = "<think>plan</think> <answer>{}</answer>".format
     assert b.grade(items, [[wrap(F.LCB_SOLUTIONS[it["id"]])] for it in items], executor) == [[True], [True]]
 

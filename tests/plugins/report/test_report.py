@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from populora_report.data import load_run, load_runs
-from populora_report.figures import _lanes
+from populora_report.figures.population import _lanes
 from populora_report.render import render_report
 from populora_report.summary import run_summary
 
@@ -372,16 +372,16 @@ def test_two_arms_side_by_side_pool_their_seeds(tmp_path):
 @pytest.fixture
 def drawn(monkeypatch):
     """Every figure the report saves, by file name: the matplotlib Figure, to read its axes and texts."""
-    from populora_report import figures
+    from populora_report.figures import canvas
 
     saved = {}
-    save = figures._save
+    save = canvas.save
 
     def keep(fig, out_dir, name):
         save(fig, out_dir, name)
         saved[name] = fig
 
-    monkeypatch.setattr(figures, "_save", keep)
+    monkeypatch.setattr(canvas, "save", keep)
     return saved
 
 
@@ -480,14 +480,14 @@ def test_every_panel_is_labelled_and_the_ratings_name_every_member(runs, tmp_pat
 def test_line_end_labels_do_not_overlap():
     """18 lines ending close together: each named once, in its colour, no two labels overlapping."""
     from matplotlib.text import Text
-    from populora_report.figures import END_LABEL, _figure, _label_ends
+    from populora_report.figures.canvas import END_LABEL, figure, label_ends
 
-    fig, axes = _figure(1, 1, 5, 3)
+    fig, axes = figure(1, 1, 5, 3)
     ax = axes[0][0]
     for i in range(18):
         ax.plot([0, 10 + (i % 2)], [0, 1 + 0.01 * i], color=f"C{i % 10}", label=f"m{i}", gid=END_LABEL)
     ax.plot([0, 10], [0, 5], label="not a member")
-    _label_ends(fig)
+    label_ends(fig)
     fig.draw_without_rendering()
     boxes = [Text.get_window_extent(t) for t in ax.texts]  # the label, without its leader line
     assert sorted(t.get_text() for t in ax.texts) == sorted(f"m{i}" for i in range(18))
