@@ -176,7 +176,8 @@ def on_step_start(run: RunView, step: int) -> None:
 def after_matchmaking(run: RunView, step: int, matches: list[Any]) -> None:
     """Teachers were paired with students; ``matches`` is a list of :class:`components.Match`.
 
-    A hookimpl may reorder or replace entries in place to steer pairing.
+    A hookimpl may reorder or replace entries in place to steer pairing; each teacher must still have exactly one
+    match, with a student (checked after the hook: a :class:`PluginError` naming the hook and its plugins).
     """
 
 

@@ -113,6 +113,7 @@ class Run:
         with timer("matchmaking"):
             matches = phases.match(c, pop, step)
             self.hook.after_matchmaking(run=self.view(), step=step, matches=matches)
+            phases.check_hooked_matches(matches, pop, self.hook.after_matchmaking)
         proposals, dropped = phases.propose(c, pop, step, timer)
         solved = phases.solve_proposals(c, pop, proposals, matches, step, timer)
         own_rates = (

@@ -523,6 +523,19 @@ def test_a_matchmaker_that_gives_a_teacher_two_matches_or_none_is_a_plugin_error
         _run(_manager(MiscountingMatchmakers()), tmp_path / "run", [f"matchmaker={name}"])
 
 
+class DoublingHook:
+    """An after_matchmaking hookimpl that breaks the one-match rule: it gives the first teacher a second match."""
+
+    @hookimpl
+    def after_matchmaking(self, run, step, matches):
+        matches.append(matches[0])
+
+
+def test_an_after_matchmaking_hook_that_gives_a_teacher_two_matches_is_a_plugin_error(env, tmp_path):
+    with pytest.raises(PluginError, match=r"hook after_matchmaking \(plugin test-plugin-0\) gave teacher 't0' 2 matches"):
+        _run(_manager(DoublingHook()), tmp_path / "run")
+
+
 def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tmp_path):
     """The fake task's proposer prompts are 'propose N' (9 or 10 characters): a limit of 9 drops N >= 10."""
     directory = _run(_manager(), tmp_path / "run", ["rollout.max_prompt_tokens=9", "steps=2"])
