@@ -532,7 +532,8 @@ class DoublingHook:
 
 
 def test_an_after_matchmaking_hook_that_gives_a_teacher_two_matches_is_a_plugin_error(env, tmp_path):
-    with pytest.raises(PluginError, match=r"hook after_matchmaking \(plugin test-plugin-0\) gave teacher 't0' 2 matches"):
+    broken = r"hook after_matchmaking \(plugin test-plugin-0\) gave teacher 't0' 2 matches"
+    with pytest.raises(PluginError, match=broken):
         _run(_manager(DoublingHook()), tmp_path / "run")
 
 
