@@ -189,6 +189,8 @@ def build_components(
             )
             for i, ref in enumerate(recipe.sinks)
         ]
+        matchmaker = reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.build_params())
+        check_implements(matchmaker, Matchmaker, "matchmaker", recipe.matchmaker.name)
         return Components(
             recipe=recipe,
             streams=streams,
@@ -201,7 +203,7 @@ def build_components(
             tasks=tasks,
             engine=engine,
             trainer=trainer,
-            matchmaker=reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.build_params()),
+            matchmaker=matchmaker,
             selector=reg.get("selector", evo.selector.name).build(evo.selector.build_params()) if evo.every else None,
             operators=operators,
             sinks=sinks,

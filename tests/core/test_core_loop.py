@@ -426,6 +426,16 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
         run.close()
 
 
+def test_a_new_runs_members_start_at_the_matchmakers_prior(env, tmp_path):
+    pm = _manager()
+    recipe, resolved = load_recipe(RECIPE, ["matchmaker.params.mu=40", "matchmaker.params.sigma=5"], pm.registry)
+    run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
+    try:
+        assert {(m.rating.mu, m.rating.sigma) for m in run.population.members.values()} == {(40.0, 5.0)}
+    finally:
+        run.close()
+
+
 def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path):
     """`populora seed` (AZR's seeding stage, base model only) writes N distinct valid problems per task;
     `seeds.enabled` puts them in each task's buffer before step 1 and logs how many."""
