@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 
 class ScaleDeltaParams(Params):
