@@ -36,7 +36,9 @@ class RatedParams(Params):
     )
     beta: float = Field(BETA, gt=0, description="one performance spread (TrueSkill's beta)")
     tau: float = Field(TAU, ge=0, description="the spread added to a rating before each match (TrueSkill's tau)")
-    draw_probability: float = Field(0.1, ge=0, lt=1)
+    draw_probability: float = Field(
+        0.1, ge=0, lt=1, description="the share of games TrueSkill expects drawn (sets its own draw margin)"
+    )
 
 
 class PFSPParams(RatedParams):
