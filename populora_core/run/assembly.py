@@ -252,7 +252,7 @@ def planned_engine_params(
         return params, None
     try:
         config = Path(base.path) / "config.json"
-        plan = plan_model(recipe, recipe.model_dump(mode="json"), registry, None, gpu_bytes, gpus, config, held=held)
+        plan = plan_model(recipe, registry, None, gpu_bytes, gpus, config, held=held)
     except Exception as exc:  # planning never stops a run: an engine that needs the plan's choice says so
         run_dir.log_line(f"plan: not made ({exc}); the engine gets its params as written")
         return params, str(exc)
