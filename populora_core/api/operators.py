@@ -26,13 +26,11 @@ def operator_arity(component: Component) -> tuple[int, int | None]:
     """(fewest, most) parents an operator takes, as registered: ``min_parents=``, ``max_parents=`` (None: no bound)."""
     meta = component.meta
     if "min_parents" not in meta:
-        old = " (parents= was plugin API 1, read until API 3)" if "parents" in meta else ""
         raise PluginError(
             f"operator {component.name!r} (plugin {component.plugin}) does not declare how many parents it takes "
-            f"(register it with min_parents= and max_parents=){old}"
+            "(register it with min_parents= and max_parents=)"
         )
-    low, high = int(meta["min_parents"]), meta.get("max_parents")
-    high = None if high is None else int(high)
+    low, high = meta["min_parents"], meta.get("max_parents")
     if low < 1 or (high is not None and high < low):
         raise PluginError(f"operator {component.name!r} (plugin {component.plugin}): bad arity {low}..{high}")
     return low, high

@@ -37,4 +37,4 @@ def scale_delta(parents, params, generator):  # type: ignore[no-untyped-def]
 
 @hookimpl
 def register_operators(register):  # type: ignore[no-untyped-def]
-    register("scale_delta", scale_delta, params=ScaleDeltaParams, min_parents=1, max_parents=1, kind="mutation")
+    register("scale_delta", scale_delta, params=ScaleDeltaParams, min_parents=1, max_parents=1)
