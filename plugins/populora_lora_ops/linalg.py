@@ -356,7 +356,7 @@ def sign_fixed_q(x: torch.Tensor, max_cond: float = MAX_GRAM_COND) -> torch.Tens
     return q * torch.where(diag < 0, -torch.ones_like(diag), torch.ones_like(diag))[None, :]
 
 
-def sketched_svd(m: torch.Tensor, sketch: torch.Tensor, rank: int, *, niter: int = 0) -> Svd:
+def sketched_svd(m: torch.Tensor, sketch: torch.Tensor, rank: int, *, niter: int) -> Svd:
     """Top-``rank`` SVD of a dense m from its sketch m @ omega (Halko et al.'s randomized SVD; a merge
     computes the sketch while it builds m, block by block), with ``niter`` power iterations."""
     q, _ = torch.linalg.qr(sketch)

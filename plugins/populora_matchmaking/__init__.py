@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from populora_core.api import Params, hookimpl
+from populora_core.api.population import BETA, PRIOR_MU, PRIOR_SIGMA, TAU
 
 TEACHER_OUTCOME = (
     "[choice] what a problem its student never solved (r = 0) means for the ratings. reward: a win for neither side "
@@ -25,9 +26,19 @@ CONSERVATIVE_K = (
 
 
 class RatedParams(Params):
-    """What every rated matchmaker shares: the win rule of a match."""
+    """What every rated matchmaker shares: the win rule of a match and TrueSkill's environment."""
 
     teacher_outcome: Literal["reward", "zero_sum"] = Field("reward", description=TEACHER_OUTCOME)
+    draw_margin: float = Field(0.0, ge=0, le=1, description="[choice] |solve rate - p| within this margin is a draw")
+    mu: float = Field(PRIOR_MU, description="the prior's mean: every member's first rating, and a fresh child's")
+    sigma: float = Field(
+        PRIOR_SIGMA, gt=0, description="the prior's spread: every member's first rating, and the cap of a child's"
+    )
+    beta: float = Field(BETA, gt=0, description="one performance spread (TrueSkill's beta)")
+    tau: float = Field(TAU, ge=0, description="the spread added to a rating before each match (TrueSkill's tau)")
+    draw_probability: float = Field(
+        0.1, ge=0, lt=1, description="the share of games TrueSkill expects drawn (sets its own draw margin)"
+    )
 
 
 class PFSPParams(RatedParams):
@@ -43,12 +54,6 @@ class PFSPParams(RatedParams):
         "round once every student is drawn, so no student idles when teachers >= students; many_to_one: each "
         "teacher draws on its own (two may draw the same student and leave another idle)",
     )
-    draw_margin: float = Field(0.0, ge=0, le=1, description="[choice] |solve rate - p| within this margin is a draw")
-    mu: float = 25.0
-    sigma: float = 25.0 / 3.0
-    beta: float = 25.0 / 6.0
-    tau: float = 25.0 / 300.0
-    draw_probability: float = Field(0.1, ge=0, lt=1)
 
 
 class RoundRobinParams(RatedParams):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from populora_core.api.components import Match, MatchOutcome
+from populora_core.api.components import Match, Matchmaker, MatchOutcome
+from populora_core.api.population import Rating
+
+if TYPE_CHECKING:
+    from . import PFSPParams, RatedParams
 
 
 def expected_solve_rate(student: Any, teacher: Any, beta: float) -> float:
@@ -16,22 +20,25 @@ def expected_solve_rate(student: Any, teacher: Any, beta: float) -> float:
     return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
-class _RatedMatchmaker:
+class _RatedMatchmaker(Matchmaker):
     """Shared TrueSkill update: student wins above p, teacher wins below, a draw within the margin."""
 
-    def __init__(self, params: Any) -> None:
+    def __init__(self, params: RatedParams) -> None:
         import trueskill
 
         self.params = params
-        p = params
         self.env = trueskill.TrueSkill(
-            mu=getattr(p, "mu", 25.0),
-            sigma=getattr(p, "sigma", 25 / 3),
-            beta=getattr(p, "beta", 25 / 6),
-            tau=getattr(p, "tau", 25 / 300),
-            draw_probability=getattr(p, "draw_probability", 0.1),
+            mu=params.mu,
+            sigma=params.sigma,
+            beta=params.beta,
+            tau=params.tau,
+            draw_probability=params.draw_probability,
         )
         self.beta = self.env.beta
+
+    def prior(self) -> Rating:
+        """The params' ``mu`` and ``sigma``: a new member's first rating on this scale."""
+        return Rating(self.params.mu, self.params.sigma)
 
     def expected(self, student: Any, teacher: Any) -> float:
         return expected_solve_rate(student, teacher, self.beta)
@@ -45,8 +52,7 @@ class _RatedMatchmaker:
     def update_ratings(self, outcomes: Sequence[MatchOutcome], members: dict[str, Any]) -> None:
         """One zero-sum game per match on :func:`match_solve_rate` (a draw where it is None): the student wins
         above the expected solve rate, the teacher below, a draw within the margin."""
-        mode = getattr(self.params, "teacher_outcome", "zero_sum")
-        margin = getattr(self.params, "draw_margin", 0.0)
+        mode, margin = self.params.teacher_outcome, self.params.draw_margin
         for o in outcomes:
             teacher, student = members[o.teacher], members[o.student]
             t = self.env.create_rating(teacher.rating.mu, teacher.rating.sigma)
@@ -81,6 +87,8 @@ def match_solve_rate(outcome: MatchOutcome, mode: str) -> float | None:
 class PFSP(_RatedMatchmaker):
     """Prioritized fictitious self-play: each teacher draws a student weighted by p(1-p)."""
 
+    params: PFSPParams
+
     def weight(self, p: float) -> float:
         w = self.params.weighting
         if w == "var":
@@ -106,7 +114,7 @@ class PFSP(_RatedMatchmaker):
 class RoundRobin(_RatedMatchmaker):
     """Deterministic rotation; ratings still tracked so selection can use them."""
 
-    def __init__(self, params: Any) -> None:
+    def __init__(self, params: RatedParams) -> None:
         super().__init__(params)
         self.calls = 0
 

@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from populora_core.api.components import AdapterRef, Rollout, UpdateStats
 from populora_core.api.errors import UserError
@@ -28,11 +28,15 @@ from .batching import micro_batches, pack
 from .forward import long_row_threshold
 from .state import SCRATCH, LoraTrainerBase, check_update
 
+if TYPE_CHECKING:
+    from . import GRPOParams
+
 REF = "__ref__"
 
 
-def grpo_advantages(rollouts: Sequence[Rollout], scale_rewards: str = "group", group_by: str = "prompt") -> list[float]:
-    """TRL's GRPO advantages: reward minus its group's mean, divided by (std + 1e-4) unless ``none``.
+def grpo_advantages(rollouts: Sequence[Rollout], params: GRPOParams) -> list[float]:
+    """TRL's GRPO advantages: reward minus its group's mean, divided by (std + 1e-4) unless ``params``'
+    ``scale_rewards`` is ``none``.
 
     A group is every rollout of one prompt (``group_by="prompt"``, GRPO's definition; groups may have
     any size here) or of one ``Rollout.group``. ``batch`` scales by the std of the whole batch.
@@ -40,8 +44,7 @@ def grpo_advantages(rollouts: Sequence[Rollout], scale_rewards: str = "group", g
     import torch
     from trl.trainer.utils import nanstd
 
-    if scale_rewards not in ("group", "batch", "none"):
-        raise UserError(f"trainer.scale_rewards: unknown value {scale_rewards!r} (group, batch, none)")
+    scale_rewards, group_by = params.scale_rewards, params.group_by
     rewards = torch.tensor([float(r.reward) for r in rollouts], dtype=torch.float32)
     groups: dict[Any, list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
@@ -150,7 +153,7 @@ class GRPOLoraTrainer(LoraTrainerBase):
         start = time.perf_counter()
         out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
-        adv = grpo_advantages(rollouts, p.scale_rewards, p.group_by)
+        adv = grpo_advantages(rollouts, p)
         rows = [(r, a) for r, a in zip(rollouts, adv) if r.completion_token_ids]
         total = sum(len(r.completion_token_ids) for r, _ in rows)
         # TRL's forward passes no position ids, so a micro-batch holds prompts of one length only

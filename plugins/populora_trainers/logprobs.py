@@ -8,7 +8,7 @@ from typing import Any
 def token_logprobs(
     model: Any,
     batch: dict[str, Any],
-    temperature: float = 1.0,
+    temperature: float,
     entropy: bool = False,
     chunk_tokens: int | None = None,
     joined: bool = False,

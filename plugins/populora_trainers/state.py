@@ -79,16 +79,6 @@ class LoraTrainerBase(Trainer):
         self.host = get_host(base_model, params.device)
         self.served_dtype = served_dtype(params.served_dtype, self.host.dtype)
         self._states: dict[str, dict[str, Any]] = {}
-        parallel = getattr(params, "parallel_updates", 1)
-        if parallel > 1 and use_checkpointing(params.gradient_checkpointing, self.host.device):
-            # the fused forward finds its thread's adapter slot in a thread-local; checkpointing recomputes the
-            # forward in backward on autograd's device thread, where that is unset (a wrong adapter, silently)
-            raise UserError(
-                f"trainer.params.parallel_updates: {parallel} with gradient checkpointing "
-                f"(gradient_checkpointing: {params.gradient_checkpointing} on {self.host.device}): checkpointing "
-                "recomputes each forward on autograd's device thread, which does not know the thread's adapter. "
-                "Set parallel_updates: 1 (on a GPU one update fills the device) or gradient_checkpointing: off"
-            )
 
     @classmethod
     def factory(cls, params: Any, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> Any:

@@ -21,15 +21,18 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from populora_core.api.components import AdapterRef, Rollout, UpdateJob, UpdateStats
+from populora_core.api.components import AdapterRef, BaseModel, LoraSettings, Rollout, UpdateJob, UpdateStats
 from populora_core.api.errors import UserError
 
 from .batching import micro_batches, pack
-from .forward import fused_adapter, long_row_threshold
+from .forward import fused_adapter, long_row_threshold, use_checkpointing
 from .logprobs import token_logprobs
 from .state import SCRATCH, LoraTrainerBase, check_update
+
+if TYPE_CHECKING:
+    from . import TRRParams
 
 
 def prompt_centred_rewards(rollouts: Sequence[Rollout]) -> list[float]:
@@ -56,10 +59,9 @@ def _shared_prompts(rollouts: Sequence[Rollout]) -> list[list[int]]:
     return [m for m in shared.values() if len(m) > 1]
 
 
-def trr_advantages(
-    rollouts: Sequence[Rollout], normalize: str = "token", eps: float = 1e-8, baseline: str = "task"
-) -> list[float]:
-    """One advantage per rollout (the same for all its tokens), whitened per ``Rollout.group``.
+def trr_advantages(rollouts: Sequence[Rollout], params: TRRParams) -> list[float]:
+    """One advantage per rollout (the same for all its tokens), whitened per ``Rollout.group`` by ``params``'
+    ``normalize`` and ``baseline`` (``adv_eps`` under the root).
 
     ``token``: every response token counts once (veRL's masked whitening, AZR); ``sequence``: every
     rollout counts once; ``none``: the raw reward. Rollouts without tokens get 0 and count nowhere.
@@ -74,10 +76,7 @@ def trr_advantages(
     (non-zero as soon as long and short answers or lone rollouts weigh in) and give every sample of a
     problem all solved or all failed the same non-zero advantage: reinforcing, say, wrong answers.
     """
-    if normalize not in ("token", "sequence", "none"):
-        raise UserError(f"trainer.normalize: unknown mode {normalize!r} (token, sequence, none)")
-    if baseline not in ("task", "prompt"):
-        raise UserError(f"trainer.baseline: unknown mode {baseline!r} (task, prompt)")
+    normalize, baseline = params.normalize, params.baseline
     rewards = prompt_centred_rewards(rollouts) if baseline == "prompt" else [float(r.reward) for r in rollouts]
     if normalize == "none":
         return [v if r.completion_token_ids else 0.0 for r, v in zip(rollouts, rewards)]
@@ -94,7 +93,7 @@ def trr_advantages(
         mean = sum(w * v for w, v in zip(weights, raw)) / n
         diffs = [rewards[i] if i in centred else v - mean for i, v in zip(members, raw)]
         var = sum(w * d**2 for w, d in zip(weights, diffs)) / (n - 1) if n > 1 else 0.0
-        inv = 1.0 / math.sqrt(var + eps)
+        inv = 1.0 / math.sqrt(var + params.adv_eps)
         for i, d in zip(members, diffs):
             adv[i] = d * inv
     return adv
@@ -132,6 +131,18 @@ class TRRTrainer(LoraTrainerBase):
     """AZR's TRR++ over one shared base: one member, one adapter version, one AdamW step per update."""
 
     algorithm = "trr++"
+
+    def __init__(self, params: TRRParams, *, base_model: BaseModel, lora: LoraSettings, seed: int) -> None:
+        super().__init__(params, base_model=base_model, lora=lora, seed=seed)
+        if params.parallel_updates > 1 and use_checkpointing(params.gradient_checkpointing, self.host.device):
+            # the fused forward finds its thread's adapter slot in a thread-local; checkpointing recomputes the
+            # forward in backward on autograd's device thread, where that is unset (a wrong adapter, silently)
+            raise UserError(
+                f"trainer.params.parallel_updates: {params.parallel_updates} with gradient checkpointing "
+                f"(gradient_checkpointing: {params.gradient_checkpointing} on {self.host.device}): checkpointing "
+                "recomputes each forward on autograd's device thread, which does not know the thread's adapter. "
+                "Set parallel_updates: 1 (on a GPU one update fills the device) or gradient_checkpointing: off"
+            )
 
     def update(self, member_id: str, adapter: AdapterRef, rollouts: Sequence[Rollout], out_dir: Path) -> UpdateStats:
         start = time.perf_counter()
@@ -187,7 +198,7 @@ class TRRTrainer(LoraTrainerBase):
     def _plan(self, member_id: str, rollouts: Sequence[Rollout], out_dir: Path) -> _Plan:
         out_dir = check_update(member_id, rollouts, out_dir)
         p = self.params
-        advantages = trr_advantages(rollouts, p.normalize, p.adv_eps, p.baseline)
+        advantages = trr_advantages(rollouts, p)
         rows = sorted(
             ((r, a) for r, a in zip(rollouts, advantages) if r.completion_token_ids),
             key=lambda ra: len(ra[0].prompt_token_ids) + len(ra[0].completion_token_ids),

@@ -11,6 +11,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .population import Rating
 from .records import (
     DEFAULT_TARGET_MODULES,
     DROPPED,
@@ -220,6 +221,12 @@ class Matchmaker(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (called only when it was not ``None``)."""
         ...
+
+    def prior(self) -> Rating:
+        """A new member's first rating on this matchmaker's scale, a new object each call: every member of a new
+        run, and a child under ``evolution.child_rating: fresh`` (a widened child's sigma is capped at its sigma).
+        TrueSkill's prior by default (:data:`populora_core.api.population.PRIOR_MU`, ``PRIOR_SIGMA``)."""
+        return Rating()
 
 
 @runtime_checkable

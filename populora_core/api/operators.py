@@ -21,13 +21,11 @@ def operator_arity(component: Component) -> tuple[int, int | None]:
     """(fewest, most) parents an operator takes, as registered: ``min_parents=``, ``max_parents=`` (None: no bound)."""
     meta = component.meta
     if "min_parents" not in meta:
-        old = " (parents= was plugin API 1, read until API 3)" if "parents" in meta else ""
         raise PluginError(
             f"operator {component.name!r} (plugin {component.plugin}) does not declare how many parents it takes "
-            f"(register it with min_parents= and max_parents=){old}"
+            "(register it with min_parents= and max_parents=)"
         )
-    low, high = int(meta["min_parents"]), meta.get("max_parents")
-    high = None if high is None else int(high)
+    low, high = meta["min_parents"], meta.get("max_parents")
     if low < 1 or (high is not None and high < low):
         raise PluginError(f"operator {component.name!r} (plugin {component.plugin}): bad arity {low}..{high}")
     return low, high
@@ -53,17 +51,18 @@ def ready_ids(members: list[Member], readiness: int) -> set[str]:
     return {m.id for m in members if m.counters.matches >= readiness}
 
 
-def child_rating(parents: Sequence[Rating], policy: str, spread: float = 0.0) -> Rating:
+def child_rating(parents: Sequence[Rating], policy: str, spread: float, *, prior: Rating) -> Rating:
     """A child's first rating from its parents' (best first). ``widen``: the parents' mean mu and their mean sigma
-    widened by ``spread`` (in quadrature, at most the prior's): a child is a small step from its parents in
-    weight space, so it starts where they stand, but less certain, and its own matches decide it; ``inherit``:
-    its first parent's mu and sigma (its certainty too); ``fresh``: the prior, whose large sigma ranks it last."""
+    widened by ``spread`` (in quadrature, at most the ``prior``'s, the matchmaker's): a child is a small step from
+    its parents in weight space, so it starts where they stand, but less certain, and its own matches decide it;
+    ``inherit``: its first parent's mu and sigma (its certainty too); ``fresh``: the prior, whose large sigma ranks
+    it last."""
     if policy == "fresh":
-        return Rating()
+        return Rating(prior.mu, prior.sigma)
     if policy == "inherit":
         return Rating(parents[0].mu, parents[0].sigma)
     sigma = math.sqrt(statistics.fmean(p.sigma for p in parents) ** 2 + spread**2)
-    return Rating(statistics.fmean(p.mu for p in parents), min(sigma, Rating().sigma))
+    return Rating(statistics.fmean(p.mu for p in parents), min(sigma, prior.sigma))
 
 
 def select(selector: Any, members: list[Member], rng: random.Random, ready: set[str]) -> list[Replacement]:

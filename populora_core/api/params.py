@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypedDict  # pydantic validates typing's only from Python 3.12
 
 from .errors import UserError
 
@@ -29,6 +30,20 @@ class NoParams(Params):
     """Params model of a component that takes none."""
 
 
+class Meta(TypedDict, total=False):
+    """What a ``register(name, factory, params=..., description=...)`` call may declare besides, each for the kinds
+    :data:`populora_core.plugin.registry.KEYWORDS` names: an unknown keyword, or a value of another type, is a
+    :class:`PluginError` when the plugin loads (the hookspecs say what each means)."""
+
+    doctor: Callable[[], tuple[str, str, str | None]]  # any kind: a row of `populora doctor`
+    memory: Callable[[Any, Any], Any]  # engine, trainer: its GPU memory terms for `populora plan`
+    sampling_logprobs: Callable[[Any], bool]  # trainer: whether its updates read the sampling policy's log-probs
+    gpus: Callable[[Any], int]  # cluster: the GPUs its members are spread over
+    min_parents: int  # operator: the fewest parents it takes (required)
+    max_parents: int | None  # operator: the most (None: no bound)
+    category: str  # evaluator: the group of benchmarks it averages with
+
+
 @dataclass(frozen=True)
 class Component:
     """One registered component. ``factory`` is what the kind's contract says (see hookspecs)."""
@@ -40,7 +55,7 @@ class Component:
     plugin: str
     version: str
     description: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: Meta = field(default_factory=lambda: Meta())
 
     def parse_params(self, raw: dict[str, Any] | None) -> Params:
         """Validate ``raw`` against this component's params model (raises pydantic's error)."""

@@ -10,6 +10,14 @@ from typing import Any
 
 ROLES = ("teacher", "student", "both")
 
+#: TrueSkill's prior, stated once: a new member's rating (``Rating()``) unless its matchmaker sets another
+#: (:meth:`populora_core.api.components.Matchmaker.prior`: pfsp's ``mu`` and ``sigma``), and the scale's
+#: performance spread ``BETA`` and dynamics ``TAU``, TrueSkill's defaults for that mu.
+PRIOR_MU = 25.0
+PRIOR_SIGMA = PRIOR_MU / 3.0
+BETA = PRIOR_MU / 6.0
+TAU = PRIOR_MU / 300.0
+
 
 @dataclass
 class Lineage:
@@ -24,8 +32,8 @@ class Lineage:
 
 @dataclass
 class Rating:
-    mu: float = 25.0
-    sigma: float = 25.0 / 3.0
+    mu: float = PRIOR_MU
+    sigma: float = PRIOR_SIGMA
 
     def conservative(self, k: float = 3.0) -> float:
         return self.mu - k * self.sigma
@@ -95,17 +103,16 @@ class Population:
     next_index: dict[str, int] = field(default_factory=dict)  # per-prefix id counter for children
 
     @classmethod
-    def create(cls, teachers: int, students: int, *, shared: bool = False) -> Population:
-        """``shared``: one adapter per slot playing both roles (the single-agent baseline)."""
-        pop = cls()
+    def create(cls, teachers: int, students: int, *, shared: bool = False, prior: Rating | None = None) -> Population:
+        """``shared``: one adapter per slot playing both roles (the single-agent baseline); ``prior``: every
+        member's first rating (each its own copy; None: TrueSkill's, ``Rating()``)."""
+        pop, first = cls(), prior or Rating()
         if shared:
-            for _ in range(max(teachers, students)):
-                pop.add_new("a", "both")
+            slots = [("a", "both")] * max(teachers, students)
         else:
-            for _ in range(teachers):
-                pop.add_new("t", "teacher")
-            for _ in range(students):
-                pop.add_new("s", "student")
+            slots = [("t", "teacher")] * teachers + [("s", "student")] * students
+        for prefix, role in slots:
+            pop.add_new(prefix, role, rating=Rating(first.mu, first.sigma))
         return pop
 
     def add_new(self, prefix: str, role: str, **kwargs: Any) -> Member:

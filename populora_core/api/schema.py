@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .components import LoraSettings
+from .population import BETA
 
 Role = Literal["teacher", "student", "both"]
 
@@ -127,10 +128,10 @@ class EvolutionSection(_Strict):
         "mu - k*sigma (the youngest is then always the one replaced)",
     )
     child_sigma: float = Field(
-        25.0 / 6.0,
+        BETA,
         ge=0,
         description="with child_rating: widen, the uncertainty a child adds to its parents' sigma (in quadrature, "
-        "capped at the prior's 25/3); default: TrueSkill's beta, one performance spread",
+        "capped at the matchmaker's prior sigma, 25/3 by default); default: TrueSkill's beta, one performance spread",
     )
     child_optimizer: Literal["fresh", "inherit"] = Field(
         "fresh", description="fresh: a child starts with no AdamW moments; inherit: a copy of its first parent's"
@@ -228,8 +229,8 @@ class EvalSection(_Strict):
 
 
 class RuntimeSection(_Strict):
-    """Process settings (populora_core/services/runtime.py): ``cpu_isa`` applied by the ``populora`` command before torch
-    loads, ``threads`` by ``start_run``/``resume_run`` (a run started from Python gets it too)."""
+    """Process settings (populora_core/services/runtime.py): ``cpu_isa`` applied by the ``populora`` command
+    before torch loads, ``threads`` by ``start_run``/``resume_run`` (a run started from Python gets it too)."""
 
     cpu_isa: Literal["native", "avx2"] = Field(
         "native",

@@ -99,7 +99,7 @@ def run(
     _check_files(model, recipe, overrides)
     if dry_run:
         _warn_short_run(model)
-        _dry_run(manager, recipe, model, resolved, run_dir)
+        _dry_run(manager, recipe, model, run_dir)
         return
     _apply_runtime(model.runtime)
     from ..run.loop import start_run
@@ -131,7 +131,7 @@ def _warn_short_run(model: Any) -> str | None:
     return warning
 
 
-def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], run_dir: str | None) -> None:
+def _dry_run(manager: Any, recipe: str, model: Any, run_dir: str | None) -> None:
     """The resolved recipe (every default filled in, as ``recipe.yaml`` of the run would hold it) and the plan."""
     import yaml
 
@@ -144,7 +144,7 @@ def _dry_run(manager: Any, recipe: str, model: Any, resolved: dict[str, Any], ru
 
     engine_device = str(model.engine.params.get("device", "auto"))
     try:
-        planned = format_plan(plan_loaded(model, resolved, manager.registry, recipe, *gpu_budget(None)))
+        planned = format_plan(plan_loaded(model, manager.registry, recipe, *gpu_budget(None)))
     except UserError as exc:  # no model config at hand (an uncached hub model): the recipe is still valid
         planned = f"no plan: {exc}"
     if resolve_device(engine_device) == "cpu":  # GPU memory terms would describe a machine this run does not use

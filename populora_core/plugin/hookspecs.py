@@ -321,8 +321,8 @@ def after_matchmaking(run: RunView, step: int, matches: list[Match]) -> None:
     :param run: the run as hooks see it.
     :param step: the step being run, 1-based.
     :param matches: the step's pairs, a list of :class:`populora_core.api.records.Match` (teacher, student,
-        expected solve rate); a hookimpl may reorder or replace entries in place to steer pairing, and the step
-        uses the list as the hookimpls leave it.
+        expected solve rate); a hookimpl may reorder or replace entries in place, and the step uses the list as
+        left if each teacher still has one match, with a student (else a PluginError naming the hook's plugins).
     :returns: nothing; a returned value is ignored.
     """
 

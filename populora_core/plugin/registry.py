@@ -7,17 +7,19 @@ provenance (the simonw/llm pattern).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..api import components
 from ..api.errors import PluginError, UserError
-from ..api.params import Component, NoParams, Params, _first_line
+from ..api.operators import operator_arity
+from ..api.params import Component, Meta, NoParams, Params, _first_line
 
 #: Component kinds, their ``register_*`` hook and what the registered factory is called with.
 KINDS: dict[str, str] = {
@@ -34,6 +36,37 @@ KINDS: dict[str, str] = {
     "cluster": "register_clusters",
 }
 
+#: The keywords (:class:`populora_core.api.params.Meta`) a ``register`` call of each kind may pass besides name,
+#: factory, params and description; ``doctor`` any kind.
+KEYWORDS: dict[str, frozenset[str]] = {kind: frozenset({"doctor"}) for kind in KINDS} | {
+    "engine": frozenset({"doctor", "memory"}),
+    "trainer": frozenset({"doctor", "memory", "sampling_logprobs"}),
+    "cluster": frozenset({"doctor", "gpus"}),
+    "operator": frozenset({"doctor", "min_parents", "max_parents"}),
+    "evaluator": frozenset({"doctor", "category"}),
+}
+_META = TypeAdapter(Meta)
+
+
+def checked_meta(kind: str, meta: dict[str, Any], where: str) -> Meta:
+    """``meta`` as a :class:`Meta` of ``kind``: an unknown keyword (a misspelt ``min_parent``) or a value of another
+    type is a :class:`PluginError` naming ``where`` (the plugin and component) and the keyword, at load."""
+    allowed = sorted(KEYWORDS[kind])
+    for key in meta:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise PluginError(
+                f"{where}: register() got the unknown keyword {key!r}{hint}; {kind}s take {', '.join(allowed)} "
+                "besides name, factory, params and description"
+            )
+    try:
+        return _META.validate_python(meta, strict=True)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(part) for part in first["loc"][:1])
+        raise PluginError(f"{where}: register({key}=...): {first['msg']}") from None
+
 
 class Registry:
     """Components by kind and name, with the plugin that provided each."""
@@ -45,15 +78,24 @@ class Registry:
         """The ``register`` callback handed to one plugin's ``register_<kind>s`` hookimpl."""
 
         def register(
-            name: str, factory: Callable[..., Any], params: type[Params] = NoParams, description: str = "", **meta: Any
+            name: str,
+            factory: Callable[..., Any],
+            params: type[Params] = NoParams,
+            description: str = "",
+            **meta: Unpack[Meta],
         ) -> None:
-            self.add(
-                Component(
-                    kind, name, factory, params, plugin, version, description or _first_line(factory.__doc__), meta
-                )
+            checked = checked_meta(kind, dict(meta), f"plugin {plugin}: {kind} {name!r}")
+            component = Component(
+                kind, name, factory, params, plugin, version, description or _first_line(factory.__doc__), checked
             )
+            if kind == "operator":
+                operator_arity(component)  # declared, and a possible count: checked now, not at first use
+            self.add(component)
 
-        register.__doc__ = f"Register a {kind} component: register(name, factory, params=Params, description='')."
+        keywords = ", ".join(f"{k}=" for k in sorted(KEYWORDS[kind]))
+        register.__doc__ = (
+            f"Register a {kind} component: register(name, factory, params=Params, description='', {keywords}...)."
+        )
         return register
 
     def add(self, component: Component) -> None:

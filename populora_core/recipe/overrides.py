@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import BaseModel
 
 from ..api.errors import RecipeError
 from .shipped import resolve_recipe
@@ -47,16 +49,21 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _parsed(item: str, recipe: str | None) -> tuple[str, Any]:
+    """(key, value) of one ``a.b.c=value`` override, the value parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise RecipeError(f"override {item!r} is not key.sub=value", recipe=recipe)
+    return key, yaml.load(raw, Loader=_UniqueKeyLoader) if raw != "" else ""
+
+
 def apply_overrides(
     data: dict[str, Any], overrides: list[str] | tuple[str, ...], recipe: str | None = None
 ) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (value parsed as YAML; list items by index)."""
     result = copy.deepcopy(data)
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise RecipeError(f"override {item!r} is not key.sub=value", recipe=recipe)
-        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw != "" else ""
+        key, value = _parsed(item, recipe)
         node: Any = result
         parts = key.split(".")
         for i, part in enumerate(parts):
@@ -80,3 +87,33 @@ def apply_overrides(
             else:
                 node = node.setdefault(part, {})
     return result
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def override_model(model: ModelT, overrides: Sequence[str]) -> ModelT:
+    """A typed recipe (or section) with ``a.b.c=value`` overrides, as the command line writes them: every model on a
+    key's path is validated again with the fields it had set and the new value (what it left to defaults stays
+    so), a mapping's entry or a list's item replaced; a set field the overrides do not reach is the same object."""
+    for item in overrides:
+        key, value = _parsed(item, None)
+        model = _replaced(model, key.split("."), value)
+    return model
+
+
+def _replaced(node: Any, parts: list[str], value: Any) -> Any:
+    head, rest = parts[0], parts[1:]
+    if isinstance(node, BaseModel):
+        fields = {name: getattr(node, name) for name in node.model_fields_set}
+        fields[head] = _replaced(getattr(node, head, None), rest, value) if rest else value
+        return type(node).model_validate(fields)
+    if isinstance(node, list):
+        if not head.isdigit() or int(head) >= len(node):
+            raise RecipeError(f"override {'.'.join(parts)}={value!r}: no list item {head!r}")
+        items = list(node)
+        items[int(head)] = _replaced(node[int(head)], rest, value) if rest else value
+        return items
+    mapping = dict(node or {})
+    mapping[head] = _replaced(mapping.get(head), rest, value) if rest else value
+    return mapping

@@ -189,6 +189,8 @@ def build_components(
             )
             for i, ref in enumerate(recipe.sinks)
         ]
+        matchmaker = reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.build_params())
+        check_implements(matchmaker, Matchmaker, "matchmaker", recipe.matchmaker.name)
         return Components(
             recipe=recipe,
             streams=streams,
@@ -201,7 +203,7 @@ def build_components(
             tasks=tasks,
             engine=engine,
             trainer=trainer,
-            matchmaker=reg.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.build_params()),
+            matchmaker=matchmaker,
             selector=reg.get("selector", evo.selector.name).build(evo.selector.build_params()) if evo.every else None,
             operators=operators,
             sinks=sinks,
@@ -251,7 +253,7 @@ def planned_engine_params(
         return params, None
     try:
         config = Path(base.path) / "config.json"
-        plan = plan_model(recipe, recipe.model_dump(mode="json"), registry, None, gpu_bytes, gpus, config, held=held)
+        plan = plan_model(recipe, registry, None, gpu_bytes, gpus, config, held=held)
     except Exception as exc:  # planning never stops a run: an engine that needs the plan's choice says so
         run_dir.log_line(f"plan: not made ({exc}); the engine gets its params as written")
         return params, str(exc)

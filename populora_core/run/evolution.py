@@ -122,7 +122,9 @@ def _replace(c: Components, population: Population, step: int, rep: Replacement,
         lineage=Lineage([p.version_name for p in parents], component.name, params_dict, op_seed, step),
     )
     evo = c.recipe.evolution
-    child.rating = child_rating([p.rating for p in parents], evo.child_rating, evo.child_sigma)
+    child.rating = child_rating(
+        [p.rating for p in parents], evo.child_rating, evo.child_sigma, prior=c.matchmaker.prior()
+    )
     save_lora(child_weights, c.run_dir.adapter_path(child.version_name))
     if c.recipe.evolution.child_optimizer == "inherit":
         c.trainer.copy_state(parents[0].id, child.id)

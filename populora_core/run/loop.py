@@ -53,7 +53,10 @@ class Run:
         self.resume_step = resume_step  # the checkpoint a resumed run continues from (0: a new run)
         self.components = build_components(recipe, run_dir, manager, base_model=base_model, resume_step=resume_step)
         self.population = Population.create(
-            recipe.population.teachers, recipe.population.students, shared=recipe.population.single_agent
+            recipe.population.teachers,
+            recipe.population.students,
+            shared=recipe.population.single_agent,
+            prior=self.components.matchmaker.prior(),
         )
         self.step = 0
         self.sources = ""  # the run.log line naming each component's plugin, package and version
@@ -113,6 +116,7 @@ class Run:
         with timer("matchmaking"):
             matches = phases.match(c, pop, step)
             self.hook.after_matchmaking(run=self.view(), step=step, matches=matches)
+            phases.check_hooked_matches(matches, pop, self.hook.after_matchmaking)
         proposals, dropped = phases.propose(c, pop, step, timer)
         solved = phases.solve_proposals(c, pop, proposals, matches, step, timer)
         own_rates = (

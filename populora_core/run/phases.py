@@ -41,14 +41,24 @@ def match(c: Components, population: Population, step: int) -> list[Match]:
     if c.recipe.population.single_agent:
         return [Match(m.id, m.id, 0.5) for m in population.teachers]
     matches = c.matchmaker.pair(population.teachers, population.students, c.streams.rng(step, "match"))
-    check_one_match_per_teacher(matches, population, c.registry.get("matchmaker", c.recipe.matchmaker.name))
+    matchmaker = c.registry.get("matchmaker", c.recipe.matchmaker.name)
+    check_one_match_per_teacher(matches, population, f"matchmaker {matchmaker.name!r} (plugin {matchmaker.plugin})")
     return matches
 
 
-def check_one_match_per_teacher(matches: Sequence[Match], population: Population, matchmaker: Any) -> None:
-    """A matchmaker that gives a teacher two matches or none, or pairs a non-teacher or non-student, is a
-    :class:`PluginError` naming it and the member: the loop would otherwise drop a match or fail on a key."""
-    where = f"matchmaker {matchmaker.name!r} (plugin {matchmaker.plugin})"
+def check_hooked_matches(matches: Sequence[Match], population: Population, hook: Any) -> None:
+    """The one-match rule again after the ``after_matchmaking`` hook (``hook``: its caller), which may replace
+    entries: a hookimpl that breaks it is a :class:`PluginError` naming the hook and the plugins implementing it."""
+    plugins = sorted({impl.plugin_name for impl in hook.get_hookimpls()})
+    if plugins:
+        where = f"hook after_matchmaking (plugin{'s' if len(plugins) > 1 else ''} {', '.join(plugins)})"
+        check_one_match_per_teacher(matches, population, where)
+
+
+def check_one_match_per_teacher(matches: Sequence[Match], population: Population, where: str) -> None:
+    """Matches that give a teacher two matches or none, or pair a non-teacher or non-student, are a
+    :class:`PluginError` naming ``where`` they came from and the member: the loop would otherwise drop a match or
+    fail on a key."""
     teachers = {m.id for m in population.teachers}
     students = {m.id for m in population.students}
     count = Counter(m.teacher for m in matches)

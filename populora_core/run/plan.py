@@ -19,6 +19,8 @@ from typing import Any
 
 from ..api.errors import UserError
 from ..api.memory import AUTO_MARGIN, GIB, Arch, EngineMemory, PlanContext, TrainerMemory, dtype_bytes
+from ..api.schema import Recipe
+from ..recipe.overrides import override_model
 from ..services.architecture import config_source, load_arch, parse_memory
 from ..services.gpu import visible_gpu_bytes
 
@@ -43,16 +45,8 @@ def declared_params(registry: Any, kind: str, ref: Any) -> Any:
     return None
 
 
-def typed_recipe(data: dict[str, Any]) -> Any:
-    """The typed recipe of a resolved recipe dict, every section's defaults filled in: what the plan and the
-    components' memory functions read (the dict is kept for the overrides the plan tries)."""
-    from ..api.schema import Recipe
-
-    return Recipe.model_validate(data)
-
-
 def plan_recipe(
-    data: dict[str, Any],
+    recipe: Recipe,
     arch: Arch,
     *,
     gpu_bytes: int,
@@ -62,14 +56,12 @@ def plan_recipe(
     held: int = 0,
     with_trainer: bool = True,
 ) -> dict[str, Any]:
-    """The plan of a resolved recipe dict: rows per GPU, both phases' peaks, disk, verdict and suggestions.
+    """The plan of a typed recipe (what the components' memory functions read): rows per GPU, both phases' peaks,
+    disk, verdict and suggestions; each change it tries is an override of that recipe (:func:`override_model`).
 
     ``held``: bytes of the GPU other processes held when it was measured (a row of their own, in both phases);
     ``with_trainer`` False: the engine alone (``populora eval``: nothing trains on its GPU)."""
-    from ..recipe.overrides import apply_overrides
-
     scope: dict[str, Any] = {"held": held, "with_trainer": with_trainer}
-    recipe = typed_recipe(data)
     roll, rank = recipe.rollout, recipe.lora.rank
     members = recipe.population.adapters
     per_gpu = math.ceil(members / gpus)
@@ -91,7 +83,7 @@ def plan_recipe(
         side, trainer_notes = TrainerMemory(), ["the engine alone: no trainer shares its GPU"]
     candidates = side.candidates + own.candidates
     if own.auto:
-        return _plan_auto(data, arch, gpu_bytes, gpus, registry, own.auto, candidates, suggest, scope)
+        return _plan_auto(recipe, arch, gpu_bytes, gpus, registry, own.auto, candidates, suggest, scope)
     notes = trainer_notes + side.notes + engine_notes + own.notes
     others = [("other processes", float(held), "held on this GPU when it was measured")] if held else []
     rows = others + side.rows + own.rows + side.update_rows + own.training_rows
@@ -130,21 +122,21 @@ def plan_recipe(
     }
     if suggest and not over:  # room the engine could use that still fits (vLLM asleep: more KV cache)
         for change in own.roomier:
-            trial = apply_overrides(data, [change])
+            trial = override_model(recipe, [change])
             roomy = plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False, **scope)
             if roomy["fits"]:
                 notes.append(f"{change.replace('=', ' up to ', 1)} also fits (more room for the engine)")
                 break
     if over:
         if suggest:
-            result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates, scope)
+            result["suggestions"] = _suggestions(recipe, arch, gpu_bytes, gpus, registry, per_gpu, candidates, scope)
         tries = f"; try: {', '.join(result['suggestions'])}" if result["suggestions"] else ""
         result["verdict"] = f"does not fit: {'; '.join(over)}{tries}"
     return result
 
 
 def _plan_auto(
-    data: dict[str, Any],
+    recipe: Recipe,
     arch: Arch,
     gpu_bytes: int,
     gpus: int,
@@ -157,14 +149,12 @@ def _plan_auto(
     """The plan of the first combination of the engine's ``auto`` values (preferred first) whose peak leaves
     :data:`AUTO_MARGIN` of the GPU free; else of the first that fits at all; else of the last, with the changes
     that make the recipe as written fit (each planned with its own ``auto`` choice)."""
-    from ..recipe.overrides import apply_overrides
-
     keys = [f"engine.params.{key}" for key in auto]
     combos = [dict(zip(keys, values)) for values in itertools.product(*auto.values())]
 
     def planned(combo: dict[str, Any]) -> dict[str, Any]:
         changes = [f"{k}={_value(v)}" for k, v in combo.items()]
-        trial = apply_overrides(data, changes)
+        trial = override_model(recipe, changes)
         return plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, suggest=False, **scope)
 
     within = fitting = last = None
@@ -188,7 +178,7 @@ def _plan_auto(
     result["notes"].insert(0, f"{chosen} ({why})")
     if not result["fits"] and suggest:
         per_gpu = int(result["members_per_gpu"])
-        result["suggestions"] = _suggestions(data, arch, gpu_bytes, gpus, registry, per_gpu, candidates, scope)
+        result["suggestions"] = _suggestions(recipe, arch, gpu_bytes, gpus, registry, per_gpu, candidates, scope)
         if result["suggestions"]:
             result["verdict"] += f"; try: {', '.join(result['suggestions'])}"
     return result
@@ -199,7 +189,7 @@ def _value(value: Any) -> str:
 
 
 def _suggestions(
-    data: dict[str, Any],
+    recipe: Recipe,
     arch: Arch,
     gpu_bytes: int,
     gpus: int,
@@ -211,15 +201,13 @@ def _suggestions(
     """Single changes that make the recipe fit (``key=value`` overrides or ``--gpus``), else one combination. The
     candidates are the trainer's, then the engine's (each nearest first); of a key offered with several values,
     only the first that fits is suggested."""
-    from ..recipe.overrides import apply_overrides
-
     values = Counter(c.split("=", 1)[0] for c in candidates)
 
     def several(change: str) -> bool:
         return values[change.split("=", 1)[0]] > 1
 
     def fits(changes: list[str], n: int = gpus) -> bool:
-        trial = apply_overrides(data, changes)
+        trial = override_model(recipe, changes)
         planned = plan_recipe(trial, arch, gpu_bytes=gpu_bytes, gpus=n, registry=registry, suggest=False, **scope)
         return bool(planned["fits"])
 
@@ -295,8 +283,8 @@ def plan_file(
     gpu_bytes, gpu_from = gpu_budget(gpu_memory)
     if config is not None and not Path(config).is_file():
         raise UserError(f"--config: {config} is not a file")
-    model, data = load_recipe(recipe, list(overrides), manager.registry)
-    return plan_loaded(model, data, manager.registry, recipe, gpu_bytes, gpu_from, gpus=gpus, config=config)
+    model, _ = load_recipe(recipe, list(overrides), manager.registry)
+    return plan_loaded(model, manager.registry, recipe, gpu_bytes, gpu_from, gpus=gpus, config=config)
 
 
 def gpu_budget(gpu_memory: str | None) -> tuple[int, str]:
@@ -308,8 +296,7 @@ def gpu_budget(gpu_memory: str | None) -> tuple[int, str]:
 
 
 def plan_loaded(
-    model: Any,
-    data: dict[str, Any],
+    model: Recipe,
     registry: Any,
     recipe: str | None,
     gpu_bytes: int,
@@ -323,7 +310,7 @@ def plan_loaded(
     gpus_from = "--gpus"
     if gpus is None:
         gpus, gpus_from = cluster_gpus(registry, model.cluster)
-    result = plan_model(model, data, registry, recipe, gpu_bytes, gpus, config)
+    result = plan_model(model, registry, recipe, gpu_bytes, gpus, config)
     result["gpu_memory_from"], result["gpus_from"] = gpu_from, gpus_from
     return result
 
@@ -345,8 +332,7 @@ def cluster_gpus(registry: Any, ref: Any) -> tuple[int, str]:
 
 
 def plan_model(
-    model: Any,
-    data: dict[str, Any],
+    model: Recipe,
     registry: Any,
     recipe: str | None,
     gpu_bytes: int,
@@ -359,7 +345,7 @@ def plan_model(
     registered = ref.name in registry.names("base_model")
     dtype = registry.base_model(ref.name, ref.params).dtype if registered else "auto"
     arch = load_arch(source, list(model.lora.target_modules), dtype)
-    return plan_recipe(data, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, held=held)
+    return plan_recipe(model, arch, gpu_bytes=gpu_bytes, gpus=gpus, registry=registry, held=held)
 
 
 def plan_engine_alone(
@@ -368,15 +354,17 @@ def plan_engine_alone(
     """The plan of engine ``name`` alone on one GPU (``populora eval``: nothing trains beside it), from its base
     model's config.json; ``held``: what other processes hold there."""
     arch = load_arch(Path(base_model.path) / "config.json", list(lora.target_modules), base_model.dtype)
-    data = {
-        "name": "engine-alone",  # a plan's name, never a folder; it must still be a safe run name
-        "steps": 1,
-        "base_model": base_model.name or base_model.path,
-        "engine": {"name": name, "params": dict(params)},
-        "lora": {"rank": lora.rank},
-        "population": {"mode": "single_agent", "teachers": 1, "students": 1},
-    }
-    return plan_recipe(data, arch, gpu_bytes=gpu_bytes, registry=registry, held=held, with_trainer=False)
+    recipe = Recipe.model_validate(
+        {
+            "name": "engine-alone",  # a plan's name, never a folder; it must still be a safe run name
+            "steps": 1,
+            "base_model": base_model.name or base_model.path,
+            "engine": {"name": name, "params": dict(params)},
+            "lora": {"rank": lora.rank},
+            "population": {"mode": "single_agent", "teachers": 1, "students": 1},
+        }
+    )
+    return plan_recipe(recipe, arch, gpu_bytes=gpu_bytes, registry=registry, held=held, with_trainer=False)
 
 
 #: the GPU a plan is made for when none is visible and --gpu-memory is not given (an A100/H100 80 GB)

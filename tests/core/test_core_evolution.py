@@ -41,15 +41,6 @@ def test_arity_comes_from_min_and_max_parents_and_must_be_declared():
         operator_arity(_operator(identity, min_parents=3, max_parents=2))
 
 
-def test_the_plugin_api_1_keyword_parents_is_an_error_naming_the_new_ones_since_api_3():
-    """``parents=N`` was read with a FutureWarning for one version (API 2); since API 3 it names its successors."""
-    import populora_core
-
-    assert populora_core.PLUGIN_API_VERSION >= 3
-    with pytest.raises(PluginError, match=r"min_parents= and max_parents=.*parents= was plugin API 1"):
-        operator_arity(_operator(identity, parents=2))
-
-
 def test_parent_count_and_compatibility_are_checked_before_the_operator_runs():
     calls = []
 

@@ -241,7 +241,8 @@ def test_every_registration_hook_fires_and_what_it_registers_is_there(monkeypatc
     for hook_name in KINDS.values():
 
         def register(register, _hook=hook_name):
-            register(f"probe_{_hook}", lambda params: None)
+            arity = {"min_parents": 1} if _hook == "register_operators" else {}  # an operator declares it
+            register(f"probe_{_hook}", lambda params: None, **arity)
 
         register.__name__ = hook_name
         setattr(Registrar, hook_name, staticmethod(hookimpl(register)))

@@ -426,6 +426,16 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
         run.close()
 
 
+def test_a_new_runs_members_start_at_the_matchmakers_prior(env, tmp_path):
+    pm = _manager()
+    recipe, resolved = load_recipe(RECIPE, ["matchmaker.params.mu=40", "matchmaker.params.sigma=5"], pm.registry)
+    run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
+    try:
+        assert {(m.rating.mu, m.rating.sigma) for m in run.population.members.values()} == {(40.0, 5.0)}
+    finally:
+        run.close()
+
+
 def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path):
     """`populora seed` (AZR's seeding stage, base model only) writes N distinct valid problems per task;
     `seeds.enabled` puts them in each task's buffer before step 1 and logs how many."""
@@ -521,6 +531,20 @@ class MiscountingMatchmakers:
 def test_a_matchmaker_that_gives_a_teacher_two_matches_or_none_is_a_plugin_error(env, tmp_path, name, what):
     with pytest.raises(PluginError, match=rf"matchmaker '{name}' \(plugin test-plugin-0\) gave teacher 't0' {what}"):
         _run(_manager(MiscountingMatchmakers()), tmp_path / "run", [f"matchmaker={name}"])
+
+
+class DoublingHook:
+    """An after_matchmaking hookimpl that breaks the one-match rule: it gives the first teacher a second match."""
+
+    @hookimpl
+    def after_matchmaking(self, run, step, matches):
+        matches.append(matches[0])
+
+
+def test_an_after_matchmaking_hook_that_gives_a_teacher_two_matches_is_a_plugin_error(env, tmp_path):
+    broken = r"hook after_matchmaking \(plugin test-plugin-0\) gave teacher 't0' 2 matches"
+    with pytest.raises(PluginError, match=broken):
+        _run(_manager(DoublingHook()), tmp_path / "run")
 
 
 def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tmp_path):

@@ -56,6 +56,46 @@ def test_broken_plugin_warns_and_is_listed_but_cli_works(plugin_site):
     assert help_result.returncode == 0 and "recipe-schema" in help_result.stdout
 
 
+def test_a_registration_with_an_unknown_keyword_is_a_broken_plugin_row_naming_it(plugin_site):
+    """``min_parent=`` for ``min_parents=``: refused when the plugin loads (not when a run first uses the
+    operator), shown as a failed plugin, the CLI working."""
+    result = run_cli("plugins", env=_env(plugin_site))
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "misspelt_example (populora-broken-example 0.0.1) FAILED" in result.stdout
+    assert "unknown keyword 'min_parent' (did you mean min_parents?)" in result.stdout
+    rows = {r["name"]: r for r in json.loads(run_cli("plugins", "--json", env=_env(plugin_site)).stdout)}
+    assert rows["misspelt_example"]["components"] == [] and "'min_parent'" in rows["misspelt_example"]["error"]
+
+
+@pytest.mark.parametrize(
+    ("keywords", "says"),
+    [
+        ({"min_parent": 1}, r"unknown keyword 'min_parent' \(did you mean min_parents\?\); operators take"),
+        ({"parents": 2}, r"unknown keyword 'parents' \(did you mean min_parents\?\)"),  # plugin API 1's
+        (
+            {"min_parents": 1, "category": "code"},
+            r"unknown keyword 'category'; operators take doctor, max_parents, min_parents besides",
+        ),
+        ({"min_parents": "two"}, r"register\(min_parents=\.\.\.\): Input should be a valid integer"),
+        ({"max_parents": 2}, r"operator 'op' \(plugin typo\) does not declare how many parents it takes"),
+        ({"min_parents": 3, "max_parents": 2}, r"operator 'op' \(plugin typo\): bad arity 3\.\.2"),
+    ],
+)
+def test_registration_keywords_are_checked_when_the_plugin_loads(monkeypatch, keywords, says):
+    class Plugin:
+        @hookimpl
+        def register_operators(self, register):
+            register("op", lambda parents, params, generator: parents[0], **keywords)
+
+    pm = PluginManager()
+    with pytest.warns(PluginLoadWarning, match=rf"plugin typo \(local\) disabled: PluginError: .*{says}"):
+        assert not pm.add_plugin(Plugin(), "typo")
+    assert "op" not in pm.registry.names("operator") and pm.plugins["typo"].error  # a row, nothing registered
+    monkeypatch.setenv("POPULORA_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=says):
+        PluginManager().add_plugin(Plugin(), "typo")
+
+
 def test_strict_mode_turns_a_broken_plugin_into_an_error(plugin_site):
     result = run_cli("plugins", env=_env(plugin_site, POPULORA_STRICT_PLUGINS="1"))
     assert result.returncode == 2

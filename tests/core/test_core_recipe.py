@@ -125,6 +125,39 @@ def test_yaml_syntax_missing_file_and_bad_override(manager, tmp_path):
         apply_overrides({"tasks": ["a"]}, ["tasks.7=b"])
 
 
+def test_overrides_on_the_typed_recipe_validate_what_they_change_and_share_the_rest():
+    """What ``populora plan`` tries (``override_model``): the same ``key=value`` words as the command line's, each
+    model on the path validated again, the sections it set and the override did not touch the same objects, what
+    the recipe left unset still unset."""
+    from pydantic import ValidationError
+
+    from populora_core.api.schema import Recipe
+    from populora_core.recipe.overrides import override_model
+
+    recipe = Recipe.model_validate(
+        {"name": "r", "steps": 2, "base_model": "nano", "engine": {"name": "vllm", "params": {"sleep": "auto"}}}
+    )
+    changed = override_model(
+        recipe,
+        [
+            "rollout.solver_samples=2",
+            "engine.params.sleep=always",
+            'trainer.params.gradient_checkpointing="on"',  # quoted: YAML reads on as true
+            "evolution.operators.1.weight=3",
+        ],
+    )
+    assert changed.rollout.solver_samples == 2 and recipe.rollout.solver_samples == 8
+    assert changed.engine.params == {"sleep": "always"} and recipe.engine.params == {"sleep": "auto"}
+    assert changed.trainer.params == {"gradient_checkpointing": "on"}
+    assert [o.weight for o in changed.evolution.operators] == [0.5, 3.0]
+    assert changed.base_model is recipe.base_model and changed.lora == recipe.lora  # set: shared; unset: default
+    assert "adapters" not in changed.model_fields_set and "keep" not in changed.adapters.model_fields_set
+    with pytest.raises(ValidationError, match="solver_samples"):
+        override_model(recipe, ["rollout.solver_samples=0"])
+    with pytest.raises(RecipeError, match="no list item '7'"):
+        override_model(recipe, ["evolution.operators.7.weight=1"])
+
+
 def test_cli_validate_exits_2_without_traceback(tmp_path):
     data = _base()
     data["trainer"] = {"name": "fake", "params": {"lr": "fast"}}

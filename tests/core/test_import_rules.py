@@ -1,7 +1,8 @@
 """Plugins import only the core's public floors (``populora_core.api``, ``populora_core.services`` and their
-submodules) and the plugins they declare in ``PLUGIN_REQUIRES``; each floor of the core imports only the floors below
-it (api < services < plugin < recipe < run < cli); the api floor imports no torch, transformers or peft, not even
-inside a function."""
+submodules) and the plugins they declare in ``PLUGIN_REQUIRES``, the third-party example packages under
+``tests/thirdparty_*`` (what authors copy) too; each floor of the core imports only the floors below it (api <
+services < plugin < recipe < run < cli); the api floor imports no torch, transformers or peft, not even inside a
+function."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import populora_core
 from populora_core.api.runview import RunView
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+TESTS = Path(__file__).resolve().parents[1]
 CORE = Path(populora_core.__file__).parent
 API = "populora_core.api"
 #: The core's public floors, what a plugin may import
@@ -51,7 +53,7 @@ def violations(package: Path, plugins_dir: Path = PLUGINS) -> list[str]:
     """Imports in one plugin package of the core outside its public floors or of a plugin it does not declare."""
     own = package.name
     declared = set(getattr(importlib.import_module(own), "PLUGIN_REQUIRES", ()))
-    plugins = {p.name for p in plugins_dir.iterdir() if (p / "__init__.py").is_file()}
+    plugins = {p.name for folder in (plugins_dir, PLUGINS) for p in folder.iterdir() if (p / "__init__.py").is_file()}
     bad = []
     for file in sorted(package.rglob("*.py")):
         for line, name in imported_modules(file.read_text()):
@@ -74,6 +76,29 @@ def test_public_modules_are_the_api_and_services_floors():
     for floor in PUBLIC:
         public |= {f"{floor}.{p.stem}" for p in (CORE / floor.rpartition(".")[2]).glob("*.py") if p.stem != "__init__"}
     assert set(populora_core.PUBLIC_MODULES) == public
+
+
+def example_packages(tests_dir: Path = TESTS) -> list[Path]:
+    """The third-party example packages: each ``thirdparty_*`` folder's package (beside its pyproject.toml)."""
+    return sorted(p for d in tests_dir.glob("thirdparty_*") for p in d.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("package", example_packages(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_third_party_examples_import_only_public_core_modules(package, monkeypatch):
+    monkeypatch.syspath_prepend(str(package.parent))  # as installed: the package at the top level
+    assert violations(package, package.parent) == []
+
+
+def test_a_third_party_example_on_the_old_path_is_caught(tmp_path, monkeypatch):
+    example = tmp_path / "thirdparty_rogue" / "populora_rogue_example"
+    example.mkdir(parents=True)
+    (example / "__init__.py").write_text("from populora_core.api import hookimpl\nfrom populora_core import Params\n")
+    assert example_packages(tmp_path) == [example]
+    monkeypatch.syspath_prepend(str(example.parent))
+    assert violations(example, example.parent) == [
+        "populora_rogue_example/__init__.py:2: populora_core is outside populora_core.api and "
+        "populora_core.services, the core a plugin may import"
+    ]
     for name in populora_core.PUBLIC_MODULES:
         assert _is_module(name), name
 

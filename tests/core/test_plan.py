@@ -25,6 +25,7 @@ import pytest
 
 from populora_core.api.errors import UserError
 from populora_core.api.memory import GIB
+from populora_core.api.schema import Recipe
 from populora_core.cli.plan_view import format_plan
 from populora_core.run.plan import plan_recipe
 from populora_core.services.architecture import load_arch, parse_memory
@@ -45,9 +46,15 @@ EXPLICIT = ("engine.params.gpu_memory_utilization=0.45", "engine.params.sleep=al
 
 
 def _azr(manager, *overrides, explicit=EXPLICIT):
+    """The typed azr_7b recipe, what the plan takes."""
     from populora_core.recipe.validate import load_recipe
 
-    return load_recipe(REPO / "recipes" / "azr_7b.yaml", [*explicit, *overrides], manager.registry)[1]
+    return load_recipe(REPO / "recipes" / "azr_7b.yaml", [*explicit, *overrides], manager.registry)[0]
+
+
+def _azr_data(manager, *overrides):
+    """azr_7b as a resolved dict, for a test that takes a section out or swaps one whole."""
+    return _azr(manager, *overrides).model_dump(mode="json")
 
 
 def test_memory_sizes_parse_and_bad_ones_name_the_flag():
@@ -92,11 +99,11 @@ def test_does_not_fit_says_what_exceeds_and_a_change_that_fits(manager, qwen7b):
     assert 'trainer.params.gradient_checkpointing="on"' in plan["suggestions"]
     small = plan_recipe(_azr(manager), qwen7b, gpu_bytes=40 * GIB, registry=manager.registry)
     assert not small["fits"] and "try:" in small["verdict"]
-    from populora_core.recipe.overrides import apply_overrides
+    from populora_core.recipe.overrides import override_model
 
     words = small["suggestions"][0].split()  # key=value overrides, maybe --gpus N
     gpus = int(words[words.index("--gpus") + 1]) if "--gpus" in words else 1
-    trial = apply_overrides(_azr(manager), [w for w in words if "=" in w])
+    trial = override_model(_azr(manager), [w for w in words if "=" in w])
     assert plan_recipe(trial, qwen7b, gpu_bytes=40 * GIB, gpus=gpus, registry=manager.registry)["fits"]
 
 
@@ -115,26 +122,26 @@ def test_kv_cache_under_one_sequence_does_not_fit(manager, qwen7b):
 
 
 def test_trainer_without_the_memory_params_is_planned_without_them(manager, qwen7b):
-    data = _azr(manager)
+    data = _azr_data(manager)
     # grpo has no logprob_chunk_tokens; long_row_tokens None: the longest rows are batched, padded
     data["trainer"] = {"name": "grpo", "params": {"micro_batch_size": 4, "long_row_tokens": None}}
-    plan = plan_recipe(data, qwen7b, gpu_bytes=141 * GIB, registry=manager.registry)
+    plan = plan_recipe(Recipe.model_validate(data), qwen7b, gpu_bytes=141 * GIB, registry=manager.registry)
     assert any("logprob_chunk_tokens" in n for n in plan["notes"])
     rows = {r["what"].strip(): r for r in plan["rows"]}
     assert "4 x 14240 tokens" in rows["checkpointing off"]["detail"]
     assert rows["log-prob peak in both"]["detail"].startswith(f"{4 * 8096} tokens")  # in one piece
     # auto (the GPU's 2048): the longest row alone, unmasked, or four rows just under 2048 tokens
     data["trainer"]["params"].pop("long_row_tokens")
-    alone = plan_recipe(data, qwen7b, gpu_bytes=141 * GIB, registry=manager.registry)
+    alone = plan_recipe(Recipe.model_validate(data), qwen7b, gpu_bytes=141 * GIB, registry=manager.registry)
     detail = {r["what"].strip(): r for r in alone["rows"]}["checkpointing off"]["detail"]
     assert "1 x 14240 tokens alone (long_row_tokens 2048), or 4 x 2047 tokens padded" in detail
     assert alone["training_gib"] < plan["training_gib"]  # no (rows, L, L) mask at the longest rows
 
 
 def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
-    data = _azr(manager)
+    data = _azr_data(manager)
     data.pop("adapters", None)  # a recipe without the section (or a core without it): everything is kept
-    plan = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
+    plan = plan_recipe(Recipe.model_validate(data), qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)
     disk = plan["disk"]
     fp32 = 32 * sum(n * (i + o) for n, i, o in qwen7b.targets.values()) * 4 / 1e9  # fp32 A and B: 323 MB
     adapter = 1.5 * fp32  # and the trainer's bf16 copy for vLLM (served_dtype auto on a bf16 base): 161 MB
@@ -143,11 +150,11 @@ def test_disk_per_step_and_the_retention_policy(manager, qwen7b):
     host = {r["what"]: r["gib"] * GIB / 1e9 for r in plan["host_rows"]}
     assert host["trainer: version written"] == pytest.approx(adapter, rel=1e-2)  # both in host RAM while saved
     data["trainer"]["params"]["served_dtype"] = "none"
-    plain = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
+    plain = plan_recipe(Recipe.model_validate(data), qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
     assert plain["per_step_gb"] == pytest.approx(8 * fp32, rel=1e-3)
     data["trainer"]["params"].pop("served_dtype")
     data["adapters"] = {"keep": "needed"}
-    kept = plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
+    kept = plan_recipe(Recipe.model_validate(data), qwen7b, gpu_bytes=80 * GIB, registry=manager.registry)["disk"]
     assert kept["adapters_kept"] == "needed" and kept["run_gb"] < disk["run_gb"] / 10
 
 
@@ -337,7 +344,8 @@ def test_planned_trainer_side_matches_the_measured_cpu_peak(tmp_path, manager):
                 "engine": {"name": "hf", "params": {"device": "cpu"}},
                 "trainer": {"name": "trr++", "params": {"device": "cpu", "micro_batch_size": setup["rows"], **case}},
             }
-            planned = plan_recipe(data, arch, gpu_bytes=1 << 40, registry=manager.registry)["trainer_side_bytes"]
+            planned = plan_recipe(Recipe.model_validate(data), arch, gpu_bytes=1 << 40, registry=manager.registry)
+            planned = planned["trainer_side_bytes"]
             ratio = planned / peak
             print(f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f} MB, {ratio:.2f}")
             assert 0.85 <= ratio <= 1.3, f"setup {k} {case}: planned {planned / 1e6:.1f} MB, measured {peak / 1e6:.1f}"
@@ -401,14 +409,14 @@ def test_an_engine_reports_its_own_memory_terms_through_register_memory(qwen7b):
     assert pm.add_plugin(Plugin(), "third-party")
 
     def with_engine(engine):
-        return {**_azr(pm), "engine": engine}
+        return Recipe.model_validate({**_azr_data(pm), "engine": engine})
 
     plan = plan_recipe(with_engine({"name": "cached"}), qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
     rows = {r["what"]: r["gib"] for r in plan["rows"]}
     assert rows["own cache"] == 10.0 and "vLLM KV cache" not in rows and "own note" in plan["notes"]
     assert seen[0].members == plan["members"] and seen[0].rank == 32 and seen[0].gpu_bytes == 141 * GIB
     recipe = seen[0].recipe  # the typed recipe, defaults filled: no plugin restates one
-    assert recipe.rollout.solver_samples == _azr(pm)["rollout"]["solver_samples"] and recipe.checkpoint.keep >= 1
+    assert recipe.rollout.solver_samples == _azr(pm).rollout.solver_samples and recipe.checkpoint.keep >= 1
     bigger = with_engine({"name": "cached", "params": {"cache_gib": 40}})
     bigger_plan = plan_recipe(bigger, qwen7b, gpu_bytes=141 * GIB, registry=pm.registry)
     assert bigger_plan["generation_gib"] == pytest.approx(plan["generation_gib"] + 30, abs=0.01)

@@ -200,7 +200,7 @@ def test_every_shipped_recipe_selects_rather_than_killing_the_newest_child(path)
     settings = recipe_settings(path, pm)
     assert settings is not None
     settings.pop("key")
-    result = measure({**settings, "steps": min(settings["steps"], 8 * settings["every"] + 1)}, trials=6)
+    result = measure({**settings, "steps": min(settings["steps"], 8 * settings["evolution"].every + 1)}, trials=6)
     assert result["youngest_share"] <= result["youngest_share_by_chance"] + 0.15, result
     assert result["survivor_change_share"] >= 0.3, result
 

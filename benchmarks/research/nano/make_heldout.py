@@ -1,8 +1,10 @@
-"""Draw nano's held-out set (``plugins/populora_nano/heldout.jsonl``, what the ``nano_heldout`` evaluator reads).
+"""Draw nano's held-out set (the shipped ``plugins/populora_nano/heldout.jsonl``, what the ``nano_heldout`` evaluator
+reads) into a file of the user's; the plugin's copy changes only by hand, in a release.
 
-Rebuild (sandbox runs of the corpus's 3000 programs: about a minute on 2 cores)::
+Rebuild and compare (sandbox runs of the corpus's 3000 programs: about a minute on 2 cores)::
 
-    python -m benchmarks.research.nano.make_heldout --out plugins/populora_nano/heldout.jsonl
+    python -m benchmarks.research.nano.make_heldout --out heldout.jsonl
+    cmp heldout.jsonl plugins/populora_nano/heldout.jsonl
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from populora_nano import PROBE_FILE
-from populora_nano.heldout import HELDOUT_FILE
 
 #: make_model.py's defaults: the corpus (--seed 0, --programs 3000) and the probe (--probe-seed, 50 per type)
 CORPUS_SEED, CORPUS_PROGRAMS, PROBE_SEED, PER_TYPE = 0, 3000, 20261130, 50
@@ -56,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.research.nano.make_heldout", description=__doc__.split("\n")[0]
     )
-    ap.add_argument("--out", type=Path, default=HELDOUT_FILE)
+    ap.add_argument(
+        "--out", type=Path, required=True, help="the file to write (never the plugin's: compare, then copy)"
+    )
     ap.add_argument("--seed", type=int, default=HELDOUT_SEED)
     ap.add_argument("--per-type", type=int, default=PER_TYPE)
     args = ap.parse_args(argv)

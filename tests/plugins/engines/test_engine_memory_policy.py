@@ -34,7 +34,7 @@ def _azr(manager, *overrides):
 
 
 def _plan(manager, qwen7b, gib, *overrides):
-    return plan_recipe(_azr(manager, *overrides)[1], qwen7b, gpu_bytes=gib * GIB, registry=manager.registry)
+    return plan_recipe(_azr(manager, *overrides)[0], qwen7b, gpu_bytes=gib * GIB, registry=manager.registry)
 
 
 def _explicit(manager, qwen7b, gib, sleep, util):

@@ -130,8 +130,8 @@ def test_the_vllm_plan_counts_its_engine_process_context(plugins, qwen7b):
     from populora_core.run.plan import plan_recipe
 
     def plan(*overrides):
-        _, data = load_recipe(REPO / "recipes" / "azr_7b.yaml", list(overrides), plugins.registry)
-        return plan_recipe(data, qwen7b, gpu_bytes=80 * GIB, registry=plugins.registry)
+        recipe, _ = load_recipe(REPO / "recipes" / "azr_7b.yaml", list(overrides), plugins.registry)
+        return plan_recipe(recipe, qwen7b, gpu_bytes=80 * GIB, registry=plugins.registry)
 
     fixed = ("engine.params.sleep=always", "engine.params.gpu_memory_utilization=0.45")
     own, shared = plan(*fixed), plan(*fixed, "engine.params.multiprocessing=false")

@@ -175,60 +175,6 @@ def test_tournament_and_tiered():
         TieredParams(keep=0.7, mutate=0.5)
 
 
-# --- selection that compares like with like ---------------------------------------------------------------
-
-
-def _study_selection(trials: int, **settings):
-    """The study recipes' selection (nano_study.yaml): 4T-4S, a quarter replaced every 4 steps, ranked by mu,
-    children widened and ready after 2 x every = 8 rated matches."""
-    from populora_matchmaking.simulation import selection_study
-
-    base = {
-        "matchmaker": PFSP(PFSPParams()),
-        "selector": Truncation(TruncationParams(fraction=0.25)),
-        "teachers": 4,
-        "students": 4,
-        "every": 4,
-        "steps": 60,
-    }
-    return selection_study(trials, **{**base, **settings})
-
-
-def test_a_widened_child_is_protected_then_judged_about_as_chance_says():
-    """Equal skills: the newest child is never replaced at the selection after its birth (ready_after), and once
-    ready the youngest dies about as often as chance; under mu - 3 sigma its wider sigma would doom it."""
-    study = _study_selection(8)
-    assert study["youngest_share"] == 0 and study["replacements_after_first"] > 0
-    assert abs(study["youngest_ready_share"] - study["youngest_ready_share_by_chance"]) <= 0.15, study
-    assert study["survivor_change_share"] >= 0.9
-    doomed = _study_selection(8, selector=Truncation(TruncationParams(fraction=0.25, conservative_k=3)))
-    assert doomed["youngest_ready_share"] >= doomed["youngest_ready_share_by_chance"] + 0.4, doomed
-    unprotected = _study_selection(8, readiness=0)  # ready_after 0: the newest child may die at once
-    assert unprotected["youngest_share"] > 0.1
-
-
-def test_a_child_that_outplays_its_elders_survives_them():
-    better = _study_selection(8, child_skill=lambda parent, rng: parent + 2 * 25 / 6)
-    assert better["youngest_ready_share"] <= 0.15  # chance: 1/3
-    assert better["weakest_share"] >= 0.5  # chance: 1/4
-
-
-def test_selection_replaces_the_weakest_more_often_than_chance_when_skills_differ():
-    study = _study_selection(
-        12, skill=lambda rng: rng.gauss(0, 25 / 6), child_skill=lambda p, rng: p + rng.gauss(0, 25 / 6)
-    )
-    assert study["weakest_share_by_chance"] == 0.25  # one of four replaced per role
-    assert study["weakest_share"] >= 0.45
-
-
-def test_the_selection_benchmarks_detectable_effect_is_the_binomial_one():
-    """100 replacements at a chance share of 0.5: (1.960 + 0.842) x 0.5 / 10 = 0.140."""
-    from benchmarks.research.selection import share_mde
-
-    assert share_mde(0.5, 100) == pytest.approx(0.1401, abs=1e-4)
-    assert share_mde(0.25, 0) is None
-
-
 def test_only_ready_members_are_replaced_and_readiness_counts_rated_matches():
     from populora_core.api.operators import count_matches, ready_ids, select
 
@@ -272,9 +218,26 @@ def test_default_readiness_outlasts_the_interval():
 def test_a_childs_first_rating(policy, mu, sigma):
     from populora_core.api.operators import child_rating
 
-    child = child_rating([Rating(30.0, 1.0), Rating(26.0, 2.0)], policy, 2.0)
+    child = child_rating([Rating(30.0, 1.0), Rating(26.0, 2.0)], policy, 2.0, prior=Rating())
     assert child.mu == pytest.approx(mu) and child.sigma == pytest.approx(sigma)
-    assert child_rating([Rating(30.0, 8.0)], "widen", 25 / 6).sigma == pytest.approx(25 / 3)  # at most the prior
+    assert child_rating([Rating(30.0, 8.0)], "widen", 25 / 6, prior=Rating()).sigma == pytest.approx(25 / 3)  # the cap
+
+
+def test_pfsps_mu_and_sigma_are_the_prior_of_every_new_member():
+    """The prior is pfsp's params: a new run's members start there, a fresh child too, a widened one's sigma stops
+    at it; the defaults are TrueSkill's, stated once (``populora_core.api.population``)."""
+    from populora_core.api.operators import child_rating
+    from populora_core.api.population import PRIOR_MU, PRIOR_SIGMA
+
+    assert PFSP(PFSPParams()).prior() == Rating() == Rating(PRIOR_MU, PRIOR_SIGMA) == Rating(25.0, 25 / 3)
+    mm = PFSP(PFSPParams(mu=100.0, sigma=4.0))
+    pop = Population.create(2, 2, prior=mm.prior())
+    assert {(m.rating.mu, m.rating.sigma) for m in pop.members.values()} == {(100.0, 4.0)}
+    pop.members["t0"].rating.mu = 90.0  # each member its own rating
+    assert pop.members["t1"].rating.mu == 100.0 and mm.prior().mu == 100.0
+    assert child_rating([Rating(30.0, 1.0)], "fresh", 2.0, prior=mm.prior()) == Rating(100.0, 4.0)
+    assert child_rating([Rating(30.0, 3.9)], "widen", 2.0, prior=mm.prior()).sigma == 4.0
+    assert mm.env.mu == 100.0 and mm.env.sigma == 4.0  # the scale the ratings move on
 
 
 def test_a_selector_that_ignores_readiness_is_refused():

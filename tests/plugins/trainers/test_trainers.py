@@ -67,6 +67,7 @@ def _same(a, b):
 
 
 def test_advantages_equal_hand_computed_reference():
+    from populora_trainers import TRRParams
     from populora_trainers.trr import trr_advantages
 
     g1, g2 = "deduction/solve", "induction/propose"
@@ -78,29 +79,31 @@ def test_advantages_equal_hand_computed_reference():
         Rollout("m", g2, [1], [5], [], 0.9),
         Rollout("m", g1, [1], [], [], 5.0),
     ]
-    adv = trr_advantages(rs, "token")
+    adv = trr_advantages(rs, TRRParams(normalize="token"))
     # g1 tokens: 1,1 | 0 | 1,1,1 -> mean 5/6, unbiased var (5*(1/6)^2 + (5/6)^2) / 5 = 1/6
     s1 = math.sqrt(1 / 6 + 1e-8)
     # g2 tokens: .3,.3,.3 | .9 -> mean .45, var (3*.15^2 + .45^2)/3 = .09
     s2 = math.sqrt(0.09 + 1e-8)
     expected = [(1 - 5 / 6) / s1, (0 - 5 / 6) / s1, (0.3 - 0.45) / s2, (1 - 5 / 6) / s1, (0.9 - 0.45) / s2, 0.0]
     assert adv == pytest.approx(expected, rel=1e-9, abs=1e-12)
-    seq = trr_advantages(rs, "sequence")  # every rollout counts once: g1 rewards 1, 0, 1
+    seq = trr_advantages(rs, TRRParams(normalize="sequence"))  # every rollout counts once: g1 rewards 1, 0, 1
     m, v = 2 / 3, ((1 / 3) ** 2 * 2 + (2 / 3) ** 2) / 2
     assert seq[0] == pytest.approx((1 - m) / math.sqrt(v + 1e-8))
-    assert trr_advantages(rs, "none")[:2] == [1.0, 0.0]
+    assert trr_advantages(rs, TRRParams(normalize="none"))[:2] == [1.0, 0.0]
     # a group whose rewards are all equal gets zero advantages; a lone token is not a nan
     flat = trr_advantages(
         [
             Rollout("m", "a", [1], [2, 3], [], 0.5),
             Rollout("m", "a", [1], [2], [], 0.5),
             Rollout("m", "b", [1], [2], [], 1.0),
-        ]
+        ],
+        TRRParams(),
     )
     assert flat == [0.0, 0.0, 0.0]
 
 
 def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
+    from populora_trainers import TRRParams
     from populora_trainers.trr import prompt_centred_rewards, trr_advantages
 
     solve, propose, other = "deduction/solve", "deduction/propose", "abduction/solve"
@@ -115,20 +118,21 @@ def test_prompt_baseline_centres_the_samples_that_share_a_prompt():
     ]  # alone with its prompt: keeps its reward
     centred = [0.5, 0.5, -1.0, 0.0, 0.0, 0.7, 1.0]
     assert prompt_centred_rewards(rs) == pytest.approx(centred)
-    assert trr_advantages(rs, "none", baseline="prompt") == pytest.approx(centred)
+    assert trr_advantages(rs, TRRParams(normalize="none", baseline="prompt")) == pytest.approx(centred)
     # whitened by the scale only: solve's tokens 2x.5, 1x.5, 3x-1, 1x0, 2x0 -> unbiased second moment 3.75/8
     s = math.sqrt(3.75 / 8 + 1e-8)
-    adv = trr_advantages(rs, "token", baseline="prompt")
+    adv = trr_advantages(rs, TRRParams(normalize="token", baseline="prompt"))
     assert adv == pytest.approx([0.5 / s, 0.5 / s, -1.0 / s, 0.0, 0.0, 0.0, 0.0], rel=1e-12)
     assert adv[3:5] == [0.0, 0.0]  # exactly: an all-failed problem reinforces none of its answers
-    with pytest.raises(UserError, match=r"trainer\.baseline"):
-        trr_advantages(rs, baseline="problem")
+    with pytest.raises(ValueError, match=r"baseline"):
+        TRRParams(baseline="problem")
 
 
 def test_prompt_baseline_gives_all_same_problems_exactly_zero():
     """Token weighting and lone rollouts made the old second centring shift every all-same sample (+0.04 on
     nano's deduction solves): here all-solved and all-failed problems get exactly 0, informative ones keep
     their sign and order, and a lone rollout is measured against its group's mean raw reward (AZR's)."""
+    from populora_trainers import TRRParams
     from populora_trainers.trr import trr_advantages
 
     g = "deduction/solve"
@@ -144,14 +148,16 @@ def test_prompt_baseline_gives_all_same_problems_exactly_zero():
         Rollout("m", g, [4], [5, 5], [], 0.0),  # alone with its prompt
     ]
     for normalize in ("token", "sequence"):
-        adv = trr_advantages(rs, normalize, baseline="prompt")
+        adv = trr_advantages(rs, TRRParams(normalize=normalize, baseline="prompt"))
         assert adv[3:8] == [0.0] * 5
         assert adv[0] > 0 > adv[1] and adv[1] == adv[2]
     w = [9, 1, 2, 4, 1, 7, 3, 1, 2]
     mean = sum(wi * r.reward for wi, r in zip(w, rs)) / sum(w)  # the lone rollout's baseline
     diffs = [2 / 3, -1 / 3, -1 / 3, 0, 0, 0, 0, 0, -mean]
     s = math.sqrt(sum(wi * d * d for wi, d in zip(w, diffs)) / (sum(w) - 1) + 1e-8)
-    assert trr_advantages(rs, "token", baseline="prompt") == pytest.approx([d / s for d in diffs], rel=1e-12)
+    assert trr_advantages(rs, TRRParams(normalize="token", baseline="prompt")) == pytest.approx(
+        [d / s for d in diffs], rel=1e-12
+    )
 
 
 def test_trainer_baseline_param_reaches_the_update(base, adapters, tmp_path):
@@ -175,10 +181,11 @@ def test_trainer_baseline_param_reaches_the_update(base, adapters, tmp_path):
 def test_advantages_match_verl_masked_whitening():
     """The same numbers from a padded token tensor, written the way veRL whitens (independent path)."""
     import torch
+    from populora_trainers import TRRParams
     from populora_trainers.trr import trr_advantages
 
     rs = _rollouts("m", n=8, seed=3, groups=("g",))
-    adv = trr_advantages(rs, "token")
+    adv = trr_advantages(rs, TRRParams(normalize="token"))
     width = max(len(r.completion_token_ids) for r in rs)
     mask = torch.zeros(len(rs), width, dtype=torch.float64)
     values = torch.zeros(len(rs), width, dtype=torch.float64)
@@ -562,10 +569,11 @@ def test_grpo_one_step_through_trl_changes_only_its_adapter(base, adapters, tmp_
 
 def test_grpo_micro_batches_match_one_batch_and_advantages_follow_trl(base, adapters, tmp_path):
     import torch
+    from populora_trainers import GRPOParams
     from populora_trainers.grpo import grpo_advantages
 
     rollouts = _grpo_rollouts("m0", seed=5)
-    adv = torch.tensor(grpo_advantages(rollouts, "group"))
+    adv = torch.tensor(grpo_advantages(rollouts, GRPOParams(scale_rewards="group")))
     r = torch.tensor([x.reward for x in rollouts]).view(2, 4)
     expected = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).flatten()
     assert torch.allclose(adv, expected, atol=1e-6)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 
 class ScaleDeltaParams(Params):
@@ -37,4 +37,4 @@ def scale_delta(parents, params, generator):  # type: ignore[no-untyped-def]
 
 @hookimpl
 def register_operators(register):  # type: ignore[no-untyped-def]
-    register("scale_delta", scale_delta, params=ScaleDeltaParams, min_parents=1, max_parents=1, kind="mutation")
+    register("scale_delta", scale_delta, params=ScaleDeltaParams, min_parents=1, max_parents=1)

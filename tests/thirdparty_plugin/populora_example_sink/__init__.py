@@ -5,7 +5,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from populora_core import Params, hookimpl
+from populora_core.api import Params, hookimpl
 
 
 class CsvSinkParams(Params):

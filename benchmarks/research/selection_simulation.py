@@ -2,10 +2,11 @@
 
 Members have a hidden skill on the TrueSkill scale; each step the matchmaker pairs teachers with students, a
 student's solve rate is drawn from Binomial(samples, Phi((skill_s - skill_t) / (sqrt(2) beta))) / samples and
-rated exactly as the loop rates it (matches counted for readiness), and every ``every`` steps the core's
-selection (readiness, child rating) runs through the selector. It answers in seconds what a run answers in hours:
-whether the youngest member is replaced more often than chance when all are equal, and whether the weakest member
-is the one replaced when they differ.
+rated exactly as the loop rates it (matches counted for readiness), and every ``evolution.every`` steps the core's
+selection (the recipe's readiness and child rating, the matchmaker's prior) runs through the selector. It answers in
+seconds what a run answers in hours: whether the youngest member is replaced more often than chance when all are
+equal, and whether the weakest member is the one replaced when they differ. ``python -m
+benchmarks.research.selection`` runs it on every shipped recipe.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Any
 
 from populora_core.api.components import MatchOutcome
 from populora_core.api.operators import child_rating, count_matches, ready_ids, select
-from populora_core.api.population import Population
+from populora_core.api.population import BETA, Population
+from populora_core.api.schema import EvolutionSection
 from populora_core.services.statistics import selection_history
 
-BETA = 25.0 / 6.0
 
-
-def true_solve_probability(student_skill: float, teacher_skill: float, beta: float = BETA) -> float:
-    return 0.5 * (1 + math.erf((student_skill - teacher_skill) / (math.sqrt(2) * beta) / math.sqrt(2)))
+def true_solve_probability(student_skill: float, teacher_skill: float) -> float:
+    """Phi((skill_s - skill_t) / (sqrt(2) beta)): the hidden skills' solve probability on TrueSkill's scale."""
+    return 0.5 * (1 + math.erf((student_skill - teacher_skill) / (math.sqrt(2) * BETA) / math.sqrt(2)))
 
 
 def simulate(
@@ -33,12 +34,9 @@ def simulate(
     selector: Any,
     teachers: int,
     students: int,
-    every: int,
+    evolution: EvolutionSection,
     steps: int,
     seed: int,
-    child_policy: str = "widen",
-    child_sigma: float = BETA,
-    readiness: int | None = None,
     samples: int = 36,
     skill: Callable[[random.Random], float] = lambda rng: 0.0,
     child_skill: Callable[[float, random.Random], float] = lambda parent, rng: parent,
@@ -46,7 +44,7 @@ def simulate(
     """One simulated run; returns its lineage records and, per replacement, whether the weakest member died and
     whether the youngest of the members that were ready died (with the share chance gives)."""
     rng = random.Random(seed)
-    population = Population.create(teachers, students)
+    population = Population.create(teachers, students, prior=matchmaker.prior())
     skills = {m: skill(rng) for m in population.members}
     lineage: list[dict[str, Any]] = [
         {"step": 0, "member": m.id, "role": m.role, "parents": []} for m in population.members.values()
@@ -63,12 +61,12 @@ def simulate(
             outcomes.append(MatchOutcome(match.teacher, match.student, rate, match.expected_solve_rate))
         matchmaker.update_ratings(outcomes, population.members)
         count_matches(population.members, outcomes)
-        if step % every or step >= steps:
+        if step % evolution.every or step >= steps:
             continue
         for role, group in sorted(population.subpopulations().items()):
             if len(group) < 2:
                 continue
-            ready = ready_ids(group, 2 * every if readiness is None else readiness)
+            ready = ready_ids(group, evolution.readiness)
             reps = select(selector, group, rng, ready)
             weakest = sorted(group, key=lambda m: skills[m.id])[: len(reps)]
             weakest_hits += len({r.dead for r in reps} & {m.id for m in weakest})
@@ -84,7 +82,9 @@ def simulate(
                 parents = [population.members[p] for p in rep.parents]
                 dead = population.remove(rep.dead)
                 child = population.add_new(dead.id.rstrip("0123456789"), role, born_step=step)
-                child.rating = child_rating([p.rating for p in parents], child_policy, child_sigma)
+                child.rating = child_rating(
+                    [p.rating for p in parents], evolution.child_rating, evolution.child_sigma, prior=matchmaker.prior()
+                )
                 skills[child.id] = child_skill(skills[parents[0].id], rng)
                 lineage.append(
                     {"step": step, "member": child.id, "role": role, "replaced": dead.id, "parents": rep.parents}
