@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,14 +79,33 @@ def plugin_defaults(package: str) -> Defaults:
     return Defaults(by_receiver, fields, _default_values(_registered().get(package, [])))
 
 
-_CONSTANT_NODES = (ast.Constant, ast.UnaryOp, ast.BinOp, ast.Tuple, ast.List, ast.operator, ast.unaryop, ast.Load)
+_OPERATORS: dict[type, Any] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.USub: operator.neg, ast.UAdd: operator.pos,
+}  # fmt: skip
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value of a literal or an arithmetic of literals, computed here (never ``eval``); ValueError otherwise."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Tuple | ast.List):
+        values = [_literal(e) for e in node.elts]
+        return values if isinstance(node, ast.List) else tuple(values)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_literal(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_literal(node.left), _literal(node.right))
+    raise ValueError(ast.dump(node))
 
 
 def constant(node: ast.expr) -> tuple[Any] | None:
     """``(value,)`` of a literal or an arithmetic of literals (``25 / 3``), else None."""
-    if not all(isinstance(n, _CONSTANT_NODES) for n in ast.walk(node)):
+    try:
+        return (_literal(node),)
+    except (ValueError, ArithmeticError):
         return None
-    return (eval(compile(ast.Expression(node), "<default>", "eval")),)  # literals and operators only
 
 
 def _same(a: Any, b: Any) -> bool:
