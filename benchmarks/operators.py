@@ -277,8 +277,17 @@ def bench_lucidrains(
 def evolve_cli_seconds(d: Path) -> float:
     """Wall time of ``populora evolve svd`` on the saved parents in a new process: Python start-up,
     imports, plugin discovery, reading, the operator, writing and lineage (what a scheduler pays)."""
-    code = "import sys; from populora_core.cli.commands import main; sys.argv[0] = 'populora'; sys.exit(main())"
-    cmd = [sys.executable, "-c", code, "evolve", "svd", "--parent", str(d / "p0"), "--parent", str(d / "p1")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "populora_core.cli",
+        "evolve",
+        "svd",
+        "--parent",
+        str(d / "p0"),
+        "--parent",
+        str(d / "p1"),
+    ]
     t0 = time.perf_counter()
     res = subprocess.run([*cmd, "--out", str(d / "cli_child"), "--seed", "0"], capture_output=True, text=True)
     dt = time.perf_counter() - t0

@@ -35,14 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "nano_ray.yaml"
 
 
-def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> dict:
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.loop import execute, start_run
-    from populora_core.run.run_dir import RunDir
+def measure(overrides: list[str], workdir: Path, label: str) -> dict:
+    from populora_core.cli import driver
 
-    recipe, resolved = load_recipe(RECIPE, overrides, manager.registry)
+    recipe, resolved = driver.load_recipe(RECIPE, overrides)
     started = time.perf_counter()
-    run = start_run(recipe, resolved, RunDir(workdir / label), manager)
+    run = driver.start_run(recipe, resolved, workdir / label)
     startup_s = time.perf_counter() - started
     overhead: dict[int, float] = {}  # the cluster's cumulative Ray overhead at the end of every step
 
@@ -51,10 +49,10 @@ def measure(manager: Any, overrides: list[str], workdir: Path, label: str) -> di
             # .time is the Ray cluster's timer, not part of the Cluster protocol
             overhead[metrics["step"]] = cast(Any, run.components.cluster).time.overhead_s
 
-    execute(run, on_step=record_overhead)
+    driver.execute(run, on_step=record_overhead)
     # transfer: object_store: bytes the driver put into the store, shipped to workers and fetched back, per step
     moved = dict(getattr(run.components.cluster, "transfer_bytes", {}))
-    steps = [e for e in RunDir(workdir / label).read_log("events.jsonl") if e["event"] == "step"]
+    steps = [e for e in driver.events(workdir / label) if e["event"] == "step"]
     timed = steps[1:] or steps
     step_s = statistics.fmean(s["time/step"] for s in timed)
     train_s = statistics.fmean(s["time/train"] for s in timed)
@@ -94,8 +92,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     import ray
 
-    from populora_core.plugin.manager import get_manager
-
     steps = 2 if args.smoke else 3 if args.quick else args.steps
     common = [f"steps={steps}", "probe.enabled=false", "evolution.every=0", f"checkpoint.every={steps}"]
     if args.smoke:
@@ -123,7 +119,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         configs = {k: v for k, v in configs.items() if k in ("local", "ray-2")}
 
-    manager = get_manager()
     # one cluster for every Ray row; ray.init takes a level name too (its stubs say int only)
     # address="local": never the newest `ray start` on this machine (a test's cluster, in CI)
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=cast(Any, "warning"))
@@ -132,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory(prefix="populora-scaling-") as tmp:
             for population, extra in populations.items():
                 for label, settings in configs.items():
-                    row = measure(manager, common + extra + settings, Path(tmp), f"{population}-{label}")
+                    row = measure(common + extra + settings, Path(tmp), f"{population}-{label}")
                     row["population"] = population
                     hashes = row.pop("adapters")
                     if label == "local":

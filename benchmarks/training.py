@@ -67,9 +67,9 @@ def _rollouts(member: str, n: int, length: int, seed: int) -> list[Any]:
 
 
 def bench(name: str, params: dict[str, Any], quick: bool, device: str, work: Path) -> dict[str, Any]:
-    from populora_core import get_registry
+    from benchmarks.tiny_model import fresh_adapter
+    from populora_core.api import get_registry
     from populora_core.api.components import AdapterRef, BaseModel, LoraSettings
-    from tests.tiny_model import fresh_adapter
 
     n_rollouts, length, members, rounds = (32, 32, 4, 1) if quick else (64, 64, 8, 3)
     base = BaseModel(str(work / "model"))
@@ -119,8 +119,8 @@ def _logprob_model(work: Path, vocab: int) -> None:
     """The tiny tokenizer with a random 2-layer, hidden-64 Llama of ``vocab`` ids; a version-0 adapter."""
     from transformers import AutoConfig, LlamaForCausalLM
 
+    from benchmarks.tiny_model import build_tiny_model, fresh_adapter
     from populora_core.api.components import BaseModel, LoraSettings
-    from tests.tiny_model import build_tiny_model, fresh_adapter
 
     path = build_tiny_model(work / "model", hidden=64, layers=2, heads=4, kv_heads=2, max_positions=8192)
     config = AutoConfig.from_pretrained(path)
@@ -142,7 +142,7 @@ def logprob_variant(work: Path, variant: str, chunk: int, tokens: int, device: s
     import populora_trainers.trr as trr_module
     import torch
 
-    from populora_core import get_registry
+    from populora_core.api import get_registry
     from populora_core.api.components import AdapterRef, BaseModel, LoraSettings, Rollout
 
     base = BaseModel(str(work / "model"))
@@ -283,8 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
+    from benchmarks.tiny_model import build_tiny_model
     from populora_core.services.modelhost import get_host
-    from tests.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         work = Path(tmp)

@@ -48,7 +48,7 @@ def _process_state_restored(request):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Llama + tokenizer built offline once per test session."""
-    from tests.tiny_model import build_tiny_model
+    from benchmarks.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 

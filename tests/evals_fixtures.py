@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.tiny_model import make_adapter
 from populora_core.api.components import RolloutEngine
 
 EVALPLUS_ROWS = [
@@ -219,47 +220,6 @@ def write_run(
     for k, (m, _role, v) in enumerate(members):
         make_adapter(run_dir / "adapters" / f"{m}@v{v}", base_dir, seed=seed + k)
     return run_dir
-
-
-def make_adapter(path: Path, base_dir: Path | None, seed: int) -> Path:
-    import torch
-
-    if base_dir is None:
-        from safetensors.torch import save_file
-
-        path.mkdir(parents=True, exist_ok=True)
-        g = torch.Generator().manual_seed(seed)
-        save_file(
-            {
-                "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(4, 8, generator=g),
-                "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 4, generator=g),
-            },
-            str(path / "adapter_model.safetensors"),
-        )
-        (path / "adapter_config.json").write_text(
-            json.dumps(
-                {
-                    "peft_type": "LORA",
-                    "r": 4,
-                    "lora_alpha": 8,
-                    "target_modules": ["q_proj"],
-                    "base_model_name_or_path": "unused",
-                }
-            )
-        )
-        return path
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
-    peft_model.save_pretrained(str(path))
-    return path
 
 
 MBPP_PLUS_ROWS = [

@@ -48,7 +48,7 @@ PROMPTS = (
 def doctor_check() -> dict[str, Any]:
     """``populora doctor``: passes when nothing is broken (what is missing, vLLM on a trainer-only machine, is
     reported, not failed)."""
-    from populora_core.cli.doctor import diagnose
+    from populora_core.cli.driver import diagnose
 
     report = diagnose()
     return {

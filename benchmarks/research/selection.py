@@ -35,15 +35,16 @@ from populora_core.api.population import BETA
 REPO = Path(__file__).resolve().parents[2]
 
 
-def recipe_settings(path: Path, manager: Any) -> dict[str, Any] | None:
+def recipe_settings(path: Path) -> dict[str, Any] | None:
     """The simulation's settings from a recipe, or None when the recipe never evolves."""
-    from populora_core.recipe.validate import load_recipe
+    from populora_core.api import get_registry
+    from populora_core.cli import driver
 
-    recipe, _ = load_recipe(path, registry=manager.registry)
+    recipe, _ = driver.load_recipe(path)
     evo = recipe.evolution
     if not evo.every or recipe.population.mode != "population" or recipe.steps <= evo.every:
         return None
-    registry = manager.registry
+    registry = get_registry()
     return {
         "matchmaker": registry.get("matchmaker", recipe.matchmaker.name).build(recipe.matchmaker.params),
         "selector": registry.get("selector", evo.selector.name).build(evo.selector.params),
@@ -111,10 +112,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=None, help="simulations per setting (default 40, quick 2)")
     ap.add_argument("--recipes", nargs="+", default=None, help="recipe files (default: every recipes/*.yaml)")
     args = ap.parse_args()
-    from populora_core.plugin.manager import get_manager
-
     trials = args.trials or (2 if args.quick else 40)
-    manager = get_manager()
     paths = [Path(p) for p in args.recipes] if args.recipes else sorted((REPO / "recipes").glob("*.yaml"))
     rows = []
     measured: dict[tuple[str, str], dict[str, Any]] = {}  # recipes that differ only elsewhere share a simulation
@@ -125,7 +123,7 @@ def main() -> None:
     )
     print(header)
     for path in paths:
-        settings = recipe_settings(path, manager)
+        settings = recipe_settings(path)
         if settings is None:
             continue
         evo, key = settings["evolution"], settings.pop("key")

@@ -120,7 +120,7 @@ def breakdown(acc: dict[str, list[float]], problems: dict[str, list[Any]], steps
 
 def per_sample_accuracy(c: Any, member: Any, problems: dict[str, list[Any]], k: int, step: int, stream: str) -> dict:
     """Each problem's share of ``k`` sampled answers that are right (a dropped answer counts as wrong)."""
-    from populora_core.run.phases import solve
+    from populora_core.cli.driver import solve
 
     attempts = [(t, member, p) for t in problems for p in problems[t]]
     answers = solve(c, attempts, step, stream, n=k).answers
@@ -225,14 +225,9 @@ def cycle(problems: list[Any], rng: random.Random):
 def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str, Any]:
     from populora_nano.probe import load_probe
 
-    from populora_core.plugin.manager import get_manager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.loop import start_run
-    from populora_core.run.phases import solve, train
-    from populora_core.run.run_dir import RunDir
+    from populora_core.cli.driver import load_recipe, solve, start_run, train
 
     sizes = args.sizes
-    manager = get_manager()
     recipe, resolved = load_recipe(
         args.recipe,
         [
@@ -245,10 +240,9 @@ def run(args: argparse.Namespace, overrides: list[str], work: Path) -> dict[str,
             "probe.enabled=false",
             "evolution.every=0",
         ],
-        manager.registry,
     )
     started = time.time()
-    run = start_run(recipe, resolved, RunDir(work / "run"), manager)
+    run = start_run(recipe, resolved, work / "run")
     try:
         c = run.components
         types = [t for t in TASK_TYPES if t in c.tasks]
@@ -377,10 +371,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.sizes, args.steps, args.heldout, args.k, args.samples = [6, 12], 2, 4, 2, 2
         overrides.append("rollout.proposals_per_teacher=2")
     if args.samples is None:
-        from populora_core.plugin.manager import get_manager
-        from populora_core.recipe.validate import load_recipe
+        from populora_core.cli.driver import load_recipe
 
-        args.samples = load_recipe(args.recipe, overrides, get_manager().registry)[0].rollout.solver_samples
+        args.samples = load_recipe(args.recipe, overrides)[0].rollout.solver_samples
     start, cpu_start = time.time(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="populora-transfer-") as tmp:
         result = run(args, overrides, Path(tmp))

@@ -66,15 +66,15 @@ def test_cuda_visible_devices_naming_no_gpu_is_exit_2_naming_it(monkeypatch, cap
     import torch
 
     import benchmarks.gpu.smoke as smoke
-    from populora_core.cli import doctor
+    from populora_core.cli import driver
 
-    monkeypatch.setattr(doctor, "nvidia_smi", lambda: ("550.0", [_gpu("H200", 140000)]))
+    monkeypatch.setattr(driver, "nvidia_smi", lambda: ("550.0", [_gpu("H200", 140000)]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     assert smoke.main([]) == 2
     err = capsys.readouterr().err
     assert "CUDA_VISIBLE_DEVICES='7' names no GPU" in err and "--device cpu" in err
-    monkeypatch.setattr(doctor, "nvidia_smi", lambda: (None, []))
+    monkeypatch.setattr(driver, "nvidia_smi", lambda: (None, []))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert smoke.main(["--device", "cuda"]) == 2 and "no GPU visible" in capsys.readouterr().err
 

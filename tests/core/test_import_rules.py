@@ -431,3 +431,73 @@ def test_no_import_cycles_inside_the_core_or_a_plugin(package):
     for deps in graph.values():
         deps.discard(package.name)
     assert import_cycle(graph) is None, f"{package.name}: import cycle {' -> '.join(import_cycle(graph) or [])}"
+
+
+# --- benchmarks ----------------------------------------------------------------------------------
+
+BENCHMARKS = PLUGINS.parent / "benchmarks"
+#: What a benchmark (a script) may import of the core: the public floors and the driver, the public entry for scripts.
+SCRIPT_PUBLIC = (*PUBLIC, "populora_core.cli.driver")
+
+
+def script_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import, deferred ones included; ``from pkg import a`` counts ``pkg.a`` when
+    it is a module and ``pkg`` itself only when some name it imports is not a module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            subs = [f"{node.module}.{alias.name}" for alias in node.names]
+            modules = [sub for sub in subs if _is_module(sub)]
+            found += [(node.lineno, name) for name in modules + ([node.module] if len(modules) < len(subs) else [])]
+    return sorted(found)
+
+
+def benchmark_violations(root: Path = BENCHMARKS) -> list[str]:
+    """``file:line: ...`` for every import under ``root`` of the core outside SCRIPT_PUBLIC or of ``tests``."""
+    bad = []
+    for file in sorted(root.rglob("*.py")):
+        for line, name in script_imports(file.read_text()):
+            top, where = name.split(".")[0], f"{file.relative_to(root.parent).as_posix()}:{line}"
+            if top == "populora_core" and not any(name == m or name.startswith(m + ".") for m in SCRIPT_PUBLIC):
+                bad.append(f"{where}: {name} is private to the core (a benchmark imports {', '.join(SCRIPT_PUBLIC)})")
+            elif top == "tests":
+                bad.append(f"{where}: {name} is a test helper (a benchmark's own helpers live in benchmarks/)")
+    return bad
+
+
+def test_benchmarks_import_only_the_public_core_and_the_driver():
+    assert benchmark_violations() == []
+
+
+def test_a_benchmark_importing_a_private_module_or_a_test_helper_is_caught(tmp_path):
+    root = tmp_path / "benchmarks"
+    (root / "research").mkdir(parents=True)
+    (root / "fine.py").write_text(
+        "from populora_core.api import get_registry\nfrom populora_core.services.gpu import visible_gpu_bytes\n"
+        "from populora_core.cli import driver\nfrom populora_core.cli.driver import start_run\n"
+        "import populora_core.cli.driver as d\nfrom populora_azr.problems import CodeProblem\nfrom .tiny import x\n"
+    )
+    (root / "research" / "rogue.py").write_text(
+        "from populora_core import get_registry\n"
+        "def run():\n"
+        "    from populora_core.run.loop import start_run\n"
+        "    from populora_core.recipe import validate\n"
+        "    import populora_core.cli.doctor\n"
+        "    from tests.tiny_model import build\n"
+        "    from tests import conftest\n"
+        "from populora_core.cli import main\n"
+    )
+    private = "is private to the core (a benchmark imports populora_core.api, populora_core.services, "
+    private += "populora_core.cli.driver)"
+    helper = "is a test helper (a benchmark's own helpers live in benchmarks/)"
+    assert benchmark_violations(root) == [
+        f"benchmarks/research/rogue.py:1: populora_core {private}",
+        f"benchmarks/research/rogue.py:3: populora_core.run.loop {private}",
+        f"benchmarks/research/rogue.py:4: populora_core.recipe.validate {private}",
+        f"benchmarks/research/rogue.py:5: populora_core.cli.doctor {private}",
+        f"benchmarks/research/rogue.py:6: tests.tiny_model {helper}",
+        f"benchmarks/research/rogue.py:7: tests.conftest {helper}",
+        f"benchmarks/research/rogue.py:8: populora_core.cli {private}",
+    ]

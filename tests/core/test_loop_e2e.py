@@ -19,7 +19,7 @@ RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_real_2t2s.y
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from tests.tiny_model import build_tiny_model
+    from benchmarks.tiny_model import build_tiny_model
 
     model = build_tiny_model(tmp_path_factory.mktemp("e2e_model"))
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MODEL": str(model)}

@@ -273,9 +273,9 @@ def _measure_child(work: str) -> None:
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from benchmarks.tiny_model import build_tiny_model, fresh_adapter
     from populora_core import get_registry
     from populora_core.api.components import BaseModel, LoraSettings
-    from tests.tiny_model import build_tiny_model, fresh_adapter
 
     def rss(field: str = "VmRSS") -> int:
         gc.collect()

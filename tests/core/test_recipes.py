@@ -195,9 +195,7 @@ def test_every_shipped_recipe_selects_rather_than_killing_the_newest_child(path)
     the youngest members die about as often as chance says (fresh children under mu - 3 sigma: ~95 %)."""
     from benchmarks.research.selection import measure, recipe_settings
 
-    pm = PluginManager()
-    pm.load_entry_points()
-    settings = recipe_settings(path, pm)
+    settings = recipe_settings(path)
     assert settings is not None
     settings.pop("key")
     result = measure({**settings, "steps": min(settings["steps"], 8 * settings["evolution"].every + 1)}, trials=6)

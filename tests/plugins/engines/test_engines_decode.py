@@ -20,7 +20,7 @@ def base(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def adapters(base, tmp_path_factory):
-    from tests.tiny_model import fresh_adapter
+    from benchmarks.tiny_model import fresh_adapter
 
     root = tmp_path_factory.mktemp("adapters")
     return [fresh_adapter(base, f"d{i}@v0", LORA, seed=200 + i, out_dir=root / f"d{i}_v0") for i in range(3)]

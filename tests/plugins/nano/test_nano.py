@@ -292,7 +292,7 @@ def test_probe_file_errors_name_the_file_and_line(tmp_path):
 def test_evaluate_probe_reports_accuracy_and_validity_per_adapter(nano, tasks, tmp_path):
     from populora_nano.probe import evaluate_probe, load_probe
 
-    from tests.tiny_model import fresh_adapter
+    from benchmarks.tiny_model import fresh_adapter
 
     problems = [
         p for t in ("deduction", "abduction", "induction") for p in [q for q in load_probe() if q.task_type == t][:3]

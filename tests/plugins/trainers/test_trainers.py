@@ -25,7 +25,7 @@ def base(tiny_model_dir):
 
 @pytest.fixture()
 def adapters(base, tmp_path):
-    from tests.tiny_model import fresh_adapter
+    from benchmarks.tiny_model import fresh_adapter
 
     return [fresh_adapter(base, f"m{i}@v0", LORA, seed=7 + i, out_dir=tmp_path / f"m{i}_v0") for i in range(3)]
 
@@ -477,7 +477,7 @@ def peaky_base(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.tiny_model import build_tiny_model
+    from benchmarks.tiny_model import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("peaky"))
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -490,7 +490,7 @@ def peaky_base(tmp_path_factory):
 @pytest.mark.slow
 def test_repeated_updates_raise_a_toy_reward(peaky_base, tmp_path):
     """Reward = share of completion tokens in a fixed set X (32 of ~500 ids); rollouts sampled by hf."""
-    from tests.tiny_model import fresh_adapter
+    from benchmarks.tiny_model import fresh_adapter
 
     base = peaky_base
     adapter = fresh_adapter(base, "toy@v0", LORA, seed=3, out_dir=tmp_path / "toy_v0")
@@ -1001,7 +1001,7 @@ def test_fused_lora_forward_on_a_16_bit_base_gives_peft_s_gradients_casting_each
     import torch
     from populora_trainers import forward
 
-    from tests.tiny_model import fresh_adapter
+    from benchmarks.tiny_model import fresh_adapter
 
     adapter = fresh_adapter(base_bf16, "m0@v0", LORA, seed=7, out_dir=tmp_path / "m0_v0")
     rollouts = _rollouts("m0", n=9, seed=5)

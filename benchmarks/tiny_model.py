@@ -1,12 +1,14 @@
 """Build a tiny Llama-architecture causal LM with its own byte-level BPE tokenizer, offline.
 
-Shared by tests and benchmarks that need a real model without a hub. Deterministic from ``seed``.
+Shared by benchmarks and tests that need a real model without a hub (here, since benchmarks import nothing of
+``tests/``). Deterministic from ``seed``.
 Llama (not Qwen2) because transformers 5 reloads any qwen2 tokenizer as Qwen2Tokenizer with its own
 pre-tokenizer rules, which would change ids after a save/load round trip.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -76,3 +78,46 @@ def fresh_adapter(base: Any, name: str, lora: Any, *, seed: int, out_dir: str | 
 
     save_lora(fresh_lora(base.path, lora, seed=seed), out_dir)
     return AdapterRef(name, str(out_dir))
+
+
+def make_adapter(path: Path, base_dir: Path | None, seed: int) -> Path:
+    """A PEFT adapter with random non-zero B at ``path``: on ``base_dir``'s q_proj and v_proj (r 4), or, with no
+    base, a bare one-layer q_proj adapter file pair (for readers that never load a model)."""
+    import torch
+
+    if base_dir is None:
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        g = torch.Generator().manual_seed(seed)
+        save_file(
+            {
+                "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(4, 8, generator=g),
+                "base_model.model.layers.0.q_proj.lora_B.weight": torch.randn(8, 4, generator=g),
+            },
+            str(path / "adapter_model.safetensors"),
+        )
+        (path / "adapter_config.json").write_text(
+            json.dumps(
+                {
+                    "peft_type": "LORA",
+                    "r": 4,
+                    "lora_alpha": 8,
+                    "target_modules": ["q_proj"],
+                    "base_model_name_or_path": "unused",
+                }
+            )
+        )
+        return path
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+    peft_model.save_pretrained(str(path))
+    return path
