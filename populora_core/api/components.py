@@ -36,7 +36,7 @@ from .records import (
     problem_from_record,
     split_by_cost,
 )
-from .tasks import ProblemT, Task, per_task
+from .tasks import ProblemT, ProposerCapabilities, Task, per_task
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
@@ -60,6 +60,7 @@ __all__ = [
     "MetricSink",
     "Problem",
     "ProblemT",
+    "ProposerCapabilities",
     "Replacement",
     "Rollout",
     "RolloutEngine",
