@@ -9,9 +9,10 @@ temperature 1 and top_p 1 it is an unbiased estimate of the teachers' mean per-t
 cross-entropy of the sampling distribution with the model's.
 
 Optional task members feed it (:class:`~populora_core.api.components.Task`): ``proposer`` (what the teacher
-makes of a proposal), ``proposer_metrics(contexts)`` and ``problem_metrics(problems)``, logged as ``task/<name>/<key>``, and
-``teacher_metrics``, the keys of ``Problem.metrics`` averaged per teacher. The loop reads no problem's payload:
-``tasks/problems.jsonl`` records it as the task's problem type declares it (:func:`problem_records`).
+makes of a proposal), ``proposer_metrics(contexts)`` and ``problem_metrics(problems)``, logged as
+``task/<name>/<key>``, and ``teacher_metrics``, the keys of ``Problem.metrics`` averaged per teacher. The loop
+reads no problem's payload: ``tasks/problems.jsonl`` records it as the task's problem type declares it, and the
+task's own fields as its ``record_fields`` writes them (:func:`problem_records`).
 
 A task that declares ``difficulty_levels`` reports each valid problem's level through ``difficulty(problem)``,
 and every step logs (:func:`difficulty_metrics`) ``member/<teacher>/difficulty``, the mean level of the valid
