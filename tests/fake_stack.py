@@ -140,7 +140,7 @@ class CountTask(Task[CountProblem]):
     problem_type = CountProblem
     teacher_metrics = ("ast_depth", "cyclomatic", "loc")
 
-    def __init__(self, params: Any, *, executor: Any, rng: Any) -> None:
+    def __init__(self, params: Any) -> None:  # a factory declaring params alone: it is handed no run context
         self.buffer: list[CountProblem] = []
 
     def proposer_prompts(self, count: int, rng: Any) -> list[tuple[str, Any]]:

@@ -51,7 +51,7 @@ class ArithBaseParams(Params):
     """The shipped model has no knobs: it is one fixed set of weights."""
 
 
-def _arith(params: ArithParams, *, executor: Any, rng: Any, tasks: Any = None) -> Any:
+def _arith(params: ArithParams, *, rng: Any) -> Any:
     """Addition questions with levels (digits); exact answers written least significant digit first."""
     from .task import ArithTask
 

@@ -157,14 +157,14 @@ class InductionParams(AZRTaskParams):
     n_inputs: int = Field(10, ge=2, description="inputs per proposal; the first half is shown, the rest hidden")
 
 
-def _deduction(params: CodeIOParams, *, executor, rng, tasks=None):
+def _deduction(params: CodeIOParams, *, executor, rng):
     """AZR deduction (code_o): predict the output of a program on an input."""
     from .code_io import DeductionTask
 
     return DeductionTask(params, executor=executor, rng=rng)
 
 
-def _abduction(params: CodeIOParams, *, executor, rng, tasks=None):
+def _abduction(params: CodeIOParams, *, executor, rng):
     """AZR abduction (code_i): give an input that makes a program return a given output."""
     from .code_io import AbductionTask
 

@@ -257,6 +257,10 @@ class AZRTask(Task[CodeProblem]):
         """A :class:`CodeProblem` from a problem file's record; at least one input and an output per input."""
         return load_code_problem(record)
 
+    def record_fields(self, problem: CodeProblem) -> dict[str, Any]:
+        """``teacher_program``: whether the teacher wrote the record's program (induction's comes from the pool)."""
+        return {"teacher_program": self.proposer.authors_problem}
+
     def problem_metrics(self, problems: Sequence[CodeProblem]) -> dict[str, Any]:
         """Of a step's valid proposals: the mean input length (of each proposal's inputs, then over proposals) and
         the distinct programs."""

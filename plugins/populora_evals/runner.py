@@ -19,7 +19,8 @@ from typing import Any
 from populora_core.api.components import GenerationRequest, SamplingParams
 from populora_core.services.files import atomic_write_text
 
-from .evaluators import AZR_CODE, AZR_MATH, CODE_STAND_INS, Benchmark
+from .evaluators import Benchmark
+from .groups import average_columns, average_members, averages
 from .passk import summarize
 from .target import Subject, Target
 
@@ -405,36 +406,6 @@ def _write_samples(path: Path, entry: dict[str, Any]) -> None:
 # --- aggregation -----------------------------------------------------------------------------------
 
 
-def averages(bench_scores: dict[str, float | None]) -> dict[str, float | None]:
-    """AZR's CAvg (3 code benchmarks), MAvg (6 math; GSM8K excluded), AVG = (CAvg + MAvg) / 2.
-
-    Over the benchmarks evaluated; HumanEval/MBPP stand in for their plus versions when only the
-    base version was run. AVG is whichever of the two exists when only one does.
-    """
-    scored = {name: value for name, value in bench_scores.items() if value is not None}
-    code = []
-    for name in AZR_CODE:
-        if name in scored:
-            code.append(scored[name])
-        elif CODE_STAND_INS.get(name) in scored:
-            code.append(scored[CODE_STAND_INS[name]])
-    math = [scored[n] for n in AZR_MATH if n in scored]
-    cavg = sum(code) / len(code) if code else None
-    mavg = sum(math) / len(math) if math else None
-    both = [v for v in (cavg, mavg) if v is not None]
-    return {"code_avg": cavg, "math_avg": mavg, "overall": sum(both) / len(both) if both else None}
-
-
-def average_members(benches: list[str]) -> dict[str, list[str]]:
-    code = [
-        n if n in benches else CODE_STAND_INS[n] for n in AZR_CODE if n in benches or CODE_STAND_INS.get(n) in benches
-    ]
-    return {"code_avg": code, "math_avg": [n for n in AZR_MATH if n in benches]}
-
-
-COLUMNS_AVG = ("code_avg", "math_avg", "overall")
-
-
 def _row(scores: dict[str, float | None]) -> dict[str, float | None]:
     return {**scores, **averages(scores)}
 
@@ -490,7 +461,7 @@ def aggregate(
     timings: dict[str, dict[str, float]],
 ) -> dict[str, Any]:
     names = [b.name for b in benches]
-    columns = [*names, *COLUMNS_AVG]
+    columns = [*names, *average_columns()]
     subjects = []
     rows: dict[str, dict[str, float | None]] = {}
     outcomes = {s.label: {b: scores[s.label][b].pop("outcomes", {}) for b in names} for s in target.subjects}

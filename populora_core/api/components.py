@@ -36,7 +36,7 @@ from .records import (
     problem_from_record,
     split_by_cost,
 )
-from .tasks import ProblemT, Task, per_task
+from .tasks import ProblemT, ProposerCapabilities, Task, per_task
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
@@ -60,6 +60,7 @@ __all__ = [
     "MetricSink",
     "Problem",
     "ProblemT",
+    "ProposerCapabilities",
     "Replacement",
     "Rollout",
     "RolloutEngine",
@@ -289,13 +290,17 @@ class MetricSink(Protocol):
 class Evaluator(Protocol):
     """One benchmark: its problems, the prompt for each, and the grading of completions.
 
-    ``category`` ("code" or "math") decides which AZR average a score enters. Items are plain dicts
-    with an ``id``. Code benchmarks grade in the executor they are handed (never in-process).
+    ``category`` says what its answers are ("code": programs, graded in the executor it is handed, never
+    in-process; "math": answers checked as text); the core reads it not, and which averages a score enters is
+    the evaluating plugin's (``populora_evals``' groups). Items are plain dicts with an ``id``.
     """
 
     name: str
     category: str
     max_tokens: int
+    #: The prompt template the prompts are written in: part of what an evaluation's results and cache are keyed by
+    #: (another template is another result). Default: "" (the evaluator has one way to write a prompt).
+    template: str = ""
 
     def items(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The benchmark's problems in a fixed order (the first ``limit``); bad data raises UserError."""

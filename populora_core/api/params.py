@@ -41,7 +41,7 @@ class Meta(TypedDict, total=False):
     gpus: Callable[[Any], int]  # cluster: the GPUs its members are spread over
     min_parents: int  # operator: the fewest parents it takes (required)
     max_parents: int | None  # operator: the most (None: no bound)
-    category: str  # evaluator: the group of benchmarks it averages with
+    category: str  # evaluator: what its answers are ("code", "math"), as its `category` attribute says
 
 
 @dataclass(frozen=True)

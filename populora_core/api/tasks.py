@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .records import Grade, Problem, payload_fields, problem_from_record
@@ -17,12 +18,24 @@ T = TypeVar("T")
 ProblemT = TypeVar("ProblemT", bound=Problem)
 
 
+@dataclass(frozen=True)
+class ProposerCapabilities:
+    """What a task's teacher makes of a proposal: data the task declares (:attr:`Task.proposer`), read by the loop.
+
+    ``authors_problem``: whether the teacher writes the whole problem. False for a task whose proposals take part
+    of their problem from elsewhere (AZR's induction: the program, from the deduction/abduction buffers); the loop
+    then leaves its proposals out of what it reports about the problems teachers wrote (``teacher/distinct_problems``
+    and the per-teacher ``teacher_metrics``)."""
+
+    authors_problem: bool = True
+
+
 @runtime_checkable
 class Task(Protocol[ProblemT]):
     """One task type (AZR: deduction, abduction, induction): prompts, validation, grading, buffer. A task subclasses
     this class to inherit the defaults of its optional members (``problem_type``, ``load_problem``,
     ``problem_key``, ``problem_metrics``, ``teacher_metrics``, ``difficulty_levels``, ``difficulty``,
-    ``grade_many``, ``proposer_writes_program``, ``proposer_metrics``).
+    ``grade_many``, ``proposer``, ``record_fields``, ``proposer_metrics``).
 
     A task need not be about code: its problems are its own :class:`Problem` subclass (``problem_type``, the
     payload schema), and the loop reads none of their payload. What it needs of a problem it asks the task: the
@@ -32,9 +45,8 @@ class Task(Protocol[ProblemT]):
     """
 
     name: str
-    #: False for a task whose proposals carry a program the teacher did not write (AZR's induction: from a pool);
-    #: those are left out of the teachers' program metrics
-    proposer_writes_program: bool = True
+    #: What the teacher makes of a proposal (:class:`ProposerCapabilities`); by default the whole problem
+    proposer: ProposerCapabilities = ProposerCapabilities()
     #: The dataclass of this task's problems: :class:`Problem` plus the task's payload fields, its schema. The
     #: payload fields are what ``tasks/problems.jsonl`` records of a problem and what a problem file must hold
     #: (JSON values: strings, numbers, lists, dicts). Default: :class:`Problem`, no payload.
@@ -64,6 +76,12 @@ class Task(Protocol[ProblemT]):
         """What makes two problems of this task the same problem: seeding keeps one of each, a probe set one of
         each. The default: the payload, every field the task added to :class:`Problem`."""
         return json.dumps(payload_fields(problem), sort_keys=True)
+
+    def record_fields(self, problem: ProblemT) -> dict[str, Any]:
+        """The task's own fields of a problem's record in ``tasks/problems.jsonl``, written after the loop's keys
+        and before ``metric_*`` (AZR: ``teacher_program``, whether the teacher wrote the program). JSON values; a
+        name may not be a record key or a payload field (a ``PluginError``). None by default."""
+        return {}
 
     def problem_metrics(self, problems: Sequence[ProblemT]) -> dict[str, Any]:
         """What the task reports about a step's valid proposals of its type (AZR: mean input length, distinct

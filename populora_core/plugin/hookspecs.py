@@ -51,27 +51,27 @@ def register_tasks(register: Register) -> None:
 
     Called once per plugin, as the plugin manager adds it.
 
-    ``factory(params, *, executor, rng, tasks) -> components.Task``: ``executor`` is the run's program executor,
-    ``rng`` the task's own random stream, ``tasks`` the run's tasks by name in recipe order (complete before any
-    task method is called): induction reads its peers' buffers through it.
+    ``factory(params, *, executor, rng, tasks) -> components.Task``, handed only the keywords it names: ``executor`` the
+    run's program executor, ``rng`` its random stream, ``tasks`` the run's tasks by name in recipe order (complete
+    before a task method is called; induction reads its peers' buffers through it).
 
     A task need not be about code. Its problems are its own dataclass: ``components.Problem`` (task type, validity,
-    error, proposer, metrics, signature) plus the task's payload fields, named as the task's ``problem_type``
-    (AZR's ``CodeProblem``: program, inputs, outputs, message; ``tests/thirdparty_task``: question, answer). The
-    core reads no payload field: ``tasks/problems.jsonl`` records them after ``proposer_version``, a problem file is
-    read through the task's ``load_problem(record)`` (default: each field checked against its type; a record that
-    does not fit is a user error naming the file, line and task), and what else the loop needs it asks through
-    optional members with defaults: ``problem_key`` (seed and probe dedup; default the whole payload),
-    ``problem_metrics`` (``task/<name>/<key>`` of a step's valid proposals; none by default), ``teacher_metrics``
-    (keys of ``Problem.metrics`` averaged per teacher; none by default), and difficulty as data:
-    ``difficulty_levels`` (the levels a problem can have, easiest first; default ``()``, the task reports no
-    difficulty) with ``difficulty(problem) -> int | None`` (a valid problem's level, one of them; default None). A
-    task with levels gets every step ``member/<teacher>/difficulty`` (the mean level of the teacher's valid
-    proposals), ``teacher/difficulty`` (over all teachers) and ``member/<student>/solve_rate_at_level/<L>`` (the
-    student's mean solve rate on the valid level-L proposals it answered as matched student; None where it answered
-    none); with two tasks or more that declare levels each key names the task after the member
-    (``member/<id>/<task>/difficulty``, ``teacher/<task>/difficulty``). ``populora report`` draws both for every
-    member (``populora_arith`` declares digits 1-6).
+    error, proposer, metrics, signature) plus the task's payload fields, named as the task's ``problem_type`` (AZR's
+    ``CodeProblem``: program, inputs, outputs, message). The core reads no payload field: ``tasks/problems.jsonl``
+    records them after ``proposer_version``, a problem file is read through the task's ``load_problem(record)``
+    (default: each field checked against its type; a record that does not fit is a user error naming the file, line and
+    task), and what else the loop needs it asks through optional members with defaults: ``proposer`` (data:
+    ``ProposerCapabilities(authors_problem=False)`` keeps AZR induction's pool programs out of the teachers' numbers),
+    ``record_fields`` (a problem record's task fields; AZR's ``teacher_program``), ``problem_key`` (seed and probe
+    dedup; default the whole payload), ``problem_metrics`` (``task/<name>/<key>`` of a step's valid proposals; none by
+    default), ``teacher_metrics`` (keys of ``Problem.metrics`` averaged per teacher; none by default), and difficulty as
+    data: ``difficulty_levels`` (the levels a problem can have, easiest first; default ``()``, the task reports no
+    difficulty) with ``difficulty(problem) -> int | None`` (a valid problem's level, one of them; default None). A task
+    with levels gets every step ``member/<teacher>/difficulty`` (the mean level of the teacher's valid proposals),
+    ``teacher/difficulty`` (all teachers) and ``member/<student>/solve_rate_at_level/<L>`` (the student's mean solve
+    rate on the valid level-L proposals it answered as matched student; None where it answered none); with two tasks or
+    more that declare levels each key names the task after the member (``member/<id>/<task>/difficulty``,
+    ``teacher/<task>/difficulty``). ``populora report`` draws both per member (``populora_arith`` declares digits 1-6).
 
     :param register: ``register(name, factory, params=ParamsModel, description="", **meta)``, bound to this
         plugin: call it once per task type the plugin provides.

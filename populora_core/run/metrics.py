@@ -8,10 +8,11 @@ the model's raw distribution (the engine's per-token log-probs; engines report n
 temperature 1 and top_p 1 it is an unbiased estimate of the teachers' mean per-token entropy; otherwise the
 cross-entropy of the sampling distribution with the model's.
 
-Optional task members feed it (:class:`~populora_core.api.components.Task`): ``proposer_writes_program``,
-``proposer_metrics(contexts)`` and ``problem_metrics(problems)``, logged as ``task/<name>/<key>``, and
-``teacher_metrics``, the keys of ``Problem.metrics`` averaged per teacher. The loop reads no problem's payload:
-``tasks/problems.jsonl`` records it as the task's problem type declares it (:func:`problem_records`).
+Optional task members feed it (:class:`~populora_core.api.components.Task`): ``proposer`` (what the teacher
+makes of a proposal), ``proposer_metrics(contexts)`` and ``problem_metrics(problems)``, logged as
+``task/<name>/<key>``, and ``teacher_metrics``, the keys of ``Problem.metrics`` averaged per teacher. The loop
+reads no problem's payload: ``tasks/problems.jsonl`` records it as the task's problem type declares it, and the
+task's own fields as its ``record_fields`` writes them (:func:`problem_records`).
 
 A task that declares ``difficulty_levels`` reports each valid problem's level through ``difficulty(problem)``,
 and every step logs (:func:`difficulty_metrics`) ``member/<teacher>/difficulty``, the mean level of the valid
@@ -72,9 +73,9 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def writes_program(task: Any) -> bool:
-    """Whether a task's proposals carry a program its teacher wrote (AZR induction's come from a pool)."""
-    return bool(task.proposer_writes_program)
+def authors_problem(task: Any) -> bool:
+    """Whether a task's teachers write its whole problems (its declared ``proposer``; AZR induction's do not)."""
+    return bool(task.proposer.authors_problem)
 
 
 def _token_nll(completions: Iterable[Completion]) -> float | None:
@@ -89,7 +90,7 @@ def _token_nll(completions: Iterable[Completion]) -> float | None:
 def proposal_metrics(tasks: Mapping[str, Any], proposals: Sequence[Proposal]) -> dict[str, Any]:
     """What the step's proposals looked like, per task type and over the teachers (see the module docstring)."""
     m: dict[str, Any] = {}
-    written = [p for p in proposals if writes_program(tasks.get(p.task))]
+    written = [p for p in proposals if authors_problem(tasks.get(p.task))]
     for task_name, task in tasks.items():
         mine = [p for p in proposals if p.task == task_name]
         completions = [p.completion for p in mine if p.completion is not None]
@@ -180,7 +181,7 @@ def step_metrics(
         valid = [p.problem for p in mine if p.valid and p.problem is not None]
         m[f"member/{teacher.id}/validity"] = len(valid) / len(mine) if mine else None
         # the tasks' teacher metrics of the problems the teacher wrote (AZR: deduction and abduction, not induction)
-        own = [p.problem for p in mine if p.valid and p.problem is not None and writes_program(tasks.get(p.task))]
+        own = [p.problem for p in mine if p.valid and p.problem is not None and authors_problem(tasks.get(p.task))]
         for key in teacher_keys:
             m[f"member/{teacher.id}/{key}"] = _mean([p.metrics[key] for p in own if key in p.metrics])
         m[f"member/{teacher.id}/token_nll"] = _token_nll(
@@ -199,27 +200,31 @@ def step_metrics(
 
 
 def problem_records(
-    step: int, proposals: list[Proposal], student_of: dict[str, Match], tasks: Mapping[str, Any] | None = None
+    step: int, proposals: list[Proposal], student_of: dict[str, Match], tasks: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     """One ``tasks/problems.jsonl`` record per proposal, valid or not (loadable with ``datasets``).
 
     The problem's payload fields (those its task's :class:`~populora_core.api.components.Problem` subclass adds,
-    in declaration order) come after ``proposer_version``; a payload field may not take the name of a record
-    key (a :class:`~populora_core.api.errors.PluginError`). ``finish_reason`` is the completion's ("length": cut
-    off by ``propose_max_tokens``); ``teacher_program`` says whether the teacher wrote the program (False for AZR
-    induction, whose programs come from a pool)."""
+    in declaration order) come after ``proposer_version``, the task's own fields (its ``record_fields``) after the
+    loop's keys and before ``metric_*``; neither may take the name of a record key, nor the task's fields a
+    payload field's (a :class:`~populora_core.api.errors.PluginError`). ``finish_reason`` is the completion's
+    ("length": cut off by ``propose_max_tokens``)."""
     records = []
     for proposal in proposals:
         p = proposal.problem
         assert p is not None, "problem records are written after validation"
         completion = proposal.completion
         payload = payload_fields(p)
-        clash = sorted(payload.keys() & RECORD_KEYS)
-        if clash:
-            raise PluginError(
-                f"task {proposal.task!r}: its problem type {type(p).__qualname__} has payload fields named like "
-                f"problem record keys ({', '.join(clash)}); rename them"
-            )
+        own = tasks[proposal.task].record_fields(p)
+        for what, clash in (
+            (f"its problem type {type(p).__qualname__} has payload fields", payload.keys() & RECORD_KEYS),
+            ("its record_fields has fields", own.keys() & (RECORD_KEYS | payload.keys())),
+        ):
+            if clash:
+                raise PluginError(
+                    f"task {proposal.task!r}: {what} named like problem record keys or payload fields "
+                    f"({', '.join(sorted(clash))}); rename them"
+                )
         head = {"step": step, "task_type": proposal.task, "proposer": proposal.teacher.id}
         head["proposer_version"] = p.proposer
         tail = {
@@ -230,14 +235,13 @@ def problem_records(
             "signature": p.signature,
             "finish_reason": completion.finish_reason if completion is not None else None,
             "completion_tokens": len(completion.token_ids) if completion is not None else None,
-            "teacher_program": writes_program((tasks or {}).get(proposal.task)),
         }
-        records.append({**head, **payload, **tail, **{f"metric_{k}": v for k, v in p.metrics.items()}})
+        records.append({**head, **payload, **tail, **own, **{f"metric_{k}": v for k, v in p.metrics.items()}})
     return records
 
 
-#: The keys of a problem record besides the payload's and ``metric_*``.
+#: The keys of a problem record besides the payload's, the task's own and ``metric_*``.
 RECORD_KEYS = frozenset(
     "step task_type proposer proposer_version valid error matched_student solve_rate signature finish_reason "
-    "completion_tokens teacher_program".split()
+    "completion_tokens".split()
 )

@@ -14,7 +14,7 @@ import pytest
 from populora_azr.code_io import CodeIOTask
 from populora_azr.problems import CodeProblem
 
-from populora_core.api.components import Completion, Match, Problem, Task
+from populora_core.api.components import Completion, Match, Problem, ProposerCapabilities, Task
 from populora_core.api.errors import PluginError
 from populora_core.api.population import Population
 from populora_core.run.metrics import problem_records, step_metrics
@@ -31,11 +31,14 @@ class _CodeTask(Task[CodeProblem]):
     def proposer_metrics(self, contexts: list[Any]) -> dict[str, Any]:
         return {"references/shown": sum(c["shown"] for c in contexts) / len(contexts)}
 
+    def record_fields(self, problem: CodeProblem) -> dict[str, Any]:
+        return {"own_program": self.proposer.authors_problem}
+
 
 class _PoolTask(_CodeTask):
     """A task whose programs come from a pool (as AZR's induction)."""
 
-    proposer_writes_program = False
+    proposer = ProposerCapabilities(authors_problem=False)
 
     def proposer_metrics(self, contexts: list[Any]) -> dict[str, Any]:
         return {}
@@ -121,11 +124,13 @@ def test_distinct_valid_programs(step):
     assert m["teacher/distinct_problems"] == 3
 
 
-def test_teacher_program_metrics_leave_out_pool_programs(step):
+def test_teacher_program_metrics_leave_out_pool_programs_and_records_carry_the_tasks_own_fields(step):
     m, proposals, tasks, matches = step
     assert m["member/t0/ast_depth"] == 3  # not (3 + 3 + 40) / 3: the induction program is the pool's
     records = problem_records(1, proposals, {t: m for t, m in zip(("t0", "t1"), matches)}, tasks)
-    assert [r["teacher_program"] for r in records] == [True] * 5 + [False] * 2
+    assert [r["own_program"] for r in records] == [True] * 5 + [False] * 2  # what each task wrote
+    keys = list(records[0])  # the task's fields after the loop's keys, before metric_*
+    assert keys[keys.index("completion_tokens") :] == ["completion_tokens", "own_program", "metric_ast_depth"]
     assert [r["finish_reason"] for r in records][:5] == ["stop", "length", "stop", "length", "prompt_too_long"]
     assert records[0]["completion_tokens"] == 3
 
@@ -224,3 +229,21 @@ def test_a_difficulty_outside_the_declared_levels_is_a_plugin_error():
 
     with pytest.raises(PluginError, match=r"task 'words': difficulty 3 is not one of its levels \(1, 2\)"):
         _levelled_step({"words": Narrow()})
+
+
+@pytest.mark.parametrize(
+    ("own", "clash"), [({"valid": 1}, "valid"), ({"program": "x"}, "program"), ({"note": "ok"}, None)]
+)
+def test_a_tasks_record_fields_may_not_take_a_record_keys_or_payload_fields_name(own, clash):
+    class _Writes(_CodeTask):
+        def record_fields(self, problem: CodeProblem) -> dict[str, Any]:
+            return own
+
+    (t0,) = Population.create(1, 1).teachers
+    proposals = [_proposal("deduction", t0, "def f(a): return a", ["1"])]
+    write = lambda: problem_records(1, proposals, {t0.id: Match(t0.id, "s0")}, {"deduction": _Writes()})  # noqa: E731
+    if clash is None:
+        assert write()[0]["note"] == "ok"
+    else:
+        with pytest.raises(PluginError, match=rf"task 'deduction': its record_fields has fields .*\({clash}\)"):
+            write()

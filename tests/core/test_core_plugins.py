@@ -7,12 +7,14 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from populora_core import Params, hookimpl
 from populora_core.api.components import UpdateJob
 from populora_core.api.errors import PluginError
+from populora_core.api.params import Component, NoParams
 from populora_core.plugin.manager import PluginLoadWarning, PluginManager
 from tests.cli_helpers import REPO, pip_install_target, run_cli
 
@@ -407,3 +409,24 @@ def test_plugins_shows_each_operators_parents_as_its_registration_declares():
     assert listed["lora_ops"]["svd"]["text"] == "2 or more" and listed["lora_ops"]["gaussian"]["text"] == "exactly 1"
     text = run_cli("plugins").stdout
     assert "operator parents: clone exactly 1, " in text and "extrapolate exactly 2" in text
+
+
+def test_a_task_factory_is_handed_only_the_run_context_it_declares():
+    """The run builds every task with ``executor``, ``rng`` and ``tasks``: a factory naming ``params`` alone, one
+    naming some of them and one taking ``**kwargs`` are each handed what they declare, nothing more."""
+    seen: dict[str, Any] = {}
+
+    def only_params(params):
+        seen["only_params"] = params
+
+    def some(params, *, rng):
+        seen["some"] = rng
+
+    def every(params, **context):
+        seen["every"] = sorted(context)
+
+    context = {"executor": object(), "rng": 7, "tasks": {}}
+    for factory in (only_params, some, every):
+        Component("task", factory.__name__, factory, NoParams, "p", "0").build(None, **context)
+    assert isinstance(seen["only_params"], NoParams) and seen["some"] == 7
+    assert seen["every"] == ["executor", "rng", "tasks"]

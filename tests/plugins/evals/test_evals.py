@@ -302,7 +302,7 @@ def test_evaluate_loads_shipped_metric_offline(monkeypatch):
 
 
 def test_azr_averages():
-    from populora_evals.runner import averages
+    from populora_evals.groups import averages
 
     full = {
         "humaneval_plus": 80.0,
@@ -323,6 +323,22 @@ def test_azr_averages():
     shipped = averages({"humaneval": 10.0, "mbpp": 20.0, "aime24": 0.0, "math500": 30.0})
     assert shipped == {"code_avg": 15.0, "math_avg": 15.0, "overall": 15.0}
     assert averages({"gsm8k": 50.0}) == {"code_avg": None, "math_avg": None, "overall": None}
+
+
+def test_the_average_columns_are_the_groups_the_plugin_defines(monkeypatch):
+    """A group added to GROUPS is a column of its own, in AVG, in the header and in the table's foot."""
+    from populora_evals import groups, report
+
+    monkeypatch.setitem(groups.GROUPS, "school_avg", groups.Group("SAvg", ("gsm8k",)))
+    avg = groups.averages({"humaneval": 10.0, "aime24": 20.0, "gsm8k": 60.0})
+    assert avg == {"code_avg": 10.0, "math_avg": 20.0, "school_avg": 60.0, "overall": 30.0}
+    assert groups.average_columns() == ["code_avg", "math_avg", "school_avg", "overall"]
+    assert report.header({"benchmarks": {}}, "school_avg") == "SAvg"
+    members = groups.average_members(["humaneval", "gsm8k"])
+    assert members == {"code_avg": ["humaneval"], "math_avg": [], "school_avg": ["gsm8k"]}
+    assert groups.footer(members) == (
+        "CAvg = mean of humaneval; MAvg = mean of none; SAvg = mean of gsm8k; AVG = (CAvg + MAvg + SAvg) / 3 (AZR)."
+    )
 
 
 # --- the command, with a scripted engine --------------------------------------------------------------

@@ -118,7 +118,7 @@ class ArithmeticTask(Task[ArithmeticProblem]):
         self.buffer = [ArithmeticProblem(self.name, q, a, valid=True, proposer=who) for q, a, who in state["buffer"]]
 
 
-def _arithmetic(params: ArithmeticParams, *, executor: Any, rng: Any, tasks: Any = None) -> ArithmeticTask:
+def _arithmetic(params: ArithmeticParams) -> ArithmeticTask:
     """Arithmetic questions with exact answers, checked without an executor."""
     return ArithmeticTask(params)
 
