@@ -90,27 +90,20 @@ def connect(
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
-    from_env = os.environ.get("RAY_ADDRESS", "") if not address else ""
-    if from_env and (local_cpus is not None or local_gpus is not None):
-        sizing = setting.rpartition(".")[0] + ".local_cpus / local_gpus"
-        raise UserError(f"{sizing} size a local cluster, but RAY_ADDRESS={from_env!r} names one to join: drop one")
-    if address or from_env:
-        where = address or from_env
-        check_reachable(where, connect_timeout_s, setting if address else "RAY_ADDRESS")
-        kwargs["address"] = where
+    target = address or os.environ.get("RAY_ADDRESS", "")
+    sizing = setting.rpartition(".")[0] + ".local_cpus / local_gpus"
+    named = setting if address else "RAY_ADDRESS" if target else sizing  # whoever chose where Ray runs
+    if target and not address and (local_cpus is not None or local_gpus is not None):
+        raise UserError(f"{sizing} size a local cluster, but RAY_ADDRESS={target!r} names one to join: drop one")
+    if target:
+        check_reachable(target, connect_timeout_s, named)
+        kwargs["address"] = target
     else:
         kwargs.update(address="local", num_cpus=local_cpus, num_gpus=local_gpus)
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-        where = f"at {kwargs['address']!r}" if kwargs["address"] != "local" else "on this machine"
-        named = (
-            setting
-            if address
-            else "RAY_ADDRESS"
-            if from_env
-            else setting.rpartition(".")[0] + ".local_cpus / local_gpus"
-        )
+        where = f"at {target!r}" if target else "on this machine"
         raise UserError(f"{named}: cannot start or reach a Ray cluster {where}: {first_line(exc)}") from None
     return True
 
