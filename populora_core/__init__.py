@@ -29,12 +29,12 @@ PUBLIC_MODULES = {
     "populora_core.api.components": "the Protocols each component kind implements, with the records and the task "
     "contract (it exports both)",
     "populora_core.api.records": "the plain data passed between components (exported by api.components)",
-    "populora_core.api.tasks": "the Task Protocol and per_task (exported by api.components)",
+    "populora_core.api.tasks": "the Task Protocol (exported by api.components)",
     "populora_core.api.params": "Params and NoParams (a component's params model), Component (a registered one), "
     "format_validation_error",
     "populora_core.api.hooks": "hookimpl, the marker of a hook implementation",
     "populora_core.api.schema": "the recipe's typed sections and Recipe, what run.recipe is",
-    "populora_core.api.lora": "LoraWeights and LoraFactors, what an operator receives and returns; shape checks",
+    "populora_core.api.lora": "LoraWeights and LoraFactors, what an operator receives and returns",
     "populora_core.api.runview": "RunView, what every lifecycle hook receives as ``run``",
     "populora_core.api.population": "members, ratings, lineage, compute counters",
     "populora_core.api.errors": "UserError, RecipeError, PluginError",
@@ -50,9 +50,10 @@ PUBLIC_MODULES = {
     "populora_core.services.modelhost": "the process-wide shared base model that engines and trainers add adapters "
     "to (get_host)",
     "populora_core.services.adapters": "PEFT adapter directories <-> LoraWeights (and their served copies), hashes, "
-    "fresh adapters",
+    "fresh adapters, shape checks (shape_difference, check_compatible)",
     "populora_core.services.architecture": "a base model's shape from its config alone (load_arch, config_source)",
-    "populora_core.services.gpu": "the visible GPU's memory, what other processes hold of it",
+    "populora_core.services.gpu": "the visible GPU's memory, what other processes hold of it; the units of memory "
+    "terms (GIB, dtype_bytes, CUDA_CONTEXT, params_text)",
     "populora_core.services.runtime": "the one owner of torch's thread count: set_torch_threads (a worker process), "
     "torch_threads (a scoped section); the runtime section's environment",
     "populora_core.services.installed": "installed versions read without importing them (version, "
@@ -63,6 +64,7 @@ PUBLIC_MODULES = {
     "populora_core.services.problems": "files of Problem records; ProblemFileEvaluator, the data an evaluator of one "
     "shipped problem file reports",
     "populora_core.services.operators": "apply_operator, the checked way to make one child",
+    "populora_core.services.batching": "one call's items spread: split_by_cost (over workers), per_task (by task)",
     "populora_core.services.probe": "greedy and sampled probe accuracy of adapters on a set of problems",
     "populora_core.services.statistics": "paired intervals (cluster_bootstrap), detectable effects (cluster_mde), "
     "selection_history of a lineage",

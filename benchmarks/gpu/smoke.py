@@ -264,11 +264,10 @@ def overrides_for(
 def run_variant(
     args: argparse.Namespace, engine: str, pop: int, model_dir: Path, device: str, single: bool = False
 ) -> dict[str, Any]:
-    from populora_core.api.memory import CUDA_CONTEXT
     from populora_core.cli.driver import load_recipe, plan_recipe
     from populora_core.services import modelhost
     from populora_core.services.architecture import load_arch
-    from populora_core.services.gpu import visible_gpu_bytes
+    from populora_core.services.gpu import CUDA_CONTEXT, visible_gpu_bytes
 
     overrides = overrides_for(args, engine, pop, model_dir, device, single)
     recipe, resolved = load_recipe(str(RECIPE), overrides)
@@ -285,7 +284,7 @@ def run_variant(
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-run-") as tmp, PeakMemory(device) as memory:
         records = _execute(recipe, resolved, Path(tmp) / "run", lengths, reasons)
     steps = [r for r in records if r.get("event") == "step"]
-    modelhost._HOSTS.clear()  # the next variant loads its own base: a fair peak for each
+    modelhost.release_hosts()  # the next variant loads its own base: a fair peak for each
     _release(device)
     steady = steps[1:] or steps
     phases = sorted({k[5:] for r in steady for k in r if k.startswith("time/")} - {"step", "orchestration_share"})
@@ -424,7 +423,7 @@ def component_checks(
     if not written["served_version"]["passed"]:  # served_vllm then fails on the missing version too
         checks.update(written)
     del trainer
-    modelhost._HOSTS.clear()
+    modelhost.release_hosts()
     _release(device)
     if not vllm:
         return checks
@@ -570,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in check:  # what the raising run left loaded
                 from populora_core.services import modelhost
 
-                modelhost._HOSTS.clear()
+                modelhost.release_hosts()
                 _release(device)
     failed = [name for name, check in result["checks"].items() if not check["passed"]]
     result.update(passed=not failed, failed=failed, vllm_imported="vllm" in sys.modules)

@@ -26,9 +26,9 @@ from populora_core.api.components import (
     LoraSettings,
     RolloutEngine,
     SamplingParams,
-    split_by_cost,
 )
 from populora_core.api.rng import hashed_seed
+from populora_core.services.batching import split_by_cost
 
 from .batched_lora import BASE, batched_adapters, gathered_bytes, serving
 from .completions import check_sampling, cut_completion, encode_prompts, not_generated

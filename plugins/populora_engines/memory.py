@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from populora_core.api.memory import GIB, EngineMemory, PlanContext, Row, dtype_bytes
+from populora_core.api.memory import EngineMemory, PlanContext, Row
+from populora_core.services.gpu import GIB, dtype_bytes
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 #: gpu_memory_utilization values ``auto`` may choose, largest first

@@ -16,8 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from populora_core.api.components import Completion, GenerationRequest, RolloutEngine, SamplingParams, split_by_cost
+from populora_core.api.components import Completion, GenerationRequest, RolloutEngine, SamplingParams
 from populora_core.services.adapters import served_copy
+from populora_core.services.batching import split_by_cost
 
 from .transfer import absolute
 

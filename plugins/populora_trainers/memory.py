@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from populora_core.api.memory import CUDA_CONTEXT, Arch, PlanContext, TrainerMemory, params_text
+from populora_core.api.memory import Arch, PlanContext, TrainerMemory
+from populora_core.services.gpu import CUDA_CONTEXT, params_text
 
 from .forward import long_row_threshold, use_checkpointing
 

@@ -34,9 +34,8 @@ from .records import (
     UpdateStats,
     payload_fields,
     problem_from_record,
-    split_by_cost,
 )
-from .tasks import ProblemT, ProposerCapabilities, Task, per_task
+from .tasks import ProblemT, ProposerCapabilities, Task
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
@@ -71,9 +70,7 @@ __all__ = [
     "UpdateJob",
     "UpdateStats",
     "payload_fields",
-    "per_task",
     "problem_from_record",
-    "split_by_cost",
 ]
 
 # --- generation -----------------------------------------------------------------------------------

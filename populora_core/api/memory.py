@@ -5,7 +5,8 @@ The plan owns the composition and the verdict; each engine and trainer plugin ow
 weights copy, LoRA slots, caches, what it keeps while the trainer updates; a trainer's base, optimizer state and
 an update's activations), so the core holds no copy of their internals. A function is pure arithmetic on the
 model's shape (:class:`Arch`, read from its config by :mod:`populora_core.services.architecture`) and the
-component's params (defaults filled in): no torch, no GPU (the GPU itself is :mod:`populora_core.services.gpu`).
+component's params (defaults filled in): no torch, no GPU (the GPU itself, and the units the terms are written in
+(``GIB``, ``dtype_bytes``, ``CUDA_CONTEXT``), are :mod:`populora_core.services.gpu`).
 """
 
 from __future__ import annotations
@@ -13,15 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: bytes in a GiB
-GIB = 2**30
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-
 #: one plan table row: (what, bytes, detail)
 Row = tuple[str, float, str]
-
-#: per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
-CUDA_CONTEXT = 2**29
 
 #: share of the GPU an ``auto`` choice leaves free: torch's caching allocator reserves more than the plan's
 #: allocated figures (fragmentation, blocks rounded up), and vLLM refuses to start without the memory it was given
@@ -47,15 +41,6 @@ class Arch:
 
     def lora_params(self, rank: int) -> int:
         return rank * sum(n * (d_in + d_out) for n, d_in, d_out in self.targets.values())
-
-
-def dtype_bytes(dtype: Any) -> int:
-    return _DTYPE_BYTES.get(str(dtype), 2)
-
-
-def params_text(n: float) -> str:
-    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 @dataclass(frozen=True)

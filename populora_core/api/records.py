@@ -96,28 +96,6 @@ class GenerationRequest:
     index: int | None = None
 
 
-def split_by_cost(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` ranges of ``costs``, at most ``parts`` and none empty, each near an equal
-    share of the total (a call's requests over workers, or over parallel decode runs).
-
-    A row goes to the part that holds the middle of its cost; a middle exactly on a boundary goes to the
-    earlier part (``<=``: either choice is equally even, this one is the hf engine's, whose runs it keeps).
-    """
-    total, bounds, running, start = sum(costs), [], 0.0, 0
-    for part in range(1, parts):
-        goal = total * part / parts
-        end = start
-        while end < len(costs) and running + costs[end] / 2 <= goal:
-            running += costs[end]
-            end += 1
-        if end > start:
-            bounds.append((start, end))
-            start = end
-    if start < len(costs):
-        bounds.append((start, len(costs)))
-    return bounds
-
-
 @dataclass
 class Completion:
     text: str

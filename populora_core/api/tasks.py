@@ -1,19 +1,17 @@
-"""The task contract: what one task type provides (prompts, validation, grading, its buffer, its problems' schema),
-and :func:`per_task`, which batches work by task. :mod:`.components` exports both beside the other Protocols.
+"""The task contract: what one task type provides (prompts, validation, grading, its buffer, its problems' schema).
+:mod:`.components` exports it beside the other Protocols.
 No torch import here.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .records import Grade, Problem, payload_fields, problem_from_record
 
-T = TypeVar("T")
 #: A task's own :class:`Problem` subclass (its payload schema): ``Task[MyProblem]`` types a task's members by it.
 ProblemT = TypeVar("ProblemT", bound=Problem)
 
@@ -133,19 +131,3 @@ class Task(Protocol[ProblemT]):
         """Restore :meth:`state_dict`'s data as read back from JSON (tuples as lists); it comes from a run directory
         on disk, so check it (``ValueError``/``TypeError`` on what does not fit: the resume is refused)."""
         ...
-
-
-def per_task(
-    tasks: Mapping[str, Task], task_names: Sequence[str | None], batch: Callable[[Task, list[int]], Sequence[T]]
-) -> list[T]:
-    """``batch(task, indices)`` once per task over the indices of its items (``None``: no task, left out),
-    tasks in the order first met; the results come back in input order (a left-out item's is None)."""
-    by_task: dict[str, list[int]] = defaultdict(list)
-    for i, task_name in enumerate(task_names):
-        if task_name is not None:
-            by_task[task_name].append(i)
-    out: list[T] = [None] * len(task_names)  # type: ignore[list-item]
-    for task_name, idx in by_task.items():
-        for i, result in zip(idx, batch(tasks[task_name], idx), strict=True):
-            out[i] = result
-    return out

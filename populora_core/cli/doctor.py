@@ -180,6 +180,8 @@ def _is_cpu_build(ver: str | None) -> bool:
 
 
 def diagnose() -> Report:
+    """``populora doctor``'s findings on this machine: versions, torch's CUDA, the driver and GPUs, and what is
+    broken, missing or worth a warning (each with its fix)."""
     versions = {name: version(name) for name in SHOWN}
     cuda = torch_cuda_version() if versions["torch"] else None
     driver, gpus = nvidia_smi()

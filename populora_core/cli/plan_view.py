@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.memory import params_text
+from ..services.gpu import params_text
 
 
 def does_not_fit(plan: dict[str, Any]) -> bool:

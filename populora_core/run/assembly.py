@@ -27,7 +27,6 @@ from ..api.components import (
     Selector,
     Task,
     Trainer,
-    per_task,
 )
 from ..api.errors import PluginError, UserError, run_all
 from ..api.params import Component, Params
@@ -35,6 +34,7 @@ from ..api.population import Member
 from ..api.rng import Streams
 from ..api.schema import LOCAL_CLUSTER, Recipe
 from ..plugin.manager import PluginManager
+from ..services.batching import per_task
 from .run_dir import RunDir
 
 T = TypeVar("T")
@@ -233,8 +233,7 @@ def planned_engine_params(
     (the free memory, less this process's CUDA context, which the trainer's terms count); run.log says which."""
     import warnings
 
-    from ..api.memory import CUDA_CONTEXT
-    from ..services.gpu import gpu_held_by_others, gpu_memory_line, visible_gpu_memory
+    from ..services.gpu import CUDA_CONTEXT, gpu_held_by_others, gpu_memory_line, visible_gpu_memory
     from .plan import cluster_gpus, plan_model
 
     params = recipe.engine.build_params()

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..api.components import Replacement
 from ..api.errors import UserError
-from ..api.lora import shape_difference
 from ..api.operators import child_rating, operator_arity, ready_ids, select
 from ..api.params import Component, Params
 from ..api.population import Lineage, Member, Population
-from ..services.adapters import fresh_lora, load_lora, save_lora
+from ..services.adapters import fresh_lora, load_lora, save_lora, shape_difference
 from ..services.operators import apply_operator
 
 if TYPE_CHECKING:

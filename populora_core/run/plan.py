@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..api.errors import UserError
-from ..api.memory import AUTO_MARGIN, GIB, Arch, EngineMemory, PlanContext, TrainerMemory, dtype_bytes
+from ..api.memory import AUTO_MARGIN, Arch, EngineMemory, PlanContext, TrainerMemory
 from ..api.schema import Recipe
 from ..recipe.overrides import override_model
 from ..services.architecture import config_source, load_arch, parse_memory
-from ..services.gpu import visible_gpu_bytes
+from ..services.gpu import GIB, dtype_bytes, visible_gpu_bytes
 
 DEFAULT_PROMPT_TOKENS = 6144  # AZR's max_prompt_length, when neither max_prompt_tokens nor max_model_len bound it
 

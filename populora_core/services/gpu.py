@@ -1,13 +1,30 @@
 """The GPU this process sees: its memory as torch reports it (what a plan is made for), what other processes hold
-of it, and a ``CUDA_VISIBLE_DEVICES`` that names none. torch is imported inside functions only.
+of it, and a ``CUDA_VISIBLE_DEVICES`` that names none; the units memory terms are written in (``GIB``,
+``dtype_bytes``, ``CUDA_CONTEXT``, ``params_text``). torch is imported inside functions only.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..api.errors import UserError
-from ..api.memory import GIB
+
+#: bytes in a GiB
+GIB = 2**30
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+#: per process, outside torch's allocator (CUDA context, cuBLAS workspaces)
+CUDA_CONTEXT = 2**29
+
+
+def dtype_bytes(dtype: Any) -> int:
+    return _DTYPE_BYTES.get(str(dtype), 2)
+
+
+def params_text(n: float) -> str:
+    """A parameter count as people write it: 7.62 B, 27.9 M, 0.1 M."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 def visible_gpu_bytes() -> int:

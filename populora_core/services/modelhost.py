@@ -15,23 +15,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..api.components import AdapterRef, BaseModel
 from ..api.errors import UserError, run_all
-from ..api.lora import SHAPE_KEYS, LoraWeights, config_difference
-from .adapters import from_state_dict, load_lora, save_lora
+from ..api.lora import LoraWeights
+from .adapters import SHAPE_KEYS, config_difference, from_state_dict, load_lora, save_lora
 from .device import load_kwargs, resolve_device, resolve_dtype
-
-if TYPE_CHECKING:
-    pass
 
 #: A PEFT slot serves another adapter only when it has the same shape and the same dropout (trainers use it).
 _SLOT_KEYS = (*SHAPE_KEYS, "lora_dropout")
-
-
-def _same_shape(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return config_difference(a, b, _SLOT_KEYS) is None
 
 
 class ModelHost:
@@ -332,7 +325,7 @@ class ModelHost:
         """A private, pinned adapter slot (trainers' ``scratch``, reference adapters) of this shape."""
         with self.lock:
             old = self._configs.get(key)
-            if old is not None and not _same_shape(old, config):
+            if old is not None and config_difference(old, config, _SLOT_KEYS) is not None:
                 if self.peft is not None and len(self.peft.peft_config) == 1:
                     self._add_slot(key + "_tmp", config)  # keep PEFT non-empty while replacing
                     self.peft.delete_adapter(key)
@@ -398,3 +391,10 @@ def get_host(base: BaseModel, device: str = "auto") -> ModelHost:
             host = ModelHost(base, dev)
             _HOSTS[key] = host
         return host
+
+
+def release_hosts() -> None:
+    """Forget every process-wide host, so the next :func:`get_host` loads its base again (a benchmark measuring
+    each variant's own peak); a host still referenced lives on with its users."""
+    with _HOSTS_LOCK:
+        _HOSTS.clear()

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.errors import PluginError, UserError
-from ..api.lora import LoraWeights, check_compatible, shape_difference
+from ..api.lora import LoraWeights
 from ..api.operators import arity_text, operator_arity
 from ..api.params import Component, Params
+from .adapters import check_compatible, shape_difference
 
 
 def apply_operator(component: Component, params: Params, parents: list[LoraWeights], seed: int) -> LoraWeights:

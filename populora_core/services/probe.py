@@ -16,8 +16,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..api.components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task, per_task
+from ..api.components import AdapterRef, GenerationRequest, Grade, Problem, SamplingParams, Task
 from ..api.errors import UserError
+from .batching import per_task
 from .problems import load_problems
 
 #: A probe record's per-problem lists (greedy outcome; count of correct samples): probe.jsonl keeps them, events do not.

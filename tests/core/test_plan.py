@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from populora_core.api.errors import UserError
-from populora_core.api.memory import GIB
 from populora_core.api.schema import Recipe
 from populora_core.cli.plan_view import format_plan
 from populora_core.run.plan import plan_recipe
 from populora_core.services.architecture import load_arch, parse_memory
+from populora_core.services.gpu import GIB
 from tests.cli_helpers import REPO, run_cli
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"

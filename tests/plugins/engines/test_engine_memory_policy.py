@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from populora_core.api.errors import UserError
-from populora_core.api.memory import AUTO_MARGIN, GIB
+from populora_core.api.memory import AUTO_MARGIN
 from populora_core.run.plan import plan_recipe
+from populora_core.services.gpu import GIB
 from tests.cli_helpers import REPO
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"

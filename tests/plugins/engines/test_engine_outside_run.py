@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from populora_core.api.errors import UserError
-from populora_core.api.memory import GIB
+from populora_core.services.gpu import GIB
 from tests import evals_fixtures as F
 from tests.cli_helpers import REPO
 
@@ -153,10 +153,10 @@ def _qwen_base(tmp_path: Path):
 
 def test_the_run_plans_on_free_memory_when_other_processes_hold_some(plugins, tmp_path, monkeypatch):
     import populora_core.services.gpu as gpu
-    from populora_core.api.memory import CUDA_CONTEXT
     from populora_core.recipe.validate import load_recipe
     from populora_core.run.assembly import planned_engine_params
     from populora_core.run.run_dir import RunDir
+    from populora_core.services.gpu import CUDA_CONTEXT
 
     model, _ = load_recipe(REPO / "recipes" / "azr_7b.yaml", [], plugins.registry)
     run_dir = RunDir(tmp_path / "run")

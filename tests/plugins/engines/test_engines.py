@@ -432,3 +432,15 @@ def test_vllm_reports_the_sampling_policys_logprobs_when_the_trainer_reads_them(
     vllm.build({"use_tmpfs": False}, base_model=base, lora=LORA, seed=0, sampling_logprobs=True)
     vllm.build({"use_tmpfs": False}, base_model=base, lora=LORA, seed=0)
     assert fake_vllm.built[0]["logprobs_mode"] == "processed_logprobs" and "logprobs_mode" not in fake_vllm.built[1]
+
+
+def test_release_hosts_makes_the_next_get_host_load_its_base_again(base):
+    """What the GPU smoke calls between variants (each measures its own base's peak): the process-wide host is
+    forgotten, the next ``get_host`` loads a new one and shares that one again."""
+    from populora_core.services.modelhost import get_host, release_hosts
+
+    first = get_host(base)
+    assert get_host(base) is first
+    release_hosts()
+    second = get_host(base)
+    assert second is not first and get_host(base) is second

@@ -26,11 +26,12 @@ import pytest
 from populora_ray.placement import MemberPlacement, Move
 
 from populora_core import RecipeError, UserError
-from populora_core.api.components import ExecJob, split_by_cost
+from populora_core.api.components import ExecJob
 from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
+from populora_core.services.batching import split_by_cost
 from tests.cli_helpers import POPULORA, REPO, as_if_killed_after
 
 pytestmark = [pytest.mark.slow]
