@@ -48,17 +48,10 @@ def _detrend(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
 # --- teacher program complexity ----------------------------------------------------------------
 
 
-#: How logs written before problem records said who wrote the program are read: AZR's induction took it from the
-#: deduction/abduction buffers. Newer records carry the task's own answer (AZR writes ``teacher_program``); a record
-#: without it (a task that writes no programs, or an old log) counts unless its task type is one of these.
-LEGACY_POOL_TASKS = ("induction",)
-
-
 def teacher_program(problem: dict[str, Any]) -> bool:
-    """Whether a problem record's program was written by its teacher: what the task wrote (``teacher_program``),
-    else by task type for logs from before tasks wrote it (:data:`LEGACY_POOL_TASKS`)."""
-    flag = problem.get("teacher_program")
-    return flag if isinstance(flag, bool) else problem.get("task_type") not in LEGACY_POOL_TASKS
+    """Whether a problem record's program was written by its teacher: what the task wrote (``teacher_program``; AZR's
+    induction takes its programs from the buffers); a record without it (a task that writes no programs) counts."""
+    return problem.get("teacher_program") is not False
 
 
 def complexity_series(problems: Iterable[dict[str, Any]], metric: str) -> tuple[list[int], list[float]]:

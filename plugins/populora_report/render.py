@@ -417,7 +417,7 @@ def _render(runs: list[RunData], out_dir: Path) -> None:
         + _dynamics_table(measured)
         + "<p class='note'>Mean over an arm's runs (runs whose recipes differ only in seed) with the 95 % "
         "t-interval over seeds. Slopes: least-squares slope per step of the per-step mean over the valid programs "
-        "the teachers wrote (deduction and abduction; induction's come from the buffers). "
+        "the teachers wrote (a task marks the others: AZR's induction takes its programs from the buffers). "
         "Swings: changes between excursions of the detrended 5-step mean solve rate beyond ±h (3 standard errors "
         "of a window mean of the step-to-step noise, at least 0.01), amplitude peak to trough. New signatures: "
         "task signatures of valid proposals first seen at a step, in the last third of the run. Probe: "

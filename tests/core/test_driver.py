@@ -28,7 +28,7 @@ def test_load_recipe_applies_overrides_and_returns_the_typed_recipe_and_what_a_r
 def test_load_recipe_errors_name_the_key_and_the_file(tmp_path):
     with pytest.raises(RecipeError, match="stepz"):
         driver.load_recipe(REPO / "recipes" / "nano.yaml", ["stepz=3"])
-    with pytest.raises(UserError, match="missing.yaml"):
+    with pytest.raises(UserError, match=r"missing\.yaml"):
         driver.load_recipe(tmp_path / "missing.yaml")
 
 

@@ -65,17 +65,23 @@ def test_complexity_counts_only_the_programs_the_teachers_wrote():
     """Induction programs come from the pool: a falling induction depth must not pull the teachers' series down."""
     rising = _problems(0.02, seed=0)
     pool = [
-        {"step": s, "valid": True, "task_type": "induction", "metric_ast_depth": 9.0 - 0.05 * s} | flag
+        {
+            "step": s,
+            "valid": True,
+            "task_type": "induction",
+            "teacher_program": False,
+            "metric_ast_depth": 9.0 - 0.05 * s,
+        }
         for s in STEPS
-        for flag in ({}, {"teacher_program": False})  # records before and after the loop said so
     ]
     written = [{**p, "task_type": "deduction", "teacher_program": True} for p in rising]
     assert complexity_series(rising + pool, "ast_depth") == complexity_series(rising, "ast_depth")
     assert complexity_trend(written + pool)["ast_depth"] == pytest.approx(0.02, abs=0.004)
-    # a task type not known as a pool's counts unless its records say the teacher did not write the program
-    other = [{"step": 1, "valid": True, "task_type": "count", "metric_ast_depth": 50.0}]
-    assert complexity_series(other, "ast_depth") == ([1], [50.0])
-    assert complexity_series([{**other[0], "teacher_program": False}], "ast_depth") == ([], [])
+    # what decides is the record's flag, never the task type's name: without one a record counts
+    for task_type in ("count", "induction"):
+        other = [{"step": 1, "valid": True, "task_type": task_type, "metric_ast_depth": 50.0}]
+        assert complexity_series(other, "ast_depth") == ([1], [50.0])
+        assert complexity_series([{**other[0], "teacher_program": False}], "ast_depth") == ([], [])
 
 
 def test_oscillation_counts_the_swings_of_a_planted_sine():
