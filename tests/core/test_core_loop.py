@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -302,6 +303,16 @@ def _reference_run(env, directory: Path) -> float:
     return time.perf_counter() - start
 
 
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, tmp_path_factory) -> Path:
+    """One uninterrupted ``populora run`` of ARGS (6 steps) for the module: what the kill-and-resume tests compare
+    with, read only (a test that changes a run works on a copy)."""
+    env = {**os.environ, "POPULORA_TEST_MODEL": str(tiny_model_dir), "HF_HUB_OFFLINE": "1"}
+    directory = tmp_path_factory.mktemp("reference") / "reference"
+    _reference_run(env, directory)
+    return directory
+
+
 def _resume(env, directory: Path) -> None:
     resumed = run_cli("--plugin", FAKE, "resume", str(directory), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
@@ -322,18 +333,16 @@ def _assert_same_run(reference: Path, resumed: Path) -> None:
     assert json.loads((resumed / "members.json").read_text()) == json.loads((reference / "members.json").read_text())
 
 
-def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, tmp_path):
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    _reference_run(env, reference)
+def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(env, reference, tmp_path):
+    killed = tmp_path / "killed"
     kill_inside_step([*ARGS, "--run-dir", str(killed)], env, 4, tmp_path / "paused")
     assert int((killed / "checkpoints" / "LATEST").read_text()) == 3
     _resume(env, killed)
     _assert_same_run(reference, killed)
 
 
-def test_sigkill_before_the_first_checkpoint_then_resume_starts_over_to_the_same_run(env, tmp_path):
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    _reference_run(env, reference)
+def test_sigkill_before_the_first_checkpoint_then_resume_starts_over_to_the_same_run(env, reference, tmp_path):
+    killed = tmp_path / "killed"
     kill_inside_step([*ARGS, "--run-dir", str(killed)], env, 1, tmp_path / "paused")
     assert not (killed / "checkpoints" / "LATEST").exists() and (killed / "adapters" / "s0@v0").is_dir()
     _resume(env, killed)
@@ -342,7 +351,8 @@ def test_sigkill_before_the_first_checkpoint_then_resume_starts_over_to_the_same
 
 @pytest.mark.slow
 def test_sigkill_at_any_instant_then_resume_equals_uninterrupted_run(env, tmp_path):
-    """Kills at instants spread over the whole run (start-up and initialisation included), no pause points."""
+    """Kills at instants spread over the whole run (start-up and initialisation included), no pause points. Its own
+    reference run: the kills are timed by its duration, measured now (the box's load then was the kills' too)."""
     reference = tmp_path / "reference"
     duration = _reference_run(env, reference)
     resumed = []
@@ -615,11 +625,11 @@ def test_a_local_run_on_a_node_with_several_gpus_is_refused_with_both_ways_out(e
         refuse_idle_gpus(visible)
 
 
-def test_resume_of_a_finished_run_changes_nothing_and_says_so(env, tmp_path):
+def test_resume_of_a_finished_run_changes_nothing_and_says_so(env, reference, tmp_path):
     """Resuming a completed run used to print 'wall time 0 s' and overwrite summary.json: now exit 0, a line that
     says it finished, and every file as it was."""
     run_dir = tmp_path / "done"
-    _reference_run(env, run_dir)
+    shutil.copytree(reference, run_dir, symlinks=True)  # the module's finished run, copied: this test changes it
     (run_dir / "summary.json").write_text('{"wall_s": 195.5}\n')  # the record a finished run leaves
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
@@ -640,7 +650,8 @@ def test_a_run_dir_that_is_a_file_or_holds_other_files_is_a_one_line_error(env, 
     assert a_file.read_text() == "mine\n" and sorted(p.name for p in other.iterdir()) == ["cat.jpg"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(empty), env=env).returncode == 0
+    _run(_manager(), empty, ["steps=1"])  # what `populora run` calls (RunDir, start_run, execute), in this process
+    assert (empty / "checkpoints" / "LATEST").read_text().strip() == "00000001"
 
 
 def test_ctrl_c_names_the_command_that_continues_the_run(env, tmp_path):
@@ -821,16 +832,11 @@ def test_every_file_a_run_or_an_export_writes_follows_the_umask(env, tmp_path, u
     )
 
 
-def test_resume_steps_extends_a_finished_run_to_what_a_longer_run_computes(env, tmp_path):
+def test_resume_steps_extends_a_finished_run_to_what_a_longer_run_computes(env, reference, tmp_path):
     """`populora resume RUN steps=N`: a run of 4 steps (its last-step evolution left out) extended to 6 equals a
     run planned for 6: adapters bit for bit, lineage, problems; the step-4 log line and the final probe differ."""
-    short, planned = tmp_path / "short", tmp_path / "planned"
-    args = ["--plugin", FAKE, "run", str(RECIPE), "--no-progress"]
-    for run_dir, steps in ((short, 4), (planned, 6)):
-        done = subprocess.run(
-            [POPULORA, *args, f"steps={steps}", "--run-dir", str(run_dir)], env=env, cwd=REPO, capture_output=True
-        )
-        assert done.returncode == 0, done.stderr
+    short, planned = tmp_path / "short", reference  # planned: the module's `populora run ... steps=6`
+    _run(_manager(), short, ["steps=4"])  # what `populora run` calls, in this process: the resume is the CLI's
     assert not [r for r in RunDir(short).read_log("lineage.jsonl") if r["step"] == 4]  # evolution every 2: left out
     shorter = run_cli("--plugin", FAKE, "resume", str(short), "steps=3", env=env)
     assert shorter.returncode == 2 and "never shorten it" in shorter.stderr

@@ -24,7 +24,8 @@ FAKE_RECIPE = str(TESTS / "recipes" / "fake_2t2s.yaml")
 
 
 @pytest.fixture()
-def env(tiny_model_dir):
+def env(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))  # the in-process reference runs' model
     return {**os.environ, "HF_HUB_OFFLINE": "1", "POPULORA_TEST_MODEL": str(tiny_model_dir)}
 
 
@@ -55,8 +56,19 @@ def _fake_args(run_dir: Path, *overrides: str) -> list[str]:
 
 
 def _reference(env: dict[str, str], run_dir: Path, *overrides: str) -> Path:
-    done = run_cli(*_fake_args(run_dir, *overrides), env=env)
-    assert done.returncode == 0, done.stderr
+    """The uninterrupted run of the fake recipe with ``overrides``, run in this process (start_run and execute, what
+    `populora run` calls): the stopped runs are the CLI's, in processes of their own, so each comparison also says
+    that the CLI's run computes what the core's does."""
+    from populora_core.plugin.manager import PluginManager
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import execute, start_run
+
+    assert os.environ["POPULORA_TEST_MODEL"] == env["POPULORA_TEST_MODEL"]
+    pm = PluginManager()
+    pm.load_entry_points()
+    pm.load_file(FAKE)
+    recipe, resolved = load_recipe(FAKE_RECIPE, list(overrides), pm.registry)
+    execute(start_run(recipe, resolved, RunDir(run_dir), pm))
     return run_dir
 
 
