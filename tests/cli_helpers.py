@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,24 @@ def run_cli(
     return subprocess.run(
         [POPULORA, *args], capture_output=True, text=True, env=full_env, cwd=cwd or REPO, timeout=timeout
     )
+
+
+def invoke_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``populora ARGS`` in this process (click's runner, from ``cwd``, the repository by default), for a command
+    whose output, not its process, a test checks: a run's ``--dry-run`` or ``plan`` imports torch, ~5 s in a fresh
+    process and nothing more here. Returns what :func:`run_cli` returns; an exception the command did not turn into
+    an exit code is raised (a subprocess would print its traceback and exit 1)."""
+    from click.testing import CliRunner
+
+    from populora_core.cli.commands import cli
+    from populora_core.cli.group import plugin_options_first
+
+    argv = plugin_options_first(list(args))
+    with contextlib.chdir(cwd or REPO):
+        result = CliRunner().invoke(
+            cli, argv, prog_name="populora", env={"HF_HUB_OFFLINE": "1"}, catch_exceptions=False
+        )
+    return subprocess.CompletedProcess(["populora", *argv], result.exit_code, result.stdout, result.stderr)
 
 
 def run_recipe(recipe: str | Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

@@ -105,6 +105,22 @@ def test_the_long_study_reads_finished_runs_pools_seeds_and_writes_its_report(tm
     assert "synthetic-2t2s: 3 run(s), seeds 0, 1, 2" in page and "single: 3 run(s)" in page
 
 
+def _figures_not_drawn(monkeypatch) -> list[tuple[list[Path], Path]]:
+    """The study's report page left out: (run folders, report folder) of each render it would have made. Its figures
+    (matplotlib, ~10 s a study) are drawn and checked in test_the_long_study_reads_finished_runs_pools_seeds_and_writes
+    _its_report and the study smoke of tests/benchmarks/test_benchmarks.py; a test that reads none of it skips them."""
+    import benchmarks.research.study as study_module
+
+    rendered: list[tuple[list[Path], Path]] = []
+
+    def render_report(run_dirs, out):
+        rendered.append(([Path(d) for d in run_dirs], Path(out)))
+        return Path(out) / "report.html"
+
+    monkeypatch.setattr(study_module, "render_report", render_report)
+    return rendered
+
+
 def _synthetic_study(out: Path, students: dict[str, float], selection: dict | None = None) -> None:
     for seed in range(3):
         pop = write_run(out / f"population-seed{seed}", seed=seed, students=students)
@@ -114,7 +130,7 @@ def _synthetic_study(out: Path, students: dict[str, float], selection: dict | No
     main(["--seeds", "0", "1", "2", "--out", str(out)])
 
 
-def test_compare_pairs_an_ablation_with_its_reference_by_seed(tmp_path):
+def test_compare_pairs_an_ablation_with_its_reference_by_seed(tmp_path, monkeypatch):
     """An ablation that raises every student by 5 points moves the population's probe by +5 [5, 5], the single
     agent's (unchanged) by 0; the per-seed selection row of the study names what selection did."""
     selection = {
@@ -124,8 +140,11 @@ def test_compare_pairs_an_ablation_with_its_reference_by_seed(tmp_path):
         "survivor_changes": 8,
         "survivor_comparisons": 12,
     }
+    rendered = _figures_not_drawn(monkeypatch)
     _synthetic_study(tmp_path / "reference", {"s0": 0.20, "s1": 0.30}, selection)
     _synthetic_study(tmp_path / "ablation", {"s0": 0.25, "s1": 0.35})
+    runs = [f"{arm}-seed{seed}" for arm in ("population", "baseline") for seed in range(3)]
+    assert rendered == [([tmp_path / s / r for r in runs], tmp_path / s / "report") for s in ("reference", "ablation")]
     assert (
         "seed 0: 4 of 12 replacements after the first hit the youngest member (chance 6.0)"
         in (tmp_path / "reference" / "study.md").read_text()
@@ -164,12 +183,14 @@ def test_pooled_differences_resample_problems_with_the_seeds_nested():
 
 
 @pytest.mark.slow
-def test_an_ablation_of_one_arm_reuses_the_other_arms_runs_and_compares_by_seed(tmp_path):
+def test_an_ablation_of_one_arm_reuses_the_other_arms_runs_and_compares_by_seed(tmp_path, monkeypatch):
     """The arithmetic world's ablation path, as the README types it: a study, then one whose population arm runs
     with cross-evaluation off while the single agent's runs are linked from the first; --compare pairs them,
     held-out accuracy included. Smoke sizes: that the path runs, not what it measures."""
     reference, ablation = tmp_path / "study", tmp_path / "no-xeval"
-    main(["--recipe", "arith", "--smoke", "--out", str(reference)])
+    main(["--recipe", "arith", "--smoke", "--out", str(reference)])  # with its report page: the path as typed
+    assert (reference / "report" / "report.html").is_file()
+    rendered = _figures_not_drawn(monkeypatch)  # the two studies below: their pages are not read
     overrides = ["--population-overrides", "population.cross_evaluation=false"]
     main(["--recipe", "arith", "--smoke", "--out", str(ablation), "--reuse-baseline", str(reference), *overrides])
     assert (ablation / "baseline-seed0").is_symlink()
@@ -189,3 +210,5 @@ def test_an_ablation_of_one_arm_reuses_the_other_arms_runs_and_compares_by_seed(
     assert (other / "population-seed0").resolve() == (reference / "population-seed0").resolve()
     assert "solver_samples: 3" in (other / "baseline-seed0" / "recipe.yaml").read_text()
     assert "solver_samples: 3" not in (reference / "baseline-seed0" / "recipe.yaml").read_text()
+    runs = ("population-seed0", "baseline-seed0")
+    assert rendered == [([study / r for r in runs], study / "report") for study in (ablation, other)]

@@ -13,7 +13,7 @@ from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.keys import recipe_json_schema
 from populora_core.recipe.overrides import apply_overrides
 from populora_core.recipe.validate import load_recipe
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import invoke_cli, run_cli
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -253,12 +253,13 @@ def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_
     # no GPU here, so no GPU terms: the run would use the CPU; the disk it needs and the command to plan a GPU stay
     assert "runs on the CPU here" in plan and f"populora plan {recipe} --gpu-memory 80GiB" in plan
     assert "# disk:" in plan and "GiB  detail" not in plan and "AdamW" not in plan
-    gpu = run_cli("run", str(recipe), "engine.params.device=cuda", "--dry-run")  # a GPU recipe: its plan
+    # the output, not the process, is checked from here on: in this process (a fresh one imports torch, ~5 s each)
+    gpu = invoke_cli("run", str(recipe), "engine.params.device=cuda", "--dry-run")  # a GPU recipe: its plan
     assert gpu.returncode == 0 and "# fits: peak" in gpu.stdout and "trainer AdamW moments" in gpu.stdout, gpu.stderr
     # the quickstart, the README and a bare `populora run recipes/nano.yaml` use one directory: runs/nano
     assert (
         "populora run recipes/nano.yaml -> runs/nano (dry run"
-        in run_cli("run", "recipes/nano.yaml", "--dry-run").stdout
+        in invoke_cli("run", "recipes/nano.yaml", "--dry-run").stdout
     )
     bad = run_cli("run", str(recipe), "trainer.params.lr=-1", "--dry-run")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
@@ -355,7 +356,7 @@ def test_shipped_recipes_by_name_from_any_folder_list_show_copy_and_unknown_name
     assert run_cli("recipes", "copy", "nano_study", "mine", cwd=tmp_path).returncode == 0
     assert (tmp_path / "mine" / "nano_study.yaml").is_file()
     (tmp_path / "nano.yaml").write_text((tmp_path / "nano.yaml").read_text().replace("steps: 32", "steps: 5"))
-    dry = run_cli("run", "nano.yaml", "--dry-run", cwd=tmp_path)  # the local file wins over the shipped name
+    dry = invoke_cli("run", "nano.yaml", "--dry-run", cwd=tmp_path)  # the local file wins over the shipped name
     assert dry.returncode == 0 and "\nsteps: 5\n" in dry.stdout
 
 
@@ -363,8 +364,12 @@ def test_short_runs_warn_that_evolution_makes_no_child_and_name_the_smallest_ste
     """nano (every 4, ready_after 8): steps=4 has no selection before its last step, steps=8 selects at step 4 when
     nobody has played 8 matches; both warn in `validate` and the dry run, naming steps=9; steps=9 does not warn."""
     for steps in (4, 8):
-        for args in (("validate", "nano", f"steps={steps}"), ("run", "nano", f"steps={steps}", "--dry-run")):
-            result = run_cli(*args, cwd=tmp_path)
+        # validate in a process of its own (~0.4 s), the dry run (a plan: torch, ~5 s in a fresh process) in this one
+        for cli, args in (
+            (run_cli, ("validate", "nano", f"steps={steps}")),
+            (invoke_cli, ("run", "nano", f"steps={steps}", "--dry-run")),
+        ):
+            result = cli(*args, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
             assert f"warning: evolution will make no child in {steps} steps" in result.stderr, result.stderr
             assert "steps=9 or more makes a child" in result.stderr
