@@ -1,4 +1,5 @@
-"""Helpers for tests that run the real ``populora`` console script in a subprocess."""
+"""Helpers for tests that run ``populora``: the real console script in a subprocess, or what its commands call in
+this process (a test that checks output or results, not the process)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 POPULORA = shutil.which("populora", path=str(Path(sys.executable).parent)) or "populora"
+#: the test stack (``--plugin tests/fake_stack.py``) and its 2-teacher 2-student recipe
+FAKE_STACK = REPO / "tests" / "fake_stack.py"
+FAKE_RECIPE = REPO / "tests" / "recipes" / "fake_2t2s.yaml"
 
 
 def run_cli(
@@ -40,6 +45,32 @@ def invoke_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProce
             cli, argv, prog_name="populora", env={"HF_HUB_OFFLINE": "1"}, catch_exceptions=False
         )
     return subprocess.CompletedProcess(["populora", *argv], result.exit_code, result.stdout, result.stderr)
+
+
+def fake_stack_manager(*plugins: object) -> Any:
+    """The installed plugins, tests/fake_stack.py and ``plugins`` (each added under its own name): what
+    ``populora --plugin tests/fake_stack.py`` loads, with a test's hook implementations beside it."""
+    from populora_core.plugin.manager import PluginManager
+
+    pm = PluginManager()
+    pm.load_entry_points()
+    pm.load_file(str(FAKE_STACK))
+    for i, plugin in enumerate(plugins):
+        assert pm.add_plugin(plugin, f"test-plugin-{i}")
+    return pm
+
+
+def run_in_process(pm: Any, run_dir: Path, overrides: list[str] | None = None, recipe: Path = FAKE_RECIPE) -> Any:
+    """``populora run RECIPE OVERRIDES --run-dir RUN_DIR`` in this process (load_recipe, start_run, execute: what the
+    command calls), with ``pm``'s plugins; the run's RunDir. The fake stack's model is ``$POPULORA_TEST_MODEL``."""
+    from populora_core.recipe.validate import load_recipe
+    from populora_core.run.loop import execute, start_run
+    from populora_core.run.run_dir import RunDir
+
+    loaded, resolved = load_recipe(recipe, overrides or [], pm.registry)
+    directory = RunDir(run_dir)
+    execute(start_run(loaded, resolved, directory, pm))
+    return directory
 
 
 def run_recipe(recipe: str | Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

@@ -16,12 +16,11 @@ import pytest
 from populora_core import PluginError, hookimpl
 from populora_core.api.lora import LoraFactors, LoraWeights
 from populora_core.api.runview import RunView
-from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.phases import solve
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import POPULORA, REPO, kill_inside_step, run_cli
+from tests.cli_helpers import POPULORA, REPO, fake_stack_manager, kill_inside_step, run_cli, run_in_process
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -32,15 +31,6 @@ RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 def env(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
     return {**os.environ, "POPULORA_TEST_MODEL": str(tiny_model_dir), "HF_HUB_OFFLINE": "1"}
-
-
-def _manager(*plugins: object) -> PluginManager:
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    for i, plugin in enumerate(plugins):
-        assert pm.add_plugin(plugin, f"test-plugin-{i}")
-    return pm
 
 
 class Recorder:
@@ -99,16 +89,9 @@ class Recorder:
         self.calls.append(("on_checkpoint", {"step": step, "exists": Path(path, "state.json").is_file()}))
 
 
-def _run(pm: PluginManager, run_dir: Path, overrides: list[str] | None = None) -> RunDir:
-    recipe, resolved = load_recipe(RECIPE, overrides or [], pm.registry)
-    directory = RunDir(run_dir)
-    execute(start_run(recipe, resolved, directory, pm))
-    return directory
-
-
 def test_every_lifecycle_hook_is_called_in_order(env, tmp_path):
     rec = Recorder()
-    directory = _run(_manager(rec), tmp_path / "run")
+    directory = run_in_process(fake_stack_manager(rec), tmp_path / "run")
     names = [c[0] for c in rec.calls]
     assert names[0] == "on_run_start" and names[-1] == "on_run_end"
     assert rec.calls[-1][1] == {"status": "completed"}
@@ -139,7 +122,7 @@ def test_hooks_see_a_run_view_whose_population_is_a_copy_and_whose_emit_logs(env
             run.emit([{"event": "observer", "step": step, "members": sorted(run.population.members)}])
 
     observer = Observer()
-    directory = _run(_manager(observer), tmp_path / "run", ["steps=3"])
+    directory = run_in_process(fake_stack_manager(observer), tmp_path / "run", ["steps=3"])
     assert all(type(run) is RunView for _, run in observer.views), {type(run) for _, run in observer.views}
     seen = [(name, run.steps_done) for name, run in observer.views]
     names = [name for name, _ in seen]
@@ -176,8 +159,8 @@ def test_before_evolution_sees_the_population_but_cannot_change_the_run_through_
                 member.counters.matches, member.born_step = 0, 10**6
             population.members.pop(sorted(population.members)[0])
 
-    looked = _run(_manager(Looks()), tmp_path / "looked")
-    meddled = _run(_manager(Meddles()), tmp_path / "meddled")
+    looked = run_in_process(fake_stack_manager(Looks()), tmp_path / "looked")
+    meddled = run_in_process(fake_stack_manager(Meddles()), tmp_path / "meddled")
     assert [step for step, _, _ in seen] == [2, 4] and all(same for _, same, _ in seen)
     for _, _, population in seen:  # what selection reads: roles, ratings moved by play, matches counted, ages
         members = population["members"]
@@ -209,12 +192,12 @@ def test_start_run_and_resume_run_apply_the_recipes_threads_without_the_cli(env,
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             monkeypatch.setenv(var, str(count))
 
-    pm = _manager(Threads())
+    pm = fake_stack_manager(Threads())
     replaced = rf"runtime.threads={threads}: OMP_NUM_THREADS={before}, MKL_NUM_THREADS={before} in the environment"
     try:
         caller_has(before)
         with pytest.warns(UserWarning, match=replaced):
-            _run(pm, tmp_path / "run", ["steps=2", f"runtime.threads={threads}"])
+            run_in_process(pm, tmp_path / "run", ["steps=2", f"runtime.threads={threads}"])
         assert seen == [(step, threads, str(threads), str(threads)) for step in (1, 2)]
         caller_has(before)
         with pytest.warns(UserWarning, match=replaced):
@@ -235,7 +218,7 @@ def test_after_rewards_adjustment_is_what_the_trainer_sees(env, tmp_path):
             for r in rollouts:
                 r.reward = 42.0
 
-    pm = _manager(Shaper())
+    pm = fake_stack_manager(Shaper())
     trainer_cls = pm.registry.get("trainer", "fake").factory
     original = trainer_cls.update
 
@@ -245,14 +228,14 @@ def test_after_rewards_adjustment_is_what_the_trainer_sees(env, tmp_path):
 
     trainer_cls.update = spy
     try:
-        _run(pm, tmp_path / "run", ["steps=1"])
+        run_in_process(pm, tmp_path / "run", ["steps=1"])
     finally:
         trainer_cls.update = original
     assert seen and set(seen) == {42.0}
 
 
 def test_evolution_lineage_counters_and_problem_dataset(env, tmp_path):
-    directory = _run(_manager(), tmp_path / "run")
+    directory = run_in_process(fake_stack_manager(), tmp_path / "run")
     lineage = directory.read_log("lineage.jsonl")
     born = [e for e in lineage if e["operator"] != "init"]
     assert len(born) == 4 and all(e["rank"] == 4 for e in born)
@@ -276,8 +259,10 @@ def test_evolution_lineage_counters_and_problem_dataset(env, tmp_path):
 
 
 def test_single_agent_baseline_runs_through_the_same_loop(env, tmp_path):
-    directory = _run(
-        _manager(), tmp_path / "run", ["population.mode=single_agent", "population.teachers=1", "population.students=1"]
+    directory = run_in_process(
+        fake_stack_manager(),
+        tmp_path / "run",
+        ["population.mode=single_agent", "population.teachers=1", "population.students=1"],
     )
     steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
     assert all(r["matches"] == [["a0", "a0"]] for r in steps)
@@ -386,8 +371,10 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
             for d in range(1, 7)
         )
     )
-    directory = _run(
-        _manager(), tmp_path / "run", ["probe.enabled=true", f"probe.file={probe}", "probe.problems_per_type=5"]
+    directory = run_in_process(
+        fake_stack_manager(),
+        tmp_path / "run",
+        ["probe.enabled=true", f"probe.file={probe}", "probe.problems_per_type=5"],
     )
     records = directory.read_log("probe.jsonl")
     assert {(r["step"], r["member"]) for r in records if r["member"] == "base"} == {(0, "base")}
@@ -404,11 +391,11 @@ def test_probe_evaluation_writes_base_and_student_accuracy(env, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     with pytest.raises(Exception, match=r"bad\.jsonl:1: not a Problem record"):
-        _run(_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])
+        run_in_process(fake_stack_manager(), tmp_path / "run2", ["probe.enabled=true", f"probe.file={bad}"])
 
 
 def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
-    pm = _manager()
+    pm = fake_stack_manager()
     recipe, resolved = load_recipe(RECIPE, [], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
@@ -437,7 +424,7 @@ def test_solve_grades_each_attempt_as_the_students_rollouts(env, tmp_path):
 
 
 def test_a_new_runs_members_start_at_the_matchmakers_prior(env, tmp_path):
-    pm = _manager()
+    pm = fake_stack_manager()
     recipe, resolved = load_recipe(RECIPE, ["matchmaker.params.mu=40", "matchmaker.params.sigma=5"], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
@@ -457,7 +444,7 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
     assert len(records) == 4 and all(r["task_type"] == "count" and r["valid"] for r in records)
     assert len({r["program"] for r in records}) == 4 and all(r["proposer"] == "base" for r in records)
 
-    pm = _manager()
+    pm = fake_stack_manager()
     recipe, resolved = load_recipe(RECIPE, ["seeds.enabled=true", f"seeds.file={seeds}"], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     try:
@@ -475,13 +462,13 @@ def test_seed_errors_name_what_is_missing(env, tmp_path):
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "short of 9 valid seeds: count" in done.stderr and not (tmp_path / "s.jsonl").exists()
     with pytest.raises(Exception, match=r"fake_2t2s\.yaml.*seeds\.enabled is true but seeds\.file is empty"):
-        _run(_manager(), tmp_path / "run", ["seeds.enabled=true"])
+        run_in_process(fake_stack_manager(), tmp_path / "run", ["seeds.enabled=true"])
     other = tmp_path / "other.jsonl"
     other.write_text(
         json.dumps({"task_type": "deduction", "program": "p", "inputs": ["1"], "outputs": ["1"], "valid": True}) + "\n"
     )
     with pytest.raises(Exception, match=r"other\.jsonl: no valid problem of the recipe's task types \(count\)"):
-        _run(_manager(), tmp_path / "run2", ["seeds.enabled=true", f"seeds.file={other}"])
+        run_in_process(fake_stack_manager(), tmp_path / "run2", ["seeds.enabled=true", f"seeds.file={other}"])
 
 
 class RankChangingOperator:
@@ -502,7 +489,7 @@ class RankChangingOperator:
 def test_the_loop_refuses_a_third_party_child_before_saving_it(env, tmp_path):
     operators = "evolution.operators=[{name: halve_rank, weight: 1.0}]"
     with pytest.raises(PluginError, match=r"operator 'halve_rank' .*changed r: "):
-        _run(_manager(RankChangingOperator()), tmp_path / "run", [operators])
+        run_in_process(fake_stack_manager(RankChangingOperator()), tmp_path / "run", [operators])
     saved = sorted(p.name for p in (tmp_path / "run" / "adapters").iterdir())
     assert saved and all(name.endswith(("@v0", "@v1", "@v2")) for name in saved)
     born = [e for e in (tmp_path / "run" / "lineage.jsonl").read_text().splitlines() if '"init"' not in e]
@@ -540,7 +527,7 @@ class MiscountingMatchmakers:
 @pytest.mark.parametrize(("name", "what"), [("twice", "2 matches"), ("forgets", "no match")])
 def test_a_matchmaker_that_gives_a_teacher_two_matches_or_none_is_a_plugin_error(env, tmp_path, name, what):
     with pytest.raises(PluginError, match=rf"matchmaker '{name}' \(plugin test-plugin-0\) gave teacher 't0' {what}"):
-        _run(_manager(MiscountingMatchmakers()), tmp_path / "run", [f"matchmaker={name}"])
+        run_in_process(fake_stack_manager(MiscountingMatchmakers()), tmp_path / "run", [f"matchmaker={name}"])
 
 
 class DoublingHook:
@@ -554,12 +541,12 @@ class DoublingHook:
 def test_an_after_matchmaking_hook_that_gives_a_teacher_two_matches_is_a_plugin_error(env, tmp_path):
     broken = r"hook after_matchmaking \(plugin test-plugin-0\) gave teacher 't0' 2 matches"
     with pytest.raises(PluginError, match=broken):
-        _run(_manager(DoublingHook()), tmp_path / "run")
+        run_in_process(fake_stack_manager(DoublingHook()), tmp_path / "run")
 
 
 def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tmp_path):
     """The fake task's proposer prompts are 'propose N' (9 or 10 characters): a limit of 9 drops N >= 10."""
-    directory = _run(_manager(), tmp_path / "run", ["rollout.max_prompt_tokens=9", "steps=2"])
+    directory = run_in_process(fake_stack_manager(), tmp_path / "run", ["rollout.max_prompt_tokens=9", "steps=2"])
     problems = directory.read_log("tasks/problems.jsonl")
     dropped = [p for p in problems if p["error"] == "not generated: prompt_too_long"]
     assert dropped and len(dropped) < len(problems) and not any(p["valid"] for p in dropped)
@@ -572,7 +559,7 @@ def test_prompts_over_the_limit_are_dropped_counted_and_never_trained_on(env, tm
 
 def test_steps_log_cut_off_proposals_input_length_entropy_and_distinct_programs(env, tmp_path):
     """The fake engine cuts off its '6' proposals (finish reason "length") and gives log-probs only when asked."""
-    directory = _run(_manager(), tmp_path / "run", ["steps=3", "evolution.every=0"])
+    directory = run_in_process(fake_stack_manager(), tmp_path / "run", ["steps=3", "evolution.every=0"])
     problems = directory.read_log("tasks/problems.jsonl")
     steps = [r for r in directory.read_log("events.jsonl") if r["event"] == "step"]
     assert {p["finish_reason"] for p in problems} == {"stop", "length"}
@@ -594,7 +581,7 @@ def test_steps_log_cut_off_proposals_input_length_entropy_and_distinct_programs(
 
 
 def test_adapter_retention_keeps_what_resume_and_eval_need(env, tmp_path):
-    directory = _run(_manager(), tmp_path / "run", ["adapters.keep=needed", "steps=6"])
+    directory = run_in_process(fake_stack_manager(), tmp_path / "run", ["adapters.keep=needed", "steps=6"])
     kept = {p.name for p in directory.adapters.iterdir()}
     members = json.loads((directory.path / "members.json").read_text())["members"]
     living = {f"{m['id']}@v{m['version']}" for m in members} | {f"{m['id']}@v0" for m in members}
@@ -603,7 +590,9 @@ def test_adapter_retention_keeps_what_resume_and_eval_need(env, tmp_path):
         state = directory.read_checkpoint(path)
         checkpointed |= {f"{m['id']}@v{m['version']}" for m in state["population"]["members"]}
     assert living | checkpointed == kept  # everything else went, nothing needed did
-    everything = {p.name for p in _run(_manager(), tmp_path / "all", ["steps=6"]).adapters.iterdir()}
+    everything = {
+        p.name for p in run_in_process(fake_stack_manager(), tmp_path / "all", ["steps=6"]).adapters.iterdir()
+    }
     assert kept < everything
 
 
@@ -617,9 +606,9 @@ def test_a_local_run_on_a_node_with_several_gpus_is_refused_with_both_ways_out(e
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    recipe, resolved = load_recipe(RECIPE, [], _manager().registry)
+    recipe, resolved = load_recipe(RECIPE, [], fake_stack_manager().registry)
     with pytest.raises(UserError, match=r"4 GPUs are visible.*cluster=ray cluster\.params\.workers=4 .*CUDA_VISIBLE"):
-        start_run(recipe, resolved, RunDir(tmp_path / "run"), _manager())
+        start_run(recipe, resolved, RunDir(tmp_path / "run"), fake_stack_manager())
     assert not (tmp_path / "run").exists()
     for visible in (0, 1):
         refuse_idle_gpus(visible)
@@ -650,7 +639,7 @@ def test_a_run_dir_that_is_a_file_or_holds_other_files_is_a_one_line_error(env, 
     assert a_file.read_text() == "mine\n" and sorted(p.name for p in other.iterdir()) == ["cat.jpg"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    _run(_manager(), empty, ["steps=1"])  # what `populora run` calls (RunDir, start_run, execute), in this process
+    run_in_process(fake_stack_manager(), empty, ["steps=1"])  # what `populora run` calls, in this process
     assert (empty / "checkpoints" / "LATEST").read_text().strip() == "00000001"
 
 
@@ -683,7 +672,7 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     import sys
 
     root = tmp_path / "runs"
-    _run(_manager(), root / "done", ["steps=2"])
+    run_in_process(fake_stack_manager(), root / "done", ["steps=2"])
     shutil.copytree(root / "done", root / "stopped")
     recipe = root / "stopped" / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace("steps: 2\n", "steps: 3\n"))  # as `resume ... steps=3` leaves it
@@ -720,7 +709,7 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
     from transformers import AutoModelForCausalLM
 
     run_dir = tmp_path / "run"
-    _run(_manager(), run_dir, ["steps=3"])  # a replacement at step 2: s-children with lineage
+    run_in_process(fake_stack_manager(), run_dir, ["steps=3"])  # a replacement at step 2: s-children with lineage
     members = {m["id"]: m for m in json.loads((run_dir / "members.json").read_text())["members"]}
     child = next(m for m in members.values() if m["lineage"]["operator"] != "init" and m["role"] == "student")
     adapter_out, merged_out = tmp_path / "adapter", tmp_path / "merged"
@@ -770,7 +759,7 @@ def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_fo
     from transformers import AutoModelForCausalLM
 
     run_dir = tmp_path / "run"
-    _run(_manager(), run_dir, ["steps=1", "base_model=nano"])
+    run_in_process(fake_stack_manager(), run_dir, ["steps=1", "base_model=nano"])
     out = tmp_path / "exports" / "s0"
     done = run_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), env=env)
     assert done.returncode == 0, done.stderr
@@ -795,7 +784,9 @@ def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_fo
     assert float(loaded.stdout.split()[-1]) == pytest.approx(want, rel=1e-5)
 
     local = tmp_path / "local-run"
-    _run(_manager(), local, ["steps=1", f"base_model={env['POPULORA_TEST_MODEL']}"])  # a base that is a folder
+    run_in_process(
+        fake_stack_manager(), local, ["steps=1", f"base_model={env['POPULORA_TEST_MODEL']}"]
+    )  # a base that is a folder
     local_out = tmp_path / "local-export"
     assert run_cli("--plugin", FAKE, "export", str(local), "s0", "--out", str(local_out), env=env).returncode == 0
     folder = str(Path(env["POPULORA_TEST_MODEL"]).resolve())
@@ -815,7 +806,7 @@ def test_every_file_a_run_or_an_export_writes_follows_the_umask(env, tmp_path, u
     run_dir, adapter_out, merged_out = tmp_path / "run", tmp_path / "adapter", tmp_path / "merged"
     old = os.umask(umask)
     try:
-        _run(_manager(), run_dir, ["steps=2"])
+        run_in_process(fake_stack_manager(), run_dir, ["steps=2"])
         for out, more in ((adapter_out, []), (merged_out, ["--merge"])):  # the CLI's process inherits the umask
             done = run_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), *more, env=env)
             assert done.returncode == 0, done.stderr
@@ -836,7 +827,8 @@ def test_resume_steps_extends_a_finished_run_to_what_a_longer_run_computes(env, 
     """`populora resume RUN steps=N`: a run of 4 steps (its last-step evolution left out) extended to 6 equals a
     run planned for 6: adapters bit for bit, lineage, problems; the step-4 log line and the final probe differ."""
     short, planned = tmp_path / "short", reference  # planned: the module's `populora run ... steps=6`
-    _run(_manager(), short, ["steps=4"])  # what `populora run` calls, in this process: the resume is the CLI's
+    # what `populora run` calls, in this process: the resume is the CLI's
+    run_in_process(fake_stack_manager(), short, ["steps=4"])
     assert not [r for r in RunDir(short).read_log("lineage.jsonl") if r["step"] == 4]  # evolution every 2: left out
     shorter = run_cli("--plugin", FAKE, "resume", str(short), "steps=3", env=env)
     assert shorter.returncode == 2 and "never shorten it" in shorter.stderr
@@ -863,7 +855,7 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
     """`populora run --init-from RUN`: version 0 of each member is the source run's current member of its role, in
     turn, with lineage saying so; a folder of PEFT folders works too; adapters of another shape are an exit-2 error."""
     source = tmp_path / "source"
-    _run(_manager(), source, ["steps=2"])
+    run_in_process(fake_stack_manager(), source, ["steps=2"])
     recorded = json.loads((source / "members.json").read_text())["members"]
     by_role = {r: [f"{m['id']}@v{m['version']}" for m in recorded if m["role"] == r] for r in ("teacher", "student")}
     warm = tmp_path / "warm"
@@ -905,7 +897,7 @@ def test_a_display_hears_the_steps_are_over_before_on_run_end_observers_print(en
     """The live bar stops on ``on_steps_done``, before the report plugin's summary (an ``on_run_end``
     observer) prints: otherwise the bar is redrawn below the summary on a terminal."""
     rec = Recorder()
-    pm = _manager(rec)
+    pm = fake_stack_manager(rec)
     recipe, resolved = load_recipe(RECIPE, ["steps=1"], pm.registry)
     run = start_run(recipe, resolved, RunDir(tmp_path / "run"), pm)
     execute(run, on_steps_done=lambda: rec.calls.append(("steps_done", {})))
@@ -972,8 +964,8 @@ def test_cross_evaluation_off_rewards_each_teacher_by_its_own_answers(env, tmp_p
             "solve_own_proposals",
             lambda c, pop, proposals, step, timer: [0.25] * sum(p.valid for p in proposals),
         )
-    directory = _run(
-        _manager(Rewards()),
+    directory = run_in_process(
+        fake_stack_manager(Rewards()),
         tmp_path / "run",
         [f"population.cross_evaluation={str(cross_evaluation).lower()}", "steps=2"],
     )
@@ -1002,10 +994,12 @@ def test_cross_evaluation_off_lets_each_teacher_answer_its_own_valid_proposals(e
         return solve_original(c, attempts, step, stream, **kw)
 
     monkeypatch.setattr(phases, "solve", solve_spy)
-    _run(_manager(), tmp_path / "run", ["population.cross_evaluation=false", "steps=1"])
+    run_in_process(fake_stack_manager(), tmp_path / "run", ["population.cross_evaluation=false", "steps=1"])
     assert own and all(proposer.startswith(member + "@") for member, proposer in own)
 
 
 def test_cross_evaluation_off_is_refused_in_a_single_agent_run(env):
     with pytest.raises(Exception, match="cross_evaluation: false is a population ablation"):
-        load_recipe(RECIPE, ["population.mode=single_agent", "population.cross_evaluation=false"], _manager().registry)
+        load_recipe(
+            RECIPE, ["population.mode=single_agent", "population.cross_evaluation=false"], fake_stack_manager().registry
+        )

@@ -9,11 +9,10 @@ import pytest
 import yaml
 
 from populora_core.api.errors import RecipeError, UserError
-from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.keys import recipe_json_schema
 from populora_core.recipe.overrides import apply_overrides
 from populora_core.recipe.validate import load_recipe
-from tests.cli_helpers import invoke_cli, run_cli
+from tests.cli_helpers import fake_stack_manager, invoke_cli, run_cli
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -21,10 +20,7 @@ FAKE = str(TESTS / "fake_stack.py")
 
 @pytest.fixture()
 def manager():
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    return pm
+    return fake_stack_manager()
 
 
 def _write(tmp_path: Path, data: dict, name: str = "r.yaml") -> Path:

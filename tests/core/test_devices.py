@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from populora_core.api.errors import UserError
-from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
 from populora_core.run import devices
 from populora_core.run.loop import resume_run, start_run
 from populora_core.run.run_dir import RunDir
+from tests.cli_helpers import fake_stack_manager
 
 TESTS = Path(__file__).resolve().parents[1]
-FAKE = str(TESTS / "fake_stack.py")
 RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 NANO = TESTS.parent / "recipes" / "nano.yaml"
 
@@ -26,10 +25,7 @@ NANO = TESTS.parent / "recipes" / "nano.yaml"
 def manager(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    return pm
+    return fake_stack_manager()
 
 
 def gpu_machine(monkeypatch, *, torch: str, cuda: str | None, driver: str = "570.124.06", seen: bool = False) -> None:

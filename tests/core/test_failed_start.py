@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import fake_stack_manager, run_cli, run_in_process
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -50,18 +50,9 @@ def test_a_run_into_a_read_only_place_is_an_exit_2_naming_it(env, tmp_path):
 
 
 def test_a_resume_of_a_read_only_run_is_an_exit_2_naming_the_place_and_changes_nothing(env, tmp_path, monkeypatch):
-    from populora_core.plugin.manager import PluginManager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.loop import execute, start_run
-    from populora_core.run.run_dir import RunDir
-
     run_dir = tmp_path / "run"
     monkeypatch.setenv("POPULORA_TEST_MODEL", env["POPULORA_TEST_MODEL"])
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    recipe, resolved = load_recipe(RECIPE, ["steps=2"], pm.registry)
-    execute(start_run(recipe, resolved, RunDir(run_dir), pm))  # what `populora run` calls: the resume is the CLI's
+    run_in_process(fake_stack_manager(), run_dir, ["steps=2"])  # what `populora run` calls: the resume is the CLI's
     before = _files(run_dir)
     if not _immutable(run_dir / "adapters", True):
         pytest.skip("chattr +i is not available here (needs root on ext4/xfs)")

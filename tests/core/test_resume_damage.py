@@ -18,23 +18,13 @@ import yaml
 
 from populora_core.api.errors import UserError
 from populora_core.api.population import Population
-from populora_core.plugin.manager import PluginManager
-from populora_core.recipe.validate import load_recipe
-from populora_core.run.loop import execute, resume_run, start_run
+from populora_core.run.loop import execute, resume_run
 from populora_core.run.run_dir import LOGS, RunDir
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import fake_stack_manager, run_cli, run_in_process
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
-RECIPE = TESTS / "recipes" / "fake_2t2s.yaml"
 LAST, OLDER = "checkpoints/00000004", "checkpoints/00000003"
-
-
-def _manager() -> PluginManager:
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    return pm
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +37,7 @@ def fake_model(tiny_model_dir):
 @pytest.fixture(scope="module")
 def finished(fake_model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("damage") / "finished"
-    pm = _manager()
-    recipe, resolved = load_recipe(RECIPE, ["steps=4"], pm.registry)
-    execute(start_run(recipe, resolved, RunDir(path), pm))
+    run_in_process(fake_stack_manager(), path, ["steps=4"])
     assert sorted(p.name for p in (path / "checkpoints").iterdir()) == ["00000003", "00000004", "LATEST"]
     return path
 
@@ -67,7 +55,7 @@ def _adapter_hashes(root: Path) -> dict[str, str]:
 
 
 def _resume(path: Path):
-    return resume_run(RunDir(path), _manager(), ("steps=6",))
+    return resume_run(RunDir(path), fake_stack_manager(), ("steps=6",))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import PAUSE_PLUGIN, POPULORA, REPO, kill_inside_step, run_cli
+from tests.cli_helpers import (
+    PAUSE_PLUGIN,
+    POPULORA,
+    REPO,
+    fake_stack_manager,
+    kill_inside_step,
+    run_cli,
+    run_in_process,
+)
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -59,16 +67,8 @@ def _reference(env: dict[str, str], run_dir: Path, *overrides: str) -> Path:
     """The uninterrupted run of the fake recipe with ``overrides``, run in this process (start_run and execute, what
     `populora run` calls): the stopped runs are the CLI's, in processes of their own, so each comparison also says
     that the CLI's run computes what the core's does."""
-    from populora_core.plugin.manager import PluginManager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.loop import execute, start_run
-
     assert os.environ["POPULORA_TEST_MODEL"] == env["POPULORA_TEST_MODEL"]
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    recipe, resolved = load_recipe(FAKE_RECIPE, list(overrides), pm.registry)
-    execute(start_run(recipe, resolved, RunDir(run_dir), pm))
+    run_in_process(fake_stack_manager(), run_dir, list(overrides))
     return run_dir
 
 
@@ -172,20 +172,13 @@ def test_a_second_sigterm_exits_at_once_and_the_run_resumes_from_the_newest_inta
 def test_a_run_leaves_the_process_signal_handlers_and_alarm_as_it_found_them(tiny_model_dir, tmp_path, monkeypatch):
     """The stop's handlers are the run's only while it runs: a caller's SIGTERM handler and its alarm (pytest-timeout's,
     here) are there after it as before."""
-    from populora_core.plugin.manager import PluginManager
-    from populora_core.recipe.validate import load_recipe
-    from populora_core.run.loop import execute, start_run
-
     monkeypatch.setenv("POPULORA_TEST_MODEL", str(tiny_model_dir))
-    pm = PluginManager()
-    pm.load_entry_points()
-    pm.load_file(FAKE)
-    recipe, resolved = load_recipe(FAKE_RECIPE, ["steps=2"], pm.registry)
+    pm = fake_stack_manager()
     mine = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM)}
     handlers = {sig: signal.getsignal(sig) for sig in mine}
     before = signal.setitimer(signal.ITIMER_REAL, 600)
     try:
-        execute(start_run(recipe, resolved, RunDir(tmp_path / "run"), pm))
+        run_in_process(pm, tmp_path / "run", ["steps=2"])
         assert {sig: signal.getsignal(sig) for sig in mine} == handlers
         assert 500 < signal.getitimer(signal.ITIMER_REAL)[0] <= 600
     finally:
