@@ -17,8 +17,7 @@ from populora_core.api.components import Cluster
 from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import as_if_killed_after
-from tests.core.test_core_loop import FAKE, RECIPE, _manager
+from tests.cli_helpers import FAKE_RECIPE, FAKE_STACK, as_if_killed_after, fake_stack_manager, run_in_process
 
 
 @pytest.fixture()
@@ -86,7 +85,7 @@ class ClusterPlugin:
 
 def _manager_with_cluster():
     plugin = ClusterPlugin()
-    pm = _manager(plugin)
+    pm = fake_stack_manager(plugin)
     plugin.manager = pm
     return pm
 
@@ -98,21 +97,14 @@ def _adapter_hashes(run_dir: Path) -> dict[str, str]:
     }
 
 
-def _run(pm, run_dir: Path, overrides: list[str]) -> RunDir:
-    recipe, resolved = load_recipe(RECIPE, overrides, pm.registry)
-    directory = RunDir(run_dir)
-    execute(start_run(recipe, resolved, directory, pm))
-    return directory
-
-
 def test_a_cluster_builds_the_components_and_gets_every_update_of_a_step_at_once(env, tmp_path):
     pm = _manager_with_cluster()
     InProcessCluster.opened.clear()
-    local = _run(pm, tmp_path / "local", ["steps=3"])
-    clustered = _run(pm, tmp_path / "cluster", ["steps=3", "cluster=in_process"])
+    local = run_in_process(pm, tmp_path / "local", ["steps=3"])
+    clustered = run_in_process(pm, tmp_path / "cluster", ["steps=3", "cluster=in_process"])
     (cluster,) = InProcessCluster.opened
     assert cluster.closed == 1
-    assert cluster.plugin_files == [str(Path(FAKE).absolute())]  # the fake stack's --plugin file
+    assert cluster.plugin_files == [str(FAKE_STACK)]  # the fake stack's --plugin file
     assert len(cluster.batches) == 3 and all(sorted(b) == sorted(set(b)) and len(b) == 4 for b in cluster.batches)
     assert _adapter_hashes(local.path) == _adapter_hashes(clustered.path)
     assert (local.path / "lineage.jsonl").read_text() == (clustered.path / "lineage.jsonl").read_text()
@@ -124,8 +116,8 @@ def test_a_cluster_builds_the_components_and_gets_every_update_of_a_step_at_once
 
 def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(env, tmp_path):
     pm = _manager_with_cluster()
-    reference = _run(pm, tmp_path / "reference", ["steps=4"])
-    moved = _run(pm, tmp_path / "moved", ["steps=4", "cluster=in_process"])
+    reference = run_in_process(pm, tmp_path / "reference", ["steps=4"])
+    moved = run_in_process(pm, tmp_path / "moved", ["steps=4", "cluster=in_process"])
     as_if_killed_after(moved.path, 3)
     with pytest.raises(UserError, match="only the cluster section and steps may change"):
         resume_run(moved, pm, ("seed=9",))
@@ -140,10 +132,10 @@ def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(e
 def test_cluster_settings_errors_and_a_failed_start_leaves_no_run_directory(env, tmp_path):
     pm = _manager_with_cluster()
     with pytest.raises(RecipeError, match=r"cluster 'local' .* takes no params"):
-        load_recipe(RECIPE, ["cluster=local", "cluster.params.workers=2"], pm.registry)
+        load_recipe(FAKE_RECIPE, ["cluster=local", "cluster.params.workers=2"], pm.registry)
     with pytest.raises(RecipeError, match="unknown cluster 'nowhere'"):
-        load_recipe(RECIPE, ["cluster=nowhere"], pm.registry)
-    recipe, resolved = load_recipe(RECIPE, ["cluster=in_process", "cluster.params.fail=true"], pm.registry)
+        load_recipe(FAKE_RECIPE, ["cluster=nowhere"], pm.registry)
+    recipe, resolved = load_recipe(FAKE_RECIPE, ["cluster=in_process", "cluster.params.fail=true"], pm.registry)
     with pytest.raises(UserError, match=r"cluster\.params\.fail"):
         start_run(recipe, resolved, RunDir(tmp_path / "never"), pm)
     assert not (tmp_path / "never").exists()
