@@ -36,10 +36,10 @@ names, else the one with the most free memory), as a run in one process uses one
   must read from the trainer's ``served-bfloat16`` copy; vLLM loads only once the hf engine and the trainer are
   gone (a model host still alive then is a failed ``released`` check);
 - ``sleep_vllm``: sleep -> allocate what it freed -> wake gives identical greedy tokens (on CPU sleep is a no-op);
-- ``population_<engine>``: a 3-step run of recipes/azr_7b.yaml through ``start_run`` + ``execute`` at 4T-4S (quick:
-  2T-2S) and the same with one adapter (single_agent 1T-1S), both completing every step and the population
-  evolving; per-phase step times and ``population_overhead`` = the population's step time over one adapter's
-  (the paper reports 1.31x). Step 1 pays warm-up costs and is excluded.
+- ``population_<engine>``: a 3-step run (``--smoke``: 2) of recipes/azr_7b.yaml through ``start_run`` +
+  ``execute`` at 4T-4S (quick: 2T-2S) and the same with one adapter (single_agent 1T-1S), both completing every
+  step and the population evolving; per-phase step times and ``population_overhead`` = the population's step time
+  over one adapter's (the paper reports 1.31x). Step 1 pays warm-up costs and is excluded.
 
 In the runs the engines offer no ``ignore_eos``/``min_tokens``: a random model samples near-uniformly over the
 vocab and almost never emits EOS, so completions run to max_tokens (default 1024; the lengths reached are
@@ -516,11 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-shape", action="store_true", help="the config's own size (Qwen2.5-7B), not a quarter")
     ap.add_argument("--engines", default="", help="the runs' engines, comma list of hf, vllm (default: the recipe's)")
     ap.add_argument("--max-tokens", type=int, default=0, help="the runs' completion cap (default 1024, quick 48)")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=0, help="the runs' steps (default 3; --smoke 2: one after warm-up)")
     ap.add_argument("--config", default=str(REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"))
     ap.add_argument("--model-dir", default="", help="keep the random model here (written once, reused)")
     args = ap.parse_args(argv)
     args.quick = args.quick or args.smoke
+    args.steps = args.steps or (2 if args.smoke else 3)
     from populora_core.cli.driver import nvidia_smi
 
     gpus = [] if args.smoke or args.device == "cpu" else nvidia_smi()[1]
