@@ -29,21 +29,33 @@ def run_cli(
     )
 
 
-def invoke_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def invoke_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """``populora ARGS`` in this process (click's runner, from ``cwd``, the repository by default), for a command
-    whose output, not its process, a test checks: a run's ``--dry-run`` or ``plan`` imports torch, ~5 s in a fresh
-    process and nothing more here. Returns what :func:`run_cli` returns; an exception the command did not turn into
-    an exit code is raised (a subprocess would print its traceback and exit 1)."""
+    whose output or results, not its process, a test checks: a run, an export, a ``--dry-run`` or ``plan`` imports
+    torch, transformers and PEFT, ~5 s in a fresh process and nothing more here. Returns what :func:`run_cli`
+    returns; an exception the command did not turn into an exit code is raised (a subprocess would print its
+    traceback and exit 1). ``env`` is set for the command's duration. ``--plugin`` files go into a process-wide
+    plugin manager of their own, forgotten after the command, so no later test sees their components."""
     from click.testing import CliRunner
 
     from populora_core.cli.commands import cli
-    from populora_core.cli.group import plugin_options_first
+    from populora_core.cli.group import plugin_options_first, split_plugin_options
+    from populora_core.plugin.manager import reset_manager
 
     argv = plugin_options_first(list(args))
-    with contextlib.chdir(cwd or REPO):
-        result = CliRunner().invoke(
-            cli, argv, prog_name="populora", env={"HF_HUB_OFFLINE": "1"}, catch_exceptions=False
-        )
+    plugin_files = split_plugin_options(argv)[0]
+    if plugin_files:
+        reset_manager()
+    try:
+        with contextlib.chdir(cwd or REPO):
+            result = CliRunner().invoke(
+                cli, argv, prog_name="populora", env={"HF_HUB_OFFLINE": "1", **(env or {})}, catch_exceptions=False
+            )
+    finally:
+        if plugin_files:
+            reset_manager()
     return subprocess.CompletedProcess(["populora", *argv], result.exit_code, result.stdout, result.stderr)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import kill_inside_step, run_cli
+from tests.cli_helpers import invoke_cli, kill_inside_step, run_cli
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -116,7 +116,7 @@ def test_a_run_into_a_finished_run_suggests_extending_it_or_a_new_run_dir(tmp_pa
     another --run-dir; into a stopped run it still offers `resume`."""
     env = {"POPULORA_TEST_MODEL": str(tiny_model_dir)}
     run_dir = tmp_path / "run"
-    first = run_cli(
+    first = invoke_cli(
         "--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), "--no-progress", env=env
     )
     assert first.returncode == 0, first.stderr

@@ -20,7 +20,15 @@ from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.phases import solve
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import POPULORA, REPO, fake_stack_manager, kill_inside_step, run_cli, run_in_process
+from tests.cli_helpers import (
+    POPULORA,
+    REPO,
+    fake_stack_manager,
+    invoke_cli,
+    kill_inside_step,
+    run_cli,
+    run_in_process,
+)
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -299,7 +307,7 @@ def reference(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 def _resume(env, directory: Path) -> None:
-    resumed = run_cli("--plugin", FAKE, "resume", str(directory), "--no-progress", env=env)
+    resumed = invoke_cli("--plugin", FAKE, "resume", str(directory), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
 
 
@@ -437,7 +445,7 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
     """`populora seed` (AZR's seeding stage, base model only) writes N distinct valid problems per task;
     `seeds.enabled` puts them in each task's buffer before step 1 and logs how many."""
     seeds = tmp_path / "seeds.jsonl"
-    done = run_cli("--plugin", FAKE, "seed", str(RECIPE), "--out", str(seeds), "--per-type", "4", env=env)
+    done = invoke_cli("--plugin", FAKE, "seed", str(RECIPE), "--out", str(seeds), "--per-type", "4", env=env)
     assert done.returncode == 0, done.stderr
     assert "round 1: count" in done.stderr
     records = [json.loads(line) for line in seeds.read_text().splitlines()]
@@ -458,7 +466,7 @@ def test_seed_command_then_a_seeded_run_starts_from_those_problems(env, tmp_path
 def test_seed_errors_name_what_is_missing(env, tmp_path):
     # the fake task has at most six distinct valid proposals (digits 1-6)
     seed_args = ["seed", str(RECIPE), "--out", str(tmp_path / "s.jsonl"), "--per-type", "9", "--max-rounds", "3"]
-    done = run_cli("--plugin", FAKE, *seed_args, env=env)
+    done = invoke_cli("--plugin", FAKE, *seed_args, env=env)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "short of 9 valid seeds: count" in done.stderr and not (tmp_path / "s.jsonl").exists()
     with pytest.raises(Exception, match=r"fake_2t2s\.yaml.*seeds\.enabled is true but seeds\.file is empty"):
@@ -621,7 +629,7 @@ def test_resume_of_a_finished_run_changes_nothing_and_says_so(env, reference, tm
     shutil.copytree(reference, run_dir, symlinks=True)  # the module's finished run, copied: this test changes it
     (run_dir / "summary.json").write_text('{"wall_s": 195.5}\n')  # the record a finished run leaves
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
+    resumed = invoke_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{run_dir} already finished at step 6" in resumed.stdout
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
@@ -634,7 +642,7 @@ def test_a_run_dir_that_is_a_file_or_holds_other_files_is_a_one_line_error(env, 
     other.mkdir()
     (other / "cat.jpg").write_bytes(b"\xff\xd8")
     for target, says in ((a_file, "is a file, not a directory"), (other, "holds other files and no run")):
-        result = run_cli("--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(target), "--no-progress", env=env)
+        result = invoke_cli("--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(target), "--no-progress", env=env)
         assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert a_file.read_text() == "mine\n" and sorted(p.name for p in other.iterdir()) == ["cat.jpg"]
     empty = tmp_path / "empty"
@@ -696,7 +704,9 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     finally:
         holder.kill()
         holder.wait()
-    resumed = run_cli("--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env)  # the lock went with it
+    resumed = invoke_cli(
+        "--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env
+    )  # the lock went with it
     assert resumed.returncode == 0, resumed.stderr
     assert run_cli("runs", str(tmp_path / "nowhere")).returncode == 2
 
@@ -713,11 +723,9 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
     members = {m["id"]: m for m in json.loads((run_dir / "members.json").read_text())["members"]}
     child = next(m for m in members.values() if m["lineage"]["operator"] != "init" and m["role"] == "student")
     adapter_out, merged_out = tmp_path / "adapter", tmp_path / "merged"
-    done = run_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
+    done = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out))
     assert done.returncode == 0, done.stderr
-    merged = run_cli(
-        "--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(merged_out), "--merge", env=env
-    )
+    merged = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(merged_out), "--merge")
     assert merged.returncode == 0, merged.stderr
     version = f"{child['id']}@v{child['version']}"
     card = (adapter_out / "README.md").read_text()
@@ -740,11 +748,11 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
             torch.testing.assert_close(scope["model"](ids).logits, with_adapter, rtol=1e-4, atol=1e-4)
         assert scope["tokenizer"]("def f(x):")["input_ids"]
 
-    again = run_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
+    again = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out))
     assert again.returncode == 2 and "not an empty folder" in again.stderr
-    nobody = run_cli("--plugin", FAKE, "export", str(run_dir), "s99", "--out", str(tmp_path / "x"), env=env)
+    nobody = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s99", "--out", str(tmp_path / "x"))
     assert nobody.returncode == 2 and "member 's99' is not in" in nobody.stderr and "Traceback" not in nobody.stderr
-    pruned = run_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"), env=env)
+    pruned = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"))
     assert pruned.returncode == 2 and "kept versions of s0" in pruned.stderr
 
 
@@ -761,7 +769,7 @@ def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_fo
     run_dir = tmp_path / "run"
     run_in_process(fake_stack_manager(), run_dir, ["steps=1", "base_model=nano"])
     out = tmp_path / "exports" / "s0"
-    done = run_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), env=env)
+    done = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out))
     assert done.returncode == 0, done.stderr
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "nano"
@@ -788,7 +796,7 @@ def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_fo
         fake_stack_manager(), local, ["steps=1", f"base_model={env['POPULORA_TEST_MODEL']}"]
     )  # a base that is a folder
     local_out = tmp_path / "local-export"
-    assert run_cli("--plugin", FAKE, "export", str(local), "s0", "--out", str(local_out), env=env).returncode == 0
+    assert invoke_cli("--plugin", FAKE, "export", str(local), "s0", "--out", str(local_out)).returncode == 0
     folder = str(Path(env["POPULORA_TEST_MODEL"]).resolve())
     assert json.loads((local_out / "adapter_config.json").read_text())["base_model_name_or_path"] == folder
     assert (
@@ -807,8 +815,8 @@ def test_every_file_a_run_or_an_export_writes_follows_the_umask(env, tmp_path, u
     old = os.umask(umask)
     try:
         run_in_process(fake_stack_manager(), run_dir, ["steps=2"])
-        for out, more in ((adapter_out, []), (merged_out, ["--merge"])):  # the CLI's process inherits the umask
-            done = run_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), *more, env=env)
+        for out, more in ((adapter_out, []), (merged_out, ["--merge"])):  # the command runs under it
+            done = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), *more)
             assert done.returncode == 0, done.stderr
     finally:
         os.umask(old)
@@ -830,11 +838,11 @@ def test_resume_steps_extends_a_finished_run_to_what_a_longer_run_computes(env, 
     # what `populora run` calls, in this process: the resume is the CLI's
     run_in_process(fake_stack_manager(), short, ["steps=4"])
     assert not [r for r in RunDir(short).read_log("lineage.jsonl") if r["step"] == 4]  # evolution every 2: left out
-    shorter = run_cli("--plugin", FAKE, "resume", str(short), "steps=3", env=env)
+    shorter = invoke_cli("--plugin", FAKE, "resume", str(short), "steps=3", env=env)
     assert shorter.returncode == 2 and "never shorten it" in shorter.stderr
-    other = run_cli("--plugin", FAKE, "resume", str(short), "seed=9", env=env)
+    other = invoke_cli("--plugin", FAKE, "resume", str(short), "seed=9", env=env)
     assert other.returncode == 2 and "only the cluster section and steps may change" in other.stderr
-    extended = run_cli("--plugin", FAKE, "resume", str(short), "steps=6", "--no-progress", env=env)
+    extended = invoke_cli("--plugin", FAKE, "resume", str(short), "steps=6", "--no-progress", env=env)
     assert extended.returncode == 0, extended.stderr
     assert yaml_steps(short) == 6
     assert _adapters(short).keys() == _adapters(planned).keys()
@@ -860,7 +868,7 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
     by_role = {r: [f"{m['id']}@v{m['version']}" for m in recorded if m["role"] == r] for r in ("teacher", "student")}
     warm = tmp_path / "warm"
     args = ["--plugin", FAKE, "run", str(RECIPE), "steps=1", "--no-progress", "--run-dir", str(warm)]
-    done = run_cli(*args, "--init-from", str(source), env=env)
+    done = invoke_cli(*args, "--init-from", str(source))
     assert done.returncode == 0, done.stderr
     src, got = _adapters(source), _adapters(warm)
     births = [r for r in RunDir(warm).read_log("lineage.jsonl") if r["step"] == 0]
@@ -875,18 +883,18 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
     import shutil
 
     shutil.copytree(source / "adapters" / by_role["student"][0], folder / "only")
-    from_folder = run_cli(*args[:-1], str(tmp_path / "warm2"), "--init-from", str(folder), env=env)
+    from_folder = invoke_cli(*args[:-1], str(tmp_path / "warm2"), "--init-from", str(folder))
     assert from_folder.returncode == 0, from_folder.stderr
-    wrong = run_cli(*args[:-1], str(tmp_path / "warm3"), "lora.rank=2", "--init-from", str(source), env=env)
+    wrong = invoke_cli(*args[:-1], str(tmp_path / "warm3"), "lora.rank=2", "--init-from", str(source))
     assert wrong.returncode == 2 and "population.init_from" in wrong.stderr and "Traceback" not in wrong.stderr
     assert not (tmp_path / "warm3").exists()  # a failed start leaves no stub that blocks the path
-    nowhere = run_cli(*args[:-1], str(tmp_path / "warm4"), "--init-from", str(tmp_path / "nope"), env=env)
+    nowhere = invoke_cli(*args[:-1], str(tmp_path / "warm4"), "--init-from", str(tmp_path / "nope"))
     assert nowhere.returncode == 2 and "neither a run directory nor a folder" in nowhere.stderr
     assert not (tmp_path / "warm4").exists()
     (tmp_path / "mine").mkdir()  # a folder the user made empty stays, empty
-    again = run_cli(*args[:-1], str(tmp_path / "mine"), "lora.rank=2", "--init-from", str(source), env=env)
+    again = invoke_cli(*args[:-1], str(tmp_path / "mine"), "lora.rank=2", "--init-from", str(source))
     assert again.returncode == 2 and sorted((tmp_path / "mine").iterdir()) == []
-    assert run_cli(*args[:-1], str(tmp_path / "warm3"), "--init-from", str(source), env=env).returncode == 0
+    assert invoke_cli(*args[:-1], str(tmp_path / "warm3"), "--init-from", str(source)).returncode == 0
 
 
 def torch_equal(a, b) -> bool:

@@ -236,7 +236,7 @@ def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_
     """`populora run --dry-run`: every default filled in (what recipe.yaml of the run would hold), the plan, no run."""
     run_dir = tmp_path / "would-be"
     recipe = TESTS.parent / "recipes" / "nano.yaml"
-    dry = run_cli("run", str(recipe), "steps=3", "trainer.params.lr=2.0e-4", "--run-dir", str(run_dir), "--dry-run")
+    dry = invoke_cli("run", str(recipe), "steps=3", "trainer.params.lr=2.0e-4", "--run-dir", str(run_dir), "--dry-run")
     assert dry.returncode == 0, dry.stderr
     header, _, rest = dry.stdout.partition("\n")
     assert f"-> {run_dir} (dry run" in header
@@ -341,7 +341,7 @@ def test_shipped_recipes_by_name_from_any_folder_list_show_copy_and_unknown_name
         assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
         every = f"shipped recipes: {', '.join(shipped_recipes())}"
         assert "did you mean" in wrong.stderr and every in wrong.stderr, wrong.stderr
-    outside = run_cli("run", "recipes/nano.yaml", "--dry-run", cwd=tmp_path)  # the clone's path, outside a clone
+    outside = invoke_cli("run", "recipes/nano.yaml", "--dry-run", cwd=tmp_path)  # the clone's path, outside a clone
     assert outside.returncode == 2 and "`populora run nano` runs the shipped recipe" in outside.stderr
 
     copied = run_cli("recipes", "copy", "nano", cwd=tmp_path)

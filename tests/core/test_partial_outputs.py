@@ -15,7 +15,7 @@ import pytest
 
 from populora_core.api.errors import UserError
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import POPULORA, REPO, run_cli
+from tests.cli_helpers import POPULORA, REPO, invoke_cli, run_cli
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -85,11 +85,13 @@ def test_a_checkpoint_the_disk_cannot_hold_is_refused_before_any_of_it_is_writte
 def test_resume_on_a_full_disk_says_so_before_it_redoes_a_step(small_disk, tiny_model_dir):
     env = {**os.environ, "POPULORA_TEST_MODEL": str(tiny_model_dir)}
     run_dir = small_disk / "run"
-    ran = run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=2", "--run-dir", str(run_dir), "--no-progress", env=env)
+    ran = invoke_cli(
+        "--plugin", FAKE, "run", str(RECIPE), "steps=2", "--run-dir", str(run_dir), "--no-progress", env=env
+    )
     assert ran.returncode == 0, ran.stderr
     _fill(small_disk, 1_000)
     before = _files(run_dir)
-    resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "steps=4", "--no-progress", env=env)
+    resumed = invoke_cli("--plugin", FAKE, "resume", str(run_dir), "steps=4", "--no-progress", env=env)
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr
     assert f"no space left for the next checkpoint in {run_dir / 'checkpoints'}: it needs about " in resumed.stderr
     assert "the checkpoint of step 2 is intact" in resumed.stderr
@@ -100,7 +102,9 @@ def test_resume_on_a_full_disk_says_so_before_it_redoes_a_step(small_disk, tiny_
 def finished(tmp_path_factory, tiny_model_dir):
     run_dir = tmp_path_factory.mktemp("export") / "run"
     env = {**os.environ, "POPULORA_TEST_MODEL": str(tiny_model_dir)}
-    ran = run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), "--no-progress", env=env)
+    ran = invoke_cli(
+        "--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), "--no-progress", env=env
+    )
     assert ran.returncode == 0, ran.stderr
     return run_dir, env
 

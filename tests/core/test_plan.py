@@ -29,7 +29,7 @@ from populora_core.cli.plan_view import format_plan
 from populora_core.run.plan import plan_recipe
 from populora_core.services.architecture import load_arch, parse_memory
 from populora_core.services.gpu import GIB
-from tests.cli_helpers import REPO, run_cli
+from tests.cli_helpers import REPO, invoke_cli
 
 QWEN7B = REPO / "recipes" / "configs" / "Qwen__Qwen2.5-7B.json"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -172,7 +172,7 @@ def test_config_resolution(manager, tmp_path):
 
 
 def test_cli_plan_prints_the_table_and_the_verdict():
-    proc = run_cli("plan", "recipes/azr_7b.yaml", "--gpus", "1", "--gpu-memory", "80GiB")
+    proc = invoke_cli("plan", "recipes/azr_7b.yaml", "--gpus", "1", "--gpu-memory", "80GiB")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("fits: peak") and "trainer base" in proc.stdout and "vLLM KV cache" in proc.stdout
@@ -354,11 +354,11 @@ def test_planned_trainer_side_matches_the_measured_cpu_peak(tmp_path, manager):
 def test_cli_plan_says_what_it_assumed_and_exits_1_when_the_recipe_does_not_fit():
     """nano's base is 1.4 M params, not '0.00 B'; without a GPU the 80 GiB is said to be assumed; a recipe that
     does not fit exits 1 (scripts can branch on it), one that fits 0."""
-    nano = run_cli("plan", "recipes/nano.yaml")
+    nano = invoke_cli("plan", "recipes/nano.yaml")
     assert nano.returncode == 0, nano.stderr
     assert "base 1.4 M params" in nano.stdout and "4 members on 1 x 80.0 GiB" in nano.stdout
     assert ("assumed: no GPU is visible here" in nano.stdout) != _has_cuda()
-    small = run_cli("plan", "recipes/azr_7b.yaml", "--gpu-memory", "24GiB")
+    small = invoke_cli("plan", "recipes/azr_7b.yaml", "--gpu-memory", "24GiB")
     assert small.returncode == 1 and small.stdout.strip().splitlines()[-1].startswith("does not fit")
     assert "assumed" not in small.stdout and "7.62 B params" in small.stdout
 
@@ -438,7 +438,7 @@ def test_the_plan_spreads_members_over_the_gpus_the_recipes_cluster_reserves(man
     assert plan_file(str(node), [], manager, gpus=2, gpu_memory="80GiB")["gpus"] == 2
     single = plan_file(str(REPO / "recipes" / "azr_7b.yaml"), [], manager, gpu_memory="80GiB")
     assert (single["gpus"], single["gpus_from"]) == (1, "one process")
-    shown = run_cli("plan", str(node), "--gpu-memory", "80GiB")
+    shown = invoke_cli("plan", str(node), "--gpu-memory", "80GiB")
     assert shown.returncode == 0 and "8 members on 8 x 80.0 GiB (GPUs: the recipe's cluster 'ray'" in shown.stdout
 
 

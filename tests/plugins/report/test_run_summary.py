@@ -9,7 +9,7 @@ import pytest
 from populora_report.summary import format_summary, paired_gain_interval, run_summary, write_summary
 
 from populora_core.services.statistics import min_detectable_effect
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import invoke_cli, run_cli
 from tests.synthetic_runs import write_run
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -168,7 +168,7 @@ def test_populora_run_ends_with_the_summary(env, tmp_path):
     probe.write_text("".join(json.dumps(p) + "\n" for p in problems))
     run_dir = tmp_path / "run"
     args = ["steps=3", "probe.enabled=true", f"probe.file={probe}", "probe.samples=3", "--run-dir", str(run_dir)]
-    result = run_cli("--plugin", FAKE, "run", RECIPE, *args, "--no-progress", env=env)
+    result = invoke_cli("--plugin", FAKE, "run", RECIPE, *args, "--no-progress", env=env)
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli_helpers import as_if_killed_after, run_cli
+from tests.cli_helpers import as_if_killed_after, invoke_cli
 
 TESTS = Path(__file__).resolve().parents[2]
 FAKE = str(TESTS / "fake_stack.py")
@@ -26,11 +26,11 @@ def test_a_resumed_run_logs_each_step_once(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     env = {"POPULORA_TEST_MODEL": str(tiny_model_dir), "OMP_NUM_THREADS": "1"}
     args = ["steps=3", "sinks=[{name: tensorboard, params: {flush_secs: 1}}]", "--run-dir", str(run_dir)]
-    first = run_cli("--plugin", FAKE, "run", RECIPE, *args, "--no-progress", env=env)
+    first = invoke_cli("--plugin", FAKE, "run", RECIPE, *args, "--no-progress", env=env)
     assert first.returncode == 0, first.stderr
     assert [step for step, _ in _scalars(run_dir / "tensorboard", "solve_rate")] == [1, 2, 3]
     as_if_killed_after(run_dir, 2)  # killed inside step 3, after its log
-    resumed = run_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
+    resumed = invoke_cli("--plugin", FAKE, "resume", str(run_dir), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
     logged = {e["step"]: e["solve_rate"] for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
               if e["event"] == "step"}  # fmt: skip
