@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import POPULORA, REPO, kill_inside_step
+from tests.cli_helpers import POPULORA, REPO, invoke_cli, kill_inside_step
 
 pytestmark = pytest.mark.slow
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_real_2t2s.yaml")
@@ -25,8 +25,9 @@ def env(tmp_path_factory):
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MODEL": str(model)}
 
 
-def _populora(env, *args, timeout=600):
-    result = subprocess.run([POPULORA, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def _populora(env, *args):
+    """``populora ARGS`` in this process (the runs and resumes whose results, not processes, the tests compare)."""
+    result = invoke_cli(*args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
