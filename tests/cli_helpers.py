@@ -122,9 +122,11 @@ def pip_install_target(package_dir: Path, target: Path, timeout: float | None = 
 
 
 def install_a_copy(package_dir: Path, root: Path) -> Path:
-    """pip-install a copy of a plugin package (its build folders left behind) into ``root/site``: the folder to put on
-    PYTHONPATH, with the package's real entry points, no venv change and nothing to uninstall."""
-    src = root / "src"
+    """pip-install a copy of a plugin package into ``root/site``: the folder to put on PYTHONPATH, with the package's
+    real entry points, no venv change and nothing to uninstall. pip builds in the copy, so the source tree gets no
+    ``build/`` or ``*.egg-info`` (a ``build/`` copy of an example's modules would be one more file the rule tests
+    collect); several packages installed with one ``root`` share its site."""
+    src = root / "src" / package_dir.name
     shutil.copytree(package_dir, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     pip_install_target(src, root / "site", timeout=300)
     return root / "site"

@@ -16,7 +16,7 @@ from populora_core.api.components import UpdateJob
 from populora_core.api.errors import PluginError
 from populora_core.api.params import Component, NoParams
 from populora_core.plugin.manager import PluginLoadWarning, PluginManager
-from tests.cli_helpers import REPO, pip_install_target, run_cli
+from tests.cli_helpers import REPO, install_a_copy, run_cli
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -24,10 +24,9 @@ TESTS = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory):
     """The example third-party plugin and a broken one, installed through real entry points."""
-    target = tmp_path_factory.mktemp("site")
-    pip_install_target(TESTS / "thirdparty_plugin", target)
-    pip_install_target(TESTS / "broken_plugin", target)
-    return target
+    root = tmp_path_factory.mktemp("site")
+    install_a_copy(TESTS / "thirdparty_plugin", root)
+    return install_a_copy(TESTS / "broken_plugin", root)
 
 
 def _env(site: Path, **extra: str) -> dict[str, str]:
