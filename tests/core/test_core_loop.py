@@ -704,9 +704,8 @@ def test_runs_lists_each_runs_status_and_a_run_in_use_is_refused_a_second_proces
     finally:
         holder.kill()
         holder.wait()
-    resumed = invoke_cli(
-        "--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env
-    )  # the lock went with it
+    # the lock went with it
+    resumed = invoke_cli("--plugin", FAKE, "resume", str(root / "busy"), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert run_cli("runs", str(tmp_path / "nowhere")).returncode == 2
 
@@ -723,9 +722,11 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
     members = {m["id"]: m for m in json.loads((run_dir / "members.json").read_text())["members"]}
     child = next(m for m in members.values() if m["lineage"]["operator"] != "init" and m["role"] == "student")
     adapter_out, merged_out = tmp_path / "adapter", tmp_path / "merged"
-    done = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out))
+    done = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
     assert done.returncode == 0, done.stderr
-    merged = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(merged_out), "--merge")
+    merged = invoke_cli(
+        "--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(merged_out), "--merge", env=env
+    )
     assert merged.returncode == 0, merged.stderr
     version = f"{child['id']}@v{child['version']}"
     card = (adapter_out / "README.md").read_text()
@@ -748,11 +749,11 @@ def test_export_writes_a_peft_folder_with_its_card_and_a_merged_model_that_compu
             torch.testing.assert_close(scope["model"](ids).logits, with_adapter, rtol=1e-4, atol=1e-4)
         assert scope["tokenizer"]("def f(x):")["input_ids"]
 
-    again = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out))
+    again = invoke_cli("--plugin", FAKE, "export", str(run_dir), child["id"], "--out", str(adapter_out), env=env)
     assert again.returncode == 2 and "not an empty folder" in again.stderr
-    nobody = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s99", "--out", str(tmp_path / "x"))
+    nobody = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s99", "--out", str(tmp_path / "x"), env=env)
     assert nobody.returncode == 2 and "member 's99' is not in" in nobody.stderr and "Traceback" not in nobody.stderr
-    pruned = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"))
+    pruned = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0@v99", "--out", str(tmp_path / "y"), env=env)
     assert pruned.returncode == 2 and "kept versions of s0" in pruned.stderr
 
 
@@ -769,7 +770,7 @@ def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_fo
     run_dir = tmp_path / "run"
     run_in_process(fake_stack_manager(), run_dir, ["steps=1", "base_model=nano"])
     out = tmp_path / "exports" / "s0"
-    done = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out))
+    done = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), env=env)
     assert done.returncode == 0, done.stderr
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "nano"
@@ -796,7 +797,7 @@ def test_an_export_names_its_base_portably_and_its_card_loads_it_from_another_fo
         fake_stack_manager(), local, ["steps=1", f"base_model={env['POPULORA_TEST_MODEL']}"]
     )  # a base that is a folder
     local_out = tmp_path / "local-export"
-    assert invoke_cli("--plugin", FAKE, "export", str(local), "s0", "--out", str(local_out)).returncode == 0
+    assert invoke_cli("--plugin", FAKE, "export", str(local), "s0", "--out", str(local_out), env=env).returncode == 0
     folder = str(Path(env["POPULORA_TEST_MODEL"]).resolve())
     assert json.loads((local_out / "adapter_config.json").read_text())["base_model_name_or_path"] == folder
     assert (
@@ -816,7 +817,7 @@ def test_every_file_a_run_or_an_export_writes_follows_the_umask(env, tmp_path, u
     try:
         run_in_process(fake_stack_manager(), run_dir, ["steps=2"])
         for out, more in ((adapter_out, []), (merged_out, ["--merge"])):  # the command runs under it
-            done = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), *more)
+            done = invoke_cli("--plugin", FAKE, "export", str(run_dir), "s0", "--out", str(out), *more, env=env)
             assert done.returncode == 0, done.stderr
     finally:
         os.umask(old)
@@ -868,7 +869,7 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
     by_role = {r: [f"{m['id']}@v{m['version']}" for m in recorded if m["role"] == r] for r in ("teacher", "student")}
     warm = tmp_path / "warm"
     args = ["--plugin", FAKE, "run", str(RECIPE), "steps=1", "--no-progress", "--run-dir", str(warm)]
-    done = invoke_cli(*args, "--init-from", str(source))
+    done = invoke_cli(*args, "--init-from", str(source), env=env)
     assert done.returncode == 0, done.stderr
     src, got = _adapters(source), _adapters(warm)
     births = [r for r in RunDir(warm).read_log("lineage.jsonl") if r["step"] == 0]
@@ -883,18 +884,18 @@ def test_init_from_starts_each_member_from_a_runs_adapters_of_its_role(env, tmp_
     import shutil
 
     shutil.copytree(source / "adapters" / by_role["student"][0], folder / "only")
-    from_folder = invoke_cli(*args[:-1], str(tmp_path / "warm2"), "--init-from", str(folder))
+    from_folder = invoke_cli(*args[:-1], str(tmp_path / "warm2"), "--init-from", str(folder), env=env)
     assert from_folder.returncode == 0, from_folder.stderr
-    wrong = invoke_cli(*args[:-1], str(tmp_path / "warm3"), "lora.rank=2", "--init-from", str(source))
+    wrong = invoke_cli(*args[:-1], str(tmp_path / "warm3"), "lora.rank=2", "--init-from", str(source), env=env)
     assert wrong.returncode == 2 and "population.init_from" in wrong.stderr and "Traceback" not in wrong.stderr
     assert not (tmp_path / "warm3").exists()  # a failed start leaves no stub that blocks the path
-    nowhere = invoke_cli(*args[:-1], str(tmp_path / "warm4"), "--init-from", str(tmp_path / "nope"))
+    nowhere = invoke_cli(*args[:-1], str(tmp_path / "warm4"), "--init-from", str(tmp_path / "nope"), env=env)
     assert nowhere.returncode == 2 and "neither a run directory nor a folder" in nowhere.stderr
     assert not (tmp_path / "warm4").exists()
     (tmp_path / "mine").mkdir()  # a folder the user made empty stays, empty
-    again = invoke_cli(*args[:-1], str(tmp_path / "mine"), "lora.rank=2", "--init-from", str(source))
+    again = invoke_cli(*args[:-1], str(tmp_path / "mine"), "lora.rank=2", "--init-from", str(source), env=env)
     assert again.returncode == 2 and sorted((tmp_path / "mine").iterdir()) == []
-    assert invoke_cli(*args[:-1], str(tmp_path / "warm3"), "--init-from", str(source)).returncode == 0
+    assert invoke_cli(*args[:-1], str(tmp_path / "warm3"), "--init-from", str(source), env=env).returncode == 0
 
 
 def torch_equal(a, b) -> bool:
