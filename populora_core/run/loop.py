@@ -1,17 +1,18 @@
 """The co-evolution loop: a run's step sequence over the phases (:mod:`.phases`), with the lifecycle hooks.
 
-A step runs each phase once (matchmaking, proposals, solving, grading, ratings, training, the problems kept),
-then reports its metrics; every E steps selection and replacement with LoRA operators (:mod:`.evolution`);
-checkpoints atomically (:mod:`.state`). The single-agent baseline is the same step with each adapter matched
-with itself.
+A step runs each phase once (matchmaking, proposals, solving, grading, ratings, training, the problems kept), then
+reports its metrics; every E steps selection and replacement with LoRA operators (:mod:`.evolution`); checkpoints
+atomically (:mod:`.state`). The single-agent baseline is the same step with each adapter matched with itself.
 
-Randomness is derived per (seed, step, phase) (:mod:`.rng`), so a resumed run draws exactly what an
-uninterrupted one would.
+Randomness is derived per (seed, step, phase) (:mod:`.rng`), so a resumed run draws exactly what an uninterrupted
+one would.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -256,8 +257,6 @@ def start_run(
 
 def _warn(run_dir: RunDir, text: str) -> None:
     """A warning on the terminal (the command line prints warnings) and in run.log."""
-    import warnings
-
     run_dir.log_line(f"warning: {text}")
     warnings.warn(text, stacklevel=3)
 
@@ -319,21 +318,25 @@ def resume_run(run_dir: RunDir, manager: PluginManager, overrides: tuple[str, ..
     device_warning = check_devices(recipe, manager.registry)
     run_dir.check_space()  # a disk that cannot hold a checkpoint like the newest: said now, not after a step
     run_dir.lock()
+    run: Run | None = None
     try:
         run = Run(recipe, run_dir, manager, resume_step=done)
-    except BaseException:
-        run_dir.unlock()
+        if device_warning:
+            _warn(run_dir, device_warning)
+        if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
+            start_over(run_dir)
+            run.initialise()
+        else:
+            run.restore()  # reads every component's state before changing anything: a refusal leaves the run as it was
+        if overrides:
+            run_dir.write_recipe(recipe.model_dump(mode="json"))
+        run.sources = record_sources(recipe, run_dir, manager)
+    except BaseException:  # a refused resume lets the run go: this process may go on (a notebook, a driver)
+        if run is not None:
+            run.close()
+        else:
+            run_dir.unlock()
         raise
-    if device_warning:
-        _warn(run_dir, device_warning)
-    if point.checkpoint is None:  # it never completed a checkpoint: what it wrote is a start to redo
-        start_over(run_dir)
-        run.initialise()
-    else:
-        run.restore()  # reads every component's state before changing anything: a refusal leaves the run as it was
-    if overrides:
-        run_dir.write_recipe(recipe.model_dump(mode="json"))
-    run.sources = record_sources(recipe, run_dir, manager)
     return run
 
 
@@ -393,6 +396,4 @@ def execute(
 
 
 def _to_stderr(text: str) -> None:
-    import sys
-
     print(text, file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ import pytest
 
 from populora_core.run.loop import execute
 from populora_core.run.state import TASK_STATE_FORMAT, read_task_state
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import invoke_cli
 from tests.core import test_resume_damage as damage
 from tests.core.test_resume_damage import FAKE, LAST, OLDER, _adapter_hashes, _files, _resume
 
@@ -80,14 +80,14 @@ def test_a_planted_pickle_is_never_unpickled_and_the_run_is_not_lost(finished, r
     marker = tmp_path / "PWNED"
     plant(path / LAST, where, pickle.dumps(_Payload(marker)))
     before = _unchanged(path)
-    refused = run_cli("--plugin", FAKE, "resume", str(path), "steps=6", "--no-progress")
+    refused = invoke_cli("--plugin", FAKE, "resume", str(path), "steps=6", "--no-progress")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert not marker.exists(), "resume unpickled the planted file"
     assert _unchanged(path) == before, "a refused resume changed the run"
     if where.endswith(".pkl"):
         assert f"holds pickled task state ({LAST}/tasks/count.pkl)" in refused.stderr
         assert f"populora convert-checkpoints {path}" in refused.stderr
-        converted = run_cli("convert-checkpoints", str(path))
+        converted = invoke_cli("convert-checkpoints", str(path))
         assert converted.returncode == 2 and "Traceback" not in converted.stderr, converted.stderr
         assert "it names posix.system, not plain data" in converted.stderr
         assert not marker.exists() and _unchanged(path) == before
@@ -96,7 +96,7 @@ def test_a_planted_pickle_is_never_unpickled_and_the_run_is_not_lost(finished, r
         assert f"{path / LAST / 'tasks' / 'count.json'}: not task state (JSON expected" in refused.stderr
         assert "nothing was read or changed" in refused.stderr
         shutil.move(path / LAST, tmp_path / "set-aside")  # the way out: the checkpoint before it
-    run = _resume(path)
+    run = _resume(path)  # in the process that was refused: the refusal let the run's lock go
     assert run.step == (4 if where.endswith(".pkl") else 3)
     execute(run)
     assert _adapter_hashes(path) == reference
@@ -113,15 +113,15 @@ def test_an_old_checkpoint_is_refused_with_the_command_that_converts_it_once(fin
         unrecord(checkpoint, "tasks/count.json")
         plant(checkpoint, "tasks/count.pkl", pickle.dumps(state))
     before = _unchanged(path)
-    refused = run_cli("--plugin", FAKE, "resume", str(path), "steps=6", "--no-progress")
+    refused = invoke_cli("--plugin", FAKE, "resume", str(path), "steps=6", "--no-progress")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert f"Convert the run once with `populora convert-checkpoints {path}`" in refused.stderr
     assert _unchanged(path) == before
-    converted = run_cli("convert-checkpoints", str(path))
+    converted = invoke_cli("convert-checkpoints", str(path))
     assert converted.returncode == 0, converted.stderr
     assert converted.stdout.strip() == f"converted 2 task state file(s) of {path} to JSON"
     assert not list(path.rglob("*.pkl"))
-    assert run_cli("convert-checkpoints", str(path)).stdout.strip() == f"{path}: nothing to convert"
+    assert invoke_cli("convert-checkpoints", str(path)).stdout.strip() == f"{path}: nothing to convert"
     run = _resume(path)
     assert run.step == 4 and not run.dir.notes  # the manifest records the converted files: intact
     execute(run)
