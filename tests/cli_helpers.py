@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ def invoke_cli(
     if plugin_files:
         reset_manager()
     try:
-        with contextlib.chdir(cwd or REPO):
+        with contextlib.chdir(cwd or REPO), warnings_as_the_console_script():
             result = CliRunner().invoke(
                 cli, argv, prog_name="populora", env={"HF_HUB_OFFLINE": "1", **(env or {})}, catch_exceptions=False
             )
@@ -57,6 +59,24 @@ def invoke_cli(
         if plugin_files:
             reset_manager()
     return subprocess.CompletedProcess(["populora", *argv], result.exit_code, result.stdout, result.stderr)
+
+
+@contextlib.contextmanager
+def warnings_as_the_console_script() -> Iterator[None]:
+    """Python warnings as ``populora`` shows them: on stderr (click's runner's, while it runs), once per place, as
+    ``warning_line`` writes them, with a fresh interpreter's filters. In pytest they would go to its recorder,
+    filtered by pytest's settings, and a place that warned in an earlier test would stay silent."""
+    from populora_core.cli.group import warning_line
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        sys.stderr.write(warning_line(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for ignored in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", ignored)
+        warnings.showwarning = show
+        yield
 
 
 def fake_stack_manager(*plugins: object) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import invoke_cli, kill_inside_step, run_cli
+from tests.cli_helpers import invoke_cli, kill_inside_step
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -29,14 +29,16 @@ def test_an_option_named_like_a_recipe_key_is_answered_with_the_override_to_writ
     """`--steps 2` (click: "Did you mean '--help'?") gets the override that does it, for each command taking them."""
     run_dir = tmp_path / "run"
     _one_line_error(
-        run_cli("run", str(RECIPE), "--steps", "2", "--run-dir", str(run_dir)),
+        invoke_cli("run", str(RECIPE), "--steps", "2", "--run-dir", str(run_dir)),
         "populora run has no option --steps",
         "write `steps=2`",
     )
-    _one_line_error(run_cli("resume", str(run_dir), "--steps=8"), "write `steps=8` (populora resume RUN_DIR steps=8)")
-    _one_line_error(run_cli("validate", str(RECIPE), "--trainer.params.lr", "0.1"), "write `trainer.params.lr=0.1`")
+    _one_line_error(
+        invoke_cli("resume", str(run_dir), "--steps=8"), "write `steps=8` (populora resume RUN_DIR steps=8)"
+    )
+    _one_line_error(invoke_cli("validate", str(RECIPE), "--trainer.params.lr", "0.1"), "write `trainer.params.lr=0.1`")
     assert not run_dir.exists()
-    other = run_cli("run", str(RECIPE), "--stepz", "2")  # not a recipe key: click's own answer stays
+    other = invoke_cli("run", str(RECIPE), "--stepz", "2")  # not a recipe key: click's own answer stays
     assert other.returncode == 2 and "No such option" in other.stderr
 
 
@@ -44,25 +46,25 @@ def test_runs_lists_a_run_whose_recipe_does_not_parse_as_unreadable_with_the_rea
     broken = tmp_path / "runs" / "edited"
     broken.mkdir(parents=True)
     (broken / "recipe.yaml").write_text("name: x\nsteps: [1,\n")
-    table = run_cli("runs", str(tmp_path / "runs"))
+    table = invoke_cli("runs", str(tmp_path / "runs"))
     assert table.returncode == 0, table.stderr
     row = next(line for line in table.stdout.splitlines() if line.startswith(str(broken)))
     assert "unreadable: recipe.yaml line 3:" in row and "fix it, or remove the run" in row
-    (entry,) = json.loads(run_cli("runs", str(tmp_path / "runs"), "--json").stdout)
+    (entry,) = json.loads(invoke_cli("runs", str(tmp_path / "runs"), "--json").stdout)
     assert entry["status"].startswith("unreadable: recipe.yaml line 3") and entry["steps"] is None
     assert (broken / "recipe.yaml").read_text() == "name: x\nsteps: [1,\n"
     (broken / "recipe.yaml").write_text("- a list\n")  # parses, but is no recipe
-    (entry,) = json.loads(run_cli("runs", str(tmp_path / "runs"), "--json").stdout)
+    (entry,) = json.loads(invoke_cli("runs", str(tmp_path / "runs"), "--json").stdout)
     assert entry["status"] == "unreadable: recipe.yaml: not a mapping (fix it, or remove the run)"
 
 
 def test_an_unknown_benchmark_gets_the_nearest_name():
     _one_line_error(
-        run_cli("eval", "nano", "--benchmarks", "humaneval_pluss", "--no-base"),
+        invoke_cli("eval", "nano", "--benchmarks", "humaneval_pluss", "--no-base"),
         "unknown benchmark 'humaneval_pluss'",
         "did you mean 'humaneval_plus'?",
     )
-    _one_line_error(run_cli("eval", "nano", "--benchmarks", "mbpp:x"), "after ':' comes how many problems")
+    _one_line_error(invoke_cli("eval", "nano", "--benchmarks", "mbpp:x"), "after ':' comes how many problems")
 
 
 @pytest.fixture()
@@ -85,12 +87,12 @@ def test_help_names_damaged_runs_resume_options_and_shows_no_rst_markup():
     """`runs --help` names every status `populora runs` shows (damaged too); `resume` and `validate` help is plain
     text (no RST double backticks); `resume --help` writes cluster overrides as the README does (`cluster=ray`) and
     explains --progress."""
-    runs = run_cli("runs", "--help").stdout
+    runs = invoke_cli("runs", "--help").stdout
     assert "damaged" in runs and "RUN/damaged/" in runs
     for command in ("resume", "validate", "run", "runs", "recipes"):
-        shown = run_cli(command, "--help")
+        shown = invoke_cli(command, "--help")
         assert shown.returncode == 0 and "``" not in shown.stdout, (command, shown.stdout)
-    resume = run_cli("resume", "--help").stdout
+    resume = invoke_cli("resume", "--help").stdout
     assert "cluster=ray cluster.params.workers=4" in resume and "cluster.name=" not in resume
     assert "cluster=ray cluster.params.workers=4" in (TESTS.parent / "README.md").read_text()
     progress = next(line for line in resume.splitlines() if "--progress" in line)
@@ -120,7 +122,7 @@ def test_a_run_into_a_finished_run_suggests_extending_it_or_a_new_run_dir(tmp_pa
         "--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), "--no-progress", env=env
     )
     assert first.returncode == 0, first.stderr
-    again = run_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), env=env)
+    again = invoke_cli("--plugin", FAKE, "run", str(RECIPE), "steps=1", "--run-dir", str(run_dir), env=env)
     assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
     error = again.stderr.strip().splitlines()[-1]  # after the start-up line
     assert error.startswith(f"Error: run directory {run_dir} holds a finished run (1 of 1 steps)"), error
@@ -128,7 +130,7 @@ def test_a_run_into_a_finished_run_suggests_extending_it_or_a_new_run_dir(tmp_pa
     assert f"`populora resume {run_dir}` " not in again.stderr  # a plain resume has nothing to do
     recipe = run_dir / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace("steps: 1\n", "steps: 3\n"))  # as a stopped 3-step run leaves it
-    stopped = run_cli("--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(run_dir), env=env)
+    stopped = invoke_cli("--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(run_dir), env=env)
     assert stopped.returncode == 2 and "Traceback" not in stopped.stderr, stopped.stderr
     assert "already holds a run (1 of 3 steps checkpointed)" in stopped.stderr
     assert f"`populora resume {run_dir}` continues it" in stopped.stderr

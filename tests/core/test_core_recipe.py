@@ -158,13 +158,13 @@ def test_cli_validate_exits_2_without_traceback(tmp_path):
     data = _base()
     data["trainer"] = {"name": "fake", "params": {"lr": "fast"}}
     path = _write(tmp_path, data)
-    result = run_cli("--plugin", FAKE, "validate", str(path))
+    result = run_cli("--plugin", FAKE, "validate", str(path))  # the console script itself, in a process
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert f"Error: {path}" in result.stderr and "trainer.params.lr" in result.stderr
-    ok = run_cli("--plugin", FAKE, "validate", str(_write(tmp_path, _base(), "good.yaml")))
+    ok = invoke_cli("--plugin", FAKE, "validate", str(_write(tmp_path, _base(), "good.yaml")))
     assert ok.returncode == 0 and "ok (fake-2t2s, 2T-2S population" in ok.stdout
-    override = run_cli("--plugin", FAKE, "validate", str(path), "trainer.params.lr=0.5")
+    override = invoke_cli("--plugin", FAKE, "validate", str(path), "trainer.params.lr=0.5")
     assert override.returncode == 0, override.stderr
 
 
@@ -175,7 +175,7 @@ def test_recipe_schema_includes_plugin_params(manager):
     assert "pfsp" in components["matchmaker"]
     names = [o["properties"]["name"]["const"] for o in schema["properties"]["engine"]["anyOf"] if "properties" in o]
     assert "fake" in names
-    result = run_cli("--plugin", FAKE, "recipe-schema")
+    result = invoke_cli("--plugin", FAKE, "recipe-schema")
     assert (
         result.returncode == 0
         and "weighting" in json.loads(result.stdout)["x-populora-components"]["matchmaker"]["pfsp"]["properties"]
@@ -195,19 +195,19 @@ def test_a_key_given_twice_in_a_recipe_is_an_error_naming_both_lines(tmp_path):
 
 def test_a_misspelled_base_model_is_a_recipe_error_with_the_registered_name(tmp_path):
     """`nanoo` used to validate and then, at run time, get advice to download `nanoo` from the hub."""
-    bad = run_cli("validate", "recipes/nano.yaml", "base_model=nanoo")
+    bad = invoke_cli("validate", "recipes/nano.yaml", "base_model=nanoo")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "base_model.name" in bad.stderr and "did you mean 'nano'?" in bad.stderr
     for fine in ("Qwen/Qwen2.5-7B", str(tmp_path)):  # a hub id, a local directory: resolved when the run starts
-        assert run_cli("validate", "recipes/nano.yaml", f"base_model={fine}").returncode == 0
+        assert invoke_cli("validate", "recipes/nano.yaml", f"base_model={fine}").returncode == 0
 
 
 def test_population_settings_that_leave_one_line_or_replace_everyone_are_exit_2_naming_the_key():
     """A role that keeps one survivor falls back to one lineage at every selection; a fraction of 1 replaces all."""
-    one_line = run_cli("validate", "recipes/nano_study.yaml", "population.students=2")
+    one_line = invoke_cli("validate", "recipes/nano_study.yaml", "population.students=2")
     assert one_line.returncode == 2 and "Traceback" not in one_line.stderr
     assert "at 'evolution.selector.params'" in one_line.stderr and "1 of the 2 students" in one_line.stderr
-    everyone = run_cli("validate", "recipes/nano_study.yaml", "evolution.selector.params.fraction=1.0")
+    everyone = invoke_cli("validate", "recipes/nano_study.yaml", "evolution.selector.params.fraction=1.0")
     assert everyone.returncode == 2 and "Traceback" not in everyone.stderr
     assert "evolution.selector.params.fraction: Input should be less than 1" in everyone.stderr
 
@@ -217,18 +217,18 @@ def test_keys_lists_every_recipe_key_with_its_default_and_each_components_params
     from populora_core.api.schema import Recipe
     from populora_core.recipe.keys import model_keys
 
-    every = run_cli("keys")
+    every = invoke_cli("keys")
     assert every.returncode == 0, every.stderr
     listed = {line.split()[0] for line in every.stdout.splitlines() if line and not line.startswith(" ")}
     assert {key for key, *_ in model_keys(Recipe)} <= listed
     assert "evolution.child_rating" in listed and "runtime.cpu_isa" in listed
-    rollout = run_cli("keys", "rollout").stdout
+    rollout = invoke_cli("keys", "rollout").stdout
     assert "rollout.solver_samples" in rollout and "int  default 8" in rollout and "lora.rank" not in rollout
-    trainers = run_cli("keys", "trainer").stdout
+    trainers = invoke_cli("keys", "trainer").stdout
     assert "trainer trr++ (plugin trainers)" in trainers and "trainer grpo (plugin trainers)" in trainers
-    trr = run_cli("keys", "trr++").stdout
+    trr = invoke_cli("keys", "trr++").stdout
     assert "params.lr " in trr and "AdamW learning rate" in trr and "params.parallel_updates" in trr
-    typo = run_cli("keys", "rolout")
+    typo = invoke_cli("keys", "rolout")
     assert typo.returncode == 2 and "did you mean 'rollout'?" in typo.stderr and "Traceback" not in typo.stderr
 
 
@@ -257,7 +257,7 @@ def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_
         "populora run recipes/nano.yaml -> runs/nano (dry run"
         in invoke_cli("run", "recipes/nano.yaml", "--dry-run").stdout
     )
-    bad = run_cli("run", str(recipe), "trainer.params.lr=-1", "--dry-run")
+    bad = invoke_cli("run", str(recipe), "trainer.params.lr=-1", "--dry-run")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     # the override set the bad value, so the error names it, not the recipe file that holds a good one
     assert (
@@ -269,17 +269,17 @@ def test_dry_run_prints_the_resolved_recipe_and_its_plan_and_writes_nothing(tmp_
 
 def test_shell_completion_script_and_recipe_keys_complete(tmp_path):
     """`populora completion SHELL` prints click's script; after a recipe, overrides complete to the recipe's keys."""
-    script = run_cli("completion", "bash")
+    script = invoke_cli("completion", "bash")
     assert script.returncode == 0 and "_POPULORA_COMPLETE=bash_complete" in script.stdout
-    assert run_cli("completion", "tcsh").returncode == 2
+    assert invoke_cli("completion", "tcsh").returncode == 2
     words = {"COMP_WORDS": "populora run recipes/nano.yaml rollout.sol", "COMP_CWORD": "3"}
-    done = run_cli(env={**words, "_POPULORA_COMPLETE": "bash_complete"})
+    done = invoke_cli(env={**words, "_POPULORA_COMPLETE": "bash_complete"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["plain,rollout.solver_samples", "plain,rollout.solve_max_tokens"]
-    commands = run_cli(env={"COMP_WORDS": "populora do", "COMP_CWORD": "1", "_POPULORA_COMPLETE": "bash_complete"})
+    commands = invoke_cli(env={"COMP_WORDS": "populora do", "COMP_CWORD": "1", "_POPULORA_COMPLETE": "bash_complete"})
     assert commands.stdout.split() == ["plain,doctor"]
     for command in ("run", "validate", "plan", "seed"):  # a RECIPE: the shipped names, then the shell's files
-        named = run_cli(
+        named = invoke_cli(
             env={"COMP_WORDS": f"populora {command} nano_s", "COMP_CWORD": "2", "_POPULORA_COMPLETE": "bash_complete"}
         )
         assert named.stdout.split() == ["plain,nano_single_agent", "plain,nano_study", "file,nano_s"], named.stdout
@@ -287,12 +287,12 @@ def test_shell_completion_script_and_recipe_keys_complete(tmp_path):
 
 def test_every_command_help_shows_an_example():
     """Each `populora CMD --help` (the core's and the built-in plugins') has a line that runs the command."""
-    listed = run_cli("--help").stdout
+    listed = invoke_cli("--help").stdout
     commands = [line.split()[0] for line in listed.split("Commands:")[1].splitlines() if line.strip()]
     assert {"run", "resume", "runs", "export", "eval", "evolve", "report", "sandbox"} <= set(commands)
     missing = []
     for command in commands:
-        help_text = run_cli(command, "--help").stdout
+        help_text = invoke_cli(command, "--help").stdout
         examples = [line for line in help_text.splitlines() if line.strip().startswith(f"populora {command}")]
         if not examples:
             missing.append(command)
@@ -313,11 +313,9 @@ def test_the_recipe_keys_page_is_current_and_documents_every_key():
     assert "### `trr++` (plugin trainers)" in expected and "`trainer.params.lr`" in expected
     undocumented = [key for key, _, _, text in model_keys(Recipe) if not text]
     assert not undocumented, f"recipe keys without a description: {undocumented}"
-    from tests.cli_helpers import run_cli
-
-    printed = run_cli("keys", "--markdown")  # the installed plugins' page: the built-ins' sections at least
+    printed = invoke_cli("keys", "--markdown")  # the installed plugins' page: the built-ins' sections at least
     assert printed.returncode == 0 and printed.stdout.startswith("# Recipe keys") and "### `trr++`" in printed.stdout
-    refused = run_cli("keys", "--markdown", "trainer")
+    refused = invoke_cli("keys", "--markdown", "trainer")
     assert refused.returncode == 2 and "--markdown prints the whole reference" in refused.stderr
 
 
@@ -326,30 +324,30 @@ def test_shipped_recipes_by_name_from_any_folder_list_show_copy_and_unknown_name
     that is neither a file nor shipped is exit 2 with did-you-mean and the list; a file of that name wins."""
     from populora_core.recipe.shipped import SHIPPED_DIR, shipped_recipes
 
-    listed = run_cli("recipes", cwd=tmp_path)
+    listed = invoke_cli("recipes", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert [line.split()[0] for line in lines] == list(shipped_recipes()) and len(lines) >= 14
     assert any(line.startswith("nano ") and "quickstart" in line for line in lines)
-    shown = run_cli("recipes", "show", "azr_7b", cwd=tmp_path)
+    shown = invoke_cli("recipes", "show", "azr_7b", cwd=tmp_path)
     assert shown.returncode == 0 and shown.stdout == (SHIPPED_DIR / "azr_7b.yaml").read_text()
 
-    assert run_cli("validate", "nano", cwd=tmp_path).returncode == 0  # by name, from a folder without recipes/
-    assert run_cli("validate", "nano.yaml", cwd=tmp_path).returncode == 0
+    assert invoke_cli("validate", "nano", cwd=tmp_path).returncode == 0  # by name, from a folder without recipes/
+    assert invoke_cli("validate", "nano.yaml", cwd=tmp_path).returncode == 0
     for args in (("run", "nanoo", "--dry-run"), ("validate", "azr_7bb"), ("recipes", "show", "nano_studdy")):
-        wrong = run_cli(*args, cwd=tmp_path)
+        wrong = invoke_cli(*args, cwd=tmp_path)
         assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
         every = f"shipped recipes: {', '.join(shipped_recipes())}"
         assert "did you mean" in wrong.stderr and every in wrong.stderr, wrong.stderr
     outside = invoke_cli("run", "recipes/nano.yaml", "--dry-run", cwd=tmp_path)  # the clone's path, outside a clone
     assert outside.returncode == 2 and "`populora run nano` runs the shipped recipe" in outside.stderr
 
-    copied = run_cli("recipes", "copy", "nano", cwd=tmp_path)
+    copied = invoke_cli("recipes", "copy", "nano", cwd=tmp_path)
     assert copied.returncode == 0 and (tmp_path / "nano.yaml").read_text() == (SHIPPED_DIR / "nano.yaml").read_text()
-    again = run_cli("recipes", "copy", "nano", cwd=tmp_path)
+    again = invoke_cli("recipes", "copy", "nano", cwd=tmp_path)
     assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
     (tmp_path / "mine").mkdir()
-    assert run_cli("recipes", "copy", "nano_study", "mine", cwd=tmp_path).returncode == 0
+    assert invoke_cli("recipes", "copy", "nano_study", "mine", cwd=tmp_path).returncode == 0
     assert (tmp_path / "mine" / "nano_study.yaml").is_file()
     (tmp_path / "nano.yaml").write_text((tmp_path / "nano.yaml").read_text().replace("steps: 32", "steps: 5"))
     dry = invoke_cli("run", "nano.yaml", "--dry-run", cwd=tmp_path)  # the local file wins over the shipped name
@@ -360,22 +358,18 @@ def test_short_runs_warn_that_evolution_makes_no_child_and_name_the_smallest_ste
     """nano (every 4, ready_after 8): steps=4 has no selection before its last step, steps=8 selects at step 4 when
     nobody has played 8 matches; both warn in `validate` and the dry run, naming steps=9; steps=9 does not warn."""
     for steps in (4, 8):
-        # validate in a process of its own (~0.4 s), the dry run (a plan: torch, ~5 s in a fresh process) in this one
-        for cli, args in (
-            (run_cli, ("validate", "nano", f"steps={steps}")),
-            (invoke_cli, ("run", "nano", f"steps={steps}", "--dry-run")),
-        ):
-            result = cli(*args, cwd=tmp_path)
+        for args in (("validate", "nano", f"steps={steps}"), ("run", "nano", f"steps={steps}", "--dry-run")):
+            result = invoke_cli(*args, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
             assert f"warning: evolution will make no child in {steps} steps" in result.stderr, result.stderr
             assert "steps=9 or more makes a child" in result.stderr
     for steps in (9, 32):
-        quiet = run_cli("validate", "nano", f"steps={steps}", cwd=tmp_path)
+        quiet = invoke_cli("validate", "nano", f"steps={steps}", cwd=tmp_path)
         assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
-    fast = run_cli("validate", "nano", "steps=4", "evolution.every=1", "evolution.ready_after=2", cwd=tmp_path)
+    fast = invoke_cli("validate", "nano", "steps=4", "evolution.every=1", "evolution.ready_after=2", cwd=tmp_path)
     assert fast.returncode == 0 and "warning" not in fast.stderr  # selects at steps 2 and 3: a child
-    assert "steps=3 or more" in run_cli("validate", "nano", "steps=2", "evolution.every=1", cwd=tmp_path).stderr
-    single = run_cli("validate", "nano_single_agent", "steps=2", cwd=tmp_path)  # never evolves: nothing to warn
+    assert "steps=3 or more" in invoke_cli("validate", "nano", "steps=2", "evolution.every=1", cwd=tmp_path).stderr
+    single = invoke_cli("validate", "nano_single_agent", "steps=2", cwd=tmp_path)  # never evolves: nothing to warn
     assert single.returncode == 0 and "warning" not in single.stderr
 
 

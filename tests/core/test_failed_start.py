@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import fake_stack_manager, run_cli, run_in_process
+from tests.cli_helpers import fake_stack_manager, invoke_cli, run_in_process
 
 TESTS = Path(__file__).resolve().parents[1]
 FAKE = str(TESTS / "fake_stack.py")
@@ -39,7 +39,7 @@ def test_a_run_into_a_read_only_place_is_an_exit_2_naming_it(env, tmp_path):
     if not _immutable(parent, True):
         pytest.skip("chattr +i is not available here (needs root on ext4/xfs)")
     try:
-        result = run_cli(
+        result = invoke_cli(
             "--plugin", FAKE, "run", str(RECIPE), "--run-dir", str(parent / "run"), "--no-progress", env=env
         )
     finally:
@@ -57,7 +57,7 @@ def test_a_resume_of_a_read_only_run_is_an_exit_2_naming_the_place_and_changes_n
     if not _immutable(run_dir / "adapters", True):
         pytest.skip("chattr +i is not available here (needs root on ext4/xfs)")
     try:
-        result = run_cli("--plugin", FAKE, "resume", str(run_dir), "steps=3", "--no-progress", env=env)
+        result = invoke_cli("--plugin", FAKE, "resume", str(run_dir), "steps=3", "--no-progress", env=env)
     finally:
         _immutable(run_dir / "adapters", False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
@@ -82,11 +82,11 @@ def test_validate_and_run_check_every_file_the_recipe_names_before_a_run_directo
 ):
     """A file the recipe names that is not there: `validate` and `run` say which key and file, exit 2, and no run
     directory is left (which `resume` could not mend: the key may not change)."""
-    checked = run_cli("--plugin", FAKE, "validate", str(RECIPE), *overrides, env=env, cwd=tmp_path)
+    checked = invoke_cli("--plugin", FAKE, "validate", str(RECIPE), *overrides, env=env, cwd=tmp_path)
     assert checked.returncode == 2 and named in checked.stderr and "Traceback" not in checked.stderr, checked.stderr
     assert f"override {overrides[-1]}" in checked.stderr  # the override that named it
     run_dir = tmp_path / "run"
-    ran = run_cli(
+    ran = invoke_cli(
         "--plugin",
         FAKE,
         "run",
@@ -105,12 +105,12 @@ def test_validate_and_run_check_every_file_the_recipe_names_before_a_run_directo
 def test_an_init_from_folder_without_adapters_is_refused_by_validate_and_leaves_no_run(env, tmp_path):
     empty = tmp_path / "adapters"
     (empty / "notes").mkdir(parents=True)
-    checked = run_cli("--plugin", FAKE, "validate", str(RECIPE), f"population.init_from={empty}", env=env)
+    checked = invoke_cli("--plugin", FAKE, "validate", str(RECIPE), f"population.init_from={empty}", env=env)
     assert checked.returncode == 2, checked.stderr
     assert "is neither a run directory nor a folder of adapters (no members.json, no PEFT adapter folder in it)" in (
         checked.stderr
     )
-    ran = run_cli(
+    ran = invoke_cli(
         "--plugin", FAKE, "run", str(RECIPE), "--init-from", str(empty), "--run-dir", str(tmp_path / "r"), env=env
     )
     assert ran.returncode == 2 and not (tmp_path / "r").exists(), ran.stderr
@@ -121,7 +121,7 @@ def test_a_probe_file_whose_records_do_not_fit_fails_the_start_and_leaves_nothin
     probe = tmp_path / "probe.jsonl"
     probe.write_text('{"task_type": "count", "nonsense": 1}\n')
     run_dir = tmp_path / "run"
-    ran = run_cli(
+    ran = invoke_cli(
         "--plugin", FAKE, "run", str(RECIPE), "probe.enabled=true", f"probe.file={probe}", "--run-dir", str(run_dir),
         "--no-progress", env=env,
     )  # fmt: skip

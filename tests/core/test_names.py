@@ -11,7 +11,7 @@ import pytest
 
 from populora_core.api.errors import UserError
 from populora_core.api.names import MEMBER_ID, SAFE_NAME, VERSION_NAME, check_name
-from tests.cli_helpers import REPO, run_cli
+from tests.cli_helpers import REPO, invoke_cli
 from tests.core import test_resume_damage as damage
 from tests.core.test_resume_damage import FAKE, LAST, _files, _resume
 
@@ -23,7 +23,7 @@ NANO = str(REPO / "recipes" / "nano.yaml")
 def test_a_run_name_that_would_leave_runs_is_refused_naming_it(tmp_path, name):
     work = tmp_path / "work"
     (work / "runs").mkdir(parents=True)
-    refused = run_cli("run", NANO, f"name={name}", "--dry-run", cwd=work)
+    refused = invoke_cli("run", NANO, f"name={name}", "--dry-run", cwd=work)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert f"name: Value error, {name!r} is not a safe run name" in refused.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("work"), Path("work/runs")]
@@ -33,7 +33,7 @@ def test_the_issues_escape_is_refused_and_writes_nothing(tmp_path):
     """``populora run recipes/nano.yaml name=../../../escaped_run`` wrote a whole run three folders above runs/."""
     work = tmp_path / "a" / "b" / "work"
     work.mkdir(parents=True)
-    refused = run_cli("run", NANO, "name=../../../escaped_run", "--no-progress", cwd=work)
+    refused = invoke_cli("run", NANO, "name=../../../escaped_run", "--no-progress", cwd=work)
     assert refused.returncode == 2 and "'../../../escaped_run' is not a safe run name" in refused.stderr
     assert [p for p in tmp_path.rglob("*") if "escaped" in p.name or p.name == "runs"] == []
 
@@ -62,7 +62,7 @@ def test_export_of_a_name_outside_the_runs_adapters_is_refused_naming_it(finishe
     other = tmp_path / "OTHER" / "adapters" / "t0@v3"
     shutil.copytree(finished / "adapters" / "s0@v0", other)
     out = tmp_path / "out"
-    refused = run_cli("--plugin", FAKE, "export", str(root / "R"), member, "--out", str(out))
+    refused = invoke_cli("--plugin", FAKE, "export", str(root / "R"), member, "--out", str(out))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert f"member {member!r} is neither a member id (s0) nor a version (s0@v3)" in refused.stderr
     assert not out.exists()
@@ -74,7 +74,7 @@ def test_an_adapter_folder_that_links_out_of_the_run_is_refused(finished, tmp_pa
     elsewhere = tmp_path / "elsewhere"
     shutil.move(run / "adapters" / "s0@v0", elsewhere)
     (run / "adapters" / "s0@v0").symlink_to(elsewhere)
-    refused = run_cli("--plugin", FAKE, "export", str(run), "s0@v0", "--out", str(tmp_path / "out"))
+    refused = invoke_cli("--plugin", FAKE, "export", str(run), "s0@v0", "--out", str(tmp_path / "out"))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert f"adapter version 's0@v0' resolves outside {run / 'adapters'}" in refused.stderr
 

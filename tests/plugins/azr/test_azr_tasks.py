@@ -389,18 +389,18 @@ def test_skip_long_references_favour_short_programs_and_are_counted(ex):
 
 
 def test_a_budget_that_cannot_hold_k_references_is_a_recipe_error_naming_the_key(tmp_path):
-    from tests.cli_helpers import REPO, run_cli
+    from tests.cli_helpers import REPO, invoke_cli
 
     recipe = str(REPO / "recipes" / "nano.yaml")
     six = ["tasks.0.params.references=6", "tasks.1.params.references=6"]
-    bad = run_cli("validate", recipe, *six, "tasks.1.params.proposer_max_chars=600")
+    bad = invoke_cli("validate", recipe, *six, "tasks.1.params.proposer_max_chars=600")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "tasks.1.params.proposer_max_chars" in bad.stderr and "references: 6" in bad.stderr
     assert "at least 776" in bad.stderr and "lower references to 4" in bad.stderr
-    fewer = run_cli("validate", recipe, *six, "tasks.1.params.proposer_max_chars=600", "tasks.1.params.references=4")
+    fewer = invoke_cli("validate", recipe, *six, "tasks.1.params.proposer_max_chars=600", "tasks.1.params.references=4")
     assert fewer.returncode == 0, fewer.stderr
     skip = ["tasks.0.params.proposer_max_chars=600", "tasks.0.params.references_fit=skip_long"]
-    warned = run_cli("validate", recipe, *six, *skip, "tasks.1.params.references=2")
+    warned = invoke_cli("validate", recipe, *six, *skip, "tasks.1.params.references=2")
     assert warned.returncode == 0 and warned.stderr.count("Warning") == 1
     assert "proposer_max_chars 600 holds about 2 of references: 6" in warned.stderr
     assert "skip_long leaves the others out" in warned.stderr
@@ -408,15 +408,15 @@ def test_a_budget_that_cannot_hold_k_references_is_a_recipe_error_naming_the_key
 
 def test_a_budget_that_holds_k_references_only_while_they_are_short_is_a_warning():
     """900 characters hold about 4 typical compact references: K = 6 warns, K = 4 and nano's K = 3 do not."""
-    from tests.cli_helpers import REPO, run_cli
+    from tests.cli_helpers import REPO, invoke_cli
 
     recipe = str(REPO / "recipes" / "nano.yaml")
-    shipped = run_cli("validate", recipe)
+    shipped = invoke_cli("validate", recipe)
     assert shipped.returncode == 0 and "Warning" not in shipped.stderr
-    six = run_cli("validate", recipe, "tasks.0.params.references=6", "tasks.1.params.references=6")
+    six = invoke_cli("validate", recipe, "tasks.0.params.references=6", "tasks.1.params.references=6")
     assert six.returncode == 0 and "Warning: proposer_max_chars 900 holds about 4 of references: 6" in six.stderr
     assert "counted in task/<name>/references/over_budget" in six.stderr
-    four = run_cli("validate", recipe, "tasks.0.params.references=4", "tasks.1.params.references=4")
+    four = invoke_cli("validate", recipe, "tasks.0.params.references=4", "tasks.1.params.references=4")
     assert four.returncode == 0 and "Warning" not in four.stderr
 
 

@@ -26,7 +26,7 @@ from populora_core.plugin.manager import PluginManager
 from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, start_run
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import invoke_cli
 from tests.synthetic_runs import write_run
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def runs(tiny_model_dir, tmp_path_factory):
 def multi(runs, tmp_path_factory):
     """The three runs side by side through the real console script, default output dir (./report)."""
     cwd = tmp_path_factory.mktemp("multi")
-    res = run_cli("report", str(runs["pop"]), str(runs["single"]), str(runs["bare"]), cwd=cwd)
+    res = invoke_cli("report", str(runs["pop"]), str(runs["single"]), str(runs["bare"]), cwd=cwd)
     assert res.returncode == 0, res.stderr
     return cwd, res
 
@@ -270,10 +270,10 @@ def test_duplicate_run_names_get_distinct_labels(runs, tmp_path):
 def test_not_a_run_directory_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="is not a run directory"):
         load_run(tmp_path)
-    res = run_cli("report", str(tmp_path))
+    res = invoke_cli("report", str(tmp_path))
     assert res.returncode == 2
     assert f"{tmp_path} is not a run directory (no recipe.yaml)" in res.stderr and "Traceback" not in res.stderr
-    res = run_cli("report", str(tmp_path / "missing"))
+    res = invoke_cli("report", str(tmp_path / "missing"))
     assert res.returncode == 2 and "no such run directory" in res.stderr
     (tmp_path / "recipe.yaml").write_text("- just\n- a list\n")
     with pytest.raises(UserError, match="not a recipe mapping"):
@@ -343,7 +343,7 @@ def test_two_arms_side_by_side_pool_their_seeds(tmp_path):
         write_run(tmp_path / f"single-{s}", name="synthetic-single", mode="single_agent", seed=s, students={"a0": 0.2})
         for s in range(3)
     ]
-    res = run_cli("report", *map(str, pop + single), "--out", str(tmp_path / "out"))
+    res = invoke_cli("report", *map(str, pop + single), "--out", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr
     page = (tmp_path / "out" / "report.html").read_text()
     _assert_self_contained(page, tmp_path / "out")
