@@ -16,7 +16,7 @@ from populora_core.api.components import UpdateJob
 from populora_core.api.errors import PluginError
 from populora_core.api.params import Component, NoParams
 from populora_core.plugin.manager import PluginLoadWarning, PluginManager
-from tests.cli_helpers import REPO, install_a_copy, run_cli
+from tests.cli_helpers import REPO, install_a_copy, invoke_cli, run_cli
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -194,13 +194,13 @@ def test_local_plugin_file_is_loaded_for_one_run(tmp_path):
         "        '''Never replaces anyone.'''\n"
         "    register('nobody', pick_nobody)\n"
     )
-    result = run_cli("--plugin", str(plugin), "plugins", "--json")
+    result = invoke_cli("--plugin", str(plugin), "plugins", "--json")
     assert result.returncode == 0, result.stderr
     rows = {r["name"]: r for r in json.loads(result.stdout)}
     assert rows["file:my_local_plugin"]["components"] == ["selector:nobody"]
-    missing = run_cli("--plugin", str(tmp_path / "nope.py"), "plugins")
+    missing = invoke_cli("--plugin", str(tmp_path / "nope.py"), "plugins")
     assert missing.returncode == 2 and "plugin file not found" in missing.stderr
-    after = run_cli("plugins", "--json", "--plugin", str(plugin))  # typed after the command, as other CLIs allow
+    after = invoke_cli("plugins", "--json", "--plugin", str(plugin))  # typed after the command, as other CLIs allow
     assert after.returncode == 0, after.stderr
     assert {r["name"] for r in json.loads(after.stdout)} == set(rows)
 
@@ -218,7 +218,7 @@ def test_a_plugin_file_whose_hook_cannot_run_is_an_error_not_a_run_without_it(tm
     plugin = tmp_path / "shaping.py"
     plugin.write_text(f"from populora_core import hookimpl\n@hookimpl\n{hook}:\n    pass\n")
     for command in (["validate", "recipes/nano.yaml"], ["run", "recipes/nano.yaml", "--run-dir", str(tmp_path / "r")]):
-        result = run_cli("--plugin", str(plugin), *command)
+        result = invoke_cli("--plugin", str(plugin), *command)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert re.search(f"plugin file {plugin}: .*{says}", result.stderr), result.stderr
     assert not (tmp_path / "r").exists()
