@@ -4,6 +4,7 @@ this process (a test that checks output or results, not the process)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -103,6 +104,14 @@ def run_in_process(pm: Any, run_dir: Path, overrides: list[str] | None = None, r
     directory = RunDir(run_dir)
     execute(start_run(loaded, resolved, directory, pm))
     return directory
+
+
+def adapter_hashes(run_dir: Path) -> dict[str, str]:
+    """Adapter version -> sha256 of its weights: two runs that computed the same agree on every one."""
+    return {
+        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
+        for p in sorted((run_dir / "adapters").iterdir())
+    }
 
 
 def run_recipe(recipe: str | Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

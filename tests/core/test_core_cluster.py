@@ -4,9 +4,7 @@ between clusters (nothing else of the recipe may change)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -17,7 +15,14 @@ from populora_core.api.components import Cluster
 from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
-from tests.cli_helpers import FAKE_RECIPE, FAKE_STACK, as_if_killed_after, fake_stack_manager, run_in_process
+from tests.cli_helpers import (
+    FAKE_RECIPE,
+    FAKE_STACK,
+    adapter_hashes,
+    as_if_killed_after,
+    fake_stack_manager,
+    run_in_process,
+)
 
 
 @pytest.fixture()
@@ -90,13 +95,6 @@ def _manager_with_cluster():
     return pm
 
 
-def _adapter_hashes(run_dir: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
-        for p in sorted((run_dir / "adapters").iterdir())
-    }
-
-
 def test_a_cluster_builds_the_components_and_gets_every_update_of_a_step_at_once(env, tmp_path):
     pm = _manager_with_cluster()
     InProcessCluster.opened.clear()
@@ -106,7 +104,7 @@ def test_a_cluster_builds_the_components_and_gets_every_update_of_a_step_at_once
     assert cluster.closed == 1
     assert cluster.plugin_files == [str(FAKE_STACK)]  # the fake stack's --plugin file
     assert len(cluster.batches) == 3 and all(sorted(b) == sorted(set(b)) and len(b) == 4 for b in cluster.batches)
-    assert _adapter_hashes(local.path) == _adapter_hashes(clustered.path)
+    assert adapter_hashes(local.path) == adapter_hashes(clustered.path)
     assert (local.path / "lineage.jsonl").read_text() == (clustered.path / "lineage.jsonl").read_text()
     assert yaml.safe_load((clustered.path / "recipe.yaml").read_text())["cluster"] == {
         "name": "in_process",
@@ -125,7 +123,7 @@ def test_resume_moves_a_run_to_another_cluster_and_only_the_cluster_may_change(e
     assert run.step == 3 and run.components.cluster is None
     execute(run)
     assert yaml.safe_load((moved.path / "recipe.yaml").read_text())["cluster"] == {"name": "local", "params": {}}
-    assert _adapter_hashes(moved.path) == _adapter_hashes(reference.path)
+    assert adapter_hashes(moved.path) == adapter_hashes(reference.path)
     assert (moved.path / "lineage.jsonl").read_text() == (reference.path / "lineage.jsonl").read_text()
 
 

@@ -14,7 +14,6 @@ them after such a change, on any x86 machine, with::
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import platform
 import sys
@@ -28,7 +27,7 @@ import yaml
 from populora_core import RecipeError
 from populora_core.recipe.validate import load_recipe
 from populora_core.services.runtime import CPU_ISA_ENV, apply_cpu_isa, apply_threads
-from tests.cli_helpers import REPO, run_cli
+from tests.cli_helpers import REPO, adapter_hashes, run_cli
 
 #: the pinned run: recipes/nano.yaml (runtime.cpu_isa: avx2) with these overrides, one torch thread
 RECIPE = REPO / "recipes" / "nano.yaml"
@@ -63,13 +62,6 @@ def _intel_x86_with_avx2() -> bool:
     except OSError:
         return False
     return "GenuineIntel" in cpuinfo and " avx2" in cpuinfo and " fma" in cpuinfo
-
-
-def adapter_hashes(run_dir: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
-        for p in sorted((run_dir / "adapters").iterdir())
-    }
 
 
 def pinned_run(run_dir: Path) -> dict[str, str]:

@@ -10,7 +10,6 @@ follows the layout and releases everything; and without Ray installed the core a
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -32,7 +31,7 @@ from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
 from populora_core.services.batching import split_by_cost
-from tests.cli_helpers import POPULORA, REPO, as_if_killed_after
+from tests.cli_helpers import POPULORA, REPO, adapter_hashes, as_if_killed_after
 
 pytestmark = [pytest.mark.slow]
 NANO_RAY = REPO / "recipes" / "nano_ray.yaml"
@@ -47,6 +46,10 @@ FEW_STEPS = [
     "checkpoint.every=1",
     "checkpoint.keep=3",
     "probe.problems_per_type=4",
+    # shorter generations (nano.yaml: 160, 96 and 96 tokens): the runs compared are the same runs, made sooner
+    "rollout.propose_max_tokens=64",
+    "rollout.solve_max_tokens=48",
+    "probe.max_tokens=48",
     # these runs start in this process, where torch is loaded already (the CPU's own code paths); the recorded
     # recipe says so, and a `populora resume` of it in a subprocess then takes the same paths
     "runtime.cpu_isa=native",
@@ -205,19 +208,12 @@ def on_ray(tmp_path_factory, manager, ray_cluster):
     return run_dir, run
 
 
-def _hashes(run_dir: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest()
-        for p in sorted((run_dir / "adapters").iterdir())
-    }
-
-
 def _untimed(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith("time/") and not k.endswith("/train/seconds")}
 
 
 def assert_same_run(a: Path, b: Path) -> None:
-    assert _hashes(a) == _hashes(b)
+    assert adapter_hashes(a) == adapter_hashes(b)
     for log in ("lineage.jsonl", "tasks/problems.jsonl", "probe.jsonl"):
         assert (a / log).read_text() == (b / log).read_text(), log
     events_a, events_b = RunDir(a).read_log("events.jsonl"), RunDir(b).read_log("events.jsonl")
@@ -237,7 +233,8 @@ def test_two_ray_trainer_workers_give_the_single_process_run_bit_for_bit(referen
     assert_same_run(reference, run_dir)
     steps = [e for e in RunDir(run_dir).read_log("events.jsonl") if e["event"] == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3]
-    assert len(_hashes(run_dir)) > 4 * 2 and len(set(_hashes(run_dir).values())) > 4  # the members did train
+    hashes = adapter_hashes(run_dir)
+    assert len(hashes) > 4 * 2 and len(set(hashes.values())) > 4  # the members did train
     assert {w for _, w in run.components.trainer.placement.owner.items()} == {0, 1}  # both workers own members
     assert (
         run.components.engine.split and len(run.components.engine.workers) == 2
