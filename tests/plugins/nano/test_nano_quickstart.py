@@ -18,15 +18,15 @@ SHORT = [
     "rollout.buffer_problems_per_student=1",
     "probe.problems_per_type=4",
 ]
-#: shorter generations for the tests of when evolution makes a child: a teacher's rated match counts whether or not
-#: its proposal is valid, so the step of the first child stays (nano steps=9: 54.7 -> 40.6 CPU-s, the child at step 8)
+#: shorter generations: a teacher's rated match counts whether or not its proposal is valid, so the step of the first
+#: child stays (nano steps=9: 54.7 -> 40.6 CPU-s, the child at step 8), and the shortened quickstart is the same path
 SHORT_TOKENS = ["rollout.propose_max_tokens=64", "rollout.solve_max_tokens=48"]
 
 
 @pytest.mark.parametrize("recipe", ["nano.yaml", "nano_single_agent.yaml"])
 def test_shortened_nano_run_completes_with_probe_and_report(recipe, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_recipe(REPO / "recipes" / recipe, run_dir, *SHORT)
+    result = run_recipe(REPO / "recipes" / recipe, run_dir, *SHORT, *SHORT_TOKENS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2/2" in result.stderr  # progress lines when not a TTY
     assert "Loading weights" not in result.stderr  # the libraries' own bars stay out of the run's output
