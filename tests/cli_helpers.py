@@ -21,6 +21,9 @@ POPULORA = shutil.which("populora", path=str(Path(sys.executable).parent)) or "p
 #: the test stack (``--plugin tests/fake_stack.py``) and its 2-teacher 2-student recipe
 FAKE_STACK = REPO / "tests" / "fake_stack.py"
 FAKE_RECIPE = REPO / "tests" / "recipes" / "fake_2t2s.yaml"
+#: shorter generations than nano's recipes (160 and 96 tokens) for tests that compare runs or check when things
+#: happen, not what the model writes: the same path, sooner
+SHORT_GENERATIONS = ("rollout.propose_max_tokens=64", "rollout.solve_max_tokens=48")
 
 
 def run_cli(

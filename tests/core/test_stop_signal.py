@@ -20,6 +20,7 @@ from tests.cli_helpers import (
     PAUSE_PLUGIN,
     POPULORA,
     REPO,
+    SHORT_GENERATIONS,
     fake_stack_manager,
     kill_inside_step,
     run_cli,
@@ -189,7 +190,7 @@ def test_a_run_leaves_the_process_signal_handlers_and_alarm_as_it_found_them(tin
 
 NANO = ("steps=3", "checkpoint.every=10", "probe.enabled=false", "rollout.proposals_per_teacher=2")
 NANO += ("rollout.solver_samples=2", "evolution.every=2", "evolution.ready_after=0")
-NANO += ("rollout.propose_max_tokens=64", "rollout.solve_max_tokens=48")  # shorter generations: the same check, sooner
+NANO += SHORT_GENERATIONS
 
 
 @pytest.mark.slow

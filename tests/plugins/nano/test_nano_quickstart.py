@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, run_cli, run_recipe
+from tests.cli_helpers import REPO, SHORT_GENERATIONS, run_cli, run_recipe
 
 pytestmark = pytest.mark.slow
 SHORT = [
@@ -18,15 +18,14 @@ SHORT = [
     "rollout.buffer_problems_per_student=1",
     "probe.problems_per_type=4",
 ]
-#: shorter generations: a teacher's rated match counts whether or not its proposal is valid, so the step of the first
-#: child stays (nano steps=9: 54.7 -> 40.6 CPU-s, the child at step 8), and the shortened quickstart is the same path
-SHORT_TOKENS = ["rollout.propose_max_tokens=64", "rollout.solve_max_tokens=48"]
+# SHORT_GENERATIONS: a teacher's rated match counts whether or not its proposal is valid, so the step of the first
+# child stays (nano steps=9: 54.7 -> 40.6 CPU-s, the child at step 8), and the shortened quickstart is the same path
 
 
 @pytest.mark.parametrize("recipe", ["nano.yaml", "nano_single_agent.yaml"])
 def test_shortened_nano_run_completes_with_probe_and_report(recipe, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_recipe(REPO / "recipes" / recipe, run_dir, *SHORT, *SHORT_TOKENS)
+    result = run_recipe(REPO / "recipes" / recipe, run_dir, *SHORT, *SHORT_GENERATIONS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2/2" in result.stderr  # progress lines when not a TTY
     assert "Loading weights" not in result.stderr  # the libraries' own bars stay out of the run's output
@@ -51,7 +50,7 @@ def test_a_short_nano_run_replaces_only_members_that_played_their_ready_after_ma
         REPO / "recipes" / "nano.yaml",
         run_dir,
         *SHORT[2:],
-        *SHORT_TOKENS,
+        *SHORT_GENERATIONS,
         "steps=5",
         "evolution.every=1",
         "probe.enabled=false",
@@ -77,7 +76,7 @@ def test_the_smallest_steps_the_short_run_warning_names_makes_a_child(tmp_path):
     assert "steps=9 or more makes a child" in warned.stderr, warned.stderr
     run_dir = tmp_path / "run"
     result = run_recipe(
-        REPO / "recipes" / "nano.yaml", run_dir, *SHORT[2:], *SHORT_TOKENS, "steps=9", "probe.enabled=false"
+        REPO / "recipes" / "nano.yaml", run_dir, *SHORT[2:], *SHORT_GENERATIONS, "steps=9", "probe.enabled=false"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warning: evolution" not in result.stderr

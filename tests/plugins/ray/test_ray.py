@@ -31,7 +31,7 @@ from populora_core.recipe.validate import load_recipe
 from populora_core.run.loop import execute, resume_run, start_run
 from populora_core.run.run_dir import RunDir
 from populora_core.services.batching import split_by_cost
-from tests.cli_helpers import POPULORA, REPO, adapter_hashes, as_if_killed_after
+from tests.cli_helpers import POPULORA, REPO, SHORT_GENERATIONS, adapter_hashes, as_if_killed_after
 
 pytestmark = [pytest.mark.slow]
 NANO_RAY = REPO / "recipes" / "nano_ray.yaml"
@@ -46,9 +46,7 @@ FEW_STEPS = [
     "checkpoint.every=1",
     "checkpoint.keep=3",
     "probe.problems_per_type=4",
-    # shorter generations (nano.yaml: 160, 96 and 96 tokens): the runs compared are the same runs, made sooner
-    "rollout.propose_max_tokens=64",
-    "rollout.solve_max_tokens=48",
+    *SHORT_GENERATIONS,  # the runs compared are the same runs, made sooner
     "probe.max_tokens=48",
     # these runs start in this process, where torch is loaded already (the CPU's own code paths); the recorded
     # recipe says so, and a `populora resume` of it in a subprocess then takes the same paths
